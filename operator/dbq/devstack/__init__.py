@@ -1,0 +1,47 @@
+"""The local stack dbq is developed and tested on: a real Kubernetes API server (with etcd),
+PostgreSQL, Cassandra, and Spark in local mode (no server; pyspark starts its own JVM).
+
+`dbq dev up | down | status` drives it; the pytest fixtures call the same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dbq.devstack.base import Paths, StackError
+from dbq.devstack.cassandra import Cassandra
+from dbq.devstack.kube import Kube
+from dbq.devstack.postgres import Postgres
+
+__all__ = ["COMPONENTS", "Cassandra", "Kube", "Paths", "Postgres", "Stack", "StackError"]
+
+COMPONENTS = ("kube", "postgres", "cassandra")
+
+
+@dataclass
+class Stack:
+    paths: Paths = field(default_factory=Paths.from_env)
+
+    def __post_init__(self) -> None:
+        self.kube = Kube(self.paths)
+        self.postgres = Postgres(self.paths)
+        self.cassandra = Cassandra(self.paths)
+
+    def component(self, name: str) -> Kube | Postgres | Cassandra:
+        if name not in COMPONENTS:
+            raise StackError(f"unknown component {name!r}; choose from {', '.join(COMPONENTS)}")
+        value: Kube | Postgres | Cassandra = getattr(self, name)
+        return value
+
+    def up(self, names: tuple[str, ...] = COMPONENTS) -> None:
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        self.paths.state.chmod(0o755)
+        for name in names:
+            self.component(name).start()
+
+    def down(self, names: tuple[str, ...] = COMPONENTS) -> None:
+        for name in reversed(names):
+            self.component(name).stop()
+
+    def status(self) -> list[tuple[str, bool, str]]:
+        return [(n, self.component(n).ready(), self.component(n).describe()) for n in COMPONENTS]

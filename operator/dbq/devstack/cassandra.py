@@ -1,0 +1,191 @@
+"""A single Cassandra node on loopback, run from the Maven Central jars that
+stack/bootstrap.sh resolves with `mvn dependency:copy-dependencies`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from dbq.devstack.base import ManagedProcess, Paths, StackError, port_open, wait_until
+
+CASSANDRA_VERSION = os.environ.get("CASSANDRA_VERSION", "5.0.9")
+CQL_PORT = int(os.environ.get("DBQ_CQL_PORT", "19042"))
+STORAGE_PORT = CQL_PORT - 2042  # 17000 by default
+
+# Java 17 needs these module openings for Cassandra's internals (off-heap memory,
+# direct buffers, the chronicle and jamm libraries).
+_JAVA17_OPENS = [
+    "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-exports=java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED",
+    "--add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED",
+    "--add-exports=java.rmi/sun.rmi.server=ALL-UNNAMED",
+    "--add-exports=java.sql/java.sql=ALL-UNNAMED",
+    "--add-exports=jdk.unsupported/sun.misc=ALL-UNNAMED",
+    "--add-exports=jdk.attach/sun.tools.attach=ALL-UNNAMED",
+    *(
+        f"--add-opens=java.base/{pkg}=ALL-UNNAMED"
+        for pkg in (
+            "java.lang",
+            "java.lang.module",
+            "java.lang.reflect",
+            "java.io",
+            "java.math",
+            "java.net",
+            "java.nio",
+            "java.util",
+            "java.util.concurrent",
+            "java.util.concurrent.atomic",
+            "jdk.internal.loader",
+            "jdk.internal.math",
+            "jdk.internal.module",
+            "jdk.internal.ref",
+            "jdk.internal.reflect",
+            "jdk.internal.util.jar",
+            "sun.nio.ch",
+        )
+    ),
+    "--add-opens=jdk.management/com.sun.management.internal=ALL-UNNAMED",
+]
+
+
+def _java() -> str:
+    home = os.environ.get("DBQ_JAVA_HOME") or "/usr/lib/jvm/java-17-openjdk-amd64"
+    java = Path(home) / "bin" / "java"
+    if java.exists():
+        return str(java)
+    found = shutil.which("java")
+    if not found:
+        raise StackError("java not found: Cassandra needs Java 17")
+    return found
+
+
+class Cassandra:
+    name = "cassandra"
+
+    def __init__(self, paths: Paths) -> None:
+        self.proc = ManagedProcess(
+            "cassandra", paths.state, marker="org.apache.cassandra.service.CassandraDaemon"
+        )
+        self.lib = paths.cache / f"cassandra-{CASSANDRA_VERSION}" / "lib"
+
+    @property
+    def dir(self) -> Path:
+        return self.proc.dir
+
+    @property
+    def contact(self) -> tuple[str, int]:
+        return ("127.0.0.1", CQL_PORT)
+
+    def _write_config(self) -> Path:
+        d = self.dir
+        for sub in ("data", "commitlog", "saved_caches", "hints", "cdc_raw"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        conf = d / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "cassandra.yaml").write_text(
+            f"""cluster_name: dbq-local
+num_tokens: 16
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+data_file_directories: [{d / "data"}]
+commitlog_directory: {d / "commitlog"}
+saved_caches_directory: {d / "saved_caches"}
+hints_directory: {d / "hints"}
+cdc_raw_directory: {d / "cdc_raw"}
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+commitlog_segment_size: 16MiB
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "127.0.0.1:{STORAGE_PORT}"
+listen_address: 127.0.0.1
+rpc_address: 127.0.0.1
+storage_port: {STORAGE_PORT}
+native_transport_port: {CQL_PORT}
+start_native_transport: true
+endpoint_snitch: SimpleSnitch
+authenticator: AllowAllAuthenticator
+authorizer: AllowAllAuthorizer
+concurrent_reads: 8
+concurrent_writes: 8
+concurrent_counter_writes: 8
+memtable_allocation_type: heap_buffers
+disk_access_mode: mmap_index_only
+auto_snapshot: false
+"""
+        )
+        (conf / "logback.xml").write_text(
+            """<configuration>
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5level [%thread] %logger{20} %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="STDOUT"/></root>
+</configuration>
+"""
+        )
+        return conf
+
+    def start(self) -> None:
+        if self.proc.pid() is None:
+            if not (self.lib / f"cassandra-all-{CASSANDRA_VERSION}.jar").exists():
+                raise StackError(f"{self.lib} is missing: run `bash stack/bootstrap.sh`")
+            conf = self._write_config()
+            heap = os.environ.get("DBQ_CASSANDRA_HEAP", "768m")
+            self.proc.start(
+                [
+                    _java(),
+                    f"-Xms{heap}",
+                    f"-Xmx{heap}",
+                    "-Xss512k",
+                    "-XX:+UseG1GC",
+                    "-XX:+ExitOnOutOfMemoryError",
+                    "-Djava.net.preferIPv4Stack=true",
+                    "-Djdk.attach.allowAttachSelf=true",
+                    "-Dcassandra-foreground=yes",
+                    f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
+                    f"-Dlogback.configurationFile={conf / 'logback.xml'}",
+                    f"-Dcassandra.storagedir={self.dir}",
+                    f"-Dcassandra.logdir={self.dir}",
+                    "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+                    "-Dcassandra.ring_delay_ms=100",
+                    "-Dcassandra.superuser_setup_delay_ms=0",
+                    *_JAVA17_OPENS,
+                    "-cp",
+                    f"{conf}:{self.lib}/*",
+                    "org.apache.cassandra.service.CassandraDaemon",
+                ]
+            )
+        wait_until(
+            self._cql_answers,
+            timeout=240,
+            what="cassandra",
+            log=self.proc.log,
+            alive=lambda: self.proc.pid() is not None,
+        )
+
+    def stop(self) -> None:
+        self.proc.stop(grace=30)
+
+    def ready(self) -> bool:
+        return self.proc.pid() is not None and self._cql_answers()
+
+    def _cql_answers(self) -> bool:
+        """Ready means a CQL query answers through cassandra-driver, not just an open port."""
+        if not port_open(*self.contact):
+            return False
+        from cassandra.cluster import Cluster, NoHostAvailable
+
+        cluster = Cluster([self.contact[0]], port=self.contact[1], connect_timeout=3)
+        try:
+            session = cluster.connect()
+            return session.execute("SELECT release_version FROM system.local").one() is not None
+        except (NoHostAvailable, OSError):
+            return False
+        finally:
+            cluster.shutdown()
+
+    def describe(self) -> str:
+        return f"CQL 127.0.0.1:{CQL_PORT} (Cassandra {CASSANDRA_VERSION})"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything dbq's local stack and tests need, idempotently; fast when already done.
+#   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl
+#   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
+#   Go:     kube-apiserver and etcd built from Go modules   (stack/build-kube.sh)
+#   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
+# Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+cache=${DBQ_CACHE:-$HOME/.cache/dbq}
+export DBQ_CACHE=$cache
+mkdir -p "$cache"
+CASSANDRA_VERSION=${CASSANDRA_VERSION:-5.0.9}
+step() { printf '\n== %s\n' "$*"; }
+
+step "Debian packages"
+need=()
+for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if ((${#need[@]})); then
+  sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+else
+  echo "all present"
+fi
+
+step "Python virtualenv"
+venv=$cache/venv
+[[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+stamp=$venv/.dbq-stamp
+want="$(sha256sum "$repo/pyproject.toml" | cut -c1-16) $repo"
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q -e "$repo[dev]"
+  echo "$want" > "$stamp"
+else
+  echo "up to date ($venv)"
+fi
+
+step "kube-apiserver and etcd (Go modules)"
+bash "$here/build-kube.sh"
+
+step "Cassandra $CASSANDRA_VERSION (Maven Central)"
+lib=$cache/cassandra-$CASSANDRA_VERSION/lib
+if [[ ! -f $lib/cassandra-all-$CASSANDRA_VERSION.jar ]]; then
+  mvn -q -B -f "$here/cassandra/pom.xml" -Dcassandra.version="$CASSANDRA_VERSION" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$lib.tmp"
+  rm -rf "$lib"; mv "$lib.tmp" "$lib"
+fi
+echo "jars in $lib ($(ls "$lib" | wc -l))"
+
+step "done"
+echo "virtualenv: $venv   (source $venv/bin/activate)"

@@ -1,0 +1,14 @@
+// Command kube-apiserver is the upstream API server, built from Go modules so
+// the local test stack needs no release download.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
