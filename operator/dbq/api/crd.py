@@ -1,0 +1,130 @@
+"""Generates the Queue CRD from the pydantic models (`dbq crd`, `crds/queue.yaml`).
+
+Pydantic's JSON Schema is turned into a Kubernetes structural schema: references inlined,
+optional fields unwrapped, titles dropped, CEL rules (`x-kubernetes-validations`) kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from dbq.api.models import GROUP, KIND, PLURAL, ROOT_RULES, SPEC_RULES, VERSION, QueueSpec
+
+_KEEP = {
+    "type", "properties", "required", "items", "enum", "default", "description", "pattern",
+    "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "additionalProperties",
+    "format", "nullable",
+}  # fmt: skip
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:  # Optional[X]: X | null -> X (absent means default)
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express union {node['anyOf']} in a structural schema")
+        merged = {**options[0], **{k: v for k, v in node.items() if k != "anyOf"}}
+        return _structural(merged, defs)
+    if "allOf" in node and len(node["allOf"]) == 1:
+        merged = {**node["allOf"][0], **{k: v for k, v in node.items() if k != "allOf"}}
+        return _structural(merged, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {name: _structural(v, defs) for name, v in value.items()}
+        elif key.startswith("x-kubernetes-"):
+            out[key] = value
+        elif key in _KEEP:
+            out[key] = _structural(value, defs)
+    if out.get("default") is None:
+        out.pop("default", None)
+    if out.get("additionalProperties") is False:  # structural schemas prune unknown fields instead
+        del out["additionalProperties"]
+    # An optional object whose fields all have defaults defaults to {}, so the API server fills in
+    # (and `kubectl get -o yaml` shows) the effective settings.
+    for name, prop in out.get("properties", {}).items():
+        if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
+            prop.setdefault("default", {})
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    raw = QueueSpec.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema = _structural(raw, defs)
+    schema["x-kubernetes-validations"] = SPEC_RULES
+    return dict(schema)
+
+
+def crd() -> dict[str, Any]:
+    status_schema = {
+        "type": "object",
+        # kopf and the reconciler write status; unknown fields are kept, not pruned.
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "shortNames": ["dbq"],
+                "categories": ["all", "dbq"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
+                        {"name": "Design", "type": "string", "jsonPath": ".spec.design"},
+                        {"name": "Ready", "type": "string", "jsonPath": ready},
+                        {"name": "Depth", "type": "integer", "jsonPath": ".status.stats.depth"},
+                        {"name": "Push/s", "type": "number", "jsonPath": ".status.stats.pushRate"},
+                        {"name": "Pop/s", "type": "number", "jsonPath": ".status.stats.popRate"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A database-backed message queue managed by dbq.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema,
+                            },
+                            "x-kubernetes-validations": ROOT_RULES,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `dbq crd` from dbq.api.models; do not edit. A test fails when it is stale.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)

@@ -1,0 +1,313 @@
+"""The Queue resource: spec and status as pydantic models.
+
+These models are the one source of truth: they validate manifests in `dbq apply`, give the
+defaults, and generate the CRD's schema (with its CEL admission rules) in `dbq.api.crd`.
+Field names are camelCase on the wire (Kubernetes style) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from dbq.api.durations import Duration
+
+GROUP = "dbq.dev"
+VERSION = "v1alpha1"
+KIND = "Queue"
+PLURAL = "queues"
+
+# Identifiers dbq creates in databases: lower case, digits and underscores, starting with a
+# letter, short enough that every derived object name fits PostgreSQL's 63-byte limit.
+IDENTIFIER_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+IDENTIFIER_HINT = "use lower-case letters, digits and underscores, starting with a letter, at most 40 characters"
+# metadata.name doubles as the queue name when spec.queueName is absent ('-' becomes '_').
+DERIVABLE_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+CRON_PATTERN = (
+    r"^(@(yearly|annually|monthly|weekly|daily|hourly)"
+    r"|[0-9*,/-]+\s+[0-9*,/-]+\s+[0-9*,/?LW-]+\s+[0-9A-Za-z*,/-]+\s+[0-9A-Za-z*,/?L#-]+)$"
+)
+
+# backend -> designs it offers
+DESIGNS: dict[str, tuple[str, ...]] = {
+    "postgres": ("ring",),
+    "sqlserver": ("ring", "servicebroker"),
+    "cassandra": ("pipes",),
+}
+
+
+def _immutable(what: str, instead: str) -> dict[str, Any]:
+    return {
+        "x-kubernetes-validations": [
+            {"rule": "self == oldSelf", "message": f"{what} cannot change after creation; {instead}"}
+        ]
+    }
+
+
+class Backend(StrEnum):
+    postgres = "postgres"
+    sqlserver = "sqlserver"
+    cassandra = "cassandra"
+
+
+class Design(StrEnum):
+    ring = "ring"
+    servicebroker = "servicebroker"
+    pipes = "pipes"
+
+
+class DeletionPolicy(StrEnum):
+    Retain = "Retain"
+    Delete = "Delete"
+    DeleteIfEmpty = "DeleteIfEmpty"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True
+    )
+
+
+class SecretRef(Model):
+    name: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] = Field(
+        description="Secret in the Queue's namespace with `url`, or host/port/database/username/password[/driver]."
+    )
+
+
+class Connection(Model):
+    secret_ref: SecretRef
+    schema_: Annotated[
+        str,
+        Field(
+            alias="schema",
+            pattern=IDENTIFIER_PATTERN,
+            json_schema_extra=_immutable(
+                "spec.connection.schema", "create a new Queue in the other schema and drain this one"
+            ),
+        ),
+    ] = Field(default="dbq", description="Schema (SQL) or keyspace (Cassandra) that holds the queue.")
+
+
+class Ring(Model):
+    size: Annotated[
+        int,
+        Field(
+            ge=16,
+            le=10_000_000,
+            json_schema_extra=_immutable(
+                "spec.ring.size", "create a new Queue with the new size and move consumers to it"
+            ),
+        ),
+    ] = Field(default=100_000, description="Preallocated slots: the most messages the ring holds at once.")
+    message_bytes: Annotated[int, Field(ge=16, le=7_000)] = Field(
+        default=300, description="Largest body the ring stores; larger pushes are refused with a clear error."
+    )
+
+
+class Replication(Model):
+    factor: Annotated[int, Field(ge=1, le=7)] = Field(
+        default=1, description="Replicas (SimpleStrategy) when no datacenters are named."
+    )
+    datacenters: dict[str, Annotated[int, Field(ge=1, le=7)]] = Field(
+        default_factory=dict, description="NetworkTopologyStrategy: replicas per datacenter."
+    )
+
+
+class Pipes(Model):
+    max_pushes_per_pipe: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=500, description="A pusher starts a new pipe after this many messages."
+    )
+    max_push_time: Duration("1s", "24h") = Field(  # type: ignore[valid-type]
+        default="1m", description="...or after this long, whichever comes first."
+    )
+    replication: Replication = Field(default_factory=Replication)
+
+
+class Timeouts(Model):
+    visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
+        default="30s", description="Lease of an acquired message; unacknowledged past it, it is delivered again."
+    )
+    pop_wait: Duration("0s", "1m") = Field(  # type: ignore[valid-type]
+        default="1s", description="How long pop/acquire wait for a message by default."
+    )
+    push_wait: Duration("0s", "1m") = Field(  # type: ignore[valid-type]
+        default="5s", description="How long a push waits on a full queue before it fails with QueueFull."
+    )
+    stalled_after: Duration("10s", "168h") = Field(  # type: ignore[valid-type]
+        default="5m", description="A claim or pipe idle this long is stalled and repaired by cleanup."
+    )
+    message_ttl: Duration("1s", "8760h", allow_zero=True) = Field(  # type: ignore[valid-type]
+        default="0s", alias="messageTTL", description="Messages older than this expire unread; 0s keeps them until read."
+    )
+
+
+class Threshold(Model):
+    fragmentation_percent: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=30, description="Reindex/rebuild when index fragmentation or bloat passes this percentage."
+    )
+    dead_tuple_percent: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=20, description="PostgreSQL: vacuum when dead rows pass this percentage of the table."
+    )
+
+
+class Reindex(Model):
+    schedule: Annotated[str, Field(pattern=CRON_PATTERN)] = Field(
+        default="0 3 * * *", description="Cron schedule of the maintenance window (operator's time zone)."
+    )
+    threshold: Threshold = Field(default_factory=Threshold)
+    online: bool = Field(default=True, description="Prefer online operations (CONCURRENTLY, ONLINE=ON).")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a cron schedule: write five fields, e.g. '0 3 * * *'")
+        return value
+
+
+class Cleanup(Model):
+    interval: Duration("5s", "24h") = Field(  # type: ignore[valid-type]
+        default="1m", description="How often stalled messages are repaired."
+    )
+
+
+class Stats(Model):
+    interval: Duration("5s", "1h") = Field(  # type: ignore[valid-type]
+        default="15s", description="How often statistics are measured and published."
+    )
+    retention: Duration("1h", "8760h") = Field(  # type: ignore[valid-type]
+        default="168h", description="How long the stats history is kept in the queue's database."
+    )
+
+
+class QueueSpec(Model):
+    backend: Annotated[
+        Backend,
+        Field(json_schema_extra=_immutable("spec.backend", "create a new Queue on the other backend")),
+    ]
+    design: Annotated[
+        Design,
+        Field(json_schema_extra=_immutable("spec.design", "create a new Queue with the other design")),
+    ] = Field(description="ring (postgres, sqlserver) | servicebroker (sqlserver) | pipes (cassandra)")
+    queue_name: Annotated[
+        str | None,
+        Field(
+            pattern=IDENTIFIER_PATTERN,
+            json_schema_extra=_immutable("spec.queueName", "create a new Queue with the other name"),
+        ),
+    ] = Field(default=None, description="Name of the queue's objects; defaults to metadata.name with '-' as '_'.")
+    connection: Connection
+    ring: Ring = Field(default_factory=Ring)
+    pipes: Pipes = Field(default_factory=Pipes)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    reindex: Reindex = Field(default_factory=Reindex)
+    cleanup: Cleanup = Field(default_factory=Cleanup)
+    stats: Stats = Field(default_factory=Stats)
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.DeleteIfEmpty,
+        description="On delete: Retain the database objects, Delete them, or DeleteIfEmpty (wait until drained).",
+    )
+
+    @model_validator(mode="after")
+    def _pair(self) -> QueueSpec:
+        if self.design not in DESIGNS[self.backend]:
+            raise ValueError(design_error(str(self.backend), str(self.design)))
+        return self
+
+
+def design_error(backend: str, design: str) -> str:
+    return (
+        f"spec.design {design} does not exist on backend {backend}: "
+        "use ring with postgres or sqlserver, servicebroker with sqlserver, pipes with cassandra"
+    )
+
+
+# CEL equivalents of the checks above that involve more than one field (the API server runs them).
+SPEC_RULES = [
+    {
+        "rule": "self.design == 'ring' ? self.backend in ['postgres', 'sqlserver'] : "
+        "self.design == 'servicebroker' ? self.backend == 'sqlserver' : self.backend == 'cassandra'",
+        "messageExpression": "'spec.design ' + self.design + ' does not exist on backend ' + self.backend + "
+        "': use ring with postgres or sqlserver, servicebroker with sqlserver, pipes with cassandra'",
+    },
+    {
+        "rule": "has(self.queueName) == has(oldSelf.queueName)",
+        "message": "spec.queueName cannot be added or removed after creation; create a new Queue instead",
+    },
+]
+ROOT_RULES = [
+    {
+        "rule": f"has(self.spec.queueName) || self.metadata.name.matches('{DERIVABLE_NAME_PATTERN}')",
+        "message": "metadata.name cannot be used as a queue name: set spec.queueName "
+        "(lower-case letters, digits, '_', at most 40) or use a name of lower-case letters, digits and '-'",
+    }
+]
+
+
+def queue_name(metadata_name: str, spec: QueueSpec) -> str:
+    """The name of the queue's database objects."""
+    if spec.queue_name:
+        return spec.queue_name
+    if not re.fullmatch(DERIVABLE_NAME_PATTERN, metadata_name):
+        raise ValueError(
+            f"metadata.name {metadata_name!r} cannot be used as a queue name: set spec.queueName ({IDENTIFIER_HINT})"
+        )
+    return metadata_name.replace("-", "_")
+
+
+# --- status ------------------------------------------------------------------------------
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class QueueStats(Model):
+    depth: int = 0
+    in_flight: int = 0
+    pushed_total: int = 0
+    popped_total: int = 0
+    push_rate: float = 0.0
+    pop_rate: float = 0.0
+    oldest_message_age_seconds: float = 0.0
+    updated_at: str | None = None
+
+
+class QueueStatus(Model):
+    observed_generation: int | None = None
+    schema_version: int | None = None
+    queue_name: str | None = None
+    endpoint: str | None = Field(default=None, description="host:port/database of the queue, never credentials")
+    conditions: list[Condition] = Field(default_factory=list)
+    stats: QueueStats | None = None
+    maintenance: dict[str, Any] | None = None
+    cleanup: dict[str, Any] | None = None
+
+
+class QueueResource(Model):
+    """A whole Queue manifest, as `dbq apply -f` reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+    api_version: Literal["dbq.dev/v1alpha1"]
+    kind: Literal["Queue"]
+    metadata: dict[str, Any]
+    spec: QueueSpec
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
