@@ -25,7 +25,9 @@ PLURAL = "queues"
 # Identifiers dbq creates in databases: lower case, digits and underscores, starting with a
 # letter, short enough that every derived object name fits PostgreSQL's 63-byte limit.
 IDENTIFIER_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
-IDENTIFIER_HINT = "use lower-case letters, digits and underscores, starting with a letter, at most 40 characters"
+IDENTIFIER_HINT = (
+    "use lower-case letters, digits and underscores, starting with a letter, at most 40 characters"
+)
 # metadata.name doubles as the queue name when spec.queueName is absent ('-' becomes '_').
 DERIVABLE_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -131,7 +133,8 @@ class Pipes(Model):
 
 class Timeouts(Model):
     visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
-        default="30s", description="Lease of an acquired message; unacknowledged past it, it is delivered again."
+        default="30s",
+        description="Lease of an acquired message; unacknowledged past it, it is delivered again.",
     )
     pop_wait: Duration("0s", "1m") = Field(  # type: ignore[valid-type]
         default="1s", description="How long pop/acquire wait for a message by default."
@@ -143,7 +146,9 @@ class Timeouts(Model):
         default="5m", description="A claim or pipe idle this long is stalled and repaired by cleanup."
     )
     message_ttl: Duration("1s", "8760h", allow_zero=True) = Field(  # type: ignore[valid-type]
-        default="0s", alias="messageTTL", description="Messages older than this expire unread; 0s keeps them until read."
+        default="0s",
+        alias="messageTTL",
+        description="Messages older than this expire unread; 0s keeps them until read.",
     )
 
 
@@ -201,7 +206,9 @@ class QueueSpec(Model):
             pattern=IDENTIFIER_PATTERN,
             json_schema_extra=_immutable("spec.queueName", "create a new Queue with the other name"),
         ),
-    ] = Field(default=None, description="Name of the queue's objects; defaults to metadata.name with '-' as '_'.")
+    ] = Field(
+        default=None, description="Name of the queue's objects; defaults to metadata.name with '-' as '_'."
+    )
     connection: Connection
     ring: Ring = Field(default_factory=Ring)
     pipes: Pipes = Field(default_factory=Pipes)
@@ -288,7 +295,9 @@ class QueueStatus(Model):
     observed_generation: int | None = None
     schema_version: int | None = None
     queue_name: str | None = None
-    endpoint: str | None = Field(default=None, description="host:port/database of the queue, never credentials")
+    endpoint: str | None = Field(
+        default=None, description="host:port/database of the queue, never credentials"
+    )
     conditions: list[Condition] = Field(default_factory=list)
     stats: QueueStats | None = None
     maintenance: dict[str, Any] | None = None

@@ -1,0 +1,79 @@
+"""Every database identifier dbq uses is derived and validated here, in one place.
+
+A name that is not a safe identifier never reaches SQL/CQL text: `QueueNames` refuses it, and
+each dialect's `quote()` adds the quoting on top of that validation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN
+
+_IDENT = re.compile(IDENTIFIER_PATTERN)
+META_TABLE = "dbq_queues"
+
+
+class UnsafeName(ValueError):
+    pass
+
+
+def check_identifier(value: str, field: str) -> str:
+    if not isinstance(value, str) or not _IDENT.fullmatch(value):
+        raise UnsafeName(f"{field} {value!r} is not a safe identifier: {IDENTIFIER_HINT}")
+    return value
+
+
+@dataclass(frozen=True)
+class QueueNames:
+    """Names of one queue's objects, unquoted; all lower-case, digits and underscores."""
+
+    schema: str
+    queue: str
+
+    def __post_init__(self) -> None:
+        check_identifier(self.schema, "spec.connection.schema")
+        check_identifier(self.queue, "queue name")
+
+    def _(self, suffix: str) -> str:
+        return f"{self.queue}_{suffix}"
+
+    @property
+    def meta(self) -> str:
+        return META_TABLE
+
+    @property
+    def ring(self) -> str:
+        return self._("ring")
+
+    @property
+    def spill(self) -> str:
+        return self._("spill")
+
+    @property
+    def gap(self) -> str:
+        return self._("gap")
+
+    @property
+    def counters(self) -> str:
+        return self._("counters")
+
+    @property
+    def push_seq(self) -> str:
+        return self._("push_seq")
+
+    @property
+    def pop_seq(self) -> str:
+        return self._("pop_seq")
+
+    def routine(self, verb: str) -> str:
+        return self._(verb)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (self.ring, self.spill, self.gap, self.counters)
+
+    @property
+    def sequences(self) -> tuple[str, ...]:
+        return (self.push_seq, self.pop_seq)

@@ -1,0 +1,177 @@
+"""PostgreSQL ring queues over pyodbc/psqlODBC: observe, plan, apply, depth, teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyodbc
+
+from dbq.backends.base import (
+    ApplyResult,
+    AuthenticationFailed,
+    BackendError,
+    DatabaseUnreachable,
+    Depth,
+    Observed,
+    Recorded,
+    Step,
+)
+from dbq.backends.names import QueueNames
+from dbq.backends.postgres.sql import PgRing
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget, plan_ring
+from dbq.connection import ConnectionSettings
+
+CONNECT_TIMEOUT_S = 5
+
+
+def translate_error(e: pyodbc.Error, settings: ConnectionSettings) -> BackendError:
+    """Map a driver error to a condition reason; the message keeps no credentials."""
+    state = e.args[0] if e.args else ""
+    text = str(e.args[1] if len(e.args) > 1 else e)
+    if settings.password:
+        text = text.replace(settings.password, "***")
+    if "password authentication failed" in text or state in ("28000", "28P01"):
+        return AuthenticationFailed(
+            f"{settings.endpoint}: authentication failed for user {settings.username!r}"
+        )
+    if (
+        state in ("08001", "08006", "08S01", "HYT00")
+        or "could not connect" in text
+        or "Connection refused" in text
+    ):
+        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text.strip()[:200]})")
+    return BackendError(f"{settings.endpoint}: {text.strip()[:400]}")
+
+
+def connect(settings: ConnectionSettings) -> pyodbc.Connection:
+    try:
+        # autocommit=True: each routine call is its own transaction; DDL plans open their own.
+        return pyodbc.connect(settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
+    except pyodbc.Error as e:
+        raise translate_error(e, settings) from None
+
+
+class PostgresRing:
+    def __init__(
+        self, settings: ConnectionSettings, names: QueueNames, size: int, message_bytes: int
+    ) -> None:
+        self.settings = settings
+        self.names = names
+        self.target = RingTarget(names=names, size=size, message_bytes=message_bytes)
+        self.sql = PgRing(self.target)
+        self._conn: pyodbc.Connection | None = None
+
+    def endpoint(self) -> str:
+        return self.settings.endpoint
+
+    @property
+    def conn(self) -> pyodbc.Connection:
+        if self._conn is None:
+            self._conn = connect(self.settings)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except pyodbc.Error as e:
+            self.close()  # the connection may be broken; the next call reconnects
+            raise translate_error(e, self.settings) from None
+
+    # --- observe / plan / apply -----------------------------------------------------------
+    def observe(self) -> Observed:
+        with self._errors():
+            cur = self.conn.cursor()
+            schema = self.names.schema
+            if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
+                return Observed()
+            rels = cur.execute(self.sql.OBSERVE_RELATIONS, schema).fetchall()
+            tables = frozenset(r[0] for r in rels if r[1] in ("r", "p"))
+            sequences = frozenset(r[0] for r in rels if r[1] == "S")
+            routines = frozenset(r[0] for r in cur.execute(self.sql.OBSERVE_ROUTINES, schema).fetchall())
+            meta_exists = self.names.meta in tables
+            recorded = None
+            if meta_exists:
+                row = cur.execute(self.sql.observe_recorded(), self.names.queue).fetchone()
+                if row:
+                    recorded = Recorded(schema_version=row[0], ring_size=row[1], message_bytes=row[2])
+            ring_rows = counter_rows = 0
+            if self.names.ring in tables and self.names.counters in tables:
+                ring_rows, counter_rows = cur.execute(self.sql.observe_counts()).fetchone()
+            elif self.names.ring in tables:
+                ring_rows = cur.execute(f"SELECT count(*) FROM {self.sql.ring}").fetchval()
+            return Observed(
+                schema_exists=True,
+                meta_exists=meta_exists,
+                tables=tables,
+                sequences=sequences,
+                routines=routines,
+                ring_rows=int(ring_rows),
+                counter_rows=int(counter_rows),
+                recorded=recorded,
+            )
+
+    def plan(self, observed: Observed) -> list[Step]:
+        return plan_ring(self.target, observed)
+
+    def apply(self) -> ApplyResult:
+        """Make the database match the spec. One transaction under an advisory lock, so a
+        crash leaves nothing half-made and concurrent operators never both provision."""
+        with self._errors():
+            steps = self.plan(self.observe())
+            if not steps:
+                return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
+            conn = self.conn
+            conn.autocommit = False
+            try:
+                cur = conn.cursor()
+                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}.{self.names.queue}")
+                # Re-plan under the lock: another operator may have finished meanwhile.
+                steps = self.plan(self.observe())
+                for step in steps:
+                    for statement in self.sql.step_sql(step.action):
+                        cur.execute(statement)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                conn.autocommit = True
+            return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
+
+    # --- state ----------------------------------------------------------------------------
+    def depth(self) -> Depth:
+        with self._errors():
+            ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
+            return Depth(depth=int(ready), in_flight=int(leased))
+
+    def teardown(self) -> None:
+        with self._errors():
+            conn = self.conn
+            conn.autocommit = False
+            try:
+                cur = conn.cursor()
+                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}.{self.names.queue}")
+                if cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
+                    observed_tables = {
+                        r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, self.names.schema).fetchall()
+                    }
+                    for statement in self.sql.drop():
+                        if statement.startswith("DELETE FROM") and self.names.meta not in observed_tables:
+                            continue
+                        cur.execute(statement)
+                    if self.names.meta in observed_tables:
+                        for statement in self.sql.drop_schema_if_unused():
+                            cur.execute(statement)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                conn.autocommit = True

@@ -1,0 +1,496 @@
+"""All PostgreSQL text of the ring queue: DDL per planning step, routines, observation queries.
+
+Identifiers come from `QueueNames` (validated) and are quoted by `quote()`; numbers are
+validated integers. Values (bodies, ids, durations) are always bound parameters.
+
+The ring: `size` preallocated rows, one per slot, keyed by `slot` (the only index). Position
+`n` of the push sequence lives in slot `n % size`. A slot's `state` is 0 free, 1 ready,
+2 leased. Every operation is one call of a routine (one round trip), and every hot update
+touches no indexed column, so it stays a HOT update on the same page (fillfactor leaves room).
+The spill table takes what must leave ring order: nacked messages, expired leases, orphans
+whose pop position was lost; the gap table remembers positions that will never be written
+(void) or whose popper gave up (skipped).
+"""
+
+from __future__ import annotations
+
+from dbq.backends.names import QueueNames, check_identifier
+from dbq.backends.ring_plan import COUNTER_SHARDS, RING_SCHEMA_VERSION, RingTarget
+
+FILLFACTOR = 50
+# A ready message whose pop position was drawn this long ago without being claimed is an orphan.
+ORPHAN_GRACE_SECONDS = 5
+
+
+def quote(identifier: str) -> str:
+    """Quote an identifier that `QueueNames`/`check_identifier` already validated."""
+    if not identifier or '"' in identifier or "\0" in identifier:
+        raise ValueError(f"refusing to quote {identifier!r}")
+    return f'"{identifier}"'
+
+
+def literal(identifier: str) -> str:
+    """A validated identifier as a string literal (for metadata rows keyed by queue name)."""
+    check_identifier(identifier, "name")
+    return f"'{identifier}'"
+
+
+class PgRing:
+    def __init__(self, target: RingTarget) -> None:
+        self.t = target
+        n: QueueNames = target.names
+        s = quote(n.schema)
+        self.schema = s
+        self.meta = f"{s}.{quote(n.meta)}"
+        self.ring = f"{s}.{quote(n.ring)}"
+        self.spill = f"{s}.{quote(n.spill)}"
+        self.gap = f"{s}.{quote(n.gap)}"
+        self.counters = f"{s}.{quote(n.counters)}"
+        self.push_seq = f"{s}.{quote(n.push_seq)}"
+        self.pop_seq = f"{s}.{quote(n.pop_seq)}"
+        self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in _ROUTINE_VERBS}
+        self.size = int(target.size)
+        self.message_bytes = int(target.message_bytes)
+
+    # --- provisioning, one method per planning step ------------------------------------------
+    def step_sql(self, action: str) -> list[str]:
+        return list(getattr(self, f"_{action}")())
+
+    def _create_schema(self) -> list[str]:
+        return [f"CREATE SCHEMA IF NOT EXISTS {self.schema}"]
+
+    def _create_meta(self) -> list[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.meta} (
+  queue text PRIMARY KEY,
+  design text NOT NULL,
+  schema_version int NOT NULL,
+  ring_size bigint NOT NULL,
+  message_bytes int NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now())"""
+        ]
+
+    def _create_ring(self) -> list[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.ring} (
+  slot bigint PRIMARY KEY,
+  msg_id bigint,
+  state smallint NOT NULL DEFAULT 0,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at timestamptz,
+  visible_at timestamptz,
+  expires_at timestamptz,
+  body bytea) WITH (fillfactor = {FILLFACTOR}, autovacuum_vacuum_scale_factor = 0.05)"""
+        ]
+
+    def _fill_ring(self) -> list[str]:
+        # Slots start with a body of full size so later pushes do not grow rows off their page.
+        return [
+            f"""INSERT INTO {self.ring} (slot, state, body)
+SELECT g, 0, decode(repeat('00', {self.message_bytes}), 'hex') FROM generate_series(0, {self.size - 1}) g
+ON CONFLICT (slot) DO NOTHING"""
+        ]
+
+    def _create_sequences(self) -> list[str]:
+        # CACHE 1: a per-session cache would hand positions out of order and lose a block of
+        # them whenever a session ends.
+        return [
+            f"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 START 1 CACHE 1"
+            for seq in (self.push_seq, self.pop_seq)
+        ]
+
+    def _reset_positions(self) -> list[str]:
+        return [
+            f"SELECT setval('{self.pop_seq}', greatest((SELECT last_value FROM {self.push_seq}),"
+            f" (SELECT last_value FROM {self.pop_seq})), true)",
+            f"SELECT setval('{self.push_seq}', (SELECT last_value FROM {self.pop_seq}), true)",
+        ]
+
+    def _create_side_tables(self) -> list[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.spill} (
+  msg_id bigint PRIMARY KEY,
+  state smallint NOT NULL,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at timestamptz NOT NULL,
+  visible_at timestamptz NOT NULL,
+  expires_at timestamptz,
+  body bytea NOT NULL)""",
+            f"""CREATE TABLE IF NOT EXISTS {self.gap} (
+  pos bigint PRIMARY KEY,
+  reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
+  noted_at timestamptz NOT NULL DEFAULT now())""",
+            f"""CREATE TABLE IF NOT EXISTS {self.counters} (
+  shard int PRIMARY KEY,
+  pushed bigint NOT NULL DEFAULT 0,
+  popped bigint NOT NULL DEFAULT 0,
+  acquired bigint NOT NULL DEFAULT 0,
+  expired bigint NOT NULL DEFAULT 0) WITH (fillfactor = 20)""",
+            f"INSERT INTO {self.counters} (shard) SELECT g FROM generate_series(0, {COUNTER_SHARDS - 1}) g"
+            " ON CONFLICT (shard) DO NOTHING",
+        ]
+
+    def _record_version(self) -> list[str]:
+        return [
+            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes)
+VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes})
+ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
+  message_bytes = EXCLUDED.message_bytes, updated_at = now()"""
+        ]
+
+    def _create_routines(self) -> list[str]:
+        return [r.strip() for r in _ROUTINES.format(**self._fmt()).split("\n--;;\n") if r.strip()]
+
+    def _fmt(self) -> dict[str, object]:
+        return {
+            "ring": self.ring,
+            "spill": self.spill,
+            "gap": self.gap,
+            "counters": self.counters,
+            "push_seq": self.push_seq,
+            "pop_seq": self.pop_seq,
+            "size": self.size,
+            "max_bytes": self.message_bytes,
+            "shards": COUNTER_SHARDS,
+            "grace": ORPHAN_GRACE_SECONDS,
+            "queue": self.t.names.queue,
+            **{f"fn_{verb}": name for verb, name in self.fn.items()},
+        }
+
+    # --- teardown -------------------------------------------------------------------------
+    def drop(self) -> list[str]:
+        stmts = [f"DROP FUNCTION IF EXISTS {name}" for name in self.fn.values()]
+        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap, self.counters)]
+        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in (self.push_seq, self.pop_seq)]
+        stmts.append(f"DELETE FROM {self.meta} WHERE queue = {literal(self.t.names.queue)}")
+        return stmts
+
+    def drop_schema_if_unused(self) -> list[str]:
+        return [
+            # The schema goes only when nothing else lives in it (RESTRICT refuses otherwise).
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM {self.meta}) THEN DROP TABLE {self.meta};"
+            f" BEGIN DROP SCHEMA IF EXISTS {self.schema} RESTRICT;"
+            " EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$"
+        ]
+
+    # --- observation (parameters: schema name, then object names) ------------------------------
+    OBSERVE_SCHEMA = "SELECT count(*) FROM pg_namespace WHERE nspname = ?"
+    OBSERVE_RELATIONS = (
+        "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = ?"
+    )
+    OBSERVE_ROUTINES = (
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?"
+    )
+
+    def observe_recorded(self) -> str:
+        return f"SELECT schema_version, ring_size, message_bytes FROM {self.meta} WHERE queue = ?"
+
+    def observe_counts(self) -> str:
+        return f"SELECT (SELECT count(*) FROM {self.ring}), (SELECT count(*) FROM {self.counters})"
+
+    def advisory_lock(self) -> str:
+        """Serialises provisioning of one queue across operator replicas and restarts."""
+        return "SELECT pg_advisory_xact_lock(hashtext(?))"
+
+    # --- data plane calls -----------------------------------------------------------------
+    def call(self, verb: str) -> str:
+        args = _CALL_ARGS[verb]
+        return f"SELECT * FROM {self.fn[verb]}({args})"
+
+    def depth_sql(self) -> str:
+        return (
+            f"SELECT (SELECT count(*) FROM {self.ring} WHERE state = 1) + "
+            f"(SELECT count(*) FROM {self.spill} WHERE state = 1), "
+            f"(SELECT count(*) FROM {self.ring} WHERE state = 2) + "
+            f"(SELECT count(*) FROM {self.spill} WHERE state = 2)"
+        )
+
+
+_CALL_ARGS = {
+    "push": "?, ?",
+    "push_many": "?, ?",
+    "take": "?, ?",
+    "pop": "?",
+    "pop_many": "?, ?",
+    "release": "?",
+    "ack": "?, ?",
+    "nack": "?, ?, ?",
+    "repair": "",
+    "stats": "",
+}
+_ROUTINE_VERBS = tuple(_CALL_ARGS)
+
+# Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {counters} {push_seq}
+# {pop_seq} {size} {max_bytes} {shards} {grace} {queue} {fn_<verb>}; literal braces are doubled.
+# Status codes returned by take/pop: 0 message, 1 queue empty, 2 position drawn but its message
+# not written yet (call take with o_id until it arrives, or release it), 3 position gone (draw again).
+_ROUTINES = r"""
+CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  v_pushed bigint; v_popped bigint; v_try int := 0; v_now timestamptz := clock_timestamp();
+BEGIN
+  IF octet_length(p_body) > {max_bytes} THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
+      octet_length(p_body) USING ERRCODE = '22001';
+  END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  IF v_pushed - v_popped >= {size} THEN
+    o_id := -1;  -- full: nothing drawn, so nothing to repair
+    RETURN;
+  END IF;
+  o_id := nextval('{push_seq}');
+  LOOP
+    UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
+      visible_at = NULL, body = p_body,
+      expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
+    WHERE slot = o_id % {size} AND state = 0;
+    IF FOUND THEN
+      UPDATE {counters} SET pushed = pushed + 1 WHERE shard = pg_backend_pid() % {shards};
+      RETURN;
+    END IF;
+    -- The slot still holds an earlier lap's message. A leased one moves to the spill table
+    -- (its ack finds it there); a ready one whose position was drawn long enough ago that its
+    -- popper should have taken it moves there too. Otherwise its popper is about to take it.
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+    WITH moved AS (
+      UPDATE {ring} SET state = 0
+      WHERE slot = o_id % {size} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
+      RETURNING msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    SELECT m.msg_id, 2, m.lease, m.attempts, m.pushed_at, m.visible_at, m.expires_at, m.body FROM moved m;
+    v_try := v_try + 1;
+    IF v_try > 20 THEN
+      -- Give the position up as void so its popper skips it, and report the queue full.
+      INSERT INTO {gap} (pos, reason) VALUES (o_id, 'void') ON CONFLICT (pos) DO NOTHING;
+      o_id := -1;
+      RETURN;
+    END IF;
+    PERFORM pg_sleep(0.0005);
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea[], p_ttl_ms bigint)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
+DECLARE v_body bytea; v_id bigint;
+BEGIN
+  FOREACH v_body IN ARRAY p_bodies LOOP
+    v_id := {fn_push}(v_body, p_ttl_ms);
+    RETURN NEXT v_id;
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint,
+  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
+BEGIN
+  o_id := p_pos;
+  IF p_lease_ms <= 0 THEN
+    UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
+      AND (expires_at IS NULL OR expires_at > v_now)
+    RETURNING body, attempts INTO o_body, o_attempts;
+    IF FOUND THEN
+      UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
+      o_status := 0; RETURN;
+    END IF;
+  ELSE
+    o_lease := (random() * 9007199254740991)::bigint + 1;
+    UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
+      visible_at = v_now + p_lease_ms * interval '1 millisecond'
+    WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+    RETURNING body, attempts INTO o_body, o_attempts;
+    IF FOUND THEN
+      UPDATE {counters} SET acquired = acquired + 1 WHERE shard = pg_backend_pid() % {shards};
+      o_status := 0; RETURN;
+    END IF;
+    o_lease := NULL;
+  END IF;
+  -- Not taken: find out whether it is still to come or will never come.
+  SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM {ring} WHERE slot = p_pos % {size};
+  IF v_msg = p_pos AND v_state = 1 THEN  -- expired: drop it and move on
+    UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
+    IF FOUND THEN
+      UPDATE {counters} SET expired = expired + 1 WHERE shard = pg_backend_pid() % {shards};
+    END IF;
+    o_status := 3; RETURN;
+  END IF;
+  IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
+    DELETE FROM {gap} WHERE pos = p_pos;
+    o_status := 3; RETURN;
+  END IF;
+  DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
+  IF FOUND THEN o_status := 3; RETURN; END IF;
+  o_status := 2;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint,
+  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_exp timestamptz; v_pushed bigint; v_popped bigint; v_pos bigint; v_i int := 0;
+BEGIN
+  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
+  LOOP
+    SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
+    FROM {spill} WHERE state = 1 AND visible_at <= clock_timestamp()
+    ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+    EXIT WHEN NOT FOUND;
+    IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
+      DELETE FROM {spill} WHERE msg_id = o_id;
+      UPDATE {counters} SET expired = expired + 1 WHERE shard = pg_backend_pid() % {shards};
+      CONTINUE;
+    END IF;
+    IF p_lease_ms <= 0 THEN
+      DELETE FROM {spill} WHERE msg_id = o_id;
+      UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      o_attempts := o_attempts + 1;
+      UPDATE {spill} SET state = 2, lease = o_lease, attempts = o_attempts,
+        visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
+      UPDATE {counters} SET acquired = acquired + 1 WHERE shard = pg_backend_pid() % {shards};
+    END IF;
+    o_status := 0; RETURN;
+  END LOOP;
+  o_id := NULL; o_body := NULL; o_attempts := NULL;
+  -- 2. The ring, in push order.
+  LOOP
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+    IF v_pushed <= v_popped THEN
+      -- Nothing new. A position whose popper gave up may have received its message since.
+      SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+      WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
+      IF FOUND THEN
+        DELETE FROM {gap} WHERE pos = v_pos;
+        SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(v_pos, p_lease_ms);
+        IF o_status = 0 THEN RETURN; END IF;
+      END IF;
+      o_status := 1; o_id := NULL; o_body := NULL; o_lease := NULL; o_attempts := NULL;
+      RETURN;
+    END IF;
+    SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(nextval('{pop_seq}'), p_lease_ms);
+    IF o_status <> 3 THEN RETURN; END IF;
+    v_i := v_i + 1;
+    IF v_i >= 1000 THEN o_status := 1; o_id := NULL; RETURN; END IF;
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint)
+RETURNS TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE r record;
+BEGIN
+  FOR i IN 1..p_max LOOP
+    SELECT * INTO r FROM {fn_pop}(p_lease_ms);
+    IF r.o_status = 1 THEN EXIT; END IF;
+    o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
+    RETURN NEXT;
+    IF r.o_status = 2 THEN EXIT; END IF;  -- the caller waits for that position
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_release}(p_pos bigint, OUT o_status int)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- The popper that drew p_pos gives up waiting: remember the position, so whoever finds its
+  -- message later (pop on an empty ring, or repair) delivers it.
+  INSERT INTO {gap} (pos, reason) VALUES (p_pos, 'skipped') ON CONFLICT (pos) DO NOTHING;
+  o_status := 0;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok boolean)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease;
+  IF NOT FOUND THEN
+    DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
+  END IF;
+  o_ok := FOUND;
+  IF o_ok THEN
+    UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
+  END IF;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
+BEGIN
+  WITH moved AS (
+    UPDATE {ring} SET state = 0
+    WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease
+    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_visible, m.expires_at, m.body FROM moved m;
+  IF NOT FOUND THEN
+    UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible
+    WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
+  END IF;
+  o_ok := FOUND;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_repair}(
+  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_pushed bigint; v_popped bigint; v_n bigint;
+BEGIN
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  -- Leases past their visibility timeout: back to ready, out of ring order.
+  WITH moved AS (
+    UPDATE {ring} SET state = 0 WHERE state = 2 AND visible_at < v_now
+    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+  GET DIAGNOSTICS o_expired_leases = ROW_COUNT;
+  UPDATE {spill} SET state = 1, lease = 0 WHERE state = 2 AND visible_at < v_now;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  o_expired_leases := o_expired_leases + v_n;
+  -- Orphans: ready messages whose pop position was drawn but never claimed (popper died or gave up).
+  WITH moved AS (
+    UPDATE {ring} SET state = 0
+    WHERE state = 1 AND msg_id <= v_popped AND pushed_at < v_now - interval '{grace} seconds'
+    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+  GET DIAGNOSTICS o_orphans = ROW_COUNT;
+  -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
+  WITH freed AS (
+    UPDATE {ring} SET state = 0 WHERE state = 1 AND expires_at <= v_now RETURNING msg_id)
+  INSERT INTO {gap} (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
+  ON CONFLICT (pos) DO NOTHING;
+  GET DIAGNOSTICS o_expired = ROW_COUNT;
+  DELETE FROM {spill} WHERE state = 1 AND expires_at <= v_now;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  o_expired := o_expired + v_n;
+  IF o_expired > 0 THEN
+    UPDATE {counters} SET expired = expired + o_expired WHERE shard = pg_backend_pid() % {shards};
+  END IF;
+  -- Gaps a whole lap behind the pop position can never be written any more.
+  DELETE FROM {gap} g WHERE g.pos <= v_popped - {size}
+    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
+  GET DIAGNOSTICS o_gaps_purged = ROW_COUNT;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_stats}(
+  OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
+  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest timestamptz)
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz;
+BEGIN
+  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
+  INTO o_depth, o_in_flight, o_oldest FROM {ring};
+  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
+  INTO v_depth, v_flight, v_oldest FROM {spill};
+  o_depth := o_depth + v_depth;
+  o_in_flight := o_in_flight + v_flight;
+  o_oldest := least(o_oldest, v_oldest);
+  SELECT sum(pushed), sum(popped), sum(acquired), sum(expired) INTO o_pushed, o_popped, o_acquired, o_expired
+  FROM {counters};
+END $fn$
+"""

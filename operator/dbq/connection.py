@@ -1,0 +1,134 @@
+"""Connection settings from a Queue's Secret (or a URL), and the ODBC strings built from them.
+
+The Secret holds either `url` (`postgresql://user:pass@host:port/db?driver=...`,
+`mssql://...`, `cassandra://host1,host2:port`) or the keys host, port, database, username,
+password and optionally driver. `ConnectionSettings.__repr__` never shows the password, and
+`endpoint` (what status and events show) has no credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+DEFAULT_PORTS = {"postgres": 5432, "sqlserver": 1433, "cassandra": 9042}
+DEFAULT_DRIVERS = {"postgres": "PostgreSQL Unicode", "sqlserver": "ODBC Driver 18 for SQL Server"}
+_SCHEMES = {
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "mssql": "sqlserver",
+    "sqlserver": "sqlserver",
+    "cassandra": "cassandra",
+}
+
+
+class InvalidConnection(ValueError):
+    """The Secret or URL is incomplete or malformed; the message names the key to fix."""
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    backend: str
+    host: str
+    port: int
+    database: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    driver: str = ""
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        where = f"{self.host}:{self.port}"
+        return f"{where}/{self.database}" if self.database else where
+
+    def odbc(self) -> str:
+        if self.backend not in DEFAULT_DRIVERS:
+            raise InvalidConnection(f"backend {self.backend} is not reached through ODBC")
+        driver = self.driver or DEFAULT_DRIVERS[self.backend]
+        parts = {"DRIVER": f"{{{driver}}}"}
+        if self.backend == "postgres":
+            parts |= {"SERVER": self.host, "PORT": str(self.port), "DATABASE": self.database}
+            parts |= {"UID": self.username, "PWD": self.password}
+        else:
+            parts |= {"SERVER": f"{self.host},{self.port}", "DATABASE": self.database}
+            parts |= {"UID": self.username, "PWD": self.password}
+        parts |= {k.upper(): v for k, v in self.options.items()}
+        return ";".join(f"{k}={_odbc_value(v)}" for k, v in parts.items() if v != "")
+
+
+def _odbc_value(value: str) -> str:
+    if value.startswith("{") and value.endswith("}"):
+        return value
+    if any(c in value for c in ";{}=") or value != value.strip():
+        return "{" + value.replace("}", "}}") + "}"
+    return value
+
+
+def from_url(url: str, backend: str | None = None) -> ConnectionSettings:
+    parts = urlsplit(url)
+    kind = _SCHEMES.get(parts.scheme)
+    if kind is None:
+        raise InvalidConnection(
+            f"url scheme {parts.scheme!r} is not supported: use postgresql://, mssql:// or cassandra://"
+        )
+    if backend and kind != backend:
+        raise InvalidConnection(f"url is for {kind} but spec.backend is {backend}: fix the Secret's url")
+    if not parts.hostname:
+        raise InvalidConnection(
+            "url has no host: write it like postgresql://user:password@host:5432/database"
+        )
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    driver = query.pop("driver", "")
+    try:
+        port = parts.port or DEFAULT_PORTS[kind]
+    except ValueError as e:
+        raise InvalidConnection(f"url has an invalid port: {e}") from None
+    return ConnectionSettings(
+        backend=kind,
+        host=parts.hostname,
+        port=port,
+        database=unquote(parts.path.lstrip("/")),
+        username=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+        driver=driver,
+        options=query,
+    )
+
+
+def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True) -> ConnectionSettings:
+    """Settings from a Secret's `data` (base64, as the API returns it) or `stringData` (encoded=False)."""
+    values: dict[str, str] = {}
+    for key, raw in (data or {}).items():
+        if raw is None:
+            continue
+        try:
+            values[key] = base64.b64decode(raw).decode() if encoded else str(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidConnection(f"Secret key {key!r} is not valid base64 text") from None
+    if "url" in values:
+        return from_url(values["url"], backend)
+    missing = [k for k in ("host", "username", "password") if not values.get(k)]
+    if backend != "cassandra" and not values.get("database"):
+        missing.append("database")
+    if missing and backend != "cassandra":
+        raise InvalidConnection(
+            f"Secret lacks {', '.join(missing)}: give it `url`, or host, port, database, username and password"
+        )
+    if backend == "cassandra" and not values.get("host"):
+        raise InvalidConnection("Secret lacks host: give it `url` (cassandra://host:9042) or host and port")
+    try:
+        port = int(values.get("port") or DEFAULT_PORTS[backend])
+    except ValueError:
+        raise InvalidConnection(f"Secret key port {values['port']!r} is not a number") from None
+    return ConnectionSettings(
+        backend=backend,
+        host=values["host"],
+        port=port,
+        database=values.get("database", ""),
+        username=values.get("username", ""),
+        password=values.get("password", ""),
+        driver=values.get("driver", ""),
+    )
