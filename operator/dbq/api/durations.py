@@ -28,7 +28,7 @@ def format_duration(seconds: float) -> str:
     """Shortest spelling CEL also accepts: 90 -> `1m30s`."""
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"
-    out, rest = "", int(round(seconds))
+    out, rest = "", round(seconds)
     for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
         if rest >= size:
             out += f"{rest // size}{unit}"
