@@ -313,9 +313,14 @@ class QueueResource(Model):
     metadata: dict[str, Any]
     spec: QueueSpec
 
+    @model_validator(mode="after")
+    def _derivable_name(self) -> QueueResource:
+        queue_name(self.name, self.spec)  # raises when metadata.name cannot name the queue
+        return self
+
     @property
     def name(self) -> str:
-        return str(self.metadata["name"])
+        return str(self.metadata.get("name", ""))
 
     @property
     def namespace(self) -> str:

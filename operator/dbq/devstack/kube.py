@@ -156,7 +156,14 @@ class Kube:
         except OSError:
             return False
 
-    def _write_kubeconfig(self) -> None:
+    def kubeconfig_for(self, user: str) -> Path:
+        """A kubeconfig that authenticates as `user` (e.g. the operator's RBAC identity)."""
+        path = self.paths.state / f"kubeconfig-{user.replace(':', '_')}"
+        self._write_kubeconfig(path, user)
+        return path
+
+    def _write_kubeconfig(self, path: Path | None = None, user: str = ADMIN_USER) -> None:
+        path = path or self.kubeconfig
         ca = self.pki / "apiserver.crt"
         text = f"""apiVersion: v1
 kind: Config
@@ -166,13 +173,13 @@ clusters:
     server: {self.url}
     certificate-authority: {ca}
 users:
-- name: {ADMIN_USER}
+- name: "{user}"
   user:
-    token: {self.token(ADMIN_USER)}
+    token: {self.token(user)}
 contexts:
 - name: dbq-local
-  context: {{cluster: dbq-local, user: {ADMIN_USER}, namespace: default}}
+  context: {{cluster: dbq-local, user: "{user}", namespace: default}}
 current-context: dbq-local
 """
-        self.kubeconfig.touch(mode=0o600)
-        self.kubeconfig.write_text(text)
+        path.touch(mode=0o600)
+        path.write_text(text)

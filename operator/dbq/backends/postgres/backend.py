@@ -102,10 +102,10 @@ class PostgresRing:
                 if row:
                     recorded = Recorded(schema_version=row[0], ring_size=row[1], message_bytes=row[2])
             ring_rows = counter_rows = 0
-            if self.names.ring in tables and self.names.counters in tables:
-                ring_rows, counter_rows = cur.execute(self.sql.observe_counts()).fetchone()
-            elif self.names.ring in tables:
+            if self.names.ring in tables:
                 ring_rows = cur.execute(f"SELECT count(*) FROM {self.sql.ring}").fetchval()
+            if self.names.counters in tables:
+                counter_rows = cur.execute(f"SELECT count(*) FROM {self.sql.counters}").fetchval()
             return Observed(
                 schema_exists=True,
                 meta_exists=meta_exists,

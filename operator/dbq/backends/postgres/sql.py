@@ -189,9 +189,6 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     def observe_recorded(self) -> str:
         return f"SELECT schema_version, ring_size, message_bytes FROM {self.meta} WHERE queue = ?"
 
-    def observe_counts(self) -> str:
-        return f"SELECT (SELECT count(*) FROM {self.ring}), (SELECT count(*) FROM {self.counters})"
-
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue across operator replicas and restarts."""
         return "SELECT pg_advisory_xact_lock(hashtext(?))"

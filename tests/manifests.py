@@ -1,0 +1,54 @@
+"""Manifests shared by the API unit tests and the admission tests on the real API server."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+
+def queue(name: str = "orders", **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "backend": "postgres",
+        "design": "ring",
+        "connection": {"secretRef": {"name": "orders-db"}, "schema": "shopq"},
+        "ring": {"size": 64},
+    }
+    for key, value in spec.items():
+        base[key] = value
+    return {"apiVersion": "dbq.dev/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": base}
+
+
+def with_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    node = doc
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return doc
+
+
+# (id, manifest, words the refusal must contain). Each is refused at admission by the API server
+# and by the pydantic models that `dbq apply` uses.
+REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown-backend", with_path(queue(), "spec.backend", "mysql"), "spec.backend"),
+    ("pipes-on-postgres", with_path(queue(), "spec.design", "pipes"), "does not exist on backend postgres"),
+    ("broker-on-postgres", with_path(queue(), "spec.design", "servicebroker"), "does not exist on backend postgres"),
+    ("ring-on-cassandra", with_path(queue(), "spec.backend", "cassandra"), "does not exist on backend cassandra"),
+    ("size-zero", with_path(queue(), "spec.ring.size", 0), "spec.ring.size"),
+    ("size-negative", with_path(queue(), "spec.ring.size", -5), "spec.ring.size"),
+    ("size-huge", with_path(queue(), "spec.ring.size", 10**12), "spec.ring.size"),
+    ("size-wrong-type", with_path(queue(), "spec.ring.size", "big"), "spec.ring.size"),
+    ("message-bytes-huge", with_path(queue(), "spec.ring.messageBytes", 100_000), "spec.ring.messageBytes"),
+    ("visibility-not-duration", with_path(queue(), "spec.timeouts.visibility", "forever"), "spec.timeouts.visibility"),
+    ("visibility-too-long", with_path(queue(), "spec.timeouts.visibility", "13h"), "1s to 12h"),
+    ("cleanup-too-often", with_path(queue(), "spec.cleanup.interval", "1s"), "5s to 24h"),
+    ("sql-injection-queue-name", with_path(queue(), "spec.queueName", 'x"; DROP TABLE t; --'), "spec.queueName"),
+    ("sql-injection-schema", with_path(queue(), "spec.connection.schema", "q'); DROP SCHEMA public; --"), "schema"),
+    ("upper-case-schema", with_path(queue(), "spec.connection.schema", "Queues"), "schema"),
+    ("dotted-name-without-queue-name", queue(name="orders.v2"), "set spec.queueName"),
+    ("cron-garbage", with_path(queue(), "spec.reindex.schedule", "every night"), "spec.reindex.schedule"),
+    ("missing-connection", {**queue(), "spec": {"backend": "postgres", "design": "ring"}}, "connection"),
+    ("secret-name-injection", with_path(queue(), "spec.connection.secretRef.name", "db;rm -rf"), "secretRef.name"),
+    ("bad-deletion-policy", with_path(queue(), "spec.deletionPolicy", "Sometimes"), "spec.deletionPolicy"),
+]

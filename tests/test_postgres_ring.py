@@ -1,0 +1,108 @@
+"""Provisioning PostgreSQL ring queues on the real server."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from dbq.api.models import QueueSpec
+from dbq.backends import open_backend
+from dbq.backends.base import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
+from dbq.backends.postgres.sql import FILLFACTOR
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION
+from dbq.connection import from_url
+from tests.manifests import queue
+
+
+def ring(postgres, schema: str, size: int = 64, name: str = "orders", url: str | None = None):
+    spec = QueueSpec.model_validate({**queue()["spec"], "connection": {"secretRef": {"name": "s"}, "schema": schema}, "ring": {"size": size}})
+    return open_backend(spec, name, from_url(url or postgres.url))
+
+
+@pytest.fixture
+def schema() -> str:
+    return f"t_{secrets.token_hex(4)}"
+
+
+def test_apply_creates_the_ring_as_declared(postgres, schema):
+    backend = ring(postgres, schema, size=128)
+    result = backend.apply()
+    assert [s.action for s in result.steps][0] == "create_schema" and result.schema_version == RING_SCHEMA_VERSION
+    cur = postgres.connect().cursor()
+    assert tuple(cur.execute(f'SELECT count(*), min(slot), max(slot) FROM "{schema}"."orders_ring"').fetchone()) == (128, 0, 127)
+    options = cur.execute(
+        "SELECT reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relname = 'orders_ring'",
+        schema,
+    ).fetchval()
+    assert f"fillfactor={FILLFACTOR}" in options
+    # Only the slot key is indexed, so updates of a slot stay HOT.
+    indexes = cur.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = ? AND tablename = 'orders_ring'", schema).fetchall()
+    assert len(indexes) == 1 and "(slot)" in indexes[0][0]
+    version = cur.execute(f'SELECT schema_version, ring_size FROM "{schema}".dbq_queues WHERE queue = ?', "orders").fetchone()
+    assert tuple(version) == (RING_SCHEMA_VERSION, 128)
+    # Applying again changes nothing.
+    assert backend.apply().steps == []
+    backend.teardown()
+    assert cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval() == 0
+
+
+def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
+    backend = ring(postgres, schema)
+    backend.apply()
+    cur = backend.conn.cursor()
+    assert cur.execute(backend.sql.call("push"), b"a", 0).fetchval() == 1
+    assert cur.execute(backend.sql.call("push"), b"b", 0).fetchval() == 2
+    status, msg_id, body, *_ = cur.execute(backend.sql.call("pop"), 0).fetchone()
+    assert (status, msg_id, bytes(body)) == (0, 1, b"a")
+    assert backend.depth().depth == 1
+    backend.teardown()
+
+
+def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, schema):
+    backend = ring(postgres, schema)
+    backend.apply()
+    cur = backend.conn.cursor()
+    for i in range(5):
+        cur.execute(backend.sql.call("push"), bytes([i]), 0).fetchval()
+    cur.execute(f'DROP TABLE "{schema}".orders_ring')
+    steps = [s.action for s in backend.plan(backend.observe())]
+    assert steps == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
+    backend.apply()
+    assert backend.plan(backend.observe()) == []
+    # A popper on the re-created ring finds it empty instead of waiting on lost positions.
+    assert cur.execute(backend.sql.call("pop"), 0).fetchone()[0] == 1
+    assert cur.execute(backend.sql.call("push"), b"new", 0).fetchval() == 6
+    status, msg_id, body, *_ = cur.execute(backend.sql.call("pop"), 0).fetchone()
+    assert (status, msg_id, bytes(body)) == (0, 6, b"new")
+    backend.teardown()
+
+
+def test_existing_ring_of_another_size_is_not_touched(postgres, schema):
+    ring(postgres, schema, size=64).apply()
+    other = ring(postgres, schema, size=128)
+    with pytest.raises(ConflictingObjects, match="64 slots but spec.ring.size is 128"):
+        other.apply()
+    cur = postgres.connect().cursor()
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64
+    ring(postgres, schema, size=64).teardown()
+
+
+def test_teardown_keeps_a_schema_that_holds_other_things(postgres, schema):
+    backend = ring(postgres, schema)
+    backend.apply()
+    cur = postgres.connect().cursor()
+    cur.execute(f'CREATE TABLE "{schema}".someone_elses (id int)')
+    backend.teardown()
+    assert cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval() == 1
+    assert backend.observe().tables == frozenset({"someone_elses"})
+    cur.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_wrong_password_and_closed_port_are_named(postgres, schema):
+    bad_password = postgres.url.replace("://dbq:", "://dbq:wrong", 1)
+    with pytest.raises(AuthenticationFailed) as err:
+        ring(postgres, schema, url=bad_password).observe()
+    assert "wrong" not in str(err.value)
+    with pytest.raises(DatabaseUnreachable):
+        ring(postgres, schema, url="postgresql://dbq:x@127.0.0.1:1/postgres").observe()

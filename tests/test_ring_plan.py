@@ -1,0 +1,76 @@
+"""The ring planner is a pure function: spec + observation -> steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from dbq.backends.base import ConflictingObjects, Observed, Recorded
+from dbq.backends.names import QueueNames, UnsafeName
+from dbq.backends.ring_plan import COUNTER_SHARDS, RING_SCHEMA_VERSION, ROUTINES, RingTarget, plan_ring
+
+NAMES = QueueNames(schema="shopq", queue="orders")
+TARGET = RingTarget(names=NAMES, size=1000, message_bytes=300)
+
+
+def complete(**changes) -> Observed:
+    base = dict(
+        schema_exists=True,
+        meta_exists=True,
+        tables=frozenset({NAMES.meta, *NAMES.tables}),
+        sequences=frozenset(NAMES.sequences),
+        routines=frozenset(NAMES.routine(r) for r in ROUTINES),
+        ring_rows=1000,
+        counter_rows=COUNTER_SHARDS,
+        recorded=Recorded(schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300),
+    )
+    base.update(changes)
+    return Observed(**base)
+
+
+def actions(observed: Observed, target: RingTarget = TARGET) -> list[str]:
+    return [s.action for s in plan_ring(target, observed)]
+
+
+def test_empty_database_gets_everything_in_order():
+    assert actions(Observed()) == [
+        "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences",
+        "create_side_tables", "create_routines", "record_version",
+    ]  # fmt: skip
+
+
+def test_matching_database_needs_nothing():
+    assert actions(complete()) == []
+
+
+def test_dropped_ring_is_recreated_and_positions_reset():
+    observed = complete(tables=complete().tables - {NAMES.ring}, ring_rows=0)
+    assert actions(observed) == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
+
+
+def test_half_filled_ring_is_topped_up():
+    assert actions(complete(ring_rows=400)) == ["fill_ring"]
+
+
+def test_missing_routine_and_new_message_size_rewrite_routines():
+    routines = complete().routines - {NAMES.routine("pop")}
+    assert actions(complete(routines=routines)) == ["create_routines"]
+    bigger = RingTarget(names=NAMES, size=1000, message_bytes=600)
+    assert actions(complete(), bigger) == ["create_routines", "record_version"]
+
+
+def test_older_schema_version_is_upgraded():
+    old = complete(recorded=Recorded(schema_version=RING_SCHEMA_VERSION - 1, ring_size=1000, message_bytes=300))
+    assert actions(old) == ["create_routines", "record_version"]
+
+
+def test_resize_is_refused_with_the_way_out():
+    with pytest.raises(ConflictingObjects, match="cannot be resized in place"):
+        plan_ring(RingTarget(names=NAMES, size=2000, message_bytes=300), complete())
+
+
+@pytest.mark.parametrize("bad", ['x"; DROP TABLE t; --', "Orders", "a-b", "", "1abc", "x" * 41, "q\x00"])
+def test_unsafe_names_never_become_identifiers(bad):
+    with pytest.raises(UnsafeName, match="not a safe identifier"):
+        QueueNames(schema="shopq", queue=bad)
+    with pytest.raises(UnsafeName):
+        QueueNames(schema=bad, queue="orders")
