@@ -47,7 +47,8 @@ def stack() -> Iterator[LocalStack]:
 @dataclass
 class KubeHandle:
     kubeconfig: str
-    api: Any  # kubernetes.client.ApiClient
+    operator_kubeconfig: str  # authenticates as the operator's RBAC identity
+    api: Any  # kubernetes.client.ApiClient (admin)
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +58,13 @@ def kube(stack: LocalStack) -> KubeHandle:
 
     api = config.new_client_from_config(config_file=str(stack.kube.kubeconfig))
     client.VersionApi(api).get_code()
-    return KubeHandle(kubeconfig=str(stack.kube.kubeconfig), api=api)
+    from dbq.devstack.kube import OPERATOR_USER
+
+    return KubeHandle(
+        kubeconfig=str(stack.kube.kubeconfig),
+        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
+        api=api,
+    )
 
 
 @dataclass

@@ -114,7 +114,10 @@ def apply_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL, idle=5)
 def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
           patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
-    """Re-create objects dropped behind our back; writes status only when something changed."""
+    """Re-create objects dropped behind our back; writes status only when something changed.
+    Queues not provisioned yet are left to the create/resume handlers."""
+    if (cond.condition(status.get("conditions"), cond.PROVISIONED) or {}).get("status") != "True":
+        return
     _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
 
 

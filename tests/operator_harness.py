@@ -1,0 +1,155 @@
+"""Runs the real operator (`dbq run`) against the local API server, as its least-privilege RBAC
+identity, and gives tests small helpers over the admin client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from dbq.devstack.kube import OPERATOR_USER
+
+ROOT = Path(__file__).resolve().parent.parent
+G, V, P = "dbq.dev", "v1alpha1", "queues"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class Operator:
+    """One `dbq run -n NAMESPACE` process; restartable and killable."""
+
+    def __init__(self, kube: Any, namespace: str, log: Path, drift_interval: float = 2.0) -> None:
+        self.kubeconfig = kube.operator_kubeconfig
+        self.namespace = namespace
+        self.log = log
+        self.drift_interval = drift_interval
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "DBQ_DRIFT_INTERVAL": str(self.drift_interval)}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dbq.cli", "run", "-n", self.namespace,
+                 "--metrics-port", str(self.metrics_port),
+                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Cluster:
+    """Admin-side helpers for one test namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    def create(self, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = json.loads(json.dumps(doc))
+        doc["metadata"]["namespace"] = self.ns
+        return dict(self.custom.create_namespaced_custom_object(G, V, self.ns, P, doc))
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(G, V, self.ns, P, name))
+
+    def patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.custom.patch_namespaced_custom_object(G, V, self.ns, P, name, body))
+
+    def delete(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(G, V, self.ns, P, name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.get(name)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        status = self.get(name).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+    def wait_condition(self, name: str, type_: str, status: str, timeout: float = 60, reason: str | None = None) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            c = self.condition(name, type_)
+            ok = c.get("status") == status and (reason is None or c.get("reason") == reason)
+            return c if ok else None
+
+        return dict(wait_for(check, timeout, f"{name} {type_}={status} {reason or ''}"))
+
+    def events(self, name: str) -> list[Any]:
+        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return list(items)
+
+    def secret(self, name: str, string_data: dict[str, str]) -> None:
+        body = client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data=string_data)
+        try:
+            self.core.create_namespaced_secret(self.ns, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            self.core.replace_namespaced_secret(name, self.ns, body)
+
+
+def apply_rbac(kubectl_config: str, namespace: str) -> None:
+    """The namespaced RBAC manifest from manifests/, retargeted at the test namespace."""
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "rbac" / "namespaced.yaml").read_text()))
+    for doc in docs:
+        if doc["kind"] in ("Role", "RoleBinding"):
+            doc["metadata"]["namespace"] = namespace
+    subprocess.run(
+        ["kubectl", "--kubeconfig", kubectl_config, "apply", "-f", "-"],
+        input=yaml.safe_dump_all(docs), text=True, check=True, capture_output=True,
+    )  # fmt: skip
+    assert OPERATOR_USER.endswith(":dbq-system:dbq-operator")

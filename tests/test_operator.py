@@ -1,0 +1,271 @@
+"""The operator end to end: real API server, real PostgreSQL, `dbq run` as its RBAC identity."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.manifests import REFUSED_AT_ADMISSION, queue, with_path
+from tests.operator_harness import ROOT, Cluster, Operator, apply_rbac, wait_for
+
+
+@pytest.fixture(scope="module")
+def env(kube, postgres, tmp_path_factory):
+    """A namespace with the CRD, the namespaced RBAC, a Secret for the test database, and the operator."""
+    ns = f"dbq-e2e-{secrets.token_hex(3)}"
+    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "apply", "-f", str(ROOT / "crds" / "queue.yaml")],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "wait", "--for=condition=Established",
+                    "crd/queues.dbq.dev", "--timeout=60s"], check=True, capture_output=True)  # fmt: skip
+    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    apply_rbac(kube.kubeconfig, ns)
+    cluster = Cluster(kube.api, ns)
+    cluster.secret("orders-db", {"url": postgres.url})
+    operator = Operator(kube, ns, tmp_path_factory.mktemp("operator") / "operator.log")
+    operator.start()
+    yield cluster, operator, postgres
+    for item in cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"]:
+        name = item["metadata"]["name"]
+        cluster.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
+        cluster.delete(name)
+    wait_for(lambda: not cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"],
+             60, "queues deleted")  # fmt: skip
+    operator.stop()
+
+
+def schema_exists(postgres, schema: str) -> bool:
+    cur = postgres.connect().cursor()
+    return bool(cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval())
+
+
+def fresh(name: str, **spec):
+    schema = f"e2e_{secrets.token_hex(4)}"
+    doc = queue(name, **spec)
+    doc["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema, **spec.get("connection", {})}
+    return doc, schema
+
+
+def test_apply_becomes_ready_with_the_declared_ring(env, kube):
+    cluster, _, postgres = env
+    doc, schema = fresh("ready-q", ring={"size": 256})
+    cluster.create(doc)
+    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "wait", "--for=condition=Ready",
+                    "queue/ready-q", "--timeout=60s"], check=True, capture_output=True)  # fmt: skip
+    cur = postgres.connect().cursor()
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".ready_q_ring').fetchval() == 256
+    status = cluster.get("ready-q")["status"]
+    assert status["observedGeneration"] == 1 and status["schemaVersion"] == 1 and status["queueName"] == "ready_q"
+    assert cluster.condition("ready-q", "Provisioned")["status"] == "True"
+    reasons = {e.reason for e in cluster.events("ready-q")}
+    assert {"Provisioned", "Ready"} <= reasons
+    printed = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "dbq", "ready-q"],
+                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+    assert "postgres" in printed and "ring" in printed and "True" in printed
+
+
+def test_mutable_change_advances_generation_and_immutable_is_refused(env):
+    cluster, _, _ = env
+    doc, _ = fresh("mut-q")
+    cluster.create(doc)
+    cluster.wait_condition("mut-q", "Ready", "True")
+    cluster.patch("mut-q", {"spec": {"stats": {"interval": "30s"}, "reindex": {"schedule": "0 4 * * *"}}})
+    wait_for(lambda: cluster.get("mut-q")["status"].get("observedGeneration") == 2, 30, "observedGeneration 2")
+    assert cluster.get("mut-q")["spec"]["reindex"]["schedule"] == "0 4 * * *"
+    for change, words in [
+        ({"backend": "sqlserver"}, "spec.backend cannot change after creation"),
+        ({"connection": {"schema": "elsewhere"}}, "spec.connection.schema cannot change after creation"),
+        ({"ring": {"size": 999}}, "spec.ring.size cannot change after creation"),
+        ({"queueName": "renamed"}, "spec.queueName cannot be added or removed"),
+    ]:
+        with pytest.raises(ApiException) as err:
+            cluster.patch("mut-q", {"spec": change})
+        assert err.value.status == 422 and words in err.value.body
+
+
+@pytest.mark.parametrize(("case", "doc", "words"), REFUSED_AT_ADMISSION, ids=[c[0] for c in REFUSED_AT_ADMISSION])
+def test_bad_manifest_is_refused_at_admission(env, case, doc, words):
+    cluster, _, postgres = env
+    doc = json.loads(json.dumps(doc))
+    schema = f"adm_{secrets.token_hex(4)}"
+    if isinstance(doc["spec"].get("connection"), dict) and doc["spec"]["connection"].get("schema") == "shopq":
+        doc["spec"]["connection"]["schema"] = schema
+    with pytest.raises(ApiException) as err:
+        cluster.create(doc)
+    assert err.value.status == 422, err.value.body
+    assert words in err.value.body, err.value.body
+    assert not schema_exists(postgres, schema)
+
+
+@pytest.mark.parametrize(
+    ("case", "secret", "patch", "reason"),
+    [
+        ("missing-secret", None, {"connection": {"secretRef": {"name": "no-such-secret"}}}, "SecretNotFound"),
+        ("wrong-password", "wrong-password", {}, "AuthenticationFailed"),
+        ("closed-port", "closed-port", {}, "DatabaseUnreachable"),
+        ("foreign-url-scheme", "mysql-url", {}, "InvalidSecret"),
+        ("secret-without-password", "no-password", {}, "InvalidSecret"),
+        ("impossible-cron", None, {"reindex": {"schedule": "99 99 * * *"}}, "InvalidSpec"),
+    ],
+)
+def test_bad_runtime_input_is_not_ready_with_a_precise_reason(env, case, secret, patch, reason):
+    cluster, operator, postgres = env
+    urls = {
+        "wrong-password": postgres.url.replace("://dbq:", "://dbq:not", 1),
+        "closed-port": "postgresql://dbq:x@127.0.0.1:1/postgres",
+        "mysql-url": "mysql://dbq:x@127.0.0.1/postgres",
+    }
+    name = f"bad-{case}"
+    doc, schema = fresh(name, **{k: v for k, v in patch.items() if k != "connection"})
+    if secret == "no-password":
+        cluster.secret(name, {"host": "127.0.0.1", "database": "postgres", "username": "dbq"})
+        doc["spec"]["connection"]["secretRef"]["name"] = name
+    elif secret:
+        cluster.secret(name, {"url": urls[secret]})
+        doc["spec"]["connection"]["secretRef"]["name"] = name
+    if "connection" in patch:
+        doc["spec"]["connection"]["secretRef"] = patch["connection"]["secretRef"]
+    cluster.create(doc)
+    ready = cluster.wait_condition(name, "Ready", "False", reason=reason)
+    assert ready["message"]
+    assert not schema_exists(postgres, schema)
+    assert postgres.url.split(":")[2].split("@")[0] not in json.dumps(cluster.get(name).get("status"))
+    assert any(e.reason == reason for e in cluster.events(name))
+
+
+def test_missing_secret_heals_by_itself(env):
+    cluster, _, postgres = env
+    doc, _ = fresh("heal-q")
+    doc["spec"]["connection"]["secretRef"]["name"] = "heal-db"
+    cluster.create(doc)
+    cluster.wait_condition("heal-q", "Ready", "False", reason="SecretNotFound")
+    cluster.secret("heal-db", {"url": postgres.url})
+    cluster.wait_condition("heal-q", "Ready", "True", timeout=90)
+
+
+def test_drift_timer_recreates_a_dropped_ring(env):
+    cluster, _, postgres = env
+    doc, schema = fresh("drift-q")
+    cluster.create(doc)
+    cluster.wait_condition("drift-q", "Ready", "True")
+    cur = postgres.connect().cursor()
+    cur.execute(f'DROP TABLE "{schema}".drift_q_ring')
+    wait_for(lambda: cur.execute("SELECT to_regclass(?)", f"{schema}.drift_q_ring").fetchval(), 30, "ring re-created")
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".drift_q_ring').fetchval() == 64
+    wait_for(lambda: any(e.reason == "Drift" for e in cluster.events("drift-q")), 10, "Drift event")
+    assert cluster.condition("drift-q", "Degraded")["reason"] == "Repaired"
+
+
+def test_paused_queue_is_left_alone_until_resumed(env):
+    cluster, _, postgres = env
+    doc, schema = fresh("pause-q")
+    cluster.create(doc)
+    cluster.wait_condition("pause-q", "Ready", "True")
+    cluster.patch("pause-q", {"metadata": {"annotations": {"dbq.dev/paused": "true"}}})
+    cluster.wait_condition("pause-q", "Paused", "True")
+    cur = postgres.connect().cursor()
+    cur.execute(f'DROP TABLE "{schema}".pause_q_ring')
+    time.sleep(5)  # more than two drift intervals
+    assert cur.execute("SELECT to_regclass(?)", f"{schema}.pause_q_ring").fetchval() is None
+    cluster.patch("pause-q", {"metadata": {"annotations": {"dbq.dev/paused": None}}})
+    wait_for(lambda: cur.execute("SELECT to_regclass(?)", f"{schema}.pause_q_ring").fetchval(), 30, "ring back")
+    wait_for(lambda: not cluster.condition("pause-q", "Paused"), 30, "Paused condition gone")
+
+
+def test_operator_killed_while_provisioning_converges_without_duplicates(env):
+    cluster, operator, postgres = env
+    size = 3_000_000  # big enough that filling the ring takes seconds
+    doc, schema = fresh("crash-q", ring={"size": size})
+    cur = postgres.connect().cursor()
+    cluster.create(doc)
+    wait_for(
+        lambda: cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%INSERT INTO %crash_q_ring%' AND state = 'active'"
+        ).fetchval(),
+        60, "the ring fill to be running", interval=0.02,
+    )  # fmt: skip
+    operator.kill()
+    try:
+        assert cluster.condition("crash-q", "Ready").get("status") != "True"
+        # The provisioning transaction died with the operator: nothing half-made is visible.
+        wait_for(lambda: not cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%INSERT INTO %crash_q_ring%' AND state <> 'idle'").fetchval(),
+            60, "the killed transaction to end")  # fmt: skip
+        assert cur.execute("SELECT to_regclass(?)", f"{schema}.crash_q_ring").fetchval() is None
+    finally:
+        operator.start()
+    cluster.wait_condition("crash-q", "Ready", "True", timeout=180)
+    assert cur.execute(f'SELECT count(*), count(DISTINCT slot) FROM "{schema}".crash_q_ring').fetchone()[0] == size
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".dbq_queues').fetchval() == 1
+    relations = cur.execute(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relkind IN ('r', 'S')",
+        schema,
+    ).fetchval()
+    assert relations == 7  # meta, ring, spill, gap, counters, two sequences
+
+
+def test_deletion_policies(env):
+    cluster, _, postgres = env
+    cur = postgres.connect().cursor()
+    made = {}
+    for policy in ("Retain", "Delete", "DeleteIfEmpty"):
+        name = f"del-{policy.lower()}"
+        doc, schema = fresh(name, deletionPolicy=policy)
+        cluster.create(doc)
+        made[policy] = (name, schema)
+    for name, schema in made.values():
+        cluster.wait_condition(name, "Ready", "True")
+        q = name.replace("-", "_")
+        cur.execute(f'SELECT * FROM "{schema}"."{q}_push"(?, 0)', b"keep me").fetchone()
+
+    name, schema = made["Retain"]
+    cluster.delete(name)
+    wait_for(lambda: not cluster.exists(name), 30, "Retain queue gone from the API")
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".del_retain_ring WHERE state = 1').fetchval() == 1
+
+    name, schema = made["Delete"]
+    cluster.delete(name)
+    wait_for(lambda: not cluster.exists(name), 30, "Delete queue gone")
+    assert not schema_exists(postgres, schema)
+
+    name, schema = made["DeleteIfEmpty"]
+    cluster.delete(name)
+    blocked = cluster.wait_condition(name, "DeletionBlocked", "True", timeout=30)
+    assert "1 ready" in blocked["message"] and "dbq.dev/force-delete" in blocked["message"]
+    assert any(e.reason == "DeletionBlocked" for e in cluster.events(name))
+    time.sleep(3)
+    assert cluster.exists(name)
+    status, msg_id, body, *_ = cur.execute(f'SELECT * FROM "{schema}".del_deleteifempty_pop(0)').fetchone()
+    assert (status, bytes(body)) == (0, b"keep me")  # not lost: drained by a consumer
+    wait_for(lambda: not cluster.exists(name), 90, "drained queue deleted")
+    assert not schema_exists(postgres, schema)
+
+
+def test_force_delete_drops_a_non_empty_queue(env):
+    cluster, _, postgres = env
+    doc, schema = fresh("force-q")
+    cluster.create(doc)
+    cluster.wait_condition("force-q", "Ready", "True")
+    cur = postgres.connect().cursor()
+    cur.execute(f'SELECT * FROM "{schema}".force_q_push(?, 0)', b"x").fetchone()
+    cluster.delete("force-q")
+    cluster.wait_condition("force-q", "DeletionBlocked", "True", timeout=30)
+    cluster.patch("force-q", {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
+    wait_for(lambda: not cluster.exists("force-q"), 90, "forced deletion")
+    assert not schema_exists(postgres, schema)
+
+
+def test_secrets_never_reach_status_events_or_logs(env):
+    cluster, operator, postgres = env
+    password = postgres.url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
+    assert len(password) >= 16
+    everything = [json.dumps(cluster.get(i["metadata"]["name"]).get("status")) for i in
+                  cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", cluster.ns, "queues")["items"]]  # fmt: skip
+    everything += [e.message or "" for e in cluster.core.list_namespaced_event(cluster.ns).items]
+    everything.append(operator.log_text())
+    assert all(password not in text for text in everything)
