@@ -54,7 +54,11 @@ class Operator:
         self.health_port = free_port()
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "DBQ_DRIFT_INTERVAL": str(self.drift_interval)}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "DBQ_DRIFT_INTERVAL": str(self.drift_interval),
+        }
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dbq.cli", "run", "-n", self.namespace,
@@ -120,7 +124,9 @@ class Cluster:
         status = self.get(name).get("status") or {}
         return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
-    def wait_condition(self, name: str, type_: str, status: str, timeout: float = 60, reason: str | None = None) -> dict[str, Any]:
+    def wait_condition(
+        self, name: str, type_: str, status: str, timeout: float = 60, reason: str | None = None
+    ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             c = self.condition(name, type_)
             ok = c.get("status") == status and (reason is None or c.get("reason") == reason)

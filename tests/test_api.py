@@ -26,7 +26,9 @@ def test_defaults_fill_a_minimal_spec():
     assert dumped["timeouts"]["messageTTL"] == "0s" and dumped["deletionPolicy"] == "DeleteIfEmpty"
 
 
-@pytest.mark.parametrize(("text", "secs"), [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1h30m", 5400), ("24h", 86400)])
+@pytest.mark.parametrize(
+    ("text", "secs"), [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1h30m", 5400), ("24h", 86400)]
+)
 def test_durations_parse_like_go(text, secs):
     assert parse_duration(text).total_seconds() == secs
     assert parse_duration(format_duration(secs)).total_seconds() == secs
@@ -38,7 +40,9 @@ def test_bad_durations_name_the_accepted_form(text):
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("case", "doc", "words"), REFUSED_AT_ADMISSION, ids=[c[0] for c in REFUSED_AT_ADMISSION])
+@pytest.mark.parametrize(
+    ("case", "doc", "words"), REFUSED_AT_ADMISSION, ids=[c[0] for c in REFUSED_AT_ADMISSION]
+)
 def test_models_refuse_what_admission_refuses(case, doc, words):
     with pytest.raises(ValidationError):
         QueueResource.model_validate(doc)
@@ -71,6 +75,14 @@ def test_crd_is_structural_and_carries_the_admission_rules():
     assert "$ref" not in text and "anyOf" not in text and "title" not in text
     assert spec["properties"]["backend"]["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
     assert spec["required"] == ["backend", "design", "connection"]
-    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Backend", "Design", "Ready", "Depth", "Push/s", "Pop/s", "Age"}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+        "Backend",
+        "Design",
+        "Ready",
+        "Depth",
+        "Push/s",
+        "Pop/s",
+        "Age",
+    }
     assert doc["spec"]["names"]["shortNames"] == ["dbq"]
     assert version["subresources"] == {"status": {}}

@@ -16,7 +16,13 @@ from tests.manifests import queue
 
 
 def ring(postgres, schema: str, size: int = 64, name: str = "orders", url: str | None = None):
-    spec = QueueSpec.model_validate({**queue()["spec"], "connection": {"secretRef": {"name": "s"}, "schema": schema}, "ring": {"size": size}})
+    spec = QueueSpec.model_validate(
+        {
+            **queue()["spec"],
+            "connection": {"secretRef": {"name": "s"}, "schema": schema},
+            "ring": {"size": size},
+        }
+    )
     return open_backend(spec, name, from_url(url or postgres.url))
 
 
@@ -28,18 +34,26 @@ def schema() -> str:
 def test_apply_creates_the_ring_as_declared(postgres, schema):
     backend = ring(postgres, schema, size=128)
     result = backend.apply()
-    assert [s.action for s in result.steps][0] == "create_schema" and result.schema_version == RING_SCHEMA_VERSION
+    assert [s.action for s in result.steps][
+        0
+    ] == "create_schema" and result.schema_version == RING_SCHEMA_VERSION
     cur = postgres.connect().cursor()
-    assert tuple(cur.execute(f'SELECT count(*), min(slot), max(slot) FROM "{schema}"."orders_ring"').fetchone()) == (128, 0, 127)
+    assert tuple(
+        cur.execute(f'SELECT count(*), min(slot), max(slot) FROM "{schema}"."orders_ring"').fetchone()
+    ) == (128, 0, 127)
     options = cur.execute(
         "SELECT reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relname = 'orders_ring'",
         schema,
     ).fetchval()
     assert f"fillfactor={FILLFACTOR}" in options
     # Only the slot key is indexed, so updates of a slot stay HOT.
-    indexes = cur.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = ? AND tablename = 'orders_ring'", schema).fetchall()
+    indexes = cur.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = ? AND tablename = 'orders_ring'", schema
+    ).fetchall()
     assert len(indexes) == 1 and "(slot)" in indexes[0][0]
-    version = cur.execute(f'SELECT schema_version, ring_size FROM "{schema}".dbq_queues WHERE queue = ?', "orders").fetchone()
+    version = cur.execute(
+        f'SELECT schema_version, ring_size FROM "{schema}".dbq_queues WHERE queue = ?', "orders"
+    ).fetchone()
     assert tuple(version) == (RING_SCHEMA_VERSION, 128)
     # Applying again changes nothing.
     assert backend.apply().steps == []

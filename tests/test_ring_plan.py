@@ -59,7 +59,9 @@ def test_missing_routine_and_new_message_size_rewrite_routines():
 
 
 def test_older_schema_version_is_upgraded():
-    old = complete(recorded=Recorded(schema_version=RING_SCHEMA_VERSION - 1, ring_size=1000, message_bytes=300))
+    old = complete(
+        recorded=Recorded(schema_version=RING_SCHEMA_VERSION - 1, ring_size=1000, message_bytes=300)
+    )
     assert actions(old) == ["create_routines", "record_version"]
 
 

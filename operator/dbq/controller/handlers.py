@@ -132,6 +132,7 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         )
         metrics.forget(namespace, name)
         return
+    provisioned = (cond.condition(status.get("conditions"), cond.PROVISIONED) or {}).get("status") == "True"
     force = str(meta.get("annotations", {}).get(FORCE_DELETE, "")).lower() == "true"
     try:
         _spec, queue, backend = backend_for(name, namespace, dict(spec), read_secret)
