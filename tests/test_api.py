@@ -58,7 +58,7 @@ def test_queue_name_derivation():
     spec = QueueSpec.model_validate(queue()["spec"])
     assert queue_name("order-events", spec) == "order_events"
     assert queue_name("x", QueueSpec.model_validate({**queue()["spec"], "queueName": "named"})) == "named"
-    with pytest.raises(ValueError, match="set spec.queueName"):
+    with pytest.raises(ValueError, match=r"set spec\.queueName"):
         queue_name("Orders", spec)
 
 

@@ -126,7 +126,7 @@ def test_bad_manifest_is_refused_at_admission(env, case, doc, words):
     ],
 )
 def test_bad_runtime_input_is_not_ready_with_a_precise_reason(env, case, secret, patch, reason):
-    cluster, operator, postgres = env
+    cluster, _, postgres = env
     urls = {
         "wrong-password": postgres.url.replace("://dbq:", "://dbq:not", 1),
         "closed-port": "postgresql://dbq:x@127.0.0.1:1/postgres",
@@ -259,7 +259,7 @@ def test_deletion_policies(env):
     assert any(e.reason == "DeletionBlocked" for e in cluster.events(name))
     time.sleep(3)
     assert cluster.exists(name)
-    status, msg_id, body, *_ = cur.execute(f'SELECT * FROM "{schema}".del_deleteifempty_pop(0)').fetchone()
+    status, _, body, *_ = cur.execute(f'SELECT * FROM "{schema}".del_deleteifempty_pop(0)').fetchone()
     assert (status, bytes(body)) == (0, b"keep me")  # not lost: drained by a consumer
     wait_for(lambda: not cluster.exists(name), 90, "drained queue deleted")
     assert not schema_exists(postgres, schema)

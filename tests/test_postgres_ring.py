@@ -34,9 +34,10 @@ def schema() -> str:
 def test_apply_creates_the_ring_as_declared(postgres, schema):
     backend = ring(postgres, schema, size=128)
     result = backend.apply()
-    assert [s.action for s in result.steps][
-        0
-    ] == "create_schema" and result.schema_version == RING_SCHEMA_VERSION
+    assert (
+        next(s.action for s in result.steps) == "create_schema"
+        and result.schema_version == RING_SCHEMA_VERSION
+    )
     cur = postgres.connect().cursor()
     assert tuple(
         cur.execute(f'SELECT count(*), min(slot), max(slot) FROM "{schema}"."orders_ring"').fetchone()
@@ -95,7 +96,7 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
 def test_existing_ring_of_another_size_is_not_touched(postgres, schema):
     ring(postgres, schema, size=64).apply()
     other = ring(postgres, schema, size=128)
-    with pytest.raises(ConflictingObjects, match="64 slots but spec.ring.size is 128"):
+    with pytest.raises(ConflictingObjects, match=r"64 slots but spec\.ring\.size is 128"):
         other.apply()
     cur = postgres.connect().cursor()
     assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64

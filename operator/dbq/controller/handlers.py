@@ -154,10 +154,10 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         finally:
             backend.close()
     except BackendError as e:
-        if force and e.reason == "SecretNotFound":
-            kopf.event(
-                body, type="Warning", reason="Abandoned", message=f"{e}; forced: database objects left"
-            )
+        if not provisioned or (force and e.reason == "SecretNotFound"):
+            # Never provisioned (bad Secret or spec): dbq made nothing there to drop. Or forced.
+            why = "never provisioned" if not provisioned else "forced"
+            kopf.event(body, type="Normal", reason="Deleted", message=f"{e}; {why}: nothing dropped")
             metrics.forget(namespace, name)
             return
         kopf.event(body, type="Warning", reason=e.reason, message=f"cannot delete yet: {e}")
