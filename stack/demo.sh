@@ -1,7 +1,31 @@
 #!/usr/bin/env bash
-# The main job on the local stack: bring it up and show how to reach it.
+# The main job on the local stack: bring it up, install the CRD, run the operator, apply the
+# example queues, and show them. The operator keeps running in the background afterwards
+# (`dbq dev down` does not stop it; `kill $(cat $DBQ_STATE/operator.pid)` does).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bash "$repo/stack/bootstrap.sh"
 venv=${DBQ_CACHE:-$HOME/.cache/dbq}/venv
-"$venv/bin/dbq" dev up
+state=${DBQ_STATE:-/var/tmp/dbq-$(id -u)}
+export PATH=$venv/bin:$PATH KUBECONFIG=$state/kubeconfig
+dbq dev up
+kubectl apply -f "$repo/crds/queue.yaml"
+kubectl wait --for=condition=Established crd/queues.dbq.dev --timeout=60s
+kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f -
+# The example Secret, pointed at the local PostgreSQL (its password never leaves the state dir).
+password=$(cat "$state/postgres/password")
+kubectl -n shop create secret generic orders-db \
+  --from-literal=url="postgresql://dbq:${password}@127.0.0.1:${DBQ_PG_PORT:-15432}/postgres" \
+  --dry-run=client -o yaml | kubectl apply -f -
+pidfile=$state/operator.pid
+if ! { [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
+  nohup dbq run --namespace shop --liveness http://127.0.0.1:18080/healthz --metrics-port 19090 \
+    > "$state/operator.log" 2>&1 &
+  echo $! > "$pidfile"
+  echo "operator started (pid $(cat "$pidfile"), log $state/operator.log, metrics http://127.0.0.1:19090/)"
+fi
+kubectl apply -f "$repo/manifests/examples/queue-postgres.yaml"
+kubectl -n shop wait --for=condition=Ready queue/orders --timeout=120s
+kubectl get queues -A
+echo
+echo "export KUBECONFIG=$KUBECONFIG   # to use kubectl against the local API server"
