@@ -11,6 +11,7 @@ any queue exists, so the API's own background writes are not counted against dbq
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -151,10 +152,8 @@ def main() -> None:
         print(f"mean reconcile time ignoring API latency: {statistics.mean(singles):.3f}s per single queue")
     finally:
         for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:
-            try:
+            with contextlib.suppress(ApiException):
                 custom.delete_namespaced_custom_object(G, V, ns, P, item["metadata"]["name"])
-            except ApiException:
-                pass
         deadline = time.monotonic() + 300
         while custom.list_namespaced_custom_object(G, V, ns, P)["items"] and time.monotonic() < deadline:
             time.sleep(1)
