@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from dbq.devstack import Stack
+from dbq.devstack.kube import ADMIN_USER
 
 ROOT = Path(__file__).resolve().parent.parent
 G, V, P = "dbq.dev", "v1alpha1", "queues"
@@ -37,11 +39,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def api_writes(api: client.ApiClient) -> float:
+def api_writes(stack: Stack) -> float:
     """Write requests the API server has served so far (all clients), from its /metrics."""
-    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[
-        0
-    ].data.decode()
+    request = urllib.request.Request(
+        f"{stack.kube.url}/metrics", headers={"Authorization": f"Bearer {stack.kube.token(ADMIN_USER)}"}
+    )
+    with urllib.request.urlopen(request, context=stack.kube.ssl_context(), timeout=10) as resp:
+        text = resp.read().decode()
     total = 0.0
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{") and re.search(r'verb="(POST|PUT|PATCH|DELETE)"', line):
@@ -112,9 +116,9 @@ def main() -> None:
                           env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         time.sleep(3)
-        base_start, t0 = api_writes(api), time.monotonic()
+        base_start, t0 = api_writes(stack), time.monotonic()
         time.sleep(20)
-        baseline = (api_writes(api) - base_start) / (time.monotonic() - t0) * 60
+        baseline = (api_writes(stack) - base_start) / (time.monotonic() - t0) * 60
 
         singles = []
         for i in range(args.singles):
@@ -133,9 +137,9 @@ def main() -> None:
         rss = rss_mib(op.pid)
 
         time.sleep(5)
-        w0, t0 = api_writes(api), time.monotonic()
+        w0, t0 = api_writes(stack), time.monotonic()
         time.sleep(args.steady)
-        steady = (api_writes(api) - w0) / (time.monotonic() - t0) * 60
+        steady = (api_writes(stack) - w0) / (time.monotonic() - t0) * 60
         total_queues = args.queues + args.singles
         rss_after = rss_mib(op.pid)
 

@@ -140,9 +140,8 @@ class Kube:
             tokens.touch(mode=0o600)
             tokens.write_text("\n".join(rows) + "\n")
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.pki / "apiserver.crt"))
-        return ctx
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.pki / "apiserver.crt"))
 
     def _readyz(self) -> bool:
         if not (self.pki / "apiserver.crt").exists() or not port_open("127.0.0.1", APISERVER_PORT):
@@ -151,7 +150,7 @@ class Kube:
             f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.token(ADMIN_USER)}"}
         )
         try:
-            with urllib.request.urlopen(req, context=self._ssl_context(), timeout=5) as resp:
+            with urllib.request.urlopen(req, context=self.ssl_context(), timeout=5) as resp:
                 return bool(resp.status == 200 and resp.read().strip() == b"ok")
         except OSError:
             return False
