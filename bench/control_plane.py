@@ -153,7 +153,7 @@ def main() -> None:
         )
         print(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
               f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
-        print(f"mean reconcile time ignoring API latency: {statistics.mean(singles):.3f}s per single queue")
+        print(f"mean apply-to-Ready, one queue at a time: {statistics.mean(singles):.3f}s per single queue")
     finally:
         for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:
             with contextlib.suppress(ApiException):
