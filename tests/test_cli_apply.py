@@ -1,0 +1,64 @@
+"""`dbq apply`: the operator's reconcile straight against the database, with no cluster."""
+
+from __future__ import annotations
+
+import secrets
+
+import yaml
+from click.testing import CliRunner
+
+from dbq.cli import main
+from tests.manifests import queue
+
+
+def write(tmp_path, name, docs):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(docs))
+    return str(path)
+
+
+def test_apply_dry_run_delete_round_trip(postgres, tmp_path):
+    schema = f"cli_{secrets.token_hex(4)}"
+    doc = queue("cli-q")
+    doc["spec"]["connection"]["schema"] = schema
+    manifest = write(tmp_path, "q.yaml", [doc])
+    secret = write(tmp_path, "s.yaml", [{"apiVersion": "v1", "kind": "Secret",
+                                          "metadata": {"name": "orders-db", "namespace": "default"},
+                                          "stringData": {"url": postgres.url}}])  # fmt: skip
+    runner = CliRunner()
+    plan = runner.invoke(main, ["apply", "-f", manifest, "--secret-file", secret, "--dry-run"])
+    assert plan.exit_code == 0 and "create_ring" in plan.output, plan.output
+    cur = postgres.connect().cursor()
+    assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
+
+    done = runner.invoke(main, ["apply", "-f", manifest, "--secret-file", secret])
+    assert done.exit_code == 0 and "Ready" in done.output, done.output
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".cli_q_ring').fetchval() == 64
+    again = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--dry-run"])
+    assert "in sync" in again.output
+
+    cur.execute(f'SELECT * FROM "{schema}".cli_q_push(?, 0)', b"pending").fetchone()
+    refused = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--delete"])
+    assert refused.exit_code == 1 and "1 ready" in refused.output
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".cli_q_ring WHERE state = 1').fetchval() == 1
+    dropped = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--delete", "--force"])
+    assert dropped.exit_code == 0 and "dropped" in dropped.output
+    assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
+
+
+def test_apply_reports_bad_input_without_touching_the_database(postgres, tmp_path):
+    schema = f"cli_{secrets.token_hex(4)}"
+    doc = queue("cli-bad")
+    doc["spec"]["connection"]["schema"] = schema
+    doc["spec"]["ring"]["size"] = 0
+    result = CliRunner().invoke(
+        main, ["apply", "-f", write(tmp_path, "q.yaml", [doc]), "--url", postgres.url]
+    )
+    assert result.exit_code == 1 and "InvalidSpec" in result.output and "spec.ring.size" in result.output
+    wrong = postgres.url.replace("://dbq:", "://dbq:x", 1)
+    doc["spec"]["ring"]["size"] = 64
+    result = CliRunner().invoke(main, ["apply", "-f", write(tmp_path, "q2.yaml", [doc]), "--url", wrong])
+    assert result.exit_code == 1 and "AuthenticationFailed" in result.output
+    assert wrong.split("@")[0].split(":")[-1] not in result.output
+    cur = postgres.connect().cursor()
+    assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
