@@ -104,10 +104,10 @@ def reconcile(
     out = Outcome()
     started = time.monotonic()
     backend: QueueBackend | None = None
+    conditions = old
     try:
         spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
         steps = backend.plan(backend.observe())
-        conditions = old
         if steps and drift_check:
             why = "; ".join(s.why for s in steps)
             conditions = cond.set_condition(
@@ -138,7 +138,8 @@ def reconcile(
         metrics.reconciled(namespace, name, ok=True, seconds=time.monotonic() - started)
     except BackendError as e:
         out.error = e
-        conditions = cond.set_condition(old, cond.READY, False, e.reason, str(e), generation)
+        # A failed drift repair keeps Degraded=True (set above) until a later pass repairs it.
+        conditions = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
         provisioned = cond.condition(old, cond.PROVISIONED) or {}
         if provisioned.get("status") != "True":  # objects made earlier stay provisioned
             conditions = cond.set_condition(conditions, cond.PROVISIONED, False, e.reason, str(e), generation)

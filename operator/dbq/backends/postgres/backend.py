@@ -120,30 +120,35 @@ class PostgresRing:
     def plan(self, observed: Observed) -> list[Step]:
         return plan_ring(self.target, observed)
 
-    def apply(self) -> ApplyResult:
-        """Make the database match the spec. One transaction under an advisory lock, so a
-        crash leaves nothing half-made and concurrent operators never both provision."""
+    @contextmanager
+    def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:
+        """One transaction holding this queue's advisory lock: a crash leaves nothing half-made,
+        and two operators never change one queue at once."""
         with self._errors():
-            steps = self.plan(self.observe())
-            if not steps:
-                return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
             conn = self.conn
             conn.autocommit = False
             try:
                 cur = conn.cursor()
                 cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}.{self.names.queue}")
-                # Re-plan under the lock: another operator may have finished meanwhile.
-                steps = self.plan(self.observe())
-                for step in steps:
-                    for statement in self.sql.step_sql(step.action):
-                        cur.execute(statement)
+                yield cur
                 conn.commit()
             except BaseException:
                 conn.rollback()
                 raise
             finally:
                 conn.autocommit = True
-            return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
+
+    def apply(self) -> ApplyResult:
+        """Make the database match the spec."""
+        if not self.plan(self.observe()):
+            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
+        with self._locked_transaction() as cur:
+            # Re-plan under the lock: another operator may have finished meanwhile.
+            steps = self.plan(self.observe())
+            for step in steps:
+                for statement in self.sql.step_sql(step.action):
+                    cur.execute(statement)
+        return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
     def depth(self) -> Depth:
@@ -152,26 +157,14 @@ class PostgresRing:
             return Depth(depth=int(ready), in_flight=int(leased))
 
     def teardown(self) -> None:
-        with self._errors():
-            conn = self.conn
-            conn.autocommit = False
-            try:
-                cur = conn.cursor()
-                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}.{self.names.queue}")
-                if cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
-                    observed_tables = {
-                        r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, self.names.schema).fetchall()
-                    }
-                    for statement in self.sql.drop():
-                        if statement.startswith("DELETE FROM") and self.names.meta not in observed_tables:
-                            continue
-                        cur.execute(statement)
-                    if self.names.meta in observed_tables:
-                        for statement in self.sql.drop_schema_if_unused():
-                            cur.execute(statement)
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-            finally:
-                conn.autocommit = True
+        with self._locked_transaction() as cur:
+            if not cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
+                return
+            tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, self.names.schema).fetchall()}
+            for statement in self.sql.drop():
+                if statement.startswith("DELETE FROM") and self.names.meta not in tables:
+                    continue
+                cur.execute(statement)
+            if self.names.meta in tables:
+                for statement in self.sql.drop_schema_if_unused():
+                    cur.execute(statement)
