@@ -78,6 +78,13 @@ class ManagedProcess:
         self.log = self.dir / f"{name}.log"
         # A substring of /proc/PID/cmdline, so a recycled pid is never mistaken for ours.
         self.marker = marker
+        self.child: subprocess.Popen[bytes] | None = None  # set when this process started it
+
+    def running(self) -> bool:
+        """Whether the process is up; for a child we started, asks the child itself (and reaps it)."""
+        if self.child is not None:
+            return self.child.poll() is None
+        return self.pid() is not None
 
     def pid(self) -> int | None:
         try:
@@ -104,6 +111,7 @@ class ManagedProcess:
                 env={**os.environ, **(env or {})},
             )
         self.pid_file.write_text(str(proc.pid))
+        self.child = proc
         return proc.pid
 
     def stop(self, grace: float = 20.0) -> bool:
@@ -137,6 +145,7 @@ def wait_until(
         if check():
             return
         if not alive():
+            time.sleep(0.5)  # let its last words reach the log
             raise StackError(f"{what} exited during start-up; last log lines:\n{log_tail(log)}")
         time.sleep(0.5)
     raise StackError(f"{what} not ready after {timeout:.0f}s; last log lines:\n{log_tail(log)}")

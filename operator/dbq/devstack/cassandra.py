@@ -163,7 +163,7 @@ auto_snapshot: false
             timeout=240,
             what="cassandra",
             log=self.proc.log,
-            alive=lambda: self.proc.pid() is not None,
+            alive=self.proc.running,
         )
 
     def stop(self) -> None:

@@ -74,7 +74,7 @@ class Kube:
             timeout=60,
             what="etcd",
             log=self.etcd.log,
-            alive=lambda: self.etcd.pid() is not None,
+            alive=self.etcd.running,
         )
         if self.apiserver.pid() is None:
             self._write_pki()
@@ -84,7 +84,7 @@ class Kube:
             timeout=180,
             what="kube-apiserver",
             log=self.apiserver.log,
-            alive=lambda: self.apiserver.pid() is not None,
+            alive=self.apiserver.running,
         )
         self._write_kubeconfig()
 
