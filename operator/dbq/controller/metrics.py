@@ -15,7 +15,7 @@ RECONCILE_SECONDS = Histogram(
 QUEUE_READY = Gauge("dbq_queue_ready", "1 when the queue's Ready condition is True", ["namespace", "queue"])
 
 
-def reconciled(namespace: str, name: str, *, ok: bool, seconds: float, reason: str = "") -> None:
+def reconciled(*, ok: bool, seconds: float, reason: str = "") -> None:
     RECONCILES.labels(result="ok" if ok else "error").inc()
     RECONCILE_SECONDS.observe(seconds)
     if not ok:

@@ -135,7 +135,7 @@ def reconcile(
             "queueName": queue,
             "endpoint": backend.endpoint(),
         }
-        metrics.reconciled(namespace, name, ok=True, seconds=time.monotonic() - started)
+        metrics.reconciled(ok=True, seconds=time.monotonic() - started)
     except BackendError as e:
         out.error = e
         # A failed drift repair keeps Degraded=True (set above) until a later pass repairs it.
@@ -147,7 +147,7 @@ def reconcile(
         previous = cond.condition(old, cond.READY) or {}
         if previous.get("reason") != e.reason or previous.get("message") != str(e):
             out.events.append(Event("Warning", e.reason, str(e)))
-        metrics.reconciled(namespace, name, ok=False, seconds=time.monotonic() - started, reason=e.reason)
+        metrics.reconciled(ok=False, seconds=time.monotonic() - started, reason=e.reason)
     finally:
         if backend is not None:
             backend.close()
