@@ -35,7 +35,7 @@ def env(kube, postgres, tmp_path_factory):
         cluster.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
         cluster.delete(name)
     wait_for(lambda: not cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"],
-             60, "queues deleted")  # fmt: skip
+             180, "queues deleted")  # fmt: skip
     operator.stop()
 
 
