@@ -139,11 +139,9 @@ class PostgresRing:
                 conn.autocommit = True
 
     def apply(self) -> ApplyResult:
-        """Make the database match the spec."""
-        if not self.plan(self.observe()):
-            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
+        """Make the database match the spec. Plans under the lock, so a plan another operator
+        finished meanwhile is not applied twice; callers that only want to know use plan()."""
         with self._locked_transaction() as cur:
-            # Re-plan under the lock: another operator may have finished meanwhile.
             steps = self.plan(self.observe())
             for step in steps:
                 for statement in self.sql.step_sql(step.action):
