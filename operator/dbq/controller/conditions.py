@@ -52,3 +52,7 @@ def drop_condition(conditions: list[dict[str, Any]] | None, type_: str) -> list[
 
 def condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
+    return (condition(conditions, type_) or {}).get("status") == "True"

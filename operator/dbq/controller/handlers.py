@@ -51,8 +51,9 @@ def backoff(retry: int) -> float:
     return float(min(300, 5 * 2 ** min(retry, 6)))
 
 
-def paused(meta: kopf.Meta) -> bool:
-    return str(meta.get("annotations", {}).get(PAUSED, "")).lower() == "true"
+def annotated(meta: kopf.Meta, key: str) -> bool:
+    """Whether annotation `key` is set to "true" (any case)."""
+    return str(meta.get("annotations", {}).get(key, "")).lower() == "true"
 
 
 @kopf.on.startup()
@@ -84,7 +85,7 @@ def _write(outcome: Outcome, body: kopf.Body, status: kopf.Status, patch: kopf.P
 
 def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
                patch: kopf.Patch, retry: int, drift_check: bool = False) -> None:  # fmt: skip
-    if paused(meta):
+    if annotated(meta, PAUSED):
         conditions = cond.set_condition(
             status.get("conditions"), cond.PAUSED, True, "Paused",
             f"annotation {PAUSED}=true: dbq leaves this queue alone", meta.get("generation"),
@@ -116,7 +117,7 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
           patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
     """Re-create objects dropped behind our back; writes status only when something changed.
     Queues not provisioned yet are left to the create/resume handlers."""
-    if (cond.condition(status.get("conditions"), cond.PROVISIONED) or {}).get("status") != "True":
+    if not cond.is_true(status.get("conditions"), cond.PROVISIONED):
         return
     _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
 
@@ -132,8 +133,8 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         )
         metrics.forget(namespace, name)
         return
-    provisioned = (cond.condition(status.get("conditions"), cond.PROVISIONED) or {}).get("status") == "True"
-    force = str(meta.get("annotations", {}).get(FORCE_DELETE, "")).lower() == "true"
+    provisioned = cond.is_true(status.get("conditions"), cond.PROVISIONED)
+    force = annotated(meta, FORCE_DELETE)
     try:
         _spec, queue, backend = backend_for(name, namespace, dict(spec), read_secret)
         try:

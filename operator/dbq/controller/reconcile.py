@@ -140,8 +140,7 @@ def reconcile(
         out.error = e
         # A failed drift repair keeps Degraded=True (set above) until a later pass repairs it.
         conditions = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
-        provisioned = cond.condition(old, cond.PROVISIONED) or {}
-        if provisioned.get("status") != "True":  # objects made earlier stay provisioned
+        if not cond.is_true(old, cond.PROVISIONED):  # objects made earlier stay provisioned
             conditions = cond.set_condition(conditions, cond.PROVISIONED, False, e.reason, str(e), generation)
         out.status = {"conditions": conditions, "observedGeneration": generation}
         previous = cond.condition(old, cond.READY) or {}
