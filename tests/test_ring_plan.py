@@ -6,7 +6,7 @@ import pytest
 
 from dbq.backends.base import ConflictingObjects, Observed, Recorded
 from dbq.backends.names import QueueNames, UnsafeName
-from dbq.backends.ring_plan import COUNTER_SHARDS, RING_SCHEMA_VERSION, ROUTINES, RingTarget, plan_ring
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION, ROUTINES, RingTarget, plan_ring
 
 NAMES = QueueNames(schema="shopq", queue="orders")
 TARGET = RingTarget(names=NAMES, size=1000, message_bytes=300)
@@ -20,7 +20,6 @@ def complete(**changes) -> Observed:
         sequences=frozenset(NAMES.sequences),
         routines=frozenset(NAMES.routine(r) for r in ROUTINES),
         ring_rows=1000,
-        counter_rows=COUNTER_SHARDS,
         recorded=Recorded(schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300),
     )
     base.update(changes)

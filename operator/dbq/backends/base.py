@@ -64,7 +64,6 @@ class Observed:
     sequences: frozenset[str] = frozenset()
     routines: frozenset[str] = frozenset()
     ring_rows: int = 0
-    counter_rows: int = 0
     recorded: Recorded | None = None
 
 

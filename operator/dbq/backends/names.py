@@ -13,6 +13,9 @@ from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN
 
 _IDENT = re.compile(IDENTIFIER_PATTERN)
 META_TABLE = "dbq_queues"
+# Running totals of a ring queue. Each is a sequence: advancing one is not transactional and
+# leaves no row version behind, so a long transaction elsewhere cannot bloat it.
+COUNTERS = ("pushed", "popped", "acquired", "expired")
 
 
 class UnsafeName(ValueError):
@@ -56,10 +59,6 @@ class QueueNames:
         return self._("gap")
 
     @property
-    def counters(self) -> str:
-        return self._("counters")
-
-    @property
     def push_seq(self) -> str:
         return self._("push_seq")
 
@@ -70,10 +69,16 @@ class QueueNames:
     def routine(self, verb: str) -> str:
         return self._(verb)
 
+    def counter(self, total: str) -> str:
+        """A running total (pushed, popped, acquired, expired), kept in a sequence."""
+        if total not in COUNTERS:
+            raise ValueError(f"unknown counter {total!r}")
+        return self._(f"n_{total}")
+
     @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap, self.counters)
+        return (self.ring, self.spill, self.gap)
 
     @property
     def sequences(self) -> tuple[str, ...]:
-        return (self.push_seq, self.pop_seq)
+        return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS))

@@ -15,12 +15,12 @@ from dbq.backends.names import QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # `plan` then re-creates the routines and records the new version (a migration step goes here
 # when tables change shape).
-RING_SCHEMA_VERSION = 1
-# Counter rows: each session adds to the row of its own shard, so totals are exact and
-# transactional without one hot row that every operation would queue on.
-COUNTER_SHARDS = 64
+RING_SCHEMA_VERSION = 2
 
-ROUTINES = ("push", "push_many", "take", "pop", "pop_many", "release", "ack", "nack", "repair", "stats")
+ROUTINES = (
+    "place", "push", "push_many", "take", "pop", "pop_many", "release",
+    "ack", "ack_many", "nack", "repair", "stats",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,9 @@ def plan_ring(target: RingTarget, observed: Observed) -> list[Step]:
         # The sequences outlived the ring (dropped behind our back): the messages are gone, so
         # positions restart level, or poppers would wait on positions nobody will write.
         steps.append(Step("reset_positions", "ring re-created while its sequences remained"))
-    missing_tables = [t for t in (n.spill, n.gap, n.counters) if t not in observed.tables]
-    if missing_tables or observed.counter_rows < COUNTER_SHARDS:
-        what = ", ".join(missing_tables) or f"{n.counters} rows"
-        steps.append(Step("create_side_tables", f"{what} missing"))
+    missing_tables = [t for t in (n.spill, n.gap) if t not in observed.tables]
+    if missing_tables:
+        steps.append(Step("create_side_tables", f"{', '.join(missing_tables)} missing"))
     missing_routines = [r for r in ROUTINES if n.routine(r) not in observed.routines]
     stale = recorded is not None and (
         recorded.schema_version != RING_SCHEMA_VERSION or recorded.message_bytes != target.message_bytes

@@ -101,11 +101,9 @@ class PostgresRing:
                 row = cur.execute(self.sql.observe_recorded(), self.names.queue).fetchone()
                 if row:
                     recorded = Recorded(schema_version=row[0], ring_size=row[1], message_bytes=row[2])
-            ring_rows = counter_rows = 0
+            ring_rows = 0
             if self.names.ring in tables:
                 ring_rows = cur.execute(f"SELECT count(*) FROM {self.sql.ring}").fetchval()
-            if self.names.counters in tables:
-                counter_rows = cur.execute(f"SELECT count(*) FROM {self.sql.counters}").fetchval()
             return Observed(
                 schema_exists=True,
                 meta_exists=meta_exists,
@@ -113,7 +111,6 @@ class PostgresRing:
                 sequences=sequences,
                 routines=routines,
                 ring_rows=int(ring_rows),
-                counter_rows=int(counter_rows),
                 recorded=recorded,
             )
 

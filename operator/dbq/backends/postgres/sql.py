@@ -14,12 +14,10 @@ whose pop position was lost; the gap table remembers positions that will never b
 
 from __future__ import annotations
 
-from dbq.backends.names import QueueNames, check_identifier
-from dbq.backends.ring_plan import COUNTER_SHARDS, RING_SCHEMA_VERSION, RingTarget
+from dbq.backends.names import COUNTERS, QueueNames, check_identifier
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 
 FILLFACTOR = 50
-# A ready message whose pop position was drawn this long ago without being claimed is an orphan.
-ORPHAN_GRACE_SECONDS = 5
 
 
 def quote(identifier: str) -> str:
@@ -35,6 +33,14 @@ def literal(identifier: str) -> str:
     return f"'{identifier}'"
 
 
+def recorded_query(names: QueueNames) -> str:
+    """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""
+    return (
+        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
+        " WHERE queue = ?"
+    )
+
+
 class PgRing:
     def __init__(self, target: RingTarget) -> None:
         self.t = target
@@ -45,7 +51,7 @@ class PgRing:
         self.ring = f"{s}.{quote(n.ring)}"
         self.spill = f"{s}.{quote(n.spill)}"
         self.gap = f"{s}.{quote(n.gap)}"
-        self.counters = f"{s}.{quote(n.counters)}"
+        self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in _ROUTINE_VERBS}
@@ -98,7 +104,7 @@ ON CONFLICT (slot) DO NOTHING"""
         # them whenever a session ends.
         return [
             f"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 START 1 CACHE 1"
-            for seq in (self.push_seq, self.pop_seq)
+            for seq in (self.push_seq, self.pop_seq, *self.count.values())
         ]
 
     def _reset_positions(self) -> list[str]:
@@ -123,14 +129,6 @@ ON CONFLICT (slot) DO NOTHING"""
   pos bigint PRIMARY KEY,
   reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at timestamptz NOT NULL DEFAULT now())""",
-            f"""CREATE TABLE IF NOT EXISTS {self.counters} (
-  shard int PRIMARY KEY,
-  pushed bigint NOT NULL DEFAULT 0,
-  popped bigint NOT NULL DEFAULT 0,
-  acquired bigint NOT NULL DEFAULT 0,
-  expired bigint NOT NULL DEFAULT 0) WITH (fillfactor = 20)""",
-            f"INSERT INTO {self.counters} (shard) SELECT g FROM generate_series(0, {COUNTER_SHARDS - 1}) g"
-            " ON CONFLICT (shard) DO NOTHING",
         ]
 
     def _record_version(self) -> list[str]:
@@ -149,13 +147,11 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
             "ring": self.ring,
             "spill": self.spill,
             "gap": self.gap,
-            "counters": self.counters,
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,
             "size": self.size,
             "max_bytes": self.message_bytes,
-            "shards": COUNTER_SHARDS,
-            "grace": ORPHAN_GRACE_SECONDS,
+            **{f"n_{c}": seq for c, seq in self.count.items()},
             "queue": self.t.names.queue,
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }
@@ -163,8 +159,8 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     # --- teardown -------------------------------------------------------------------------
     def drop(self) -> list[str]:
         stmts = [f"DROP FUNCTION IF EXISTS {name}" for name in self.fn.values()]
-        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap, self.counters)]
-        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in (self.push_seq, self.pop_seq)]
+        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
+        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in (self.push_seq, self.pop_seq, *self.count.values())]
         stmts.append(f"DELETE FROM {self.meta} WHERE queue = {literal(self.t.names.queue)}")
         return stmts
 
@@ -187,7 +183,7 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     )
 
     def observe_recorded(self) -> str:
-        return f"SELECT schema_version, ring_size, message_bytes FROM {self.meta} WHERE queue = ?"
+        return recorded_query(self.t.names)
 
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue across operator replicas and restarts."""
@@ -215,21 +211,57 @@ _CALL_ARGS = {
     "pop_many": "?, ?",
     "release": "?",
     "ack": "?, ?",
+    "ack_many": "?, ?",
     "nack": "?, ?, ?",
-    "repair": "",
+    "repair": "?",
     "stats": "",
 }
-_ROUTINE_VERBS = tuple(_CALL_ARGS)
+_ROUTINE_VERBS = ("place", *_CALL_ARGS)
 
-# Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {counters} {push_seq}
-# {pop_seq} {size} {max_bytes} {shards} {grace} {queue} {fn_<verb>}; literal braces are doubled.
-# Status codes returned by take/pop: 0 message, 1 queue empty, 2 position drawn but its message
-# not written yet (call take with o_id until it arrives, or release it), 3 position gone (draw again).
+# Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {push_seq} {pop_seq}
+# {n_pushed} {n_popped} {n_acquired} {n_expired} {size} {max_bytes} {queue} {fn_<verb>};
+# literal braces are doubled. Arrays travel as text ('{1,2,3}'), which every ODBC driver binds.
+#
+# Status codes of take/pop/pop_many rows: 0 message; 1 queue empty; 2 position o_id was drawn but
+# its message is not written yet (call take(o_id) until it arrives, or release it); 3 position
+# gone (draw again). In a ring row, state 1 always has lease 0 and state 2 a lease > 0.
 _ROUTINES = r"""
+CREATE OR REPLACE FUNCTION {fn_place}(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE v_popped bigint; v_try int := 0;
+BEGIN
+  LOOP
+    UPDATE {ring} SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
+      visible_at = NULL, body = p_body,
+      expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
+    WHERE slot = p_id % {size} AND state = 0;
+    IF FOUND THEN RETURN true; END IF;
+    -- The slot still holds an earlier lap's message. A leased one moves to the spill table (its
+    -- ack finds it there). A ready one whose position a popper drew but has not claimed after a
+    -- few tries is an orphan and moves there too. Otherwise its popper is about to take it.
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+    WITH moved AS (
+      UPDATE {ring} SET state = 0
+      WHERE slot = p_id % {size} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
+      RETURNING msg_id, lease, attempts, pushed_at, visible_at, expires_at, body)
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
+      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body
+    FROM moved m;
+    v_try := v_try + 1;
+    IF v_try > 20 THEN
+      -- The ring is full after all (pushers raced past the check): give the position up as void,
+      -- so its popper skips it, and let the caller report the queue full.
+      INSERT INTO {gap} (pos, reason) VALUES (p_id, 'void') ON CONFLICT (pos) DO NOTHING;
+      RETURN false;
+    END IF;
+    PERFORM pg_sleep(0.0005);
+  END LOOP;
+END $fn$
+--;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-  v_pushed bigint; v_popped bigint; v_try int := 0; v_now timestamptz := clock_timestamp();
+DECLARE v_pushed bigint; v_popped bigint;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
@@ -242,50 +274,63 @@ BEGIN
     RETURN;
   END IF;
   o_id := nextval('{push_seq}');
-  LOOP
-    UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-      visible_at = NULL, body = p_body,
-      expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-    WHERE slot = o_id % {size} AND state = 0;
-    IF FOUND THEN
-      UPDATE {counters} SET pushed = pushed + 1 WHERE shard = pg_backend_pid() % {shards};
-      RETURN;
-    END IF;
-    -- The slot still holds an earlier lap's message. A leased one moves to the spill table
-    -- (its ack finds it there); a ready one whose position was drawn long enough ago that its
-    -- popper should have taken it moves there too. Otherwise its popper is about to take it.
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
-    WITH moved AS (
-      UPDATE {ring} SET state = 0
-      WHERE slot = o_id % {size} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
-      RETURNING msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    SELECT m.msg_id, 2, m.lease, m.attempts, m.pushed_at, m.visible_at, m.expires_at, m.body FROM moved m;
-    v_try := v_try + 1;
-    IF v_try > 20 THEN
-      -- Give the position up as void so its popper skips it, and report the queue full.
-      INSERT INTO {gap} (pos, reason) VALUES (o_id, 'void') ON CONFLICT (pos) DO NOTHING;
-      o_id := -1;
-      RETURN;
-    END IF;
-    PERFORM pg_sleep(0.0005);
-  END LOOP;
+  IF {fn_place}(o_id, p_body, p_ttl_ms, clock_timestamp()) THEN
+    PERFORM nextval('{n_pushed}');
+  ELSE
+    o_id := -1;
+  END IF;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea[], p_ttl_ms bigint)
-RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
-DECLARE v_body bytea; v_id bigint;
+CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies text, p_ttl_ms bigint, OUT o_ids text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{{}}';
+  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int;
 BEGIN
-  FOREACH v_body IN ARRAY p_bodies LOOP
-    v_id := {fn_push}(v_body, p_ttl_ms);
-    RETURN NEXT v_id;
+  -- Bodies arrive base64-encoded and comma-separated: one text parameter any driver can bind.
+  SELECT array_agg(decode(b, 'base64') ORDER BY i) INTO v_bodies
+  FROM unnest(string_to_array(p_bodies, ',')) WITH ORDINALITY AS x(b, i);
+  v_n := coalesce(cardinality(v_bodies), 0);
+  SELECT max(octet_length(b)) INTO v_big FROM unnest(v_bodies) b;
+  IF v_big > {max_bytes} THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
+      v_big USING ERRCODE = '22001';
+  END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
+  IF v_k > 0 THEN
+    -- Reserve k positions in one statement, then fill their slots in one set-based update.
+    SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;
+    WITH placed AS (
+      UPDATE {ring} r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
+        visible_at = NULL, body = u.body,
+        expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
+      FROM unnest(v_ids, v_bodies[1:v_k]) AS u(id, body)
+      WHERE r.slot = u.id % {size} AND r.state = 0
+      RETURNING u.id)
+    SELECT array_agg(id) INTO v_placed FROM placed;
+    -- Slots still held by an earlier lap take the slow path, one by one.
+    FOR v_i IN 1..v_k LOOP
+      IF v_ids[v_i] = ANY (coalesce(v_placed, '{{}}'))
+         OR {fn_place}(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now) THEN
+        v_out := v_out || v_ids[v_i];
+      ELSE
+        v_out := v_out || -1::bigint;
+      END IF;
+    END LOOP;
+    PERFORM nextval('{n_pushed}') FROM unnest(v_out) i WHERE i > 0;
+  END IF;
+  FOR v_i IN (v_k + 1)..v_n LOOP
+    v_out := v_out || -1::bigint;
   END LOOP;
+  o_ids := array_to_string(v_out, ',');
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint,
   OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
+DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint;
 BEGIN
   o_id := p_pos;
   IF p_lease_ms <= 0 THEN
@@ -293,7 +338,7 @@ BEGIN
       AND (expires_at IS NULL OR expires_at > v_now)
     RETURNING body, attempts INTO o_body, o_attempts;
     IF FOUND THEN
-      UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
+      PERFORM nextval('{n_popped}');
       o_status := 0; RETURN;
     END IF;
   ELSE
@@ -303,18 +348,16 @@ BEGIN
     WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
     RETURNING body, attempts INTO o_body, o_attempts;
     IF FOUND THEN
-      UPDATE {counters} SET acquired = acquired + 1 WHERE shard = pg_backend_pid() % {shards};
+      PERFORM nextval('{n_acquired}');
       o_status := 0; RETURN;
     END IF;
     o_lease := NULL;
   END IF;
   -- Not taken: find out whether it is still to come or will never come.
-  SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM {ring} WHERE slot = p_pos % {size};
-  IF v_msg = p_pos AND v_state = 1 THEN  -- expired: drop it and move on
+  SELECT msg_id, state INTO v_msg, v_state FROM {ring} WHERE slot = p_pos % {size};
+  IF v_msg = p_pos AND v_state = 1 THEN  -- expired (TTL): drop it and move on
     UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
-    IF FOUND THEN
-      UPDATE {counters} SET expired = expired + 1 WHERE shard = pg_backend_pid() % {shards};
-    END IF;
+    IF FOUND THEN PERFORM nextval('{n_expired}'); END IF;
     o_status := 3; RETURN;
   END IF;
   IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
@@ -339,18 +382,18 @@ BEGIN
     EXIT WHEN NOT FOUND;
     IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
       DELETE FROM {spill} WHERE msg_id = o_id;
-      UPDATE {counters} SET expired = expired + 1 WHERE shard = pg_backend_pid() % {shards};
+      PERFORM nextval('{n_expired}');
       CONTINUE;
     END IF;
     IF p_lease_ms <= 0 THEN
       DELETE FROM {spill} WHERE msg_id = o_id;
-      UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
+      PERFORM nextval('{n_popped}');
     ELSE
       o_lease := (random() * 9007199254740991)::bigint + 1;
       o_attempts := o_attempts + 1;
       UPDATE {spill} SET state = 2, lease = o_lease, attempts = o_attempts,
         visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
-      UPDATE {counters} SET acquired = acquired + 1 WHERE shard = pg_backend_pid() % {shards};
+      PERFORM nextval('{n_acquired}');
     END IF;
     o_status := 0; RETURN;
   END LOOP;
@@ -381,24 +424,80 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint)
 RETURNS TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)
 LANGUAGE plpgsql AS $fn$
-DECLARE r record;
+DECLARE
+  r record; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint; v_p bigint;
+  v_now timestamptz := clock_timestamp(); v_taken bigint[] := '{{}}';
 BEGIN
-  FOR i IN 1..p_max LOOP
+  -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
+  WHILE v_got < p_max AND EXISTS (SELECT 1 FROM {spill} WHERE state = 1 AND visible_at <= v_now) LOOP
     SELECT * INTO r FROM {fn_pop}(p_lease_ms);
-    IF r.o_status = 1 THEN EXIT; END IF;
+    EXIT WHEN r.o_status = 1;
     o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
     RETURN NEXT;
-    IF r.o_status = 2 THEN EXIT; END IF;  -- the caller waits for that position
+    IF r.o_status = 2 THEN RETURN; END IF;  -- the caller waits for that position
+    v_got := v_got + 1;
+  END LOOP;
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
+  IF v_k <= 0 THEN
+    IF v_got = 0 THEN
+      SELECT * INTO r FROM {fn_pop}(p_lease_ms);
+      IF r.o_status <> 1 THEN
+        o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease;
+        o_attempts := r.o_attempts;
+        RETURN NEXT;
+      END IF;
+    END IF;
+    RETURN;
+  END IF;
+  -- 2. The ring: draw k positions in one statement and claim their slots in one update.
+  SELECT array_agg(nextval('{pop_seq}') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
+  IF p_lease_ms <= 0 THEN
+    FOR r IN
+      UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
+      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, attempts
+    LOOP
+      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := NULL; o_attempts := r.attempts;
+      v_taken := v_taken || r.msg_id;
+      RETURN NEXT;
+    END LOOP;
+    PERFORM nextval('{n_popped}') FROM unnest(v_taken);
+  ELSE
+    FOR r IN
+      UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      FROM unnest(v_pos) p(pos)
+      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, lease, attempts
+    LOOP
+      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := r.lease; o_attempts := r.attempts;
+      v_taken := v_taken || r.msg_id;
+      RETURN NEXT;
+    END LOOP;
+    PERFORM nextval('{n_acquired}') FROM unnest(v_taken);
+  END IF;
+  -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
+  FOREACH v_p IN ARRAY v_pos LOOP
+    EXIT WHEN cardinality(v_taken) = v_k;
+    CONTINUE WHEN v_p = ANY (v_taken);
+    SELECT * INTO r FROM {fn_take}(v_p, p_lease_ms);
+    IF r.o_status IN (0, 2) THEN
+      o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
+      RETURN NEXT;
+    END IF;
   END LOOP;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_release}(p_pos bigint, OUT o_status int)
+CREATE OR REPLACE FUNCTION {fn_release}(p_positions text, OUT o_released int)
 LANGUAGE plpgsql AS $fn$
 BEGIN
-  -- The popper that drew p_pos gives up waiting: remember the position, so whoever finds its
-  -- message later (pop on an empty ring, or repair) delivers it.
-  INSERT INTO {gap} (pos, reason) VALUES (p_pos, 'skipped') ON CONFLICT (pos) DO NOTHING;
-  o_status := 0;
+  -- The popper that drew these positions gives up waiting: remember them, so whoever finds
+  -- their messages later (pop on an empty ring, or repair) delivers them.
+  INSERT INTO {gap} (pos, reason)
+  SELECT unnest(string_to_array(p_positions, ',')::bigint[]), 'skipped' ON CONFLICT (pos) DO NOTHING;
+  GET DIAGNOSTICS o_released = ROW_COUNT;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok boolean)
@@ -409,9 +508,22 @@ BEGIN
     DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
   END IF;
   o_ok := FOUND;
-  IF o_ok THEN
-    UPDATE {counters} SET popped = popped + 1 WHERE shard = pg_backend_pid() % {shards};
-  END IF;
+  IF o_ok THEN PERFORM nextval('{n_popped}'); END IF;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
+  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_n int;
+BEGIN
+  UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
+  WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
+  GET DIAGNOSTICS o_acked = ROW_COUNT;
+  DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
+  WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  o_acked := o_acked + v_n;
+  PERFORM nextval('{n_popped}') FROM generate_series(1, o_acked);
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok boolean)
@@ -431,14 +543,13 @@ BEGIN
   o_ok := FOUND;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_repair}(
+CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
   OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_pushed bigint; v_popped bigint; v_n bigint;
+DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
 BEGIN
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
-  -- Leases past their visibility timeout: back to ready, out of ring order.
+  -- Leases past their visibility timeout: ready again, out of ring order.
   WITH moved AS (
     UPDATE {ring} SET state = 0 WHERE state = 2 AND visible_at < v_now
     RETURNING msg_id, attempts, pushed_at, expires_at, body)
@@ -448,26 +559,27 @@ BEGIN
   UPDATE {spill} SET state = 1, lease = 0 WHERE state = 2 AND visible_at < v_now;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired_leases := o_expired_leases + v_n;
-  -- Orphans: ready messages whose pop position was drawn but never claimed (popper died or gave up).
+  -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
+  -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH moved AS (
     UPDATE {ring} SET state = 0
-    WHERE state = 1 AND msg_id <= v_popped AND pushed_at < v_now - interval '{grace} seconds'
+    WHERE state = 1 AND msg_id <= v_popped AND pushed_at <= v_now - p_orphan_grace_ms * interval '1 millisecond'
+      AND (expires_at IS NULL OR expires_at > v_now)
     RETURNING msg_id, attempts, pushed_at, expires_at, body)
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
   GET DIAGNOSTICS o_orphans = ROW_COUNT;
   -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
   WITH freed AS (
-    UPDATE {ring} SET state = 0 WHERE state = 1 AND expires_at <= v_now RETURNING msg_id)
-  INSERT INTO {gap} (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
-  ON CONFLICT (pos) DO NOTHING;
-  GET DIAGNOSTICS o_expired = ROW_COUNT;
+    UPDATE {ring} SET state = 0 WHERE state = 1 AND expires_at <= v_now RETURNING msg_id),
+  voided AS (
+    INSERT INTO {gap} (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
+    ON CONFLICT (pos) DO NOTHING)
+  SELECT count(*) INTO o_expired FROM freed;
   DELETE FROM {spill} WHERE state = 1 AND expires_at <= v_now;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired := o_expired + v_n;
-  IF o_expired > 0 THEN
-    UPDATE {counters} SET expired = expired + o_expired WHERE shard = pg_backend_pid() % {shards};
-  END IF;
+  PERFORM nextval('{n_expired}') FROM generate_series(1, o_expired);
   -- Gaps a whole lap behind the pop position can never be written any more.
   DELETE FROM {gap} g WHERE g.pos <= v_popped - {size}
     AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
@@ -476,9 +588,9 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
-  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest timestamptz)
+  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)
 LANGUAGE plpgsql STABLE AS $fn$
-DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz;
+DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz; o_oldest timestamptz;
 BEGIN
   SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
   INTO o_depth, o_in_flight, o_oldest FROM {ring};
@@ -486,8 +598,10 @@ BEGIN
   INTO v_depth, v_flight, v_oldest FROM {spill};
   o_depth := o_depth + v_depth;
   o_in_flight := o_in_flight + v_flight;
-  o_oldest := least(o_oldest, v_oldest);
-  SELECT sum(pushed), sum(popped), sum(acquired), sum(expired) INTO o_pushed, o_popped, o_acquired, o_expired
-  FROM {counters};
+  o_oldest_age_s := coalesce(extract(epoch FROM clock_timestamp() - least(o_oldest, v_oldest)), 0);
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM {n_pushed};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM {n_popped};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM {n_acquired};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM {n_expired};
 END $fn$
 """

@@ -1,0 +1,370 @@
+"""Client of a ring queue (PostgreSQL or SQL Server): every operation is one routine call.
+
+Thread-safe: a `Queue` keeps a small pool of connections and each call borrows one, so threads
+may share a Queue; a `Message` may be acked from any thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import queue as stdqueue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyodbc
+
+from dbq.backends.names import QueueNames
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
+from dbq.client.errors import (
+    LeaseLost,
+    MessageTooLarge,
+    QueueError,
+    QueueFull,
+    QueueNotFound,
+    QueueUnavailable,
+)
+from dbq.client.waiting import Deadline
+from dbq.connection import ConnectionSettings
+
+# Statuses of take/pop rows (see the routines).
+MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
+CONNECT_TIMEOUT_S = 5
+# A drawn position whose message is still not written after this long belongs to a pusher that
+# died between drawing and writing: the popper gives it up (release) and draws again.
+DEFAULT_HOLE_GRACE_S = 2.0
+
+
+class RingSql(Protocol):
+    def call(self, verb: str) -> str: ...
+
+
+def ring_sql(settings: ConnectionSettings, target: RingTarget) -> RingSql:
+    if settings.backend == "postgres":
+        from dbq.backends.postgres.sql import PgRing
+
+        return PgRing(target)
+    if settings.backend == "sqlserver":
+        from dbq.backends.sqlserver.sql import MsRing
+
+        return MsRing(target)
+    raise QueueError(f"backend {settings.backend} has no ring queues: use postgresql:// or mssql://")
+
+
+def recorded_query(settings: ConnectionSettings, names: QueueNames) -> str:
+    if settings.backend == "postgres":
+        from dbq.backends.postgres import sql as pg
+
+        return pg.recorded_query(names)
+    from dbq.backends.sqlserver import sql as ms
+
+    return ms.recorded_query(names)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth: int
+    in_flight: int
+    pushed: int
+    popped: int
+    acquired: int
+    expired: int
+    oldest_age_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    expired_leases: int
+    orphans: int
+    expired: int
+    gaps_purged: int
+
+
+@dataclass
+class Message:
+    id: int
+    body: bytes
+    attempts: int
+    lease: int | None
+    _queue: Queue | None = field(default=None, repr=False, compare=False)
+
+    def ack(self) -> None:
+        """Done with it: it is never delivered again. Raises LeaseLost if the lease had expired."""
+        self._leased().ack_many([self])
+
+    def nack(self, delay: float = 0.0) -> None:
+        """Give it back: delivered again after `delay` seconds."""
+        queue = self._leased()
+        with queue._cursor() as cur:
+            ok = cur.execute(queue.sql.call("nack"), self.id, self.lease, int(delay * 1000)).fetchval()
+        if not ok:
+            raise LeaseLost(f"message {self.id}: its lease expired before nack; it is delivered again")
+
+    def _leased(self) -> Queue:
+        if self.lease is None or self._queue is None:
+            raise QueueError(f"message {self.id} was popped (at-most-once): there is nothing to ack or nack")
+        return self._queue
+
+
+class Queue:
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        names: QueueNames,
+        *,
+        pool_size: int = 4,
+        visibility: float = 30.0,
+        push_timeout: float = 5.0,
+        pop_timeout: float = 1.0,
+        ttl: float = 0.0,
+        hole_grace: float = DEFAULT_HOLE_GRACE_S,
+    ) -> None:
+        self.settings = settings
+        self.names = names
+        self.visibility = visibility
+        self.push_timeout = push_timeout
+        self.pop_timeout = pop_timeout
+        self.ttl = ttl
+        self.hole_grace = hole_grace
+        self._pool: stdqueue.LifoQueue[tuple[pyodbc.Connection, pyodbc.Cursor]] = stdqueue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(pool_size)
+        with self._cursor() as cur:
+            row = cur.execute(recorded_query(settings, names), names.queue).fetchone()
+        if row is None:
+            raise QueueNotFound(
+                f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
+                " apply a Queue resource for it, or pass the schema it lives in"
+            )
+        version, size, message_bytes = (int(v) for v in row)
+        if version != RING_SCHEMA_VERSION:
+            raise QueueError(
+                f"queue {names.queue} has ring schema version {version}, this client speaks"
+                f" {RING_SCHEMA_VERSION}: upgrade the operator (it migrates the queue) and the client together"
+            )
+        self.size = size
+        self.message_bytes = message_bytes
+        self.sql = ring_sql(settings, RingTarget(names=names, size=size, message_bytes=message_bytes))
+
+    # --- connections ----------------------------------------------------------------------
+    @contextmanager
+    def _cursor(self) -> Iterator[pyodbc.Cursor]:
+        with self._slots:
+            try:
+                conn, cur = self._pool.get_nowait()
+            except stdqueue.Empty:
+                conn, cur = self._connect()
+            try:
+                yield cur
+            except pyodbc.Error as e:
+                conn.close()  # it may be broken: the next call opens a fresh one
+                raise self._translate(e) from None
+            except BaseException:
+                conn.close()
+                raise
+            self._pool.put((conn, cur))
+
+    def _connect(self) -> tuple[pyodbc.Connection, pyodbc.Cursor]:
+        try:
+            # autocommit: each routine call is one transaction, the only round trip of the call.
+            conn = pyodbc.connect(self.settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
+        except pyodbc.Error as e:
+            raise self._translate(e) from None
+        return conn, conn.cursor()
+
+    def _translate(self, e: pyodbc.Error) -> QueueError:
+        state = str(e.args[0]) if e.args else ""
+        text = str(e.args[1] if len(e.args) > 1 else e)
+        if self.settings.password:
+            text = text.replace(self.settings.password, "***")
+        if state == "22001" or "larger than ring.messageBytes" in text:
+            return MessageTooLarge(text.strip()[:300])
+        return QueueUnavailable(f"{self.settings.endpoint}: {text.strip()[:300]}")
+
+    def close(self) -> None:
+        while True:
+            try:
+                conn, _ = self._pool.get_nowait()
+            except stdqueue.Empty:
+                return
+            conn.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- push -----------------------------------------------------------------------------
+    def _check_size(self, body: bytes) -> None:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
+        if len(body) > self.message_bytes:
+            raise MessageTooLarge(
+                f"message of {len(body)} bytes is larger than spec.ring.messageBytes ({self.message_bytes})"
+                f" of queue {self.names.queue}: raise spec.ring.messageBytes (at most 7000), or store the"
+                " payload elsewhere and push a reference to it"
+            )
+
+    def _ttl_ms(self, ttl: float | None) -> int:
+        return int((self.ttl if ttl is None else ttl) * 1000)
+
+    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> int:
+        """Store one message; its id. Waits while the ring is full, then raises QueueFull."""
+        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
+
+    def push_many(
+        self, bodies: Sequence[bytes], *, timeout: float | None = None, ttl: float | None = None
+    ) -> list[int]:
+        """Store several messages with one round trip (while the ring has room); their ids, in order."""
+        for body in bodies:
+            self._check_size(body)
+        ids: list[int | None] = [None] * len(bodies)
+        todo = list(range(len(bodies)))
+        deadline = Deadline(self.push_timeout if timeout is None else timeout)
+        ttl_ms = self._ttl_ms(ttl)
+        while todo:
+            got = self._push_once([bytes(bodies[i]) for i in todo], ttl_ms)
+            left = []
+            for i, msg_id in zip(todo, got, strict=True):
+                if msg_id > 0:
+                    ids[i] = msg_id
+                else:
+                    left.append(i)
+            if len(left) < len(todo):
+                deadline.restart()
+            todo = left
+            if todo and not deadline.wait():
+                raise QueueFull(
+                    f"queue {self.names.queue} stayed full ({self.size} slots) for {deadline.timeout:g}s:"
+                    f" {len(todo)} of {len(bodies)} messages not stored; add consumers, or raise"
+                    " spec.ring.size (a new Queue) or spec.timeouts.pushWait",
+                    ids,
+                )
+        return [i for i in ids if i is not None]
+
+    def _push_once(self, bodies: list[bytes], ttl_ms: int) -> list[int]:
+        with self._cursor() as cur:
+            if len(bodies) == 1:
+                return [int(cur.execute(self.sql.call("push"), bodies[0], ttl_ms).fetchval())]
+            packed = ",".join(base64.b64encode(b).decode() for b in bodies)
+            text = cur.execute(self.sql.call("push_many"), packed, ttl_ms).fetchval()
+        return [int(v) for v in text.split(",")] if text else []
+
+    # --- pop / acquire --------------------------------------------------------------------
+    def pop(self, timeout: float | None = None) -> Message | None:
+        """At-most-once: the message is gone from the queue once returned. None if none came in time."""
+        got = self._take(1, timeout, lease_ms=0)
+        return got[0] if got else None
+
+    def pop_many(self, n: int, timeout: float | None = None) -> list[Message]:
+        return self._take(n, timeout, lease_ms=0)
+
+    def acquire(self, timeout: float | None = None, visibility: float | None = None) -> Message | None:
+        """At-least-once: the message is leased for `visibility` seconds; ack() it, or it comes back."""
+        got = self._take(1, timeout, lease_ms=self._lease_ms(visibility))
+        return got[0] if got else None
+
+    def acquire_many(
+        self, n: int, timeout: float | None = None, visibility: float | None = None
+    ) -> list[Message]:
+        return self._take(n, timeout, lease_ms=self._lease_ms(visibility))
+
+    def _lease_ms(self, visibility: float | None) -> int:
+        lease_ms = int((self.visibility if visibility is None else visibility) * 1000)
+        if lease_ms < 1:
+            raise ValueError("visibility must be positive: it is how long the consumer may hold a message")
+        return lease_ms
+
+    def _take(self, n: int, timeout: float | None, lease_ms: int) -> list[Message]:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, not {n}")
+        deadline = Deadline(self.pop_timeout if timeout is None else timeout)
+        while True:
+            with self._cursor() as cur:
+                if n == 1:
+                    rows = [cur.execute(self.sql.call("pop"), lease_ms).fetchone()]
+                else:
+                    rows = cur.execute(self.sql.call("pop_many"), n, lease_ms).fetchall()
+            messages = [self._message(r) for r in rows if r[0] == MESSAGE]
+            pending = [int(r[1]) for r in rows if r[0] == NOT_WRITTEN]
+            if messages:
+                if pending:
+                    self._release(pending)
+                return messages
+            if pending:
+                self._release(pending[1:])
+                message = self._wait_for(pending[0], lease_ms, deadline)
+                if message is not None:
+                    return [message]
+            if not deadline.wait():
+                return []
+
+    def _wait_for(self, position: int, lease_ms: int, deadline: Deadline) -> Message | None:
+        """Our drawn position's message is on its way: take it when written, or give it up."""
+        since = time.monotonic()
+        while True:
+            with self._cursor() as cur:
+                row = cur.execute(self.sql.call("take"), position, lease_ms).fetchone()
+            if row[0] == MESSAGE:
+                return self._message(row)
+            if row[0] != NOT_WRITTEN:
+                return None  # gone (expired, repaired, void): draw again
+            if time.monotonic() - since >= self.hole_grace or not deadline.wait():
+                self._release([position])
+                return None
+
+    def _release(self, positions: list[int]) -> None:
+        if positions:
+            with self._cursor() as cur:
+                cur.execute(self.sql.call("release"), ",".join(map(str, positions))).fetchval()
+
+    def _message(self, row: Any) -> Message:
+        _, msg_id, body, lease, attempts = row
+        return Message(
+            id=int(msg_id),
+            body=bytes(body),
+            attempts=int(attempts or 0),
+            lease=int(lease) if lease is not None else None,
+            _queue=self,
+        )
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge several leased messages in one round trip; LeaseLost names any that expired."""
+        batch = list(messages)
+        for m in batch:
+            m._leased()
+        if not batch:
+            return
+        with self._cursor() as cur:
+            if len(batch) == 1:
+                acked = int(bool(cur.execute(self.sql.call("ack"), batch[0].id, batch[0].lease).fetchval()))
+            else:
+                ids = ",".join(str(m.id) for m in batch)
+                leases = ",".join(str(m.lease) for m in batch)
+                acked = int(cur.execute(self.sql.call("ack_many"), ids, leases).fetchval())
+        if acked < len(batch):
+            raise LeaseLost(
+                f"{len(batch) - acked} of {len(batch)} acks came after the lease expired: those messages"
+                " are delivered again (raise spec.timeouts.visibility if work takes longer)"
+            )
+
+    # --- state and repair -----------------------------------------------------------------
+    def stats(self) -> QueueStats:
+        with self._cursor() as cur:
+            row = cur.execute(self.sql.call("stats")).fetchone()
+        return QueueStats(*(int(v or 0) for v in row[:6]), oldest_age_seconds=float(row[6] or 0.0))
+
+    def repair(self, orphan_grace: float = 5.0) -> RepairResult:
+        """Roll back expired leases, rescue orphans drawn over `orphan_grace` s ago, drop expired messages.
+
+        Idempotent and safe while clients work; the operator's cleanup runs it on schedule.
+        """
+        with self._cursor() as cur:
+            row = cur.execute(self.sql.call("repair"), int(orphan_grace * 1000)).fetchone()
+        return RepairResult(*(int(v) for v in row))
