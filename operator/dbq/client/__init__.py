@@ -10,7 +10,7 @@ with connect("postgresql://app:secret@db:5432/shop", "orders") as q:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION, QueueSpec, queue_name
@@ -83,8 +83,11 @@ def connect_resource(
         except config.ConfigException:
             config.load_kube_config()
         api_client = client.ApiClient()
-    resource = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
+    resource = cast(
+        dict[str, Any],
+        client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name
+        ),
     )
     secret_name = resource["spec"]["connection"]["secretRef"]["name"]
     secret = client.CoreV1Api(api_client).read_namespaced_secret(secret_name, namespace)

@@ -358,7 +358,8 @@ class Queue:
     def stats(self) -> QueueStats:
         with self._cursor() as cur:
             row = cur.execute(self.sql.call("stats")).fetchone()
-        return QueueStats(*(int(v or 0) for v in row[:6]), oldest_age_seconds=float(row[6] or 0.0))
+        depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in row[:6])
+        return QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(row[6] or 0.0))
 
     def repair(self, orphan_grace: float = 5.0) -> RepairResult:
         """Roll back expired leases, rescue orphans drawn over `orphan_grace` s ago, drop expired messages.
