@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class QueueError(Exception):
     """Base class of every error the client raises."""
@@ -27,7 +29,14 @@ class MessageTooLarge(QueueError):
 
 
 class LeaseLost(QueueError):
-    """ack/nack came after the lease expired: the message is (or will be) delivered again."""
+    """ack/nack came after the lease expired: the message is (or will be) delivered again.
+
+    `messages` are the ones whose lease was lost (for ack_many, the others were acknowledged).
+    """
+
+    def __init__(self, message: str, messages: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.messages = messages or []
 
 
 class QueueUnavailable(QueueError):

@@ -103,7 +103,7 @@ class Message:
         queue = self._leased()
         with queue._cursor() as cur:
             ok = cur.execute(queue.sql.call("nack"), self.id, self.lease, int(delay * 1000)).fetchval()
-        if not ok:
+        if int(ok) != 1:
             raise LeaseLost(f"message {self.id}: its lease expired before nack; it is delivered again")
 
     def _leased(self) -> Queue:
@@ -335,7 +335,8 @@ class Queue:
         )
 
     def ack_many(self, messages: Iterable[Message]) -> None:
-        """Acknowledge several leased messages in one round trip; LeaseLost names any that expired."""
+        """Acknowledge several leased messages in one round trip. Raises LeaseLost, whose
+        `messages` are those whose lease had expired; the others are acknowledged."""
         batch = list(messages)
         for m in batch:
             m._leased()
@@ -343,15 +344,20 @@ class Queue:
             return
         with self._cursor() as cur:
             if len(batch) == 1:
-                acked = int(bool(cur.execute(self.sql.call("ack"), batch[0].id, batch[0].lease).fetchval()))
+                one = batch[0]
+                ok = int(cur.execute(self.sql.call("ack"), one.id, one.lease).fetchval())
+                acked = {one.id} if ok == 1 else set()
             else:
                 ids = ",".join(str(m.id) for m in batch)
                 leases = ",".join(str(m.lease) for m in batch)
-                acked = int(cur.execute(self.sql.call("ack_many"), ids, leases).fetchval())
-        if acked < len(batch):
+                text = cur.execute(self.sql.call("ack_many"), ids, leases).fetchval()
+                acked = {int(v) for v in text.split(",")} if text else set()
+        lost = [m for m in batch if m.id not in acked]
+        if lost:
             raise LeaseLost(
-                f"{len(batch) - acked} of {len(batch)} acks came after the lease expired: those messages"
-                " are delivered again (raise spec.timeouts.visibility if work takes longer)"
+                f"{len(lost)} of {len(batch)} acks came after the lease expired: those messages are"
+                " delivered again (raise spec.timeouts.visibility if work takes longer)",
+                lost,
             )
 
     # --- state and repair -----------------------------------------------------------------

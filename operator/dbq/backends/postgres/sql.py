@@ -455,9 +455,11 @@ BEGIN
   SELECT array_agg(nextval('{pop_seq}') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
   IF p_lease_ms <= 0 THEN
     FOR r IN
-      UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
-      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, attempts
+      WITH t AS (
+        UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, attempts)
+      SELECT * FROM t ORDER BY msg_id
     LOOP
       o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := NULL; o_attempts := r.attempts;
       v_taken := v_taken || r.msg_id;
@@ -466,11 +468,13 @@ BEGIN
     PERFORM nextval('{n_popped}') FROM unnest(v_taken);
   ELSE
     FOR r IN
-      UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
-        visible_at = v_now + p_lease_ms * interval '1 millisecond'
-      FROM unnest(v_pos) p(pos)
-      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, lease, attempts
+      WITH t AS (
+        UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+          visible_at = v_now + p_lease_ms * interval '1 millisecond'
+        FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, lease, attempts)
+      SELECT * FROM t ORDER BY msg_id
     LOOP
       o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := r.lease; o_attempts := r.attempts;
       v_taken := v_taken || r.msg_id;
@@ -500,33 +504,36 @@ BEGIN
   GET DIAGNOSTICS o_released = ROW_COUNT;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok boolean)
+CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
 BEGIN
   UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease;
   IF NOT FOUND THEN
     DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
   END IF;
-  o_ok := FOUND;
-  IF o_ok THEN PERFORM nextval('{n_popped}'); END IF;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;  -- an int: psqlODBC hands booleans over as '0'/'1' text
+  IF o_ok = 1 THEN PERFORM nextval('{n_popped}'); END IF;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked int)
+CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
-  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_n int;
+  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[];
 BEGIN
-  UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-  WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
-  GET DIAGNOSTICS o_acked = ROW_COUNT;
-  DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
-  WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
-  o_acked := o_acked + v_n;
-  PERFORM nextval('{n_popped}') FROM generate_series(1, o_acked);
+  WITH ring_acks AS (
+    UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
+    WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease
+    RETURNING r.msg_id),
+  spill_acks AS (
+    DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
+    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
+    RETURNING s.msg_id)
+  SELECT array_agg(msg_id) INTO v_done FROM (SELECT msg_id FROM ring_acks UNION ALL SELECT msg_id FROM spill_acks) d;
+  PERFORM nextval('{n_popped}') FROM unnest(v_done);
+  o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok boolean)
+CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
 BEGIN
@@ -540,7 +547,7 @@ BEGIN
     UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
   END IF;
-  o_ok := FOUND;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,

@@ -1,0 +1,84 @@
+"""A queue client process for the conservation and crash tests (run as a script, so SIGKILL is real).
+
+    ring_worker.py push   URL QUEUE SCHEMA LOG --prefix P --count N [--batch B]
+    ring_worker.py pop    URL QUEUE SCHEMA LOG --mode amo|leased [--batch B] [--stop FILE]
+    ring_worker.py repair URL QUEUE SCHEMA LOG [--stop FILE]
+
+Each line of LOG is written (and flushed to the kernel) right after the database answered:
+`P <body>` an acknowledged push, `G <body>` a delivery (pop returned, or acquire returned),
+`A <body>` an acknowledged ack. A process killed at any point loses at most the line of the call
+it was in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+from dbq.client import LeaseLost, connect
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["push", "pop", "repair"])
+    p.add_argument("url")
+    p.add_argument("queue")
+    p.add_argument("schema")
+    p.add_argument("log")
+    p.add_argument("--prefix", default="m")
+    p.add_argument("--count", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--mode", choices=["amo", "leased"], default="amo")
+    p.add_argument("--stop", default="")
+    p.add_argument("--visibility", type=float, default=30.0)
+    p.add_argument("--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting")
+    a = p.parse_args()
+    q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
+    log = open(a.log, "a", buffering=1)  # line-buffered: each line reaches the kernel when written
+    rng = random.Random(os.getpid())
+    if a.role == "push":
+        n = 0
+        while n < a.count:
+            k = min(rng.randint(1, a.batch), a.count - n)
+            bodies = [f"{a.prefix}-{n + i}".encode() for i in range(k)]
+            q.push(bodies[0]) if k == 1 else q.push_many(bodies)
+            log.write("".join(f"P {b.decode()}\n" for b in bodies))
+            n += k
+    elif a.role == "pop":
+        idle = 0
+        while idle < a.idle_exits:
+            k = rng.randint(1, a.batch)
+            if a.mode == "amo":
+                got = q.pop_many(k) if k > 1 else [m for m in [q.pop()] if m]
+            else:
+                got = q.acquire_many(k, visibility=a.visibility) if k > 1 else [
+                    m for m in [q.acquire(visibility=a.visibility)] if m
+                ]
+            if got:
+                log.write("".join(f"G {m.body.decode()}\n" for m in got))
+            if a.mode == "leased" and got:
+                if rng.random() < 0.02:
+                    got[0].nack()  # given back: delivered again, maybe to another consumer
+                    got = got[1:]
+                lost: list[object] = []
+                try:
+                    q.ack_many(got)
+                except LeaseLost as e:
+                    lost = e.messages
+                log.write("".join(f"A {m.body.decode()}\n" for m in got if m not in lost))
+            stopping = bool(a.stop) and os.path.exists(a.stop)
+            idle = idle + 1 if stopping and not got else 0
+    else:
+        while not (a.stop and os.path.exists(a.stop)):
+            r = q.repair(orphan_grace=0.0)
+            log.write(f"R {r.expired_leases} {r.orphans} {r.expired} {r.gaps_purged}\n")
+            time.sleep(0.01)
+    log.close()
+    q.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
