@@ -36,6 +36,13 @@ CONNECT_TIMEOUT_S = 5
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
+# Deadlock, serialization failure: the call was rolled back whole and may be made again.
+RETRY_STATES = {"40P01", "40001"}
+RETRIES = 5
+
+
+class _Retry(Exception):
+    pass
 
 
 class RingSql(Protocol):
@@ -101,9 +108,7 @@ class Message:
     def nack(self, delay: float = 0.0) -> None:
         """Give it back: delivered again after `delay` seconds."""
         queue = self._leased()
-        with queue._cursor() as cur:
-            ok = cur.execute(queue.sql.call("nack"), self.id, self.lease, int(delay * 1000)).fetchval()
-        if int(ok) != 1:
+        if int(queue._call("nack", self.id, self.lease, int(delay * 1000))[0][0]) != 1:
             raise LeaseLost(f"message {self.id}: its lease expired before nack; it is delivered again")
 
     def _leased(self) -> Queue:
@@ -162,12 +167,28 @@ class Queue:
             try:
                 yield cur
             except pyodbc.Error as e:
+                if str(e.args[0] if e.args else "") in RETRY_STATES:
+                    self._pool.put((conn, cur))
+                    raise _Retry(str(e.args[-1])[:200]) from None
                 conn.close()  # it may be broken: the next call opens a fresh one
                 raise self._translate(e) from None
             except BaseException:
                 conn.close()
                 raise
             self._pool.put((conn, cur))
+
+    def _call(self, verb: str, *args: Any) -> list[Any]:
+        """One routine call, one round trip. A call the database rolled back for a deadlock or a
+        serialization failure changed nothing, so it is simply made again."""
+        for attempt in range(RETRIES + 1):
+            try:
+                with self._cursor() as cur:
+                    return list(cur.execute(self.sql.call(verb), *args).fetchall())
+            except _Retry as e:
+                if attempt == RETRIES:
+                    raise QueueUnavailable(f"{self.settings.endpoint}: {verb} kept being rolled back: {e}") from None
+                time.sleep(0.001 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def _connect(self) -> tuple[pyodbc.Connection, pyodbc.Cursor]:
         try:
@@ -249,11 +270,10 @@ class Queue:
         return [i for i in ids if i is not None]
 
     def _push_once(self, bodies: list[bytes], ttl_ms: int) -> list[int]:
-        with self._cursor() as cur:
-            if len(bodies) == 1:
-                return [int(cur.execute(self.sql.call("push"), bodies[0], ttl_ms).fetchval())]
-            packed = ",".join(base64.b64encode(b).decode() for b in bodies)
-            text = cur.execute(self.sql.call("push_many"), packed, ttl_ms).fetchval()
+        if len(bodies) == 1:
+            return [int(self._call("push", bodies[0], ttl_ms)[0][0])]
+        packed = ",".join(base64.b64encode(b).decode() for b in bodies)
+        text = self._call("push_many", packed, ttl_ms)[0][0]
         return [int(v) for v in text.split(",")] if text else []
 
     # --- pop / acquire --------------------------------------------------------------------
@@ -286,11 +306,7 @@ class Queue:
             raise ValueError(f"n must be at least 1, not {n}")
         deadline = Deadline(self.pop_timeout if timeout is None else timeout)
         while True:
-            with self._cursor() as cur:
-                if n == 1:
-                    rows = [cur.execute(self.sql.call("pop"), lease_ms).fetchone()]
-                else:
-                    rows = cur.execute(self.sql.call("pop_many"), n, lease_ms).fetchall()
+            rows = self._call("pop", lease_ms) if n == 1 else self._call("pop_many", n, lease_ms)
             messages = [self._message(r) for r in rows if r[0] == MESSAGE]
             pending = [int(r[1]) for r in rows if r[0] == NOT_WRITTEN]
             if messages:
@@ -309,8 +325,7 @@ class Queue:
         """Our drawn position's message is on its way: take it when written, or give it up."""
         since = time.monotonic()
         while True:
-            with self._cursor() as cur:
-                row = cur.execute(self.sql.call("take"), position, lease_ms).fetchone()
+            row = self._call("take", position, lease_ms)[0]
             if row[0] == MESSAGE:
                 return self._message(row)
             if row[0] != NOT_WRITTEN:
@@ -321,8 +336,7 @@ class Queue:
 
     def _release(self, positions: list[int]) -> None:
         if positions:
-            with self._cursor() as cur:
-                cur.execute(self.sql.call("release"), ",".join(map(str, positions))).fetchval()
+            self._call("release", ",".join(map(str, positions)))
 
     def _message(self, row: Any) -> Message:
         _, msg_id, body, lease, attempts = row
@@ -342,16 +356,14 @@ class Queue:
             m._leased()
         if not batch:
             return
-        with self._cursor() as cur:
-            if len(batch) == 1:
-                one = batch[0]
-                ok = int(cur.execute(self.sql.call("ack"), one.id, one.lease).fetchval())
-                acked = {one.id} if ok == 1 else set()
-            else:
-                ids = ",".join(str(m.id) for m in batch)
-                leases = ",".join(str(m.lease) for m in batch)
-                text = cur.execute(self.sql.call("ack_many"), ids, leases).fetchval()
-                acked = {int(v) for v in text.split(",")} if text else set()
+        if len(batch) == 1:
+            one = batch[0]
+            acked = {one.id} if int(self._call("ack", one.id, one.lease)[0][0]) == 1 else set()
+        else:
+            ids = ",".join(str(m.id) for m in batch)
+            leases = ",".join(str(m.lease) for m in batch)
+            text = self._call("ack_many", ids, leases)[0][0]
+            acked = {int(v) for v in text.split(",")} if text else set()
         lost = [m for m in batch if m.id not in acked]
         if lost:
             raise LeaseLost(
@@ -362,8 +374,7 @@ class Queue:
 
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:
-        with self._cursor() as cur:
-            row = cur.execute(self.sql.call("stats")).fetchone()
+        row = self._call("stats")[0]
         depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in row[:6])
         return QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(row[6] or 0.0))
 
@@ -372,6 +383,5 @@ class Queue:
 
         Idempotent and safe while clients work; the operator's cleanup runs it on schedule.
         """
-        with self._cursor() as cur:
-            row = cur.execute(self.sql.call("repair"), int(orphan_grace * 1000)).fetchone()
+        row = self._call("repair", int(orphan_grace * 1000))[0]
         return RepairResult(*(int(v) for v in row))

@@ -330,43 +330,51 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint,
   OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint;
+DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
 BEGIN
   o_id := p_pos;
-  IF p_lease_ms <= 0 THEN
-    UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
-      AND (expires_at IS NULL OR expires_at > v_now)
-    RETURNING body, attempts INTO o_body, o_attempts;
-    IF FOUND THEN
-      PERFORM nextval('{n_popped}');
-      o_status := 0; RETURN;
+  -- At most a few rounds: a message written just after the update's snapshot is seen by the
+  -- next statement (READ COMMITTED takes a snapshot per statement), so the update is repeated.
+  FOR v_round IN 1..3 LOOP
+    IF p_lease_ms <= 0 THEN
+      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
+        AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING body, attempts INTO o_body, o_attempts;
+      IF FOUND THEN
+        PERFORM nextval('{n_popped}');
+        o_status := 0; RETURN;
+      END IF;
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING body, attempts INTO o_body, o_attempts;
+      IF FOUND THEN
+        PERFORM nextval('{n_acquired}');
+        o_status := 0; RETURN;
+      END IF;
+      o_lease := NULL;
     END IF;
-  ELSE
-    o_lease := (random() * 9007199254740991)::bigint + 1;
-    UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
-      visible_at = v_now + p_lease_ms * interval '1 millisecond'
-    WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-    RETURNING body, attempts INTO o_body, o_attempts;
-    IF FOUND THEN
-      PERFORM nextval('{n_acquired}');
-      o_status := 0; RETURN;
+    -- Not taken: find out whether it is still to come or will never come.
+    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM {ring} WHERE slot = p_pos % {size};
+    IF v_msg = p_pos AND v_state = 1 THEN
+      IF v_exp IS NULL OR v_exp > v_now THEN
+        CONTINUE;  -- written after the update looked: take it now
+      END IF;
+      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
+      IF FOUND THEN PERFORM nextval('{n_expired}'); END IF;  -- expired (TTL): dropped
+      o_status := 3; RETURN;
     END IF;
-    o_lease := NULL;
-  END IF;
-  -- Not taken: find out whether it is still to come or will never come.
-  SELECT msg_id, state INTO v_msg, v_state FROM {ring} WHERE slot = p_pos % {size};
-  IF v_msg = p_pos AND v_state = 1 THEN  -- expired (TTL): drop it and move on
-    UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
-    IF FOUND THEN PERFORM nextval('{n_expired}'); END IF;
-    o_status := 3; RETURN;
-  END IF;
-  IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
-    DELETE FROM {gap} WHERE pos = p_pos;
-    o_status := 3; RETURN;
-  END IF;
-  DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
-  IF FOUND THEN o_status := 3; RETURN; END IF;
-  o_status := 2;
+    IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
+      DELETE FROM {gap} WHERE pos = p_pos;
+      o_status := 3; RETURN;
+    END IF;
+    DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
+    IF FOUND THEN o_status := 3; RETURN; END IF;
+    EXIT;
+  END LOOP;
+  o_status := 2; o_body := NULL; o_attempts := NULL;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint,
@@ -520,15 +528,18 @@ LANGUAGE plpgsql AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
   v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[];
 BEGIN
-  WITH ring_acks AS (
+  -- Two statements, not one: a lease moved from the ring to the spill table while the first
+  -- ran is seen by the second, which takes a fresh snapshot.
+  WITH acked AS (
     UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
     WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease
-    RETURNING r.msg_id),
-  spill_acks AS (
+    RETURNING r.msg_id)
+  SELECT coalesce(array_agg(msg_id), '{{}}') INTO v_done FROM acked;
+  WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
-    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
+    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id)
-  SELECT array_agg(msg_id) INTO v_done FROM (SELECT msg_id FROM ring_acks UNION ALL SELECT msg_id FROM spill_acks) d;
+  SELECT v_done || coalesce(array_agg(msg_id), '{{}}') INTO v_done FROM acked;
   PERFORM nextval('{n_popped}') FROM unnest(v_done);
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
@@ -556,34 +567,47 @@ LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
 BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
+  -- run looks again, and repair never waits on a client or deadlocks with one.
   -- Leases past their visibility timeout: ready again, out of ring order.
-  WITH moved AS (
-    UPDATE {ring} SET state = 0 WHERE state = 2 AND visible_at < v_now
-    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+  WITH due AS (
+    SELECT slot FROM {ring} WHERE state = 2 AND visible_at < v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
+  moved AS (
+    UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
   GET DIAGNOSTICS o_expired_leases = ROW_COUNT;
-  UPDATE {spill} SET state = 1, lease = 0 WHERE state = 2 AND visible_at < v_now;
+  UPDATE {spill} s SET state = 1, lease = 0 FROM (
+    SELECT msg_id FROM {spill} WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+  WHERE s.msg_id = due.msg_id;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired_leases := o_expired_leases + v_n;
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
-  WITH moved AS (
-    UPDATE {ring} SET state = 0
+  WITH due AS (
+    SELECT slot FROM {ring}
     WHERE state = 1 AND msg_id <= v_popped AND pushed_at <= v_now - p_orphan_grace_ms * interval '1 millisecond'
       AND (expires_at IS NULL OR expires_at > v_now)
-    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+    ORDER BY slot FOR UPDATE SKIP LOCKED),
+  moved AS (
+    UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
   GET DIAGNOSTICS o_orphans = ROW_COUNT;
   -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
-  WITH freed AS (
-    UPDATE {ring} SET state = 0 WHERE state = 1 AND expires_at <= v_now RETURNING msg_id),
+  WITH due AS (
+    SELECT slot FROM {ring} WHERE state = 1 AND expires_at <= v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
+  freed AS (
+    UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1 RETURNING r.msg_id),
   voided AS (
     INSERT INTO {gap} (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
     ON CONFLICT (pos) DO NOTHING)
   SELECT count(*) INTO o_expired FROM freed;
-  DELETE FROM {spill} WHERE state = 1 AND expires_at <= v_now;
+  DELETE FROM {spill} s USING (
+    SELECT msg_id FROM {spill} WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+  WHERE s.msg_id = due.msg_id;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired := o_expired + v_n;
   PERFORM nextval('{n_expired}') FROM generate_series(1, o_expired);
