@@ -17,8 +17,9 @@ import os
 import random
 import sys
 import time
+from typing import TextIO
 
-from dbq.client import LeaseLost, connect
+from dbq.client import LeaseLost, Queue, connect
 
 
 def main() -> None:
@@ -34,10 +35,17 @@ def main() -> None:
     p.add_argument("--mode", choices=["amo", "leased"], default="amo")
     p.add_argument("--stop", default="")
     p.add_argument("--visibility", type=float, default=30.0)
-    p.add_argument("--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting")
+    p.add_argument(
+        "--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting"
+    )
     a = p.parse_args()
     q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
-    log = open(a.log, "a", buffering=1)  # line-buffered: each line reaches the kernel when written
+    # Line-buffered: each line reaches the kernel as it is written.
+    with q, open(a.log, "a", buffering=1) as log:
+        work(a, q, log)
+
+
+def work(a: argparse.Namespace, q: Queue, log: TextIO) -> None:
     rng = random.Random(os.getpid())
     if a.role == "push":
         n = 0
@@ -54,9 +62,11 @@ def main() -> None:
             if a.mode == "amo":
                 got = q.pop_many(k) if k > 1 else [m for m in [q.pop()] if m]
             else:
-                got = q.acquire_many(k, visibility=a.visibility) if k > 1 else [
-                    m for m in [q.acquire(visibility=a.visibility)] if m
-                ]
+                got = (
+                    q.acquire_many(k, visibility=a.visibility)
+                    if k > 1
+                    else [m for m in [q.acquire(visibility=a.visibility)] if m]
+                )
             if got:
                 log.write("".join(f"G {m.body.decode()}\n" for m in got))
             if a.mode == "leased" and got:
@@ -76,8 +86,6 @@ def main() -> None:
             r = q.repair(orphan_grace=0.0)
             log.write(f"R {r.expired_leases} {r.orphans} {r.expired} {r.gaps_purged}\n")
             time.sleep(0.01)
-    log.close()
-    q.close()
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
+import sys
 import time
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from dbq.backends.ring_plan import RING_SCHEMA_VERSION
 from tests.manifests import REFUSED_AT_ADMISSION, queue
 from tests.operator_harness import ROOT, Cluster, Operator, apply_rbac, wait_for
 
@@ -66,7 +69,7 @@ def test_apply_becomes_ready_with_the_declared_ring(env, kube):
     status = cluster.get("ready-q")["status"]
     assert (
         status["observedGeneration"] == 1
-        and status["schemaVersion"] == 1
+        and status["schemaVersion"] == RING_SCHEMA_VERSION
         and status["queueName"] == "ready_q"
     )
     assert cluster.condition("ready-q", "Provisioned")["status"] == "True"
@@ -225,7 +228,7 @@ def test_operator_killed_while_provisioning_converges_without_duplicates(env):
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relkind IN ('r', 'S')",
         schema,
     ).fetchval()
-    assert relations == 7  # meta, ring, spill, gap, counters, two sequences
+    assert relations == 10  # meta, ring, spill, gap; push and pop positions, four counters
 
 
 def test_deletion_policies(env):
@@ -288,3 +291,32 @@ def test_secrets_never_reach_status_events_or_logs(env):
     everything += [e.message or "" for e in cluster.core.list_namespaced_event(cluster.ns).items]
     everything.append(operator.log_text())
     assert all(password not in text for text in everything)
+
+
+def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):
+    """`dbq push/pop/stats NAME -n NS` read the Queue and its Secret with the user's kubeconfig;
+    the client takes the resource's timeouts as its defaults."""
+    cluster, _, _ = env
+    doc, _ = fresh("cli-q", timeouts={"visibility": "45s", "pushWait": "2s"})
+    cluster.create(doc)
+    cluster.wait_condition("cli-q", "Ready", "True", timeout=60)
+    environ = {**os.environ, "KUBECONFIG": kube.kubeconfig}
+
+    def dbq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dbq.cli", *args, "-n", cluster.ns], input=stdin,
+                              env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    pushed = dbq("push", "cli-q", "-o", "json", stdin="one\ntwo\n")
+    assert pushed.returncode == 0, pushed.stderr
+    assert json.loads(pushed.stdout) == {"ids": [1, 2]}
+    stats = json.loads(dbq("stats", "cli-q", "-o", "json").stdout)
+    assert (stats["depth"], stats["pushed"], stats["ringSize"]) == (2, 2, 64)
+    popped = dbq("pop", "cli-q", "-c", "5")
+    assert popped.stdout.split() == ["one", "two"]
+    missing = dbq("stats", "no-such-q")
+    assert missing.returncode == 1 and "cannot read Queue no-such-q: 404" in missing.stderr
+
+    from dbq.client import connect_resource
+
+    with connect_resource("cli-q", cluster.ns, api_client=kube.api) as q:
+        assert (q.visibility, q.push_timeout) == (45.0, 2.0)

@@ -174,9 +174,8 @@ def test_oversize_body_is_refused_with_the_fix_and_changes_nothing(make_queue, p
         q.push_many([b"ok", b"y" * 65])
     assert q.stats().pushed == 1
     # The routines refuse it too (a client that skips the check), before drawing a position.
-    with q._cursor() as cur:
-        with pytest.raises(Exception, match="larger than ring.messageBytes"):
-            cur.execute(q.sql.call("push"), b"z" * 65, 0).fetchval()
+    with q._cursor() as cur, pytest.raises(Exception, match=r"larger than ring\.messageBytes"):
+        cur.execute(q.sql.call("push"), b"z" * 65, 0).fetchval()
     assert sql(q, f"SELECT last_value FROM {SCHEMA}.{q.names.push_seq}") == 1
     with pytest.raises(TypeError, match="bytes"):
         q.push("text")  # type: ignore[arg-type]
@@ -276,7 +275,7 @@ def test_conservation_4_pushers_4_poppers_100k_messages_1000_slots(make_queue, p
     repairer = start("repair", q, postgres.url, logs[8], "--stop", str(stop))  # concurrently, grace 0
     finish(pushers)
     stop.touch()
-    finish(poppers + [repairer])
+    finish([*poppers, repairer])
     left = q.stats()
     # Positions drawn by a call that was rolled back (a deadlock victim, retried) leave orphans
     # that only repair rescues; the repairer stopped with the poppers, so one last pass drains them.
@@ -314,7 +313,9 @@ def test_crash_50_sigkills_during_claims_then_repair(make_queue, postgres, tmp_p
             args = ["--mode", mode, "--batch", "3", "--stop", str(stop), "--visibility", visibility]
         return start(role, q, postgres.url, log, *args)
 
-    workers = {("push", i): spawn("push", i, 0) for i in range(2)} | {("pop", i): spawn("pop", i, 0) for i in range(3)}
+    workers = {("push", i): spawn("push", i, 0) for i in range(2)} | {
+        ("pop", i): spawn("pop", i, 0) for i in range(3)
+    }
     kills = Counter[str]()
     terminations = 0
     gen = 1
@@ -325,9 +326,11 @@ def test_crash_50_sigkills_during_claims_then_repair(make_queue, postgres, tmp_p
                 workers[(role, i)] = spawn(role, i, gen)
                 gen += 1
         role, i = key = rng.choice([("push", 0), ("push", 1), ("pop", 0), ("pop", 1), ("pop", 2), ("pop", 0)])
-        if rng.random() < 0.3:  # end a server session mid-call: its statement rolls back, its positions stay drawn
+        if (
+            rng.random() < 0.3
+        ):  # end a server session mid-call: its statement rolls back, its positions stay drawn
             pids = sql(q, "SELECT string_agg(pid::text, ',') FROM pg_stat_activity "
-                          f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'")  # fmt: skip
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'")  # fmt: skip
             if pids:
                 sql(q, f"SELECT pg_terminate_backend({rng.choice(str(pids).split(','))})")
                 terminations += 1

@@ -146,5 +146,15 @@ def _print_status(stack: Stack) -> bool:
     return all(ready for _, ready, _ in rows)
 
 
+def _register_data_plane() -> None:
+    from dbq.cli_data import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register_data_plane()
+
+
 if __name__ == "__main__":
     main()

@@ -186,7 +186,9 @@ class Queue:
                     return list(cur.execute(self.sql.call(verb), *args).fetchall())
             except _Retry as e:
                 if attempt == RETRIES:
-                    raise QueueUnavailable(f"{self.settings.endpoint}: {verb} kept being rolled back: {e}") from None
+                    raise QueueUnavailable(
+                        f"{self.settings.endpoint}: {verb} kept being rolled back: {e}"
+                    ) from None
                 time.sleep(0.001 * 2**attempt)
         raise AssertionError("unreachable")
 

@@ -1,0 +1,164 @@
+"""`dbq push`, `dbq pop` and `dbq stats`: the data plane from a shell.
+
+A queue is named either by a Queue resource (`dbq stats orders -n shop`, read with the current
+kubeconfig together with its Secret) or by a database URL and the queue's name
+(`dbq stats orders --url postgresql://...`, or DBQ_URL in the environment).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from dbq.client import Message, Queue, QueueError, connect, connect_resource
+from dbq.connection import InvalidConnection
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def target_options(f: F) -> F:
+    for option in reversed(
+        [
+            click.argument("queue"),
+            click.option(
+                "--url", envvar="DBQ_URL", help="Database URL; without it QUEUE is a Queue resource."
+            ),
+            click.option("--schema", default=None, help="Schema of the queue (with --url; default dbq)."),
+            click.option("--namespace", "-n", default=None, help="Namespace of the Queue resource."),
+            click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text"),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+@contextmanager
+def opened(queue: str, url: str | None, schema: str | None, namespace: str | None) -> Iterator[Queue]:
+    try:
+        if url:
+            q = connect(url, queue, schema=schema)
+        else:
+            q = connect_resource(queue, namespace or _current_namespace())
+    except (QueueError, InvalidConnection, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    except Exception as e:  # the Kubernetes client's errors: no such Queue, no access
+        raise click.ClickException(f"cannot read Queue {queue}: {_short(e)}") from None
+    try:
+        yield q
+    except QueueError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        q.close()
+
+
+def _current_namespace() -> str:
+    from kubernetes import config
+
+    try:
+        _, context = config.list_kube_config_contexts()
+        return str(context.get("context", {}).get("namespace") or "default")
+    except config.ConfigException:
+        return "default"
+
+
+def _short(e: Exception) -> str:
+    reason = getattr(e, "reason", None)
+    status = getattr(e, "status", None)
+    return f"{status} {reason}" if status else str(e)[:200]
+
+
+@click.command()
+@target_options
+@click.argument("messages", nargs=-1)
+@click.option("--ttl", type=float, default=None, help="Seconds until the messages expire unread.")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait while the queue is full.")
+def push(
+    queue: str,
+    url: str | None,
+    schema: str | None,
+    namespace: str | None,
+    output: str,
+    messages: tuple[str, ...],
+    ttl: float | None,
+    timeout: float | None,
+) -> None:
+    """Push MESSAGES (or, with none given, each line of stdin) to QUEUE; prints their ids."""
+    bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
+    with opened(queue, url, schema, namespace) as q:
+        ids = q.push_many(bodies, timeout=timeout, ttl=ttl) if bodies else []
+    click.echo(json.dumps({"ids": ids}) if output == "json" else "\n".join(map(str, ids)))
+
+
+@click.command()
+@target_options
+@click.option("--count", "-c", default=1, show_default=True, help="Pop up to this many messages.")
+@click.option("--timeout", type=float, default=0.0, show_default=True, help="Seconds to wait for one.")
+def pop(
+    queue: str,
+    url: str | None,
+    schema: str | None,
+    namespace: str | None,
+    output: str,
+    count: int,
+    timeout: float,
+) -> None:
+    """Pop up to COUNT messages from QUEUE (at-most-once: they are gone) and print them."""
+    if count < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--count")
+    with opened(queue, url, schema, namespace) as q:
+        got = q.pop_many(count, timeout=timeout)
+    if output == "json":
+        click.echo(json.dumps([_message_json(m) for m in got]))
+    else:
+        for m in got:
+            click.echo(m.body.decode(errors="backslashreplace"))
+    if not got:
+        sys.exit(3)  # like `grep`: nothing found is not an error, but scripts can tell
+
+
+def _message_json(m: Message) -> dict[str, Any]:
+    try:
+        body: dict[str, str] = {"body": m.body.decode()}
+    except UnicodeDecodeError:
+        body = {"bodyBase64": base64.b64encode(m.body).decode()}
+    return {"id": m.id, "attempts": m.attempts, **body}
+
+
+@click.command()
+@target_options
+def stats(queue: str, url: str | None, schema: str | None, namespace: str | None, output: str) -> None:
+    """Depth, in-flight, totals and the oldest message's age of QUEUE."""
+    with opened(queue, url, schema, namespace) as q:
+        s = q.stats()
+        where = f"{q.settings.endpoint} {q.names.schema}.{q.names.queue}"
+        size = q.size
+    if output == "json":
+        click.echo(json.dumps({"queue": q.names.queue, "ringSize": size, **_camel(s.as_dict())}))
+        return
+    table = Table(title=f"queue {where}", title_justify="left")
+    for column in ("DEPTH", "IN FLIGHT", "RING SIZE", "PUSHED", "POPPED", "ACQUIRED", "EXPIRED", "OLDEST"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        *(f"{v:,}" for v in (s.depth, s.in_flight, size, s.pushed, s.popped, s.acquired, s.expired)),
+        f"{s.oldest_age_seconds:.1f}s",
+    )
+    Console().print(table)
+
+
+def _camel(values: dict[str, Any]) -> dict[str, Any]:
+    def camel(key: str) -> str:
+        head, *rest = key.split("_")
+        return head + "".join(w.title() for w in rest)
+
+    return {camel(k): v for k, v in values.items()}
+
+
+COMMANDS = (push, pop, stats)
