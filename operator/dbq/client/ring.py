@@ -7,8 +7,6 @@ may share a Queue; a `Message` may be acked from any thread.
 from __future__ import annotations
 
 import base64
-import queue as stdqueue
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,8 +39,19 @@ RETRY_STATES = {"40P01", "40001"}
 RETRIES = 5
 
 
-class _Retry(Exception):
-    pass
+class _Session:
+    """A connection with one cursor per statement: a cursor keeps its statement prepared, so a
+    call costs one round trip instead of a prepare and an execute."""
+
+    def __init__(self, conn: pyodbc.Connection) -> None:
+        self.conn = conn
+        self._cursors: dict[str, pyodbc.Cursor] = {}
+
+    def cursor(self, statement: str) -> pyodbc.Cursor:
+        cur = self._cursors.get(statement)
+        if cur is None:
+            cur = self._cursors[statement] = self.conn.cursor()
+        return cur
 
 
 class RingSql(Protocol):
@@ -137,8 +146,8 @@ class Queue:
         self.pop_timeout = pop_timeout
         self.ttl = ttl
         self.hole_grace = hole_grace
-        self._pool: stdqueue.LifoQueue[tuple[pyodbc.Connection, pyodbc.Cursor]] = stdqueue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(pool_size)
+        self.pool_size = pool_size  # idle connections kept for reuse
+        self._idle: list[_Session] = []
         with self._cursor() as cur:
             row = cur.execute(recorded_query(settings, names), names.queue).fetchone()
         if row is None:
@@ -155,50 +164,66 @@ class Queue:
         self.size = size
         self.message_bytes = message_bytes
         self.sql = ring_sql(settings, RingTarget(names=names, size=size, message_bytes=message_bytes))
+        # The same string object every call: pyodbc skips the prepare when the text is unchanged.
+        self._statements: dict[str, str] = {}
 
     # --- connections ----------------------------------------------------------------------
     @contextmanager
     def _cursor(self) -> Iterator[pyodbc.Cursor]:
-        with self._slots:
-            try:
-                conn, cur = self._pool.get_nowait()
-            except stdqueue.Empty:
-                conn, cur = self._connect()
-            try:
-                yield cur
-            except pyodbc.Error as e:
-                if str(e.args[0] if e.args else "") in RETRY_STATES:
-                    self._pool.put((conn, cur))
-                    raise _Retry(str(e.args[-1])[:200]) from None
-                conn.close()  # it may be broken: the next call opens a fresh one
-                raise self._translate(e) from None
-            except BaseException:
-                conn.close()
-                raise
-            self._pool.put((conn, cur))
+        """A cursor for ad-hoc statements (tests, metadata)."""
+        session = self._checkout()
+        try:
+            yield session.cursor("")
+        except pyodbc.Error as e:
+            session.conn.close()
+            raise self._translate(e) from None
+        self._checkin(session)
+
+    def _checkout(self) -> _Session:
+        try:
+            return self._idle.pop()  # list.pop/append are atomic: no lock on the hot path
+        except IndexError:
+            return self._connect()
+
+    def _checkin(self, session: _Session) -> None:
+        if len(self._idle) < self.pool_size:
+            self._idle.append(session)
+        else:
+            session.conn.close()
 
     def _call(self, verb: str, *args: Any) -> list[Any]:
         """One routine call, one round trip. A call the database rolled back for a deadlock or a
         serialization failure changed nothing, so it is simply made again."""
+        statement = self._statements.get(verb) or self._statements.setdefault(verb, self.sql.call(verb))
         for attempt in range(RETRIES + 1):
+            session = self._checkout()
             try:
-                with self._cursor() as cur:
-                    return list(cur.execute(self.sql.call(verb), *args).fetchall())
-            except _Retry as e:
+                rows = session.cursor(statement).execute(statement, *args).fetchall()
+            except pyodbc.Error as e:
+                if str(e.args[0] if e.args else "") not in RETRY_STATES:
+                    session.conn.close()  # it may be broken: the next call opens a fresh one
+                    raise self._translate(e) from None
+                self._checkin(session)
                 if attempt == RETRIES:
                     raise QueueUnavailable(
-                        f"{self.settings.endpoint}: {verb} kept being rolled back: {e}"
+                        f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
                     ) from None
                 time.sleep(0.001 * 2**attempt)
+                continue
+            except BaseException:
+                session.conn.close()
+                raise
+            self._checkin(session)
+            return rows
         raise AssertionError("unreachable")
 
-    def _connect(self) -> tuple[pyodbc.Connection, pyodbc.Cursor]:
+    def _connect(self) -> _Session:
         try:
             # autocommit: each routine call is one transaction, the only round trip of the call.
             conn = pyodbc.connect(self.settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
         except pyodbc.Error as e:
             raise self._translate(e) from None
-        return conn, conn.cursor()
+        return _Session(conn)
 
     def _translate(self, e: pyodbc.Error) -> QueueError:
         state = str(e.args[0]) if e.args else ""
@@ -212,10 +237,10 @@ class Queue:
     def close(self) -> None:
         while True:
             try:
-                conn, _ = self._pool.get_nowait()
-            except stdqueue.Empty:
+                session = self._idle.pop()
+            except IndexError:
                 return
-            conn.close()
+            session.conn.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -239,7 +264,11 @@ class Queue:
 
     def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> int:
         """Store one message; its id. Waits while the ring is full, then raises QueueFull."""
-        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
+        self._check_size(body)
+        msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
+        if msg_id > 0:
+            return msg_id
+        return self.push_many([body], timeout=timeout, ttl=ttl)[0]  # full: wait for room
 
     def push_many(
         self, bodies: Sequence[bytes], *, timeout: float | None = None, ttl: float | None = None
@@ -281,7 +310,10 @@ class Queue:
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> Message | None:
         """At-most-once: the message is gone from the queue once returned. None if none came in time."""
-        got = self._take(1, timeout, lease_ms=0)
+        row = self._call("pop", 0)[0]
+        if row[0] == MESSAGE:  # the common case, without the waiting machinery
+            return self._message(row)
+        got = self._take(1, timeout, lease_ms=0, first=row)
         return got[0] if got else None
 
     def pop_many(self, n: int, timeout: float | None = None) -> list[Message]:
@@ -289,7 +321,11 @@ class Queue:
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> Message | None:
         """At-least-once: the message is leased for `visibility` seconds; ack() it, or it comes back."""
-        got = self._take(1, timeout, lease_ms=self._lease_ms(visibility))
+        lease_ms = self._lease_ms(visibility)
+        row = self._call("pop", lease_ms)[0]
+        if row[0] == MESSAGE:
+            return self._message(row)
+        got = self._take(1, timeout, lease_ms=lease_ms, first=row)
         return got[0] if got else None
 
     def acquire_many(
@@ -303,12 +339,16 @@ class Queue:
             raise ValueError("visibility must be positive: it is how long the consumer may hold a message")
         return lease_ms
 
-    def _take(self, n: int, timeout: float | None, lease_ms: int) -> list[Message]:
+    def _take(self, n: int, timeout: float | None, lease_ms: int, first: Any = None) -> list[Message]:
+        """Pop/acquire up to n, waiting up to the timeout; `first` is a pop row already fetched."""
         if n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         deadline = Deadline(self.pop_timeout if timeout is None else timeout)
         while True:
-            rows = self._call("pop", lease_ms) if n == 1 else self._call("pop_many", n, lease_ms)
+            if first is not None:
+                rows, first = [first], None
+            else:
+                rows = self._call("pop", lease_ms) if n == 1 else self._call("pop_many", n, lease_ms)
             messages = [self._message(r) for r in rows if r[0] == MESSAGE]
             pending = [int(r[1]) for r in rows if r[0] == NOT_WRITTEN]
             if messages:

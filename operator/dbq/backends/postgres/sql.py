@@ -192,6 +192,8 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     # --- data plane calls -----------------------------------------------------------------
     def call(self, verb: str) -> str:
         args = _CALL_ARGS[verb]
+        if verb in _SCALAR:  # one OUT value: a plain call skips the function scan's tuplestore
+            return f"SELECT {self.fn[verb]}({args})"
         return f"SELECT * FROM {self.fn[verb]}({args})"
 
     def depth_sql(self) -> str:
@@ -217,6 +219,7 @@ _CALL_ARGS = {
     "stats": "",
 }
 _ROUTINE_VERBS = ("place", *_CALL_ARGS)
+_SCALAR = {"push", "push_many", "release", "ack", "ack_many", "nack"}
 
 # Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {push_seq} {pop_seq}
 # {n_pushed} {n_popped} {n_acquired} {n_expired} {size} {max_bytes} {queue} {fn_<verb>};
@@ -261,23 +264,33 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_pushed bigint; v_popped bigint;
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       octet_length(p_body) USING ERRCODE = '22001';
   END IF;
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
-  IF v_pushed - v_popped >= {size} THEN
+  -- Draw a position only if the ring has room (one statement reads both positions and draws).
+  SELECT nextval('{push_seq}') INTO o_id FROM {push_seq} u, {pop_seq} o
+  WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
+    < {size};
+  IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
   END IF;
-  o_id := nextval('{push_seq}');
-  IF {fn_place}(o_id, p_body, p_ttl_ms, clock_timestamp()) THEN
+  -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
+  -- still holds.
+  UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
+    visible_at = NULL, body = p_body,
+    expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
+  WHERE slot = o_id % {size} AND state = 0
+  RETURNING nextval('{n_pushed}') INTO v_used;
+  IF NOT FOUND THEN
+    IF NOT {fn_place}(o_id, p_body, p_ttl_ms, v_now) THEN
+      o_id := -1;
+      RETURN;
+    END IF;
     PERFORM nextval('{n_pushed}');
-  ELSE
-    o_id := -1;
   END IF;
 END $fn$
 --;;
@@ -311,14 +324,16 @@ BEGIN
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
     -- Slots still held by an earlier lap take the slow path, one by one.
-    FOR v_i IN 1..v_k LOOP
+    IF coalesce(cardinality(v_placed), 0) = v_k THEN
+      v_out := v_ids;
+    ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{{}}'))
          OR {fn_place}(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
       END IF;
-    END LOOP;
+    END LOOP; END IF;
     PERFORM nextval('{n_pushed}') FROM unnest(v_out) i WHERE i > 0;
   END IF;
   FOR v_i IN (v_k + 1)..v_n LOOP
@@ -380,7 +395,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint,
   OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_exp timestamptz; v_pushed bigint; v_popped bigint; v_pos bigint; v_i int := 0;
+DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
 BEGIN
   -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
   LOOP
@@ -408,9 +423,10 @@ BEGIN
   o_id := NULL; o_body := NULL; o_attempts := NULL;
   -- 2. The ring, in push order.
   LOOP
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
-    IF v_pushed <= v_popped THEN
+    -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
+    SELECT nextval('{pop_seq}') INTO v_pos FROM {push_seq} u, {pop_seq} o
+    WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
+    IF NOT FOUND THEN
       -- Nothing new. A position whose popper gave up may have received its message since.
       SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
       WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
@@ -422,7 +438,21 @@ BEGIN
       o_status := 1; o_id := NULL; o_body := NULL; o_lease := NULL; o_attempts := NULL;
       RETURN;
     END IF;
-    SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(nextval('{pop_seq}'), p_lease_ms);
+    IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
+      UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
+        AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, attempts, nextval('{n_popped}') INTO o_id, o_body, o_attempts, v_ahead;
+      IF FOUND THEN o_status := 0; RETURN; END IF;
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, attempts, nextval('{n_acquired}') INTO o_id, o_body, o_attempts, v_ahead;
+      IF FOUND THEN o_status := 0; RETURN; END IF;
+      o_lease := NULL;
+    END IF;
+    SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(v_pos, p_lease_ms);
     IF o_status <> 3 THEN RETURN; END IF;
     v_i := v_i + 1;
     IF v_i >= 1000 THEN o_status := 1; o_id := NULL; RETURN; END IF;
@@ -514,13 +544,16 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
+DECLARE v_n bigint;
 BEGIN
-  UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease;
+  -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
+  UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease
+  RETURNING nextval('{n_popped}') INTO v_n;
   IF NOT FOUND THEN
-    DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
+    DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease
+    RETURNING nextval('{n_popped}') INTO v_n;
   END IF;
-  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;  -- an int: psqlODBC hands booleans over as '0'/'1' text
-  IF o_ok = 1 THEN PERFORM nextval('{n_popped}'); END IF;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
