@@ -30,7 +30,7 @@ from typing import Any
 import pyodbc
 
 from dbq.backends.names import QueueNames
-from dbq.backends.postgres.backend import PostgresRing
+from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import connect
 from dbq.connection import from_url
 from dbq.devstack import Stack
@@ -132,7 +132,7 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int) -> str
         return ""
     queue = "benchq"
     size = max(16_384, int(backlog * 1.1) + 16_384)
-    PostgresRing(from_url(url), QueueNames(SCHEMA, queue), size, len(BODY)).apply()
+    OdbcRing(from_url(url), QueueNames(SCHEMA, queue), size, len(BODY)).apply()
     cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
     if backlog:
         with connect(url, queue, schema=SCHEMA) as q:

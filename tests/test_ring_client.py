@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dbq.backends.names import QueueNames
-from dbq.backends.postgres.backend import PostgresRing
+from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import LeaseLost, MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
 from dbq.connection import from_url
 
@@ -31,7 +31,7 @@ def make_queue(postgres) -> Iterator[MakeQueue]:
 
     def make(size: int = 1000, message_bytes: int = 100, **options) -> Queue:
         name = f"q_{secrets.token_hex(4)}"
-        PostgresRing(from_url(postgres.url), QueueNames(SCHEMA, name), size, message_bytes).apply()
+        OdbcRing(from_url(postgres.url), QueueNames(SCHEMA, name), size, message_bytes).apply()
         options.setdefault("pop_timeout", 0.1)
         q = connect(postgres.url, name, schema=SCHEMA, **options)
         opened.append(q)

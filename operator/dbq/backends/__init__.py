@@ -11,10 +11,10 @@ from dbq.connection import ConnectionSettings
 def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> QueueBackend:
     """The backend object for a Queue's spec; nothing is connected until it is used."""
     names = QueueNames(schema=spec.connection.schema_, queue=queue)
-    if spec.backend == "postgres" and spec.design == "ring":
-        from dbq.backends.postgres.backend import PostgresRing
+    if spec.backend in ("postgres", "sqlserver") and spec.design == "ring":
+        from dbq.backends.odbc_ring import OdbcRing
 
-        return PostgresRing(settings, names, spec.ring.size, spec.ring.message_bytes)
+        return OdbcRing(settings, names, spec.ring.size, spec.ring.message_bytes)
     raise InvalidSpec(
         f"backend {spec.backend} with design {spec.design} is not provisioned by this version of dbq yet"
     )

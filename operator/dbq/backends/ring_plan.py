@@ -30,7 +30,7 @@ class RingTarget:
     message_bytes: int
 
 
-def plan_ring(target: RingTarget, observed: Observed) -> list[Step]:
+def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[Step]:
     n = target.names
     steps: list[Step] = []
     recorded = observed.recorded
@@ -60,7 +60,7 @@ def plan_ring(target: RingTarget, observed: Observed) -> list[Step]:
     missing_tables = [t for t in (n.spill, n.gap) if t not in observed.tables]
     if missing_tables:
         steps.append(Step("create_side_tables", f"{', '.join(missing_tables)} missing"))
-    missing_routines = [r for r in ROUTINES if n.routine(r) not in observed.routines]
+    missing_routines = [r for r in routines if n.routine(r) not in observed.routines]
     stale = recorded is not None and (
         recorded.schema_version != RING_SCHEMA_VERSION or recorded.message_bytes != target.message_bytes
     )

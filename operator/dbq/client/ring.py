@@ -11,10 +11,11 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pyodbc
 
+from dbq.backends.dialects import recorded_query, ring_sql
 from dbq.backends.names import QueueNames
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.client.errors import (
@@ -52,32 +53,6 @@ class _Session:
         if cur is None:
             cur = self._cursors[statement] = self.conn.cursor()
         return cur
-
-
-class RingSql(Protocol):
-    def call(self, verb: str) -> str: ...
-
-
-def ring_sql(settings: ConnectionSettings, target: RingTarget) -> RingSql:
-    if settings.backend == "postgres":
-        from dbq.backends.postgres.sql import PgRing
-
-        return PgRing(target)
-    if settings.backend == "sqlserver":
-        from dbq.backends.sqlserver.sql import MsRing
-
-        return MsRing(target)
-    raise QueueError(f"backend {settings.backend} has no ring queues: use postgresql:// or mssql://")
-
-
-def recorded_query(settings: ConnectionSettings, names: QueueNames) -> str:
-    if settings.backend == "postgres":
-        from dbq.backends.postgres import sql as pg
-
-        return pg.recorded_query(names)
-    from dbq.backends.sqlserver import sql as ms
-
-    return ms.recorded_query(names)
 
 
 @dataclass(frozen=True)
@@ -149,7 +124,7 @@ class Queue:
         self.pool_size = pool_size  # idle connections kept for reuse
         self._idle: list[_Session] = []
         with self._cursor() as cur:
-            row = cur.execute(recorded_query(settings, names), names.queue).fetchone()
+            row = cur.execute(recorded_query(settings.backend, names), names.queue).fetchone()
         if row is None:
             raise QueueNotFound(
                 f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
@@ -163,7 +138,7 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
-        self.sql = ring_sql(settings, RingTarget(names=names, size=size, message_bytes=message_bytes))
+        self.sql = ring_sql(settings.backend, RingTarget(names=names, size=size, message_bytes=message_bytes))
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements: dict[str, str] = {}
 

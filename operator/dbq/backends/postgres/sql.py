@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dbq.backends.names import COUNTERS, QueueNames, check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
+from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 
 FILLFACTOR = 50
 
@@ -42,6 +43,8 @@ def recorded_query(names: QueueNames) -> str:
 
 
 class PgRing:
+    ROUTINES: tuple[str, ...] = PG_ROUTINES
+
     def __init__(self, target: RingTarget) -> None:
         self.t = target
         n: QueueNames = target.names

@@ -1,4 +1,7 @@
-"""PostgreSQL ring queues over pyodbc/psqlODBC: observe, plan, apply, depth, teardown."""
+"""Ring queues over ODBC (PostgreSQL, SQL Server): observe, plan, apply, depth, teardown.
+
+The dialect object (`dialects.ring_sql`) supplies every statement; this class only runs them.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ from dbq.backends.base import (
     Recorded,
     Step,
 )
+from dbq.backends.dialects import ring_sql
 from dbq.backends.names import QueueNames
-from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget, plan_ring
 from dbq.connection import ConnectionSettings
 
@@ -52,14 +55,14 @@ def connect(settings: ConnectionSettings) -> pyodbc.Connection:
         raise translate_error(e, settings) from None
 
 
-class PostgresRing:
+class OdbcRing:
     def __init__(
         self, settings: ConnectionSettings, names: QueueNames, size: int, message_bytes: int
     ) -> None:
         self.settings = settings
         self.names = names
         self.target = RingTarget(names=names, size=size, message_bytes=message_bytes)
-        self.sql = PgRing(self.target)
+        self.sql = ring_sql(settings.backend, self.target)
         self._conn: pyodbc.Connection | None = None
 
     def endpoint(self) -> str:
@@ -115,7 +118,7 @@ class PostgresRing:
             )
 
     def plan(self, observed: Observed) -> list[Step]:
-        return plan_ring(self.target, observed)
+        return plan_ring(self.target, observed, self.sql.ROUTINES)
 
     @contextmanager
     def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:

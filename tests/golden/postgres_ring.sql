@@ -1,0 +1,601 @@
+-- step create_schema
+
+CREATE SCHEMA IF NOT EXISTS "shopq"
+
+-- step create_meta
+
+CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
+  queue text PRIMARY KEY,
+  design text NOT NULL,
+  schema_version int NOT NULL,
+  ring_size bigint NOT NULL,
+  message_bytes int NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now())
+
+-- step create_ring
+
+CREATE TABLE IF NOT EXISTS "shopq"."orders_ring" (
+  slot bigint PRIMARY KEY,
+  msg_id bigint,
+  state smallint NOT NULL DEFAULT 0,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at timestamptz,
+  visible_at timestamptz,
+  expires_at timestamptz,
+  body bytea) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.05)
+
+-- step fill_ring
+
+INSERT INTO "shopq"."orders_ring" (slot, state, body)
+SELECT g, 0, decode(repeat('00', 300), 'hex') FROM generate_series(0, 999) g
+ON CONFLICT (slot) DO NOTHING
+
+-- step create_sequences
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_push_seq" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_pop_seq" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_pushed" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_popped" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_acquired" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_expired" AS bigint MINVALUE 1 START 1 CACHE 1
+
+-- step reset_positions
+
+SELECT setval('"shopq"."orders_pop_seq"', greatest((SELECT last_value FROM "shopq"."orders_push_seq"), (SELECT last_value FROM "shopq"."orders_pop_seq")), true)
+
+SELECT setval('"shopq"."orders_push_seq"', (SELECT last_value FROM "shopq"."orders_pop_seq"), true)
+
+-- step create_side_tables
+
+CREATE TABLE IF NOT EXISTS "shopq"."orders_spill" (
+  msg_id bigint PRIMARY KEY,
+  state smallint NOT NULL,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at timestamptz NOT NULL,
+  visible_at timestamptz NOT NULL,
+  expires_at timestamptz,
+  body bytea NOT NULL)
+
+CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
+  pos bigint PRIMARY KEY,
+  reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
+  noted_at timestamptz NOT NULL DEFAULT now())
+
+-- step create_routines
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE v_popped bigint; v_try int := 0;
+BEGIN
+  LOOP
+    UPDATE "shopq"."orders_ring" SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
+      visible_at = NULL, body = p_body,
+      expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
+    WHERE slot = p_id % 1000 AND state = 0;
+    IF FOUND THEN RETURN true; END IF;
+    -- The slot still holds an earlier lap's message. A leased one moves to the spill table (its
+    -- ack finds it there). A ready one whose position a popper drew but has not claimed after a
+    -- few tries is an orphan and moves there too. Otherwise its popper is about to take it.
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+    WITH moved AS (
+      UPDATE "shopq"."orders_ring" SET state = 0
+      WHERE slot = p_id % 1000 AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
+      RETURNING msg_id, lease, attempts, pushed_at, visible_at, expires_at, body)
+    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
+      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body
+    FROM moved m;
+    v_try := v_try + 1;
+    IF v_try > 20 THEN
+      -- The ring is full after all (pushers raced past the check): give the position up as void,
+      -- so its popper skips it, and let the caller report the queue full.
+      INSERT INTO "shopq"."orders_gap" (pos, reason) VALUES (p_id, 'void') ON CONFLICT (pos) DO NOTHING;
+      RETURN false;
+    END IF;
+    PERFORM pg_sleep(0.0005);
+  END LOOP;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
+BEGIN
+  IF octet_length(p_body) > 300 THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
+      octet_length(p_body) USING ERRCODE = '22001';
+  END IF;
+  -- Draw a position only if the ring has room (one statement reads both positions and draws).
+  SELECT nextval('"shopq"."orders_push_seq"') INTO o_id FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
+  WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
+    < 1000;
+  IF NOT FOUND THEN
+    o_id := -1;  -- full: nothing drawn, so nothing to repair
+    RETURN;
+  END IF;
+  -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
+  -- still holds.
+  UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
+    visible_at = NULL, body = p_body,
+    expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
+  WHERE slot = o_id % 1000 AND state = 0
+  RETURNING nextval('"shopq"."orders_n_pushed"') INTO v_used;
+  IF NOT FOUND THEN
+    IF NOT "shopq"."orders_place"(o_id, p_body, p_ttl_ms, v_now) THEN
+      o_id := -1;
+      RETURN;
+    END IF;
+    PERFORM nextval('"shopq"."orders_n_pushed"');
+  END IF;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies text, p_ttl_ms bigint, OUT o_ids text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int;
+BEGIN
+  -- Bodies arrive base64-encoded and comma-separated: one text parameter any driver can bind.
+  SELECT array_agg(decode(b, 'base64') ORDER BY i) INTO v_bodies
+  FROM unnest(string_to_array(p_bodies, ',')) WITH ORDINALITY AS x(b, i);
+  v_n := coalesce(cardinality(v_bodies), 0);
+  SELECT max(octet_length(b)) INTO v_big FROM unnest(v_bodies) b;
+  IF v_big > 300 THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
+      v_big USING ERRCODE = '22001';
+  END IF;
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
+  IF v_k > 0 THEN
+    -- Reserve k positions in one statement, then fill their slots in one set-based update.
+    SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;
+    WITH placed AS (
+      UPDATE "shopq"."orders_ring" r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
+        visible_at = NULL, body = u.body,
+        expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
+      FROM unnest(v_ids, v_bodies[1:v_k]) AS u(id, body)
+      WHERE r.slot = u.id % 1000 AND r.state = 0
+      RETURNING u.id)
+    SELECT array_agg(id) INTO v_placed FROM placed;
+    -- Slots still held by an earlier lap take the slow path, one by one.
+    IF coalesce(cardinality(v_placed), 0) = v_k THEN
+      v_out := v_ids;
+    ELSE FOR v_i IN 1..v_k LOOP
+      IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
+         OR "shopq"."orders_place"(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now) THEN
+        v_out := v_out || v_ids[v_i];
+      ELSE
+        v_out := v_out || -1::bigint;
+      END IF;
+    END LOOP; END IF;
+    PERFORM nextval('"shopq"."orders_n_pushed"') FROM unnest(v_out) i WHERE i > 0;
+  END IF;
+  FOR v_i IN (v_k + 1)..v_n LOOP
+    v_out := v_out || -1::bigint;
+  END LOOP;
+  o_ids := array_to_string(v_out, ',');
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint,
+  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
+BEGIN
+  o_id := p_pos;
+  -- At most a few rounds: a message written just after the update's snapshot is seen by the
+  -- next statement (READ COMMITTED takes a snapshot per statement), so the update is repeated.
+  FOR v_round IN 1..3 LOOP
+    IF p_lease_ms <= 0 THEN
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
+        AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING body, attempts INTO o_body, o_attempts;
+      IF FOUND THEN
+        PERFORM nextval('"shopq"."orders_n_popped"');
+        o_status := 0; RETURN;
+      END IF;
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING body, attempts INTO o_body, o_attempts;
+      IF FOUND THEN
+        PERFORM nextval('"shopq"."orders_n_acquired"');
+        o_status := 0; RETURN;
+      END IF;
+      o_lease := NULL;
+    END IF;
+    -- Not taken: find out whether it is still to come or will never come.
+    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+    IF v_msg = p_pos AND v_state = 1 THEN
+      IF v_exp IS NULL OR v_exp > v_now THEN
+        CONTINUE;  -- written after the update looked: take it now
+      END IF;
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1;
+      IF FOUND THEN PERFORM nextval('"shopq"."orders_n_expired"'); END IF;  -- expired (TTL): dropped
+      o_status := 3; RETURN;
+    END IF;
+    IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
+      DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos;
+      o_status := 3; RETURN;
+    END IF;
+    DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos AND reason = 'void';
+    IF FOUND THEN o_status := 3; RETURN; END IF;
+    EXIT;
+  END LOOP;
+  o_status := 2; o_body := NULL; o_attempts := NULL;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint,
+  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
+BEGIN
+  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
+  LOOP
+    SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
+    FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at <= clock_timestamp()
+    ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+    EXIT WHEN NOT FOUND;
+    IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
+      DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+      PERFORM nextval('"shopq"."orders_n_expired"');
+      CONTINUE;
+    END IF;
+    IF p_lease_ms <= 0 THEN
+      DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+      PERFORM nextval('"shopq"."orders_n_popped"');
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      o_attempts := o_attempts + 1;
+      UPDATE "shopq"."orders_spill" SET state = 2, lease = o_lease, attempts = o_attempts,
+        visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
+      PERFORM nextval('"shopq"."orders_n_acquired"');
+    END IF;
+    o_status := 0; RETURN;
+  END LOOP;
+  o_id := NULL; o_body := NULL; o_attempts := NULL;
+  -- 2. The ring, in push order.
+  LOOP
+    -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
+    SELECT nextval('"shopq"."orders_pop_seq"') INTO v_pos FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
+    WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
+    IF NOT FOUND THEN
+      -- Nothing new. A position whose popper gave up may have received its message since.
+      SELECT g.pos INTO v_pos FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+      WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
+      IF FOUND THEN
+        DELETE FROM "shopq"."orders_gap" WHERE pos = v_pos;
+        SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM "shopq"."orders_take"(v_pos, p_lease_ms);
+        IF o_status = 0 THEN RETURN; END IF;
+      END IF;
+      o_status := 1; o_id := NULL; o_body := NULL; o_lease := NULL; o_attempts := NULL;
+      RETURN;
+    END IF;
+    IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1
+        AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, attempts, nextval('"shopq"."orders_n_popped"') INTO o_id, o_body, o_attempts, v_ahead;
+      IF FOUND THEN o_status := 0; RETURN; END IF;
+    ELSE
+      o_lease := (random() * 9007199254740991)::bigint + 1;
+      UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, attempts, nextval('"shopq"."orders_n_acquired"') INTO o_id, o_body, o_attempts, v_ahead;
+      IF FOUND THEN o_status := 0; RETURN; END IF;
+      o_lease := NULL;
+    END IF;
+    SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM "shopq"."orders_take"(v_pos, p_lease_ms);
+    IF o_status <> 3 THEN RETURN; END IF;
+    v_i := v_i + 1;
+    IF v_i >= 1000 THEN o_status := 1; o_id := NULL; RETURN; END IF;
+  END LOOP;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_pop_many"(p_max int, p_lease_ms bigint)
+RETURNS TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  r record; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint; v_p bigint;
+  v_now timestamptz := clock_timestamp(); v_taken bigint[] := '{}';
+BEGIN
+  -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
+  WHILE v_got < p_max AND EXISTS (SELECT 1 FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at <= v_now) LOOP
+    SELECT * INTO r FROM "shopq"."orders_pop"(p_lease_ms);
+    EXIT WHEN r.o_status = 1;
+    o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
+    RETURN NEXT;
+    IF r.o_status = 2 THEN RETURN; END IF;  -- the caller waits for that position
+    v_got := v_got + 1;
+  END LOOP;
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
+  IF v_k <= 0 THEN
+    IF v_got = 0 THEN
+      SELECT * INTO r FROM "shopq"."orders_pop"(p_lease_ms);
+      IF r.o_status <> 1 THEN
+        o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease;
+        o_attempts := r.o_attempts;
+        RETURN NEXT;
+      END IF;
+    END IF;
+    RETURN;
+  END IF;
+  -- 2. The ring: draw k positions in one statement and claim their slots in one update.
+  SELECT array_agg(nextval('"shopq"."orders_pop_seq"') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
+  IF p_lease_ms <= 0 THEN
+    FOR r IN
+      WITH t AS (
+        UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, attempts)
+      SELECT * FROM t ORDER BY msg_id
+    LOOP
+      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := NULL; o_attempts := r.attempts;
+      v_taken := v_taken || r.msg_id;
+      RETURN NEXT;
+    END LOOP;
+    PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_taken);
+  ELSE
+    FOR r IN
+      WITH t AS (
+        UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+          visible_at = v_now + p_lease_ms * interval '1 millisecond'
+        FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, lease, attempts)
+      SELECT * FROM t ORDER BY msg_id
+    LOOP
+      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := r.lease; o_attempts := r.attempts;
+      v_taken := v_taken || r.msg_id;
+      RETURN NEXT;
+    END LOOP;
+    PERFORM nextval('"shopq"."orders_n_acquired"') FROM unnest(v_taken);
+  END IF;
+  -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
+  FOREACH v_p IN ARRAY v_pos LOOP
+    EXIT WHEN cardinality(v_taken) = v_k;
+    CONTINUE WHEN v_p = ANY (v_taken);
+    SELECT * INTO r FROM "shopq"."orders_take"(v_p, p_lease_ms);
+    IF r.o_status IN (0, 2) THEN
+      o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
+      RETURN NEXT;
+    END IF;
+  END LOOP;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_release"(p_positions text, OUT o_released int)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- The popper that drew these positions gives up waiting: remember them, so whoever finds
+  -- their messages later (pop on an empty ring, or repair) delivers them.
+  INSERT INTO "shopq"."orders_gap" (pos, reason)
+  SELECT unnest(string_to_array(p_positions, ',')::bigint[]), 'skipped' ON CONFLICT (pos) DO NOTHING;
+  GET DIAGNOSTICS o_released = ROW_COUNT;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_ack"(p_id bigint, p_lease bigint, OUT o_ok int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_n bigint;
+BEGIN
+  -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
+  UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease
+  RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
+  IF NOT FOUND THEN
+    DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease
+    RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
+  END IF;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_ack_many"(p_ids text, p_leases text, OUT o_acked text)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
+  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[];
+BEGIN
+  -- Two statements, not one: a lease moved from the ring to the spill table while the first
+  -- ran is seen by the second, which takes a fresh snapshot.
+  WITH acked AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
+    WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease
+    RETURNING r.msg_id)
+  SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  WITH acked AS (
+    DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
+    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.msg_id <> ALL (v_done)
+    RETURNING s.msg_id)
+  SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_done);
+  o_acked := coalesce(array_to_string(v_done, ','), '');
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_nack"(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
+BEGIN
+  WITH moved AS (
+    UPDATE "shopq"."orders_ring" SET state = 0
+    WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease
+    RETURNING msg_id, attempts, pushed_at, expires_at, body)
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_visible, m.expires_at, m.body FROM moved m;
+  IF NOT FOUND THEN
+    UPDATE "shopq"."orders_spill" SET state = 1, lease = 0, visible_at = v_visible
+    WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
+  END IF;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
+  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
+BEGIN
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
+  -- run looks again, and repair never waits on a client or deadlocks with one.
+  -- Leases past their visibility timeout: ready again, out of ring order.
+  WITH due AS (
+    SELECT slot FROM "shopq"."orders_ring" WHERE state = 2 AND visible_at < v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
+  moved AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+  GET DIAGNOSTICS o_expired_leases = ROW_COUNT;
+  UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0 FROM (
+    SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+  WHERE s.msg_id = due.msg_id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  o_expired_leases := o_expired_leases + v_n;
+  -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
+  -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
+  WITH due AS (
+    SELECT slot FROM "shopq"."orders_ring"
+    WHERE state = 1 AND msg_id <= v_popped AND pushed_at <= v_now - p_orphan_grace_ms * interval '1 millisecond'
+      AND (expires_at IS NULL OR expires_at > v_now)
+    ORDER BY slot FOR UPDATE SKIP LOCKED),
+  moved AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+  GET DIAGNOSTICS o_orphans = ROW_COUNT;
+  -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
+  WITH due AS (
+    SELECT slot FROM "shopq"."orders_ring" WHERE state = 1 AND expires_at <= v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
+  freed AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1 RETURNING r.msg_id),
+  voided AS (
+    INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
+    ON CONFLICT (pos) DO NOTHING)
+  SELECT count(*) INTO o_expired FROM freed;
+  DELETE FROM "shopq"."orders_spill" s USING (
+    SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+  WHERE s.msg_id = due.msg_id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  o_expired := o_expired + v_n;
+  PERFORM nextval('"shopq"."orders_n_expired"') FROM generate_series(1, o_expired);
+  -- Gaps a whole lap behind the pop position can never be written any more.
+  DELETE FROM "shopq"."orders_gap" g WHERE g.pos <= v_popped - 1000
+    AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
+  GET DIAGNOSTICS o_gaps_purged = ROW_COUNT;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
+  OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
+  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz; o_oldest timestamptz;
+BEGIN
+  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
+  INTO o_depth, o_in_flight, o_oldest FROM "shopq"."orders_ring";
+  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
+  INTO v_depth, v_flight, v_oldest FROM "shopq"."orders_spill";
+  o_depth := o_depth + v_depth;
+  o_in_flight := o_in_flight + v_flight;
+  o_oldest_age_s := coalesce(extract(epoch FROM clock_timestamp() - least(o_oldest, v_oldest)), 0);
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM "shopq"."orders_n_pushed";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM "shopq"."orders_n_popped";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM "shopq"."orders_n_acquired";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM "shopq"."orders_n_expired";
+END $fn$
+
+-- step record_version
+
+INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes)
+VALUES ('orders', 'ring', 2, 1000, 300)
+ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
+  message_bytes = EXCLUDED.message_bytes, updated_at = now()
+
+-- teardown
+
+DROP FUNCTION IF EXISTS "shopq"."orders_place"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_push"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_push_many"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_take"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_pop"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_pop_many"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_release"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_ack"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_ack_many"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_nack"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_repair"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_stats"
+
+DROP TABLE IF EXISTS "shopq"."orders_ring"
+
+DROP TABLE IF EXISTS "shopq"."orders_spill"
+
+DROP TABLE IF EXISTS "shopq"."orders_gap"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_pop_seq"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_pushed"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_popped"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_acquired"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_expired"
+
+DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
+
+DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "shopq"."dbq_queues"; BEGIN DROP SCHEMA IF EXISTS "shopq" RESTRICT; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$
+
+-- calls
+
+SELECT "shopq"."orders_push"(?, ?)
+
+SELECT "shopq"."orders_push_many"(?, ?)
+
+SELECT * FROM "shopq"."orders_take"(?, ?)
+
+SELECT * FROM "shopq"."orders_pop"(?)
+
+SELECT * FROM "shopq"."orders_pop_many"(?, ?)
+
+SELECT "shopq"."orders_release"(?)
+
+SELECT "shopq"."orders_ack"(?, ?)
+
+SELECT "shopq"."orders_ack_many"(?, ?)
+
+SELECT "shopq"."orders_nack"(?, ?, ?)
+
+SELECT * FROM "shopq"."orders_repair"(?)
+
+SELECT * FROM "shopq"."orders_stats"()
+
+-- observe
+
+SELECT count(*) FROM pg_namespace WHERE nspname = ?
+
+SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?
+
+SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?
+
+SELECT (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 1) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1), (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 2) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 2)

@@ -1,0 +1,596 @@
+-- step create_schema
+
+IF SCHEMA_ID(N'shopq') IS NULL EXEC(N'CREATE SCHEMA [shopq]')
+
+-- step create_meta
+
+IF OBJECT_ID(N'[shopq].[dbq_queues]', N'U') IS NULL
+CREATE TABLE [shopq].[dbq_queues] (
+  queue nvarchar(128) NOT NULL PRIMARY KEY,
+  design nvarchar(16) NOT NULL,
+  schema_version int NOT NULL,
+  ring_size bigint NOT NULL,
+  message_bytes int NOT NULL,
+  created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
+  updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
+
+-- step create_ring
+
+IF OBJECT_ID(N'[shopq].[orders_ring]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_ring] (
+  slot bigint NOT NULL PRIMARY KEY CLUSTERED,
+  msg_id bigint NULL,
+  state tinyint NOT NULL DEFAULT 0,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at datetime2(3) NULL,
+  visible_at datetime2(3) NULL,
+  expires_at datetime2(3) NULL,
+  body varbinary(7000) NULL)
+
+-- step fill_ring
+
+WITH n AS (
+  SELECT TOP (1000) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
+  FROM sys.all_columns a CROSS JOIN sys.all_columns b CROSS JOIN sys.all_columns c)
+INSERT INTO [shopq].[orders_ring] WITH (TABLOCK) (slot, state, body)
+SELECT n.slot, 0, CAST(REPLICATE(CAST(0x00 AS varbinary(max)), 300) AS varbinary(7000))
+FROM n WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = n.slot)
+
+-- step create_sequences
+
+IF OBJECT_ID(N'[shopq].[orders_push_seq]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_push_seq] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_pop_seq]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_pop_seq] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_pushed]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_pushed] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_popped]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_popped] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_acquired]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_acquired] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_expired]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_expired] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+-- step reset_positions
+
+DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
+  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]')));
+DECLARE @sql nvarchar(max) =
+  N'ALTER SEQUENCE [shopq].[orders_push_seq] RESTART WITH ' + CAST(@level AS nvarchar(20)) + N'; ' +
+  N'ALTER SEQUENCE [shopq].[orders_pop_seq] RESTART WITH ' + CAST(@level AS nvarchar(20)) + N';';
+EXEC sys.sp_executesql @sql
+
+-- step create_side_tables
+
+IF OBJECT_ID(N'[shopq].[orders_spill]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_spill] (
+  msg_id bigint NOT NULL PRIMARY KEY CLUSTERED,
+  state tinyint NOT NULL,
+  lease bigint NOT NULL DEFAULT 0,
+  attempts int NOT NULL DEFAULT 0,
+  pushed_at datetime2(3) NOT NULL,
+  visible_at datetime2(3) NOT NULL,
+  expires_at datetime2(3) NULL,
+  body varbinary(7000) NOT NULL)
+
+IF OBJECT_ID(N'[shopq].[orders_gap]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_gap] (
+  pos bigint NOT NULL PRIMARY KEY CLUSTERED,
+  reason varchar(8) NOT NULL CHECK (reason IN ('void', 'skipped')),
+  noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
+
+-- step create_routines
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_place] @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
+  @placed bit OUTPUT
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @popped bigint, @try int = 0;
+  SET @placed = 0;
+  WHILE 1 = 1 BEGIN
+    UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
+      SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
+        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+    WHERE slot = @id % 1000 AND state = 0;
+    IF @@ROWCOUNT = 1 BEGIN SET @placed = 1; RETURN; END;
+    -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
+    -- drew its position a while ago, moves to the spill table.
+    SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+    WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
+    UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+    OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
+      deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
+      deleted.expires_at, deleted.body
+    INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    WHERE slot = @id % 1000 AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
+    SET @try += 1;
+    IF @try > 20 BEGIN
+      -- Full after all (pushers raced past the check): the position becomes void.
+      INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT @id, 'void' WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] WHERE pos = @id);
+      RETURN;
+    END;
+    WAITFOR DELAY '00:00:00.001';
+  END;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint;
+  IF DATALENGTH(@body) > 300
+    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
+                 * ISNULL(CAST(last_used_value AS bigint), 0))
+      FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
+  BEGIN
+    SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
+    RETURN;
+  END;
+  SET @id = NEXT VALUE FOR [shopq].[orders_push_seq];
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
+    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
+      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+  WHERE slot = @id % 1000 AND state = 0;
+  IF @@ROWCOUNT = 0 BEGIN
+    EXEC [shopq].[orders_place] @id, @body, @ttl_ms, @now, @placed OUTPUT;
+    IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
+  END;
+  SET @n = NEXT VALUE FOR [shopq].[orders_n_pushed];
+  SELECT @id AS o_id;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies nvarchar(max), @ttl_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
+    @used bigint, @i int, @placed bit, @big int, @c bigint;
+  -- Bodies arrive base64-encoded and comma-separated (one parameter any driver binds).
+  DECLARE @in TABLE (i int PRIMARY KEY, body varbinary(max), id bigint NULL, done bit NOT NULL DEFAULT 0);
+  INSERT INTO @in (i, body)
+  SELECT CAST(j.[key] AS int) + 1,
+    CAST(N'' AS xml).value('xs:base64Binary(sql:column("j.value"))', 'varbinary(max)')
+  FROM OPENJSON(N'["' + REPLACE(@bodies, N',', N'","') + N'"]') j;
+  SELECT @n = COUNT(*), @big = MAX(DATALENGTH(body)) FROM @in;
+  IF @big > 300
+    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
+                     * ISNULL(CAST(last_used_value AS bigint), 0))
+  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
+  SET @k = CASE WHEN 1000 - @used < @n THEN CASE WHEN 1000 - @used > 0 THEN 1000 - @used ELSE 0 END
+                ELSE @n END;
+  IF @k > 0 BEGIN
+    -- One contiguous range of positions for the batch, then one set-based update.
+    EXEC sys.sp_sequence_get_range @sequence_name = N'[shopq].[orders_push_seq]', @range_size = @k,
+      @range_first_value = @first OUTPUT;
+    SET @first_id = CAST(@first AS bigint);
+    UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
+    UPDATE r WITH (ROWLOCK)
+      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
+        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+    FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = b.id % 1000
+    WHERE b.id IS NOT NULL AND r.state = 0;
+    UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = b.id % 1000 AND r.msg_id = b.id;
+    -- Slots an earlier lap still holds take the slow path, one by one.
+    SET @i = 1;
+    WHILE @i <= @k BEGIN
+      IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
+        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i);
+        EXEC [shopq].[orders_place] @one, @b, @ttl_ms, @now, @placed OUTPUT;
+        UPDATE @in SET done = @placed WHERE i = @i;
+      END;
+      SET @i += 1;
+    END;
+    SELECT @c = COUNT(*) FROM @in WHERE done = 1;
+    WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
+  END;
+  SELECT STRING_AGG(CAST(CASE WHEN done = 1 THEN id ELSE -1 END AS nvarchar(max)), N',')
+    WITHIN GROUP (ORDER BY i) AS o_ids
+  FROM @in;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_claim] @pos bigint, @lease_ms bigint, @status int OUTPUT,
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+AS BEGIN
+  -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
+  SET NOCOUNT ON;
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
+    @round int = 0, @n bigint, @got int;
+  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL;
+  WHILE @round < 3 BEGIN
+    SET @round += 1;
+    IF @lease_ms <= 0
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
+      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+    ELSE BEGIN
+      SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
+        visible_at = DATEADD(millisecond, @lease_ms, @now), @body = body
+      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+    END;
+    SET @got = @@ROWCOUNT;
+    IF @got = 1 BEGIN
+      IF @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; ELSE SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
+      SET @status = 0;
+      RETURN;
+    END;
+    SET @lease = NULL;
+    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+    IF @msg = @pos AND @state = 1 BEGIN
+      IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0 WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1;
+      IF @@ROWCOUNT = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_expired];  -- expired (TTL): dropped
+      SET @status = 3;
+      RETURN;
+    END;
+    IF @msg >= @pos BEGIN  -- taken by repair, or the ring has lapped a void position
+      DELETE FROM [shopq].[orders_gap] WHERE pos = @pos;
+      SET @status = 3;
+      RETURN;
+    END;
+    DELETE FROM [shopq].[orders_gap] WHERE pos = @pos AND reason = 'void';
+    IF @@ROWCOUNT = 1 BEGIN SET @status = 3; RETURN; END;
+    BREAK;
+  END;
+  SELECT @body = NULL, @attempts = NULL;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_take] @pos bigint, @lease_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
+  EXEC [shopq].[orders_claim] @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  SELECT @status AS o_status, @pos AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_next] @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+AS BEGIN
+  -- pop() with OUTPUT parameters, for pop_many.
+  SET NOCOUNT ON;
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
+    @n bigint;
+  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
+  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
+  WHILE 1 = 1 BEGIN
+    SET @id = NULL;
+    SELECT TOP (1) @id = msg_id, @exp = expires_at FROM [shopq].[orders_spill] WITH (ROWLOCK, UPDLOCK, READPAST)
+    WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
+    IF @id IS NULL BREAK;
+    IF @exp IS NOT NULL AND @exp <= @now BEGIN  -- expired while waiting
+      DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      SET @n = NEXT VALUE FOR [shopq].[orders_n_expired];
+      CONTINUE;
+    END;
+    IF @lease_ms <= 0 BEGIN
+      SELECT @body = body, @attempts = attempts FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
+    END ELSE BEGIN
+      SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
+      UPDATE [shopq].[orders_spill] SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
+        visible_at = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
+      WHERE msg_id = @id;
+      SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
+    END;
+    SET @status = 0;
+    RETURN;
+  END;
+  -- 2. The ring, in push order.
+  WHILE @i < 1000 BEGIN
+    SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
+                        * ISNULL(CAST(last_used_value AS bigint), 0))
+    FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
+    IF @ahead <= 0 BEGIN
+      -- Nothing new. A position whose popper gave up may have received its message since.
+      SET @pos = NULL;
+      SELECT TOP (1) @pos = g.pos FROM [shopq].[orders_gap] g WITH (ROWLOCK, UPDLOCK, READPAST)
+      JOIN [shopq].[orders_ring] r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+      WHERE g.reason = 'skipped' AND r.state = 1;
+      IF @pos IS NOT NULL BEGIN
+        DELETE FROM [shopq].[orders_gap] WHERE pos = @pos;
+        EXEC [shopq].[orders_claim] @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+        IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
+      END;
+      SELECT @status = 1, @id = NULL;
+      RETURN;
+    END;
+    SET @pos = NEXT VALUE FOR [shopq].[orders_pop_seq];
+    EXEC [shopq].[orders_claim] @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    SET @id = @pos;
+    IF @status <> 3 RETURN;
+    SET @i += 1;
+  END;
+  SELECT @status = 1, @id = NULL;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_pop] @lease_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
+  EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  SELECT @status AS o_status, @id AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_pop_many] @max int, @lease_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
+    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint;
+  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int);
+  DECLARE @pos TABLE (pos bigint PRIMARY KEY, taken bit NOT NULL DEFAULT 0);
+  -- 1. Redeliveries go through the single pop, one by one (rare).
+  WHILE (SELECT COUNT(*) FROM @out) < @max
+        AND EXISTS (SELECT 1 FROM [shopq].[orders_spill] WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
+    EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    IF @status = 1 BREAK;
+    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+    IF @status = 2 BEGIN SELECT * FROM @out; RETURN; END;  -- the caller waits for that position
+  END;
+  SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
+                      * ISNULL(CAST(last_used_value AS bigint), 0))
+  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
+  SET @k = @max - (SELECT COUNT(*) FROM @out);
+  IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
+  IF @k <= 0 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
+      EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+    END;
+    SELECT * FROM @out;
+    RETURN;
+  END;
+  -- 2. The ring: one contiguous range of positions, their slots claimed in one update.
+  EXEC sys.sp_sequence_get_range @sequence_name = N'[shopq].[orders_pop_seq]', @range_size = @k,
+    @range_first_value = @first OUTPUT;
+  SET @first_pos = CAST(@first AS bigint);
+  INSERT INTO @pos (pos) SELECT TOP (@k) @first_pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1
+  FROM sys.all_columns;
+  IF @lease_ms <= 0
+    UPDATE r WITH (ROWLOCK) SET state = 0
+    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts INTO @out
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
+    WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
+  ELSE
+    UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
+      visible_at = DATEADD(millisecond, @lease_ms, @now)
+    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts INTO @out
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
+    WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
+  UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
+  SELECT @c = COUNT(*) FROM @pos WHERE taken = 1;
+  WHILE @c > 0 BEGIN
+    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; ELSE SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
+    SET @c -= 1;
+  END;
+  -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
+  SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
+  WHILE @p IS NOT NULL BEGIN
+    EXEC [shopq].[orders_claim] @p, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
+    SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
+  END;
+  SELECT * FROM @out ORDER BY o_status, o_id;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_release] @positions nvarchar(max)
+AS BEGIN
+  SET NOCOUNT ON;
+  -- The popper that drew these positions gives up waiting: whoever finds their messages later
+  -- (pop on an empty ring, or repair) delivers them.
+  INSERT INTO [shopq].[orders_gap] (pos, reason)
+  SELECT DISTINCT CAST(s.value AS bigint), 'skipped' FROM STRING_SPLIT(@positions, N',') s
+  WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = CAST(s.value AS bigint));
+  SELECT @@ROWCOUNT AS o_released;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_ack] @id bigint, @lease bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @n bigint;
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease;
+  IF @@ROWCOUNT = 0
+    DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id AND state = 2 AND lease = @lease;
+  IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SELECT 1 AS o_ok; END;
+  ELSE SELECT 0 AS o_ok;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_ack_many] @ids nvarchar(max), @leases nvarchar(max)
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @n bigint, @c bigint;
+  DECLARE @a TABLE (id bigint PRIMARY KEY, lease bigint);
+  DECLARE @done TABLE (id bigint);
+  INSERT INTO @a (id, lease)
+  SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
+  FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
+  UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
+  FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
+  -- A separate statement: a lease moved to the spill table meanwhile is seen here.
+  DELETE s OUTPUT deleted.msg_id INTO @done
+  FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
+  WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
+  SELECT @c = COUNT(*) FROM @done;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @c -= 1; END;
+  SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_nack] @id bigint, @lease bigint, @delay_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
+    SYSUTCDATETIME());
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @visible, deleted.expires_at, deleted.body
+  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease;
+  IF @@ROWCOUNT = 0
+    UPDATE [shopq].[orders_spill] SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease;
+  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_repair] @orphan_grace_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
+    @expired bigint, @gaps bigint, @c bigint, @n bigint;
+  DECLARE @freed TABLE (msg_id bigint);
+  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
+  -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
+  -- Leases past their visibility timeout: ready again, out of ring order.
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
+  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  WHERE state = 2 AND visible_at < @now;
+  SET @leases = @@ROWCOUNT;
+  UPDATE [shopq].[orders_spill] WITH (ROWLOCK, READPAST) SET state = 1, lease = 0 WHERE state = 2 AND visible_at < @now;
+  SET @leases += @@ROWCOUNT;
+  -- Orphans: ready messages whose pop position was drawn but never claimed.
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
+  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, -@orphan_grace_ms, @now)
+    AND (expires_at IS NULL OR expires_at > @now);
+  SET @orphans = @@ROWCOUNT;
+  -- Expired messages (TTL): free the slot; a position not drawn yet becomes void.
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0 OUTPUT deleted.msg_id INTO @freed
+  WHERE state = 1 AND expires_at <= @now;
+  SET @expired = @@ROWCOUNT;
+  INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT f.msg_id, 'void' FROM @freed f
+  WHERE f.msg_id > @popped AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = f.msg_id);
+  DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST) WHERE state = 1 AND expires_at <= @now;
+  SET @expired += @@ROWCOUNT;
+  SET @c = @expired;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_expired]; SET @c -= 1; END;
+  -- Gaps a whole lap behind the pop position can never be written any more.
+  DELETE g FROM [shopq].[orders_gap] g WHERE g.pos <= @popped - 1000
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
+  SET @gaps = @@ROWCOUNT;
+  SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_stats]
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @oldest datetime2(3);
+  SELECT @oldest = MIN(pushed_at) FROM (
+    SELECT MIN(pushed_at) AS pushed_at FROM [shopq].[orders_ring] WHERE state = 1
+    UNION ALL SELECT MIN(pushed_at) FROM [shopq].[orders_spill] WHERE state = 1) o;
+  SELECT
+    (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 1) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1) AS o_depth,
+    (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2)
+      AS o_in_flight,
+    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]'))
+      AS o_pushed,
+    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_popped]'))
+      AS o_popped,
+    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]'))
+      AS o_acquired,
+    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_expired]'))
+      AS o_expired,
+    ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) AS o_oldest_age_s;
+END
+
+-- step record_version
+
+MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
+USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
+WHEN MATCHED THEN UPDATE SET schema_version = 2, message_bytes = 300,
+  updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
+  VALUES (s.queue, N'ring', 2, 1000, 300);
+
+-- teardown
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_place]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_claim]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_next]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_push]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_push_many]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_take]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_pop]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_pop_many]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_release]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_ack]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_ack_many]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_nack]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_repair]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_stats]
+
+DROP TABLE IF EXISTS [shopq].[orders_ring]
+
+DROP TABLE IF EXISTS [shopq].[orders_spill]
+
+DROP TABLE IF EXISTS [shopq].[orders_gap]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_pop_seq]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_pushed]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_popped]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_acquired]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_expired]
+
+DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
+
+IF NOT EXISTS (SELECT 1 FROM [shopq].[dbq_queues]) DROP TABLE [shopq].[dbq_queues];
+IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID(N'shopq'))
+  EXEC(N'DROP SCHEMA [shopq]')
+
+-- calls
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push_many] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_take] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_pop] ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_pop_many] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_release] ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_ack] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_ack_many] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_nack] ?, ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_repair] ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_stats]; COMMIT TRAN;
+
+-- observe
+
+SELECT COUNT(*) FROM sys.schemas WHERE name = ?
+
+SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO')
+
+SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'
+
+SELECT (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 1) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1), (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2)
