@@ -231,6 +231,36 @@ def test_a_slot_held_by_a_lease_moves_aside_when_the_ring_laps(make_queue):
     assert q.stats().in_flight == 0
 
 
+def test_one_queue_object_shared_by_threads(make_queue):
+    """A Queue is thread-safe: 8 threads share one, each call borrowing a pooled connection."""
+    import threading
+
+    q = make_queue(size=64, pool_size=4)
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def pusher(t: int) -> None:
+        for i in range(250):
+            q.push(b"%d-%d" % (t, i))
+
+    def popper() -> None:
+        while True:
+            batch = q.pop_many(10, timeout=0.5)
+            if not batch:
+                return
+            with lock:
+                got.extend(m.body for m in batch)
+
+    threads = [threading.Thread(target=pusher, args=(t,)) for t in range(4)]
+    threads += [threading.Thread(target=popper) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(250))
+    assert len(q._idle) <= 4
+
+
 # --- conservation and crashes ------------------------------------------------------------------
 
 

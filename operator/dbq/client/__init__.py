@@ -75,13 +75,12 @@ def connect_resource(
 ) -> Queue:
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
     in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
-    from kubernetes import client, config
+    from kubernetes import client
+
+    from dbq import kubeconfig
 
     if api_client is None:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        kubeconfig.load()
         api_client = client.ApiClient()
     resource = cast(
         dict[str, Any],

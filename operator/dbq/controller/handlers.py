@@ -7,9 +7,10 @@ import os
 from typing import Any
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from dbq import kubeconfig
 from dbq.api.models import GROUP, PLURAL, VERSION, DeletionPolicy
 from dbq.backends.base import BackendError
 from dbq.controller import conditions as cond
@@ -27,10 +28,7 @@ _core: client.CoreV1Api | None = None
 def core() -> client.CoreV1Api:
     global _core
     if _core is None:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        kubeconfig.load()
         _core = client.CoreV1Api()
     return _core
 

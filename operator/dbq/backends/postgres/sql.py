@@ -14,9 +14,10 @@ whose pop position was lost; the gap table remembers positions that will never b
 
 from __future__ import annotations
 
-from dbq.backends.names import COUNTERS, QueueNames, check_identifier
+from dbq.backends.names import QueueNames, check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
+from dbq.backends.ring_sql import RingSqlBase
 
 FILLFACTOR = 50
 
@@ -42,29 +43,14 @@ def recorded_query(names: QueueNames) -> str:
     )
 
 
-class PgRing:
+class PgRing(RingSqlBase):
     ROUTINES: tuple[str, ...] = PG_ROUTINES
 
     def __init__(self, target: RingTarget) -> None:
-        self.t = target
-        n: QueueNames = target.names
-        s = quote(n.schema)
-        self.schema = s
-        self.meta = f"{s}.{quote(n.meta)}"
-        self.ring = f"{s}.{quote(n.ring)}"
-        self.spill = f"{s}.{quote(n.spill)}"
-        self.gap = f"{s}.{quote(n.gap)}"
-        self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
-        self.push_seq = f"{s}.{quote(n.push_seq)}"
-        self.pop_seq = f"{s}.{quote(n.pop_seq)}"
-        self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in _ROUTINE_VERBS}
-        self.size = int(target.size)
-        self.message_bytes = int(target.message_bytes)
+        super().__init__(target, quote, literal)
+        self.TEMPLATE = _ROUTINES
 
     # --- provisioning, one method per planning step ------------------------------------------
-    def step_sql(self, action: str) -> list[str]:
-        return list(getattr(self, f"_{action}")())
-
     def _create_schema(self) -> list[str]:
         return [f"CREATE SCHEMA IF NOT EXISTS {self.schema}"]
 
@@ -107,7 +93,7 @@ ON CONFLICT (slot) DO NOTHING"""
         # them whenever a session ends.
         return [
             f"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 START 1 CACHE 1"
-            for seq in (self.push_seq, self.pop_seq, *self.count.values())
+            for seq in self.sequences
         ]
 
     def _reset_positions(self) -> list[str]:
@@ -142,31 +128,7 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
   message_bytes = EXCLUDED.message_bytes, updated_at = now()"""
         ]
 
-    def _create_routines(self) -> list[str]:
-        return [r.strip() for r in _ROUTINES.format(**self._fmt()).split("\n--;;\n") if r.strip()]
-
-    def _fmt(self) -> dict[str, object]:
-        return {
-            "ring": self.ring,
-            "spill": self.spill,
-            "gap": self.gap,
-            "push_seq": self.push_seq,
-            "pop_seq": self.pop_seq,
-            "size": self.size,
-            "max_bytes": self.message_bytes,
-            **{f"n_{c}": seq for c, seq in self.count.items()},
-            "queue": self.t.names.queue,
-            **{f"fn_{verb}": name for verb, name in self.fn.items()},
-        }
-
-    # --- teardown -------------------------------------------------------------------------
-    def drop(self) -> list[str]:
-        stmts = [f"DROP FUNCTION IF EXISTS {name}" for name in self.fn.values()]
-        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
-        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in (self.push_seq, self.pop_seq, *self.count.values())]
-        stmts.append(f"DELETE FROM {self.meta} WHERE queue = {literal(self.t.names.queue)}")
-        return stmts
-
+    # --- teardown (drop() is shared) ---------------------------------------------------------
     def drop_schema_if_unused(self) -> list[str]:
         return [
             # The schema goes only when nothing else lives in it (RESTRICT refuses otherwise).
@@ -221,7 +183,6 @@ _CALL_ARGS = {
     "repair": "?",
     "stats": "",
 }
-_ROUTINE_VERBS = ("place", *_CALL_ARGS)
 _SCALAR = {"push", "push_many", "release", "ack", "ack_many", "nack"}
 
 # Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {push_seq} {pop_seq}

@@ -14,8 +14,9 @@ validated integers; values are bound parameters.
 
 from __future__ import annotations
 
-from dbq.backends.names import COUNTERS, QueueNames, check_identifier
+from dbq.backends.names import QueueNames, check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
+from dbq.backends.ring_sql import RingSqlBase
 
 SEQUENCE_CACHE = 1000
 MAX_BODY = 7000  # spec.ring.messageBytes at most: a row stays within one 8 KB page
@@ -41,28 +42,16 @@ def recorded_query(names: QueueNames) -> str:
     )
 
 
-class MsRing:
+class MsRing(RingSqlBase):
     # Client-facing verbs plus the internal place/claim/next (INSERT ... EXEC cannot nest, so
     # procedures call each other through OUTPUT parameters).
-    ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many", "release",
-                "ack", "ack_many", "nack", "repair", "stats")  # fmt: skip
+    ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
+                                 "release", "ack", "ack_many", "nack", "repair", "stats")  # fmt: skip
+    ROUTINE_KIND = "PROCEDURE"
 
     def __init__(self, target: RingTarget) -> None:
-        self.t = target
-        n = target.names
-        s = quote(n.schema)
-        self.schema_name = n.schema
-        self.schema = s
-        self.meta = f"{s}.{quote(n.meta)}"
-        self.ring = f"{s}.{quote(n.ring)}"
-        self.spill = f"{s}.{quote(n.spill)}"
-        self.gap = f"{s}.{quote(n.gap)}"
-        self.push_seq = f"{s}.{quote(n.push_seq)}"
-        self.pop_seq = f"{s}.{quote(n.pop_seq)}"
-        self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
-        self.proc = {verb: f"{s}.{quote(n.routine(verb))}" for verb in _PROCEDURES}
-        self.size = int(target.size)
-        self.message_bytes = int(target.message_bytes)
+        super().__init__(target, quote, literal)
+        self.TEMPLATE = _PROCS
         if not 16 <= self.message_bytes <= MAX_BODY:
             raise ValueError(f"message_bytes {self.message_bytes} outside 16..{MAX_BODY}")
 
@@ -70,9 +59,6 @@ class MsRing:
         return f"IF OBJECT_ID(N'{qualified}', N'{kind}') IS NULL"
 
     # --- provisioning, one method per planning step ------------------------------------------
-    def step_sql(self, action: str) -> list[str]:
-        return list(getattr(self, f"_{action}")())
-
     def _create_schema(self) -> list[str]:
         # CREATE SCHEMA must be alone in its batch, hence EXEC.
         return [f"IF SCHEMA_ID({literal(self.schema_name)}) IS NULL EXEC(N'CREATE SCHEMA {self.schema}')"]
@@ -120,7 +106,7 @@ FROM n WHERE NOT EXISTS (SELECT 1 FROM {self.ring} r WHERE r.slot = n.slot)"""
         return [
             f"{self._object_missing(seq, 'SO')}\n"
             f"CREATE SEQUENCE {seq} AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE {SEQUENCE_CACHE}"
-            for seq in (self.push_seq, self.pop_seq, *self.count.values())
+            for seq in self.sequences
         ]
 
     def _reset_positions(self) -> list[str]:
@@ -163,31 +149,7 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
   VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes});"""
         ]
 
-    def _create_routines(self) -> list[str]:
-        return [r.strip() for r in _PROCS.format(**self._fmt()).split("\n--;;\n") if r.strip()]
-
-    def _fmt(self) -> dict[str, object]:
-        return {
-            "ring": self.ring,
-            "spill": self.spill,
-            "gap": self.gap,
-            "push_seq": self.push_seq,
-            "pop_seq": self.pop_seq,
-            "size": self.size,
-            "max_bytes": self.message_bytes,
-            "queue": self.t.names.queue,
-            **{f"n_{c}": seq for c, seq in self.count.items()},
-            **{f"p_{verb}": name for verb, name in self.proc.items()},
-        }
-
-    # --- teardown -------------------------------------------------------------------------
-    def drop(self) -> list[str]:
-        stmts = [f"DROP PROCEDURE IF EXISTS {name}" for name in self.proc.values()]
-        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
-        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in (self.push_seq, self.pop_seq, *self.count.values())]
-        stmts.append(f"DELETE FROM {self.meta} WHERE queue = {literal(self.t.names.queue)}")
-        return stmts
-
+    # --- teardown (drop() is shared) ---------------------------------------------------------
     def drop_schema_if_unused(self) -> list[str]:
         return [
             f"IF NOT EXISTS (SELECT 1 FROM {self.meta}) DROP TABLE {self.meta};\n"
@@ -215,9 +177,7 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         """One batch, one round trip: the procedure runs as one transaction (XACT_ABORT rolls it
         all back on any error), as a PostgreSQL function call does."""
         args = _CALL_ARGS[verb]
-        return f"SET XACT_ABORT ON; BEGIN TRAN; EXEC {self.proc[verb]} {args}; COMMIT TRAN;".replace(
-            " ;", ";"
-        )
+        return f"SET XACT_ABORT ON; BEGIN TRAN; EXEC {self.fn[verb]} {args}; COMMIT TRAN;".replace(" ;", ";")
 
     def depth_sql(self) -> str:
         return (
@@ -241,14 +201,13 @@ _CALL_ARGS = {
     "repair": "?",
     "stats": "",
 }
-_PROCEDURES = MsRing.ROUTINES
 
 # Procedures, separated by `--;;` lines; placeholders as in the PostgreSQL routines, procedures
-# as {p_<verb>}. Shared pieces: a lease is 56 random bits + 1; positions are read from
+# as {fn_<verb>}. Shared pieces: a lease is 56 random bits + 1; positions are read from
 # sys.sequences.last_used_value (NULL before the first draw).
 _LEASE = "CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1"
 _PROCS = r"""
-CREATE OR ALTER PROCEDURE {p_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
+CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @placed bit OUTPUT
 AS BEGIN
   SET NOCOUNT ON;
@@ -280,7 +239,7 @@ AS BEGIN
   END;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_push} @body varbinary(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint;
@@ -299,14 +258,14 @@ AS BEGIN
       expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
   WHERE slot = @id % {size} AND state = 0;
   IF @@ROWCOUNT = 0 BEGIN
-    EXEC {p_place} @id, @body, @ttl_ms, @now, @placed OUTPUT;
+    EXEC {fn_place} @id, @body, @ttl_ms, @now, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
   SET @n = NEXT VALUE FOR {n_pushed};
   SELECT @id AS o_id;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_push_many} @bodies nvarchar(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE {fn_push_many} @bodies nvarchar(max), @ttl_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
@@ -342,7 +301,7 @@ AS BEGIN
     WHILE @i <= @k BEGIN
       IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
         DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i);
-        EXEC {p_place} @one, @b, @ttl_ms, @now, @placed OUTPUT;
+        EXEC {fn_place} @one, @b, @ttl_ms, @now, @placed OUTPUT;
         UPDATE @in SET done = @placed WHERE i = @i;
       END;
       SET @i += 1;
@@ -355,7 +314,7 @@ AS BEGIN
   FROM @in;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_claim} @pos bigint, @lease_ms bigint, @status int OUTPUT,
+CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @status int OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
@@ -401,15 +360,15 @@ AS BEGIN
   SELECT @body = NULL, @attempts = NULL;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_take} @pos bigint, @lease_ms bigint
+CREATE OR ALTER PROCEDURE {fn_take} @pos bigint, @lease_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {p_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
   SELECT @status AS o_status, @pos AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_next} @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
+CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
@@ -455,14 +414,14 @@ AS BEGIN
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM {gap} WHERE pos = @pos;
-        EXEC {p_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+        EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
         IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
       END;
       SELECT @status = 1, @id = NULL;
       RETURN;
     END;
     SET @pos = NEXT VALUE FOR {pop_seq};
-    EXEC {p_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
     SET @i += 1;
@@ -470,15 +429,15 @@ AS BEGIN
   SELECT @status = 1, @id = NULL;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_pop} @lease_ms bigint
+CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {p_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
   SELECT @status AS o_status, @id AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_pop_many} @max int, @lease_ms bigint
+CREATE OR ALTER PROCEDURE {fn_pop_many} @max int, @lease_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
@@ -488,7 +447,7 @@ AS BEGIN
   -- 1. Redeliveries go through the single pop, one by one (rare).
   WHILE (SELECT COUNT(*) FROM @out) < @max
         AND EXISTS (SELECT 1 FROM {spill} WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
-    EXEC {p_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status = 1 BREAK;
     INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     IF @status = 2 BEGIN SELECT * FROM @out; RETURN; END;  -- the caller waits for that position
@@ -500,7 +459,7 @@ AS BEGIN
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
   IF @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
-      EXEC {p_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+      EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
       IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     END;
     SELECT * FROM @out;
@@ -532,14 +491,14 @@ AS BEGIN
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
-    EXEC {p_claim} @p, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_claim} @p, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
   END;
   SELECT * FROM @out ORDER BY o_status, o_id;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_release} @positions nvarchar(max)
+CREATE OR ALTER PROCEDURE {fn_release} @positions nvarchar(max)
 AS BEGIN
   SET NOCOUNT ON;
   -- The popper that drew these positions gives up waiting: whoever finds their messages later
@@ -550,7 +509,7 @@ AS BEGIN
   SELECT @@ROWCOUNT AS o_released;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_ack} @id bigint, @lease bigint
+CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint;
@@ -562,7 +521,7 @@ AS BEGIN
   ELSE SELECT 0 AS o_ok;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_ack_many} @ids nvarchar(max), @leases nvarchar(max)
+CREATE OR ALTER PROCEDURE {fn_ack_many} @ids nvarchar(max), @leases nvarchar(max)
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @c bigint;
@@ -582,7 +541,7 @@ AS BEGIN
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_nack} @id bigint, @lease bigint, @delay_ms bigint
+CREATE OR ALTER PROCEDURE {fn_nack} @id bigint, @lease bigint, @delay_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
@@ -596,7 +555,7 @@ AS BEGIN
   SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_repair} @orphan_grace_ms bigint
+CREATE OR ALTER PROCEDURE {fn_repair} @orphan_grace_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
@@ -637,7 +596,7 @@ AS BEGIN
   SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
 END
 --;;
-CREATE OR ALTER PROCEDURE {p_stats}
+CREATE OR ALTER PROCEDURE {fn_stats}
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @oldest datetime2(3);

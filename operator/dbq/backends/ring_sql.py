@@ -1,0 +1,69 @@
+"""What the two SQL dialects of the ring share: qualified names, template rendering, teardown.
+
+Each dialect (`postgres/sql.py`, `sqlserver/sql.py`) subclasses `RingSqlBase` with its own
+`quote`, its routine template and one method per planning step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dbq.backends.names import COUNTERS
+from dbq.backends.ring_plan import RingTarget
+
+
+class RingSqlBase:
+    ROUTINES: tuple[str, ...] = ()
+    ROUTINE_KIND = "FUNCTION"  # what DROP ... IF EXISTS calls a routine
+    TEMPLATE = ""  # the routines, separated by `--;;` lines; placeholders from `_fmt()`
+
+    def __init__(
+        self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
+    ) -> None:
+        self.t = target
+        self.literal = literal
+        n = target.names
+        s = self.schema = quote(n.schema)
+        self.schema_name = n.schema
+        self.meta = f"{s}.{quote(n.meta)}"
+        self.ring = f"{s}.{quote(n.ring)}"
+        self.spill = f"{s}.{quote(n.spill)}"
+        self.gap = f"{s}.{quote(n.gap)}"
+        self.push_seq = f"{s}.{quote(n.push_seq)}"
+        self.pop_seq = f"{s}.{quote(n.pop_seq)}"
+        self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
+        self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in self.ROUTINES}
+        self.size = int(target.size)
+        self.message_bytes = int(target.message_bytes)
+
+    @property
+    def sequences(self) -> tuple[str, ...]:
+        return (self.push_seq, self.pop_seq, *self.count.values())
+
+    def step_sql(self, action: str) -> list[str]:
+        """The statements of one planning step (each dialect has a `_<action>` method)."""
+        return list(getattr(self, f"_{action}")())
+
+    def _create_routines(self) -> list[str]:
+        return [r.strip() for r in self.TEMPLATE.format(**self._fmt()).split("\n--;;\n") if r.strip()]
+
+    def _fmt(self) -> dict[str, object]:
+        return {
+            "ring": self.ring,
+            "spill": self.spill,
+            "gap": self.gap,
+            "push_seq": self.push_seq,
+            "pop_seq": self.pop_seq,
+            "size": self.size,
+            "max_bytes": self.message_bytes,
+            "queue": self.t.names.queue,
+            **{f"n_{c}": seq for c, seq in self.count.items()},
+            **{f"fn_{verb}": name for verb, name in self.fn.items()},
+        }
+
+    def drop(self) -> list[str]:
+        stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
+        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
+        stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in self.sequences]
+        stmts.append(f"DELETE FROM {self.meta} WHERE queue = {self.literal(self.t.names.queue)}")
+        return stmts
