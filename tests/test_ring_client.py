@@ -399,4 +399,8 @@ def test_crash_50_sigkills_during_claims_then_repair(make_queue, postgres, tmp_p
     else:
         assert pushed <= set(seen["G"]), f"lost: {sorted(pushed - set(seen['G']))[:10]}"
         assert max(seen["A"].values()) == 1, "a message was acknowledged twice"
-    print(f"kills={dict(kills)} terminations={terminations} pushed={len(pushed)} delivered={len(seen['G'])}")
+    missing_n = len(pushed - set(seen["G"]))
+    print(
+        f"kills={dict(kills)} terminations={terminations} acknowledged pushes={len(pushed)}"
+        f" deliveries={sum(seen['G'].values())} acknowledged pushes never delivered={missing_n}"
+    )
