@@ -190,9 +190,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
 BEGIN
   o_id := p_pos;
-  -- At most a few rounds: a message written just after the update's snapshot is seen by the
-  -- next statement (READ COMMITTED takes a snapshot per statement), so the update is repeated.
-  FOR v_round IN 1..3 LOOP
+  -- A few rounds: a message written just after the update's snapshot is seen by the next
+  -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
+  -- position a pusher has drawn is usually written within a millisecond, so it is waited for
+  -- briefly here rather than with a round trip per look from the client.
+  FOR v_round IN 1..10 LOOP
     IF p_lease_ms <= 0 THEN
       UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
@@ -229,7 +231,8 @@ BEGIN
     END IF;
     DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos AND reason = 'void';
     IF FOUND THEN o_status := 3; RETURN; END IF;
-    EXIT;
+    EXIT WHEN v_round = 10 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_push_seq");
+    PERFORM pg_sleep(0.0002);
   END LOOP;
   o_status := 2; o_body := NULL; o_attempts := NULL;
 END $fn$

@@ -202,7 +202,9 @@ AS BEGIN
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
     @round int = 0, @n bigint, @got int;
   SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL;
-  WHILE @round < 3 BEGIN
+  -- A few rounds: a message committed after the update looked is taken on the next round, and
+  -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
+  WHILE @round < 10 BEGIN
     SET @round += 1;
     IF @lease_ms <= 0
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
@@ -235,7 +237,9 @@ AS BEGIN
     END;
     DELETE FROM [shopq].[orders_gap] WHERE pos = @pos AND reason = 'void';
     IF @@ROWCOUNT = 1 BEGIN SET @status = 3; RETURN; END;
-    BREAK;
+    IF @round = 10 OR @pos > (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+                              WHERE object_id = OBJECT_ID(N'[shopq].[orders_push_seq]')) BREAK;
+    WAITFOR DELAY '00:00:00.001';
   END;
   SELECT @body = NULL, @attempts = NULL;
 END
