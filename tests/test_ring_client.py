@@ -62,6 +62,10 @@ def test_unknown_queue_and_schema_are_named(postgres, make_queue):
     make_queue()  # the schema exists
     with pytest.raises(QueueNotFound, match="nope is not provisioned in schema ringq"):
         connect(postgres.url, "nope", schema=SCHEMA)
+    with pytest.raises(QueueError, match="cassandra has no ring queues"):
+        connect("cassandra://127.0.0.1:19042", "orders")
+    with pytest.raises(ValueError, match="not a safe identifier"):
+        connect(postgres.url, "orders; drop table x", schema=SCHEMA)
 
 
 def test_acquire_ack_nack_and_lease_expiry(make_queue):

@@ -114,6 +114,10 @@ class Queue:
         ttl: float = 0.0,
         hole_grace: float = DEFAULT_HOLE_GRACE_S,
     ) -> None:
+        if settings.backend not in ("postgres", "sqlserver"):
+            raise QueueError(
+                f"{settings.backend} has no ring queues: connect with a postgresql:// or mssql:// url"
+            )
         self.settings = settings
         self.names = names
         self.visibility = visibility
