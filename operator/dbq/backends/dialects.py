@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from dbq.backends import ring_sql as ring_sql_base
 from dbq.backends.base import InvalidSpec
 from dbq.backends.names import QueueNames
 from dbq.backends.ring_plan import RingTarget
@@ -42,9 +43,7 @@ def ring_sql(backend: str, target: RingTarget) -> RingSql:
 def recorded_query(backend: str, names: QueueNames) -> str:
     """The metadata query that finds a provisioned queue (parameter: queue name)."""
     if backend == "sqlserver":
-        from dbq.backends.sqlserver import sql as ms
-
-        return ms.recorded_query(names)
-    from dbq.backends.postgres import sql as pg
-
-    return pg.recorded_query(names)
+        from dbq.backends.sqlserver.sql import quote
+    else:
+        from dbq.backends.postgres.sql import quote
+    return ring_sql_base.recorded_query(names, quote)

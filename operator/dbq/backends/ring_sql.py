@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dbq.backends.names import COUNTERS
+from dbq.backends.names import COUNTERS, QueueNames
 from dbq.backends.ring_plan import RingTarget
+
+
+def recorded_query(names: QueueNames, quote: Callable[[str], str]) -> str:
+    """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""
+    return (
+        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
+        " WHERE queue = ?"
+    )
 
 
 class RingSqlBase:
@@ -21,6 +29,7 @@ class RingSqlBase:
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
     ) -> None:
         self.t = target
+        self.quote = quote
         self.literal = literal
         n = target.names
         s = self.schema = quote(n.schema)
@@ -39,6 +48,9 @@ class RingSqlBase:
     @property
     def sequences(self) -> tuple[str, ...]:
         return (self.push_seq, self.pop_seq, *self.count.values())
+
+    def observe_recorded(self) -> str:
+        return recorded_query(self.t.names, self.quote)
 
     def step_sql(self, action: str) -> list[str]:
         """The statements of one planning step (each dialect has a `_<action>` method)."""

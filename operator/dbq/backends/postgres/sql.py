@@ -14,7 +14,7 @@ whose pop position was lost; the gap table remembers positions that will never b
 
 from __future__ import annotations
 
-from dbq.backends.names import QueueNames, check_identifier
+from dbq.backends.names import check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
@@ -33,14 +33,6 @@ def literal(identifier: str) -> str:
     """A validated identifier as a string literal (for metadata rows keyed by queue name)."""
     check_identifier(identifier, "name")
     return f"'{identifier}'"
-
-
-def recorded_query(names: QueueNames) -> str:
-    """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""
-    return (
-        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
-        " WHERE queue = ?"
-    )
 
 
 class PgRing(RingSqlBase):
@@ -146,9 +138,6 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     OBSERVE_ROUTINES = (
         "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?"
     )
-
-    def observe_recorded(self) -> str:
-        return recorded_query(self.t.names)
 
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue across operator replicas and restarts."""

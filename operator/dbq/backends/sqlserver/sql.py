@@ -14,7 +14,7 @@ validated integers; values are bound parameters.
 
 from __future__ import annotations
 
-from dbq.backends.names import QueueNames, check_identifier
+from dbq.backends.names import check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.backends.ring_sql import RingSqlBase
 
@@ -32,14 +32,6 @@ def quote(identifier: str) -> str:
 def literal(identifier: str) -> str:
     check_identifier(identifier, "name")
     return f"N'{identifier}'"
-
-
-def recorded_query(names: QueueNames) -> str:
-    """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""
-    return (
-        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
-        " WHERE queue = ?"
-    )
 
 
 class MsRing(RingSqlBase):
@@ -164,9 +156,6 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         "WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO')"
     )
     OBSERVE_ROUTINES = "SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'"
-
-    def observe_recorded(self) -> str:
-        return recorded_query(self.t.names)
 
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue; released when the transaction ends."""
