@@ -11,6 +11,21 @@ from collections.abc import Callable
 from dbq.backends.names import COUNTERS, QueueNames
 from dbq.backends.ring_plan import RingTarget
 
+# The routines a client calls, with their parameter markers; the same in every dialect.
+CALL_ARGS = {
+    "push": "?, ?",
+    "push_many": "?, ?",
+    "take": "?, ?",
+    "pop": "?",
+    "pop_many": "?, ?",
+    "release": "?",
+    "ack": "?, ?",
+    "ack_many": "?, ?",
+    "nack": "?, ?, ?",
+    "repair": "?",
+    "stats": "",
+}
+
 
 def recorded_query(names: QueueNames, quote: Callable[[str], str]) -> str:
     """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""

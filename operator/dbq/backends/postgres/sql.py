@@ -17,7 +17,7 @@ from __future__ import annotations
 from dbq.backends.names import check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
-from dbq.backends.ring_sql import RingSqlBase
+from dbq.backends.ring_sql import CALL_ARGS, RingSqlBase
 
 FILLFACTOR = 50
 
@@ -145,7 +145,7 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
 
     # --- data plane calls -----------------------------------------------------------------
     def call(self, verb: str) -> str:
-        args = _CALL_ARGS[verb]
+        args = CALL_ARGS[verb]
         if verb in _SCALAR:  # one OUT value: a plain call skips the function scan's tuplestore
             return f"SELECT {self.fn[verb]}({args})"
         return f"SELECT * FROM {self.fn[verb]}({args})"
@@ -159,19 +159,6 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
         )
 
 
-_CALL_ARGS = {
-    "push": "?, ?",
-    "push_many": "?, ?",
-    "take": "?, ?",
-    "pop": "?",
-    "pop_many": "?, ?",
-    "release": "?",
-    "ack": "?, ?",
-    "ack_many": "?, ?",
-    "nack": "?, ?, ?",
-    "repair": "?",
-    "stats": "",
-}
 _SCALAR = {"push", "push_many", "release", "ack", "ack_many", "nack"}
 
 # Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {push_seq} {pop_seq}

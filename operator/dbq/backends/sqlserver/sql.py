@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dbq.backends.names import check_identifier
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
-from dbq.backends.ring_sql import RingSqlBase
+from dbq.backends.ring_sql import CALL_ARGS, RingSqlBase
 
 SEQUENCE_CACHE = 1000
 MAX_BODY = 7000  # spec.ring.messageBytes at most: a row stays within one 8 KB page
@@ -165,7 +165,7 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
     def call(self, verb: str) -> str:
         """One batch, one round trip: the procedure runs as one transaction (XACT_ABORT rolls it
         all back on any error), as a PostgreSQL function call does."""
-        args = _CALL_ARGS[verb]
+        args = CALL_ARGS[verb]
         return f"SET XACT_ABORT ON; BEGIN TRAN; EXEC {self.fn[verb]} {args}; COMMIT TRAN;".replace(" ;", ";")
 
     def depth_sql(self) -> str:
@@ -176,20 +176,6 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
             f"(SELECT COUNT_BIG(*) FROM {self.spill} WHERE state = 2)"
         )
 
-
-_CALL_ARGS = {
-    "push": "?, ?",
-    "push_many": "?, ?",
-    "take": "?, ?",
-    "pop": "?",
-    "pop_many": "?, ?",
-    "release": "?",
-    "ack": "?, ?",
-    "ack_many": "?, ?",
-    "nack": "?, ?, ?",
-    "repair": "?",
-    "stats": "",
-}
 
 # Procedures, separated by `--;;` lines; placeholders as in the PostgreSQL routines, procedures
 # as {fn_<verb>}. Shared pieces: a lease is 56 random bits + 1; positions are read from
