@@ -315,6 +315,11 @@ def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):
     assert popped.stdout.split() == ["one", "two"]
     missing = dbq("stats", "no-such-q")
     assert missing.returncode == 1 and "cannot read Queue no-such-q: 404" in missing.stderr
+    orphan, _ = fresh("cli-nosecret-q", connection={"secretRef": {"name": "no-such-secret"}})
+    cluster.create(orphan)
+    no_secret = dbq("stats", "cli-nosecret-q")
+    assert no_secret.returncode == 1
+    assert f"Secret {cluster.ns}/no-such-secret not found" in no_secret.stderr, no_secret.stderr
 
     from dbq.client import connect_resource
 

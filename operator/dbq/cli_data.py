@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from dbq.backends.base import BackendError
 from dbq.client import Message, Queue, QueueError, connect, connect_resource
 from dbq.connection import InvalidConnection
 
@@ -47,7 +48,12 @@ def opened(queue: str, url: str | None, schema: str | None, namespace: str | Non
             q = connect(url, queue, schema=schema)
         else:
             q = connect_resource(queue, namespace or _current_namespace())
-    except (QueueError, InvalidConnection, ValueError) as e:
+    except (
+        QueueError,
+        BackendError,
+        InvalidConnection,
+        ValueError,
+    ) as e:  # named: a missing Secret, a bad spec
         raise click.ClickException(str(e)) from None
     except Exception as e:  # the Kubernetes client's errors: no such Queue, no access
         raise click.ClickException(f"cannot read Queue {queue}: {_short(e)}") from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from dbq.api.durations import seconds
-from dbq.api.models import GROUP, PLURAL, VERSION, QueueSpec, queue_name
+from dbq.api.models import GROUP, PLURAL, VERSION, queue_name
 from dbq.backends.names import QueueNames
 from dbq.client.errors import (
     LeaseLost,
@@ -24,7 +24,8 @@ from dbq.client.errors import (
     QueueUnavailable,
 )
 from dbq.client.ring import Message, Queue, QueueStats, RepairResult
-from dbq.connection import ConnectionSettings, from_secret_data, from_url
+from dbq.connection import ConnectionSettings, from_url
+from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
     "LeaseLost",
@@ -57,17 +58,7 @@ def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **optio
 
     The resource's spec.timeouts become the defaults (visibility, pushWait, popWait, messageTTL);
     `options` override them."""
-    spec = QueueSpec.model_validate(resource.get("spec") or {})
-    name = queue_name(resource["metadata"]["name"], spec)
-    t = spec.timeouts
-    defaults: dict[str, Any] = {
-        "visibility": seconds(t.visibility),
-        "push_timeout": seconds(t.push_wait),
-        "pop_timeout": seconds(t.pop_wait),
-        "ttl": seconds(t.message_ttl),
-    }
-    settings = from_secret_data(secret_data, str(spec.backend))
-    return _open(settings, name, spec.connection.schema_, defaults | options)
+    return _from_resource(resource, lambda _namespace, _name: secret_data, options)
 
 
 def connect_resource(
@@ -76,6 +67,7 @@ def connect_resource(
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
     in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
     from dbq import kubeconfig
 
@@ -88,9 +80,31 @@ def connect_resource(
             GROUP, VERSION, namespace, PLURAL, name
         ),
     )
-    secret_name = resource["spec"]["connection"]["secretRef"]["name"]
-    secret = client.CoreV1Api(api_client).read_namespaced_secret(secret_name, namespace)
-    return from_resource(resource, secret.data or {}, **options)
+
+    def read_secret(secret_namespace: str, secret_name: str) -> dict[str, Any] | None:
+        try:
+            secret = client.CoreV1Api(api_client).read_namespaced_secret(secret_name, secret_namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(secret.data or {})
+
+    return _from_resource(resource, read_secret, options)
+
+
+def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any]) -> Queue:
+    spec = parse_spec(resource.get("spec") or {})
+    t = spec.timeouts
+    defaults: dict[str, Any] = {
+        "visibility": seconds(t.visibility),
+        "push_timeout": seconds(t.push_wait),
+        "pop_timeout": seconds(t.pop_wait),
+        "ttl": seconds(t.message_ttl),
+    }
+    metadata = resource["metadata"]
+    settings = settings_for(spec, metadata.get("namespace") or "default", read_secret)
+    return _open(settings, queue_name(metadata["name"], spec), spec.connection.schema_, defaults | options)
 
 
 def _open(settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any]) -> Queue:

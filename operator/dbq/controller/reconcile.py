@@ -8,28 +8,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import ValidationError
 
 from dbq.api.models import QueueSpec, queue_name
 from dbq.backends import open_backend
 from dbq.backends.base import BackendError, InvalidSpec, QueueBackend
-from dbq.connection import ConnectionSettings, InvalidConnection, from_secret_data
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
-
-SecretReader = Callable[[str, str], dict[str, Any] | None]
-
-
-class SecretNotFound(BackendError):
-    reason = "SecretNotFound"
-
-
-class InvalidSecret(BackendError):
-    reason = "InvalidSecret"
+from dbq.resource import SecretReader, parse_spec, settings_for
 
 
 @dataclass
@@ -49,32 +36,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-def validation_message(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        where = "spec." + ".".join(str(p) for p in err["loc"]) if err["loc"] else "spec"
-        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
-
-
-def parse_spec(raw: dict[str, Any]) -> QueueSpec:
-    try:
-        return QueueSpec.model_validate(raw)
-    except ValidationError as e:
-        raise InvalidSpec(validation_message(e)) from None
-
-
-def settings_for(spec: QueueSpec, namespace: str, read_secret: SecretReader) -> ConnectionSettings:
-    ref = spec.connection.secret_ref.name
-    secret = read_secret(namespace, ref)
-    if secret is None:
-        raise SecretNotFound(f"Secret {namespace}/{ref} not found: create it with a `url` key (see examples)")
-    try:
-        return from_secret_data(secret, str(spec.backend))
-    except InvalidConnection as e:
-        raise InvalidSecret(f"Secret {namespace}/{ref}: {e}") from None
 
 
 def backend_for(
