@@ -132,3 +132,12 @@ def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True
         password=values.get("password", ""),
         driver=values.get("driver", ""),
     )
+
+
+def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
+    """(SQLSTATE, message) of an ODBC driver error, the password masked out of the message."""
+    state = str(e.args[0]) if e.args else ""
+    text = str(e.args[1] if len(e.args) > 1 else e)
+    if settings.password:
+        text = text.replace(settings.password, "***")
+    return state, text.strip()

@@ -23,17 +23,14 @@ from dbq.backends.base import (
 from dbq.backends.dialects import ring_sql
 from dbq.backends.names import QueueNames
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget, plan_ring
-from dbq.connection import ConnectionSettings
+from dbq.connection import ConnectionSettings, driver_error
 
 CONNECT_TIMEOUT_S = 5
 
 
 def translate_error(e: pyodbc.Error, settings: ConnectionSettings) -> BackendError:
     """Map a driver error to a condition reason; the message keeps no credentials."""
-    state = e.args[0] if e.args else ""
-    text = str(e.args[1] if len(e.args) > 1 else e)
-    if settings.password:
-        text = text.replace(settings.password, "***")
+    state, text = driver_error(e, settings)
     if "password authentication failed" in text or state in ("28000", "28P01"):
         return AuthenticationFailed(
             f"{settings.endpoint}: authentication failed for user {settings.username!r}"
@@ -43,8 +40,8 @@ def translate_error(e: pyodbc.Error, settings: ConnectionSettings) -> BackendErr
         or "could not connect" in text
         or "Connection refused" in text
     ):
-        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text.strip()[:200]})")
-    return BackendError(f"{settings.endpoint}: {text.strip()[:400]}")
+        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
+    return BackendError(f"{settings.endpoint}: {text[:400]}")
 
 
 def connect(settings: ConnectionSettings) -> pyodbc.Connection:

@@ -17,6 +17,7 @@ import pyodbc
 
 from dbq.backends.dialects import recorded_query, ring_sql
 from dbq.backends.names import QueueNames
+from dbq.backends.odbc_ring import CONNECT_TIMEOUT_S
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
 from dbq.client.errors import (
     LeaseLost,
@@ -27,11 +28,10 @@ from dbq.client.errors import (
     QueueUnavailable,
 )
 from dbq.client.waiting import Deadline
-from dbq.connection import ConnectionSettings
+from dbq.connection import ConnectionSettings, driver_error
 
 # Statuses of take/pop rows (see the routines).
 MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
-CONNECT_TIMEOUT_S = 5
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
@@ -179,7 +179,7 @@ class Queue:
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
             except pyodbc.Error as e:
-                if str(e.args[0] if e.args else "") not in RETRY_STATES:
+                if driver_error(e, self.settings)[0] not in RETRY_STATES:
                     session.conn.close()  # it may be broken: the next call opens a fresh one
                     raise self._translate(e) from None
                 self._checkin(session)
@@ -205,13 +205,10 @@ class Queue:
         return _Session(conn)
 
     def _translate(self, e: pyodbc.Error) -> QueueError:
-        state = str(e.args[0]) if e.args else ""
-        text = str(e.args[1] if len(e.args) > 1 else e)
-        if self.settings.password:
-            text = text.replace(self.settings.password, "***")
+        state, text = driver_error(e, self.settings)
         if state == "22001" or "larger than ring.messageBytes" in text:
-            return MessageTooLarge(text.strip()[:300])
-        return QueueUnavailable(f"{self.settings.endpoint}: {text.strip()[:300]}")
+            return MessageTooLarge(text[:300])
+        return QueueUnavailable(f"{self.settings.endpoint}: {text[:300]}")
 
     def close(self) -> None:
         while True:
