@@ -1,4 +1,5 @@
-"""A queue client process for the conservation and crash tests (run as a script, so SIGKILL is real).
+"""A queue client process (ring or pipes, by the url) for the conservation and crash tests
+(run as a script, so SIGKILL is real).
 
     ring_worker.py push   URL QUEUE SCHEMA LOG --prefix P --count N [--batch B]
     ring_worker.py pop    URL QUEUE SCHEMA LOG --mode amo|leased [--batch B] [--stop FILE]
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import TextIO
 
-from dbq.client import LeaseLost, Queue, connect
+from dbq.client import AnyQueue, LeaseLost, Queue, connect
 
 
 def main() -> None:
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--mode", choices=["amo", "leased"], default="amo")
     p.add_argument("--stop", default="")
     p.add_argument("--visibility", type=float, default=30.0)
+    p.add_argument("--ack-delay", type=float, default=0.0, help="seconds between a delivery and its ack")
     p.add_argument(
         "--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting"
     )
@@ -45,7 +47,7 @@ def main() -> None:
         work(a, q, log)
 
 
-def work(a: argparse.Namespace, q: Queue, log: TextIO) -> None:
+def work(a: argparse.Namespace, q: AnyQueue, log: TextIO) -> None:
     rng = random.Random(os.getpid())
     if a.role == "push":
         n = 0
@@ -70,6 +72,7 @@ def work(a: argparse.Namespace, q: Queue, log: TextIO) -> None:
             if got:
                 log.write("".join(f"G {m.body.decode()}\n" for m in got))
             if a.mode == "leased" and got:
+                time.sleep(a.ack_delay)
                 if rng.random() < 0.02:
                     got[0].nack()  # given back: delivered again, maybe to another consumer
                     got = got[1:]
@@ -83,8 +86,8 @@ def work(a: argparse.Namespace, q: Queue, log: TextIO) -> None:
             idle = idle + 1 if stopping and not got else 0
     else:
         while not (a.stop and os.path.exists(a.stop)):
-            r = q.repair(orphan_grace=0.0)
-            log.write(f"R {r.expired_leases} {r.orphans} {r.expired} {r.gaps_purged}\n")
+            r = q.repair(orphan_grace=0.0) if isinstance(q, Queue) else q.repair()
+            log.write(f"R {r}\n")
             time.sleep(0.01)
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dbq.backends.base import BackendError
-from dbq.client import Message, Queue, QueueError, connect, connect_resource
+from dbq.client import AnyQueue, Message, PipeMessage, Queue, QueueError, connect, connect_resource
 from dbq.connection import InvalidConnection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +42,7 @@ def target_options(f: F) -> F:
 
 
 @contextmanager
-def opened(queue: str, url: str | None, schema: str | None, namespace: str | None) -> Iterator[Queue]:
+def opened(queue: str, url: str | None, schema: str | None, namespace: str | None) -> Iterator[AnyQueue]:
     try:
         if url:
             q = connect(url, queue, schema=schema)
@@ -100,7 +100,7 @@ def push(
     bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
     with opened(queue, url, schema, namespace) as q:
         ids = q.push_many(bodies, timeout=timeout, ttl=ttl) if bodies else []
-    click.echo(json.dumps({"ids": ids}) if output == "json" else "\n".join(map(str, ids)))
+    click.echo(json.dumps({"ids": ids}, default=str) if output == "json" else "\n".join(map(str, ids)))
 
 
 @click.command()
@@ -130,12 +130,12 @@ def pop(
         sys.exit(3)  # like `grep`: nothing found is not an error, but scripts can tell
 
 
-def _message_json(m: Message) -> dict[str, Any]:
+def _message_json(m: Message | PipeMessage) -> dict[str, Any]:
     try:
         body: dict[str, str] = {"body": m.body.decode()}
     except UnicodeDecodeError:
         body = {"bodyBase64": base64.b64encode(m.body).decode()}
-    return {"id": m.id, "attempts": m.attempts, **body}
+    return {"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts, **body}
 
 
 @click.command()
@@ -145,12 +145,16 @@ def stats(queue: str, url: str | None, schema: str | None, namespace: str | None
     with opened(queue, url, schema, namespace) as q:
         s = q.stats()
         where = f"{q.settings.endpoint} {q.names.schema}.{q.names.queue}"
-        size = q.size
+        # A ring's capacity, or how many pipes a pipes queue has open.
+        size_name, size = (
+            ("ringSize", q.size) if isinstance(q, Queue) else ("pipes", len(getattr(s, "pipes", ())))
+        )
     if output == "json":
-        click.echo(json.dumps({"queue": q.names.queue, "ringSize": size, **_camel(s.as_dict())}))
+        click.echo(json.dumps({"queue": q.names.queue, size_name: size, **_camel(s.as_dict())}, default=str))
         return
     table = Table(title=f"queue {where}", title_justify="left")
-    for column in ("DEPTH", "IN FLIGHT", "RING SIZE", "PUSHED", "POPPED", "ACQUIRED", "EXPIRED", "OLDEST"):
+    size_column = "RING SIZE" if size_name == "ringSize" else "PIPES"
+    for column in ("DEPTH", "IN FLIGHT", size_column, "PUSHED", "POPPED", "ACQUIRED", "EXPIRED", "OLDEST"):
         table.add_column(column, justify="right")
     table.add_row(
         *(f"{v:,}" for v in (s.depth, s.in_flight, size, s.pushed, s.popped, s.acquired, s.expired)),

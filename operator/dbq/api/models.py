@@ -112,13 +112,35 @@ class Ring(Model):
     )
 
 
+DATACENTER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DATACENTER_HINT = (
+    "spec.pipes.replication.datacenters: a datacenter name is letters, digits, '_', '.' or '-'"
+    " (at most 64), as `nodetool status` shows it"
+)
+
+
 class Replication(Model):
     factor: Annotated[int, Field(ge=1, le=7)] = Field(
         default=1, description="Replicas (SimpleStrategy) when no datacenters are named."
     )
-    datacenters: dict[str, Annotated[int, Field(ge=1, le=7)]] = Field(
-        default_factory=dict, description="NetworkTopologyStrategy: replicas per datacenter."
-    )
+    datacenters: Annotated[
+        dict[str, Annotated[int, Field(ge=1, le=7)]],
+        Field(
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {"rule": f"self.all(dc, dc.matches('{DATACENTER_PATTERN}'))", "message": DATACENTER_HINT}
+                ]
+            }
+        ),
+    ] = Field(default_factory=dict, description="NetworkTopologyStrategy: replicas per datacenter.")
+
+    @field_validator("datacenters")
+    @classmethod
+    def _dc_names(cls, value: dict[str, int]) -> dict[str, int]:
+        for dc in value:
+            if not re.fullmatch(DATACENTER_PATTERN, dc):
+                raise ValueError(f"{dc!r}: {DATACENTER_HINT}")
+        return value
 
 
 class Pipes(Model):

@@ -15,6 +15,19 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
         from dbq.backends.odbc_ring import OdbcRing
 
         return OdbcRing(settings, names, spec.ring.size, spec.ring.message_bytes)
+    if spec.backend == "cassandra" and spec.design == "pipes":
+        from dbq.api.durations import seconds
+        from dbq.backends.cassandra.backend import CassandraPipes
+        from dbq.backends.cassandra.cql import replication_map
+        from dbq.backends.cassandra.plan import PipesTarget
+
+        target = PipesTarget(
+            names=names,
+            replication=replication_map(spec.pipes.replication),
+            max_pushes_per_pipe=spec.pipes.max_pushes_per_pipe,
+            max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
+        )
+        return CassandraPipes(settings, names, target)
     raise InvalidSpec(
         f"backend {spec.backend} with design {spec.design} is not provisioned by this version of dbq yet"
     )

@@ -80,5 +80,20 @@ class QueueNames:
         return (self.ring, self.spill, self.gap)
 
     @property
+    def pipes(self) -> str:
+        """Cassandra: the queue's pipe descriptors (one partition, ordered by pipe id)."""
+        return self._("pipes")
+
+    @property
+    def waiting(self) -> str:
+        """Cassandra: messages waiting to be taken, one partition per pipe."""
+        return self._("waiting")
+
+    @property
+    def pending(self) -> str:
+        """Cassandra: leased messages waiting for ack/nack, one partition per pipe."""
+        return self._("pending")
+
+    @property
     def sequences(self) -> tuple[str, ...]:
         return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS))

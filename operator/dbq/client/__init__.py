@@ -23,14 +23,20 @@ from dbq.client.errors import (
     QueueNotFound,
     QueueUnavailable,
 )
+from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.ring import Message, Queue, QueueStats, RepairResult
 from dbq.connection import ConnectionSettings, from_url
 from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
+    "AnyQueue",
     "LeaseLost",
     "Message",
     "MessageTooLarge",
+    "PipeMessage",
+    "PipesQueue",
+    "PipesRepair",
+    "PipesStats",
     "Queue",
     "QueueError",
     "QueueFull",
@@ -44,16 +50,19 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "dbq"
+AnyQueue = Queue | PipesQueue
+PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl")
 
 
-def connect(url: str, queue: str, *, schema: str | None = None, **options: Any) -> Queue:
-    """A client for `queue` at `url` (postgresql://user:pass@host:port/db or mssql://...;
-    `?driver=...` picks the ODBC driver). Options: pool_size, visibility, push_timeout,
-    pop_timeout, ttl (seconds), hole_grace."""
+def connect(url: str, queue: str, *, schema: str | None = None, **options: Any) -> AnyQueue:
+    """A client for `queue` at `url`: postgresql://user:pass@host:port/db or mssql://... (a ring;
+    `?driver=...` picks the ODBC driver), or cassandra://[user:pass@]host1,host2:9042[?dc=...]
+    (pipes; `schema` is the keyspace). Options: visibility, push_timeout, pop_timeout, ttl
+    (seconds); for rings also pool_size and hole_grace."""
     return _open(from_url(url), queue, schema or DEFAULT_SCHEMA, options)
 
 
-def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **options: Any) -> Queue:
+def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **options: Any) -> AnyQueue:
     """A client for a Queue resource (as the API returns it) and its Secret's `data`.
 
     The resource's spec.timeouts become the defaults (visibility, pushWait, popWait, messageTTL);
@@ -63,7 +72,7 @@ def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **optio
 
 def connect_resource(
     name: str, namespace: str = "default", *, api_client: Any = None, **options: Any
-) -> Queue:
+) -> AnyQueue:
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
     in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
     from kubernetes import client
@@ -93,7 +102,7 @@ def connect_resource(
     return _from_resource(resource, read_secret, options)
 
 
-def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any]) -> Queue:
+def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any]) -> AnyQueue:
     spec = parse_spec(resource.get("spec") or {})
     t = spec.timeouts
     defaults: dict[str, Any] = {
@@ -107,5 +116,8 @@ def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options:
     return _open(settings, queue_name(metadata["name"], spec), spec.connection.schema_, defaults | options)
 
 
-def _open(settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any]) -> Queue:
-    return Queue(settings, QueueNames(schema=schema, queue=queue), **options)
+def _open(settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any]) -> AnyQueue:
+    names = QueueNames(schema=schema, queue=queue)
+    if settings.backend == "cassandra":
+        return PipesQueue(settings, names, **{k: v for k, v in options.items() if k in PIPES_OPTIONS})
+    return Queue(settings, names, **options)

@@ -7,6 +7,7 @@ may share a Queue; a `Message` may be acked from any thread.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -66,7 +67,7 @@ class QueueStats:
     oldest_age_seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

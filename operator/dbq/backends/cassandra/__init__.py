@@ -1,0 +1,1 @@
+"""Cassandra "pipes" queues: CQL in `cql`, planning in `plan`, sessions in `session`."""

@@ -1,0 +1,80 @@
+"""Cassandra sessions from ConnectionSettings, and driver errors turned into condition reasons.
+
+Reads and writes use LOCAL_QUORUM (one replica on a one-node cluster), lightweight transactions
+LOCAL_SERIAL: a pipe's lease and the queue's watermark need linearizable updates, messages do not.
+Options from the url or Secret: `dc` (the local datacenter), `consistency` (e.g. ONE).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cassandra import AuthenticationFailed as DriverAuthFailed
+from cassandra import ConsistencyLevel, DriverException
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import tuple_factory
+
+from dbq.backends.base import AuthenticationFailed, BackendError, DatabaseUnreachable, InvalidSpec
+from dbq.connection import ConnectionSettings
+
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 12.0
+
+
+def hosts(settings: ConnectionSettings) -> list[str]:
+    return [h.strip() for h in settings.host.split(",") if h.strip()]
+
+
+def consistency(settings: ConnectionSettings) -> int:
+    name = settings.options.get("consistency", "LOCAL_QUORUM").upper()
+    level = ConsistencyLevel.name_to_value.get(name)
+    if level is None:
+        raise InvalidSpec(
+            f"consistency {name!r} in the connection options is not a Cassandra consistency level:"
+            " use LOCAL_QUORUM (the default), QUORUM or ONE"
+        )
+    return int(level)
+
+
+def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.options.get("dc"))),
+        consistency_level=consistency(settings),
+        serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=REQUEST_TIMEOUT_S,
+        row_factory=tuple_factory,
+    )
+    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    cluster = Cluster(
+        hosts(settings),
+        port=settings.port,
+        auth_provider=auth,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        connect_timeout=CONNECT_TIMEOUT_S,
+        protocol_version=5,
+    )
+    try:
+        return cluster, cluster.connect()
+    except Exception as e:
+        cluster.shutdown()
+        raise translate(e, settings) from None
+
+
+def translate(e: Exception, settings: ConnectionSettings) -> BackendError:
+    """A condition reason for a driver error; driver messages carry no credentials, but the
+    password is masked anyway in case one echoes it."""
+    text = str(e)
+    if settings.password:
+        text = text.replace(settings.password, "***")
+    errors: Any = getattr(e, "errors", None) or {}
+    if isinstance(e, DriverAuthFailed) or any(isinstance(v, DriverAuthFailed) for v in errors.values()):
+        return AuthenticationFailed(
+            f"{settings.endpoint}: authentication failed for user {settings.username!r}"
+        )
+    if isinstance(e, NoHostAvailable | OSError):
+        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
+    if isinstance(e, DriverException):
+        return BackendError(f"{settings.endpoint}: {text[:400]}")
+    return BackendError(f"{settings.endpoint}: {type(e).__name__}: {text[:400]}")

@@ -1,0 +1,765 @@
+"""Client of Cassandra "pipes" queues: the same operations as the ring, on a design without locks.
+
+How it works (see `backends/cassandra/cql.py` for the tables):
+- Each pushing thread writes to a pipe of its own: one single-partition batch per push or batch
+  (rows plus the pipe's pushed count), no read, no lock. After `maxPushesPerPipe` messages or
+  `maxPushTime` it marks the pipe finished and opens a new one.
+- A popping thread leases one pipe at a time with a lightweight transaction (10 s, renewed while
+  used) and reads it from its cursor. A take deletes what it read as one range behind the cursor
+  and moves the counters (and, for acquire, copies the rows to `pending`) in one single-partition
+  batch, so reads at the head never meet tombstones. Poppers prefer the oldest pipe with
+  messages, which gives the seed's "mostly FIFO": messages come out in push order per pipe, and
+  pipes are served oldest first, so nothing starves.
+- ack checks the lease token and deadline, then deletes the pending row. nack(0) pushes the
+  message again (same id, to this client's pipe) and deletes the pending row in one logged
+  batch; nack(delay) moves the deadline, so the next repair after it puts the message back.
+- `repair()` (the operator's cleanup) finishes pipes whose pusher vanished (past maxPushTime),
+  rolls back pending messages past their deadline (holding that pipe's lease, so one rollback
+  per message), marks pipes drained, and retires the drained pipes at the head: their totals
+  move to the queue row and the watermark in one conditional update, then their partitions go.
+
+Semantics: pop is at-most-once; acquire/ack is at-least-once. Both rely on leases timed with
+wall clocks: keep clocks within `SKEW_S` of each other (NTP), as Cassandra itself requires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
+
+from dbq.backends.base import BackendError
+from dbq.backends.cassandra.cql import PIPES_SCHEMA_VERSION, PipesCql
+from dbq.backends.cassandra.session import open_session, translate
+from dbq.backends.names import QueueNames
+from dbq.client.errors import LeaseLost, MessageTooLarge, QueueError, QueueNotFound, QueueUnavailable
+from dbq.client.ring import QueueStats
+from dbq.client.waiting import Deadline
+from dbq.connection import ConnectionSettings
+
+PIPE_LEASE_S = 10.0  # a popper owns a pipe this long unless it renews
+RENEW_AFTER_S = 4.0  # ...and renews it when the lease is this old
+SKEW_S = 1.0  # clocks of clients and nodes agree within this
+# A pipe past maxPushTime + this is finished, whatever its pusher says: longer than a request
+# can take, so a write sent before maxPushTime has landed by then.
+FINISH_GRACE_S = 15.0
+MAX_BODY_BYTES = 1 << 20
+BATCH_MAX_MESSAGES = 500
+BATCH_MAX_BYTES = 4 << 20
+MOVE_SCAN_S = 0.05
+STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def uuid_ms(value: uuid.UUID) -> int:
+    """Milliseconds since the epoch of a version-1 (time) UUID."""
+    return (value.time - 0x01B21DD213814000) // 10_000
+
+
+@dataclass
+class PipeMessage:
+    id: uuid.UUID
+    body: bytes
+    attempts: int
+    lease: uuid.UUID | None  # the lease token of an acquired message; None when popped
+    pipe: uuid.UUID
+    key: uuid.UUID  # the row's clustering key in its pipe
+    _queue: PipesQueue | None = field(default=None, repr=False, compare=False)
+
+    def ack(self) -> None:
+        """Done with it: never delivered again. Raises LeaseLost if the lease had expired."""
+        self._leased().ack_many([self])
+
+    def nack(self, delay: float = 0.0) -> None:
+        """Give it back: delivered again now, or after `delay` s (at the first repair after it)."""
+        self._leased()._nack(self, delay)
+
+    def _leased(self) -> PipesQueue:
+        if self.lease is None or self._queue is None:
+            raise QueueError(f"message {self.id} was popped (at-most-once): there is nothing to ack or nack")
+        return self._queue
+
+
+@dataclass(frozen=True)
+class PipeStat:
+    pipe: str
+    status: str
+    pushed: int
+    requeued: int
+    taken: int
+    depth: int
+    in_flight: int
+    owner: str | None
+
+
+@dataclass(frozen=True)
+class PipesStats(QueueStats):
+    requeued: int = 0
+    retired_pipes: int = 0
+    pipes: tuple[PipeStat, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipesRepair:
+    finished_pipes: int  # pushers vanished: their pipes marked finished
+    rolled_back: int  # pending messages past their deadline, pushed again
+    drained_pipes: int  # finished pipes with nothing left to read
+    retired_pipes: int  # drained pipes removed (partitions dropped, totals kept)
+
+
+@dataclass
+class _Pusher:
+    """One thread's pipe for pushing."""
+
+    pipe: uuid.UUID | None = None
+    opened: float = 0.0  # monotonic
+    pushed: int = 0
+    requeued: int = 0
+    broken: bool = False
+
+
+@dataclass
+class _State:
+    """A pipe's static columns as read."""
+
+    pipe: uuid.UUID
+    created: int
+    finished: bool
+    owner: str | None
+    lease_until: int | None
+    cursor: uuid.UUID | None
+    pushed: int
+    requeued: int
+    popped: int
+    acquired: int
+    expired: int
+
+    @property
+    def remaining(self) -> int:
+        return self.pushed + self.requeued - self.popped - self.acquired - self.expired
+
+    def done_pushing(self, max_push_time_ms: int, at: int) -> bool:
+        return self.finished or at > self.created + max_push_time_ms + FINISH_GRACE_S * 1000
+
+
+def _state(pipe: uuid.UUID, row: Sequence[Any]) -> _State:
+    created, finished, owner, lease_until, cursor, *counters = row
+    return _State(
+        pipe, int(created or 0), bool(finished), owner, None if lease_until is None else int(lease_until),
+        cursor, *(int(v or 0) for v in counters),
+    )  # fmt: skip
+
+
+@dataclass
+class _Lease:
+    """A pipe this thread leases for taking messages."""
+
+    owner: str
+    state: _State
+    until: float  # monotonic: this thread stops using the lease then
+    renew_at: float
+    scan_after: float = 0.0  # monotonic: when to look for a pipe with messages again
+
+
+class PipesQueue:
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        names: QueueNames,
+        *,
+        visibility: float = 30.0,
+        push_timeout: float = 5.0,
+        pop_timeout: float = 1.0,
+        ttl: float = 0.0,
+        session: Session | None = None,
+    ) -> None:
+        if settings.backend != "cassandra":
+            raise QueueError(f"{settings.backend} has no pipes queues: connect with a cassandra:// url")
+        self.settings = settings
+        self.names = names
+        self.visibility = visibility
+        self.push_timeout = push_timeout  # pipes never turn a writer away; kept for symmetry
+        self.pop_timeout = pop_timeout
+        self.ttl = ttl
+        self.cql = PipesCql(names)
+        self._cluster: Cluster | None = None
+        if session is None:
+            try:
+                self._cluster, session = open_session(settings)
+            except BackendError as e:
+                raise QueueUnavailable(str(e)) from None
+        self.session = session
+        self._prepared: dict[str, PreparedStatement] = {}
+        self._local = threading.local()
+        self._threads_lock = threading.Lock()
+        self._pushers: list[_Pusher] = []
+        self._leases: list[_Lease] = []
+        self._identity = f"{socket.gethostname()}/{os.getpid()}"
+        meta = self._meta()
+        if meta is None:
+            raise QueueNotFound(
+                f"queue {names.queue} is not provisioned in keyspace {names.schema} at {settings.endpoint}:"
+                " apply a Queue resource for it, or pass the keyspace it lives in"
+            )
+        if meta[0] != "pipes" or meta[1] != PIPES_SCHEMA_VERSION:
+            raise QueueError(
+                f"queue {names.queue} has design {meta[0]} version {meta[1]}, this client speaks pipes"
+                f" version {PIPES_SCHEMA_VERSION}: upgrade the operator and the client together"
+            )
+        self.max_pushes_per_pipe = int(meta[2])
+        self.max_push_time_ms = int(meta[3])
+
+    @classmethod
+    def over(cls, session: Session, settings: ConnectionSettings, names: QueueNames) -> PipesQueue:
+        """A client on an open session (the operator's), which it does not close."""
+        return cls(settings, names, session=session)
+
+    # --- plumbing -------------------------------------------------------------------------
+    def _statement(self, text: str) -> PreparedStatement:
+        prepared = self._prepared.get(text)
+        if prepared is None:
+            prepared = self._prepared[text] = self.session.prepare(text)
+        return prepared
+
+    def _error(self, e: Exception) -> QueueError:
+        if isinstance(e, QueueError):
+            return e
+        return QueueUnavailable(str(translate(e, self.settings)))
+
+    def _x(self, text: str, *params: Any) -> list[Any]:
+        try:
+            return list(self.session.execute(self._statement(text), params))
+        except Exception as e:
+            raise self._error(e) from None
+
+    def _cas(self, text: str, *params: Any) -> bool:
+        """Run a lightweight transaction; whether it applied."""
+        try:
+            return bool(self.session.execute(self._statement(text), params).was_applied)
+        except Exception as e:
+            raise self._error(e) from None
+
+    def _batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]], logged: bool = False) -> None:
+        batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
+        for text, params in parts:
+            batch.add(self._statement(text), params)
+        try:
+            self.session.execute(batch)
+        except Exception as e:
+            raise self._error(e) from None
+
+    def _many(self, text: str, params: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
+        """Run one statement for many parameter tuples concurrently; rows per tuple, in order."""
+        statement = self._statement(text)
+        try:
+            futures: list[ResponseFuture] = [self.session.execute_async(statement, p) for p in params]
+            return [list(f.result()) for f in futures]
+        except Exception as e:
+            raise self._error(e) from None
+
+    def _meta(self) -> list[Any] | None:
+        rows = self._x(self.cql.read_meta, self.names.queue)
+        return list(rows[0]) if rows and rows[0][0] is not None else None
+
+    def close_pushers(self) -> None:
+        """Mark the pipes this client pushes to finished (the next push opens new ones)."""
+        with self._threads_lock:
+            pushers = list(self._pushers)
+        for pusher in pushers:
+            self._finish(pusher)
+
+    def close(self) -> None:
+        """Finish this client's pipes and give back its leases, then disconnect."""
+        self.close_pushers()
+        with self._threads_lock:
+            leases = list(self._leases)
+        for lease in leases:
+            self._release(lease)
+        if self._cluster is not None:
+            self._cluster.shutdown()
+            self._cluster = None
+
+    def __enter__(self) -> PipesQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- push -----------------------------------------------------------------------------
+    def _pusher(self) -> _Pusher:
+        pusher: _Pusher | None = getattr(self._local, "pusher", None)
+        if pusher is None:
+            pusher = self._local.pusher = _Pusher()
+            with self._threads_lock:
+                self._pushers.append(pusher)
+        return pusher
+
+    def _push_room(self, pusher: _Pusher) -> int:
+        """Messages the thread's pipe still takes; opens a new pipe when it is full or old."""
+        age_ms = (time.monotonic() - pusher.opened) * 1000
+        if (
+            pusher.pipe is None
+            or pusher.broken
+            or pusher.pushed + pusher.requeued >= self.max_pushes_per_pipe
+            or age_ms >= self.max_push_time_ms - SKEW_S * 1000
+        ):
+            self._finish(pusher)
+            pipe, at = uuid.uuid1(), now_ms()
+            self._x(self.cql.add_pipe, pipe, self._identity, at)
+            self._x(self.cql.open_pipe, pipe, self._identity, at)
+            pusher.pipe, pusher.opened, pusher.pushed, pusher.requeued = pipe, time.monotonic(), 0, 0
+            pusher.broken = False
+        return self.max_pushes_per_pipe - pusher.pushed - pusher.requeued
+
+    def _finish(self, pusher: _Pusher) -> None:
+        """Mark the pipe finished, unless it is so old that poppers already treat it so (it may be
+        retired: a write now would leave a stray row behind)."""
+        if pusher.pipe is None:
+            return
+        pipe, pusher.pipe = pusher.pipe, None
+        if (time.monotonic() - pusher.opened) * 1000 >= self.max_push_time_ms + FINISH_GRACE_S * 1000 / 2:
+            return
+        try:
+            self._x(self.cql.finish_pipe, pipe)
+            self._x(self.cql.set_status, "finished", now_ms(), pipe)
+        except QueueError:
+            pass  # poppers treat it as finished after maxPushTime anyway
+
+    def _chunks(self, bodies: list[bytes], room: int) -> int:
+        """How many of `bodies` go in the next batch."""
+        total = 0
+        for i, body in enumerate(bodies[: min(room, BATCH_MAX_MESSAGES)]):
+            total += len(body)
+            if total > BATCH_MAX_BYTES and i > 0:
+                return i
+        return min(room, BATCH_MAX_MESSAGES, len(bodies))
+
+    def _write(
+        self,
+        bodies: list[bytes],
+        *,
+        ids: list[uuid.UUID] | None = None,
+        attempts: list[int] | None = None,
+        expires: list[int | None] | None = None,
+        also: list[tuple[str, tuple[Any, ...]]] | None = None,
+    ) -> list[uuid.UUID]:
+        """Append messages to this thread's pipe. `ids` given: a requeue (ids kept, counted as
+        requeued); `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
+        pusher = self._pusher()
+        out: list[uuid.UUID] = []
+        i = 0
+        while i < len(bodies):
+            n = self._chunks(bodies[i:], self._push_room(pusher))
+            keys = [uuid.uuid1() for _ in range(n)]
+            new_ids = ids[i : i + n] if ids else keys
+            pushed = pusher.pushed + (0 if ids else n)
+            requeued = pusher.requeued + (n if ids else 0)
+            parts: list[tuple[str, tuple[Any, ...]]] = [
+                (
+                    self.cql.push,
+                    (
+                        pusher.pipe,
+                        keys[j],
+                        new_ids[j],
+                        bodies[i + j],
+                        attempts[i + j] if attempts else 0,
+                        expires[i + j] if expires else None,
+                    ),
+                )
+                for j in range(n)
+            ]
+            parts.append((self.cql.count_pushes, (pushed, requeued, pusher.pipe)))
+            extra = also[i : i + n] if also else []
+            try:
+                self._batch([*parts, *extra], logged=bool(extra))
+            except QueueError:
+                pusher.broken = True  # its counters may be off by this batch: start a new pipe
+                raise
+            pusher.pushed, pusher.requeued = pushed, requeued
+            out.extend(new_ids)
+            i += n
+        return out
+
+    def _check_sizes(self, bodies: list[bytes]) -> None:
+        for body in bodies:
+            if len(body) > MAX_BODY_BYTES:
+                raise MessageTooLarge(
+                    f"a body of {len(body)} bytes is larger than {MAX_BODY_BYTES} bytes, the most a pipes"
+                    " queue stores: store large payloads elsewhere and push a reference"
+                )
+
+    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> uuid.UUID:
+        """Store one message; its id (a time UUID). Never waits: a pipe has no size limit."""
+        return self.push_many([body], ttl=ttl)[0]
+
+    def push_many(
+        self, bodies: Iterable[bytes], *, timeout: float | None = None, ttl: float | None = None
+    ) -> list[uuid.UUID]:
+        """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order."""
+        batch = [bytes(b) for b in bodies]
+        self._check_sizes(batch)
+        seconds = self.ttl if ttl is None else ttl
+        expiry = now_ms() + int(seconds * 1000) if seconds > 0 else None
+        return self._write(batch, expires=[expiry] * len(batch) if expiry else None)
+
+    # --- pop / acquire --------------------------------------------------------------------
+    def pop(self, timeout: float | None = None) -> PipeMessage | None:
+        """At-most-once: the message is gone from the queue when this returns."""
+        got = self._take(1, timeout, None)
+        return got[0] if got else None
+
+    def pop_many(self, n: int, timeout: float | None = None) -> list[PipeMessage]:
+        return self._take(n, timeout, None)
+
+    def acquire(self, timeout: float | None = None, visibility: float | None = None) -> PipeMessage | None:
+        """At-least-once: ack() within `visibility` s, or the message is delivered again."""
+        got = self._take(1, timeout, self.visibility if visibility is None else visibility)
+        return got[0] if got else None
+
+    def acquire_many(
+        self, n: int, timeout: float | None = None, visibility: float | None = None
+    ) -> list[PipeMessage]:
+        return self._take(n, timeout, self.visibility if visibility is None else visibility)
+
+    def _take(self, n: int, timeout: float | None, visibility: float | None) -> list[PipeMessage]:
+        if n < 1:
+            return []
+        deadline = Deadline(self.pop_timeout if timeout is None else timeout)
+        while True:
+            lease = self._working_lease()
+            if lease is not None:
+                got = self._take_from(lease, n, visibility)
+                if got:
+                    return got
+                if self._lease() is not lease or self._move_from(lease):
+                    deadline.restart()  # that pipe is done, or another has messages: try at once
+                    continue
+            if not deadline.wait():
+                return []
+
+    def _lease(self) -> _Lease | None:
+        return getattr(self._local, "lease", None)
+
+    def _set_lease(self, lease: _Lease | None) -> None:
+        old = self._lease()
+        with self._threads_lock:
+            if old is not None and old in self._leases:
+                self._leases.remove(old)
+            if lease is not None:
+                self._leases.append(lease)
+        self._local.lease = lease
+
+    def _working_lease(self) -> _Lease | None:
+        """The thread's lease, renewed when due; else a new one on the oldest pipe with messages."""
+        lease = self._lease()
+        if lease is None:
+            lease = self._claim()
+            self._set_lease(lease)
+            return lease
+        now = time.monotonic()
+        if now >= lease.renew_at:
+            until = now_ms() + int(PIPE_LEASE_S * 1000)
+            if self._cas(self.cql.renew, until, lease.state.pipe, lease.owner):
+                lease.until, lease.renew_at = now + PIPE_LEASE_S - SKEW_S, now + RENEW_AFTER_S
+            else:
+                self._set_lease(None)
+                return self._working_lease()
+        return lease
+
+    def _move_from(self, lease: _Lease) -> bool:
+        """Our pipe is empty but still pushed to: lease one that has messages, if any (looked
+        for at most every MOVE_SCAN_S, so an idle popper does not flood the cluster)."""
+        now = time.monotonic()
+        if now < lease.scan_after:
+            return False
+        lease.scan_after = now + MOVE_SCAN_S
+        moved = self._claim(exclude=lease.state.pipe)
+        if moved is None:
+            return False
+        self._release(lease)
+        self._set_lease(moved)
+        return True
+
+    def _live_pipes(self) -> list[tuple[uuid.UUID, str]]:
+        meta = self._meta()
+        watermark = meta[4] if meta else None
+        if watermark is None:
+            return [(r[0], r[1]) for r in self._x(self.cql.list_all_pipes)]
+        return [(r[0], r[1]) for r in self._x(self.cql.list_pipes, watermark)]
+
+    def _states(self, pipes: Sequence[uuid.UUID]) -> list[_State | None]:
+        rows = self._many(self.cql.pipe_state, [(p,) for p in pipes])
+        return [_state(p, r[0]) if r else None for p, r in zip(pipes, rows, strict=True)]
+
+    def _claim(self, exclude: uuid.UUID | None = None) -> _Lease | None:
+        """Lease the oldest unleased pipe that has messages; marks exhausted pipes drained."""
+        candidates = [p for p, status in self._live_pipes() if status != "drained" and p != exclude]
+        for start in range(0, len(candidates), STATE_READ_WINDOW):
+            window = candidates[start : start + STATE_READ_WINDOW]
+            at = now_ms()
+            for state in self._states(window):
+                if state is None or (state.lease_until or 0) > at:
+                    continue
+                if state.remaining <= 0:
+                    if state.done_pushing(self.max_push_time_ms, at):
+                        self._x(self.cql.set_status, "drained", at, state.pipe)
+                    continue
+                owner = f"{self._identity}/{uuid.uuid4().hex[:12]}"
+                started = time.monotonic()
+                until = now_ms() + int(PIPE_LEASE_S * 1000)
+                if self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
+                    return _Lease(owner, state, started + PIPE_LEASE_S - SKEW_S, started + RENEW_AFTER_S)
+        return None
+
+    def _release(self, lease: _Lease) -> None:
+        with contextlib.suppress(QueueError):  # else it expires on its own
+            self._cas(self.cql.release, lease.state.pipe, lease.owner)
+        if self._lease() is lease:
+            self._set_lease(None)
+        else:
+            with self._threads_lock:
+                if lease in self._leases:
+                    self._leases.remove(lease)
+
+    def _take_from(self, lease: _Lease, n: int, visibility: float | None) -> list[PipeMessage]:
+        s = lease.state
+        if s.cursor is None:
+            rows = self._x(self.cql.read_head, s.pipe, n)
+        else:
+            rows = self._x(self.cql.read_after, s.pipe, s.cursor, n)
+        if rows:  # every row carries the pipe's static columns
+            s.created, s.finished = int(rows[0][5] or s.created), bool(rows[0][6])
+            s.pushed, s.requeued = int(rows[0][7] or 0), int(rows[0][8] or 0)
+        found = [r for r in rows if r[0] is not None]
+        if not found:
+            if s.remaining <= 0 and s.done_pushing(self.max_push_time_ms, now_ms()):
+                self._x(self.cql.set_status, "drained", now_ms(), s.pipe)
+                self._release(lease)
+            return []
+        if time.monotonic() >= lease.until:  # too late to use this lease safely
+            self._set_lease(None)
+            return []
+        at = now_ms()
+        live = [r for r in found if r[4] is None or r[4] > at]
+        last = found[-1][0]
+        popped = s.popped + (len(live) if visibility is None else 0)
+        acquired = s.acquired + (len(live) if visibility is not None else 0)
+        expired = s.expired + len(found) - len(live)
+        parts: list[tuple[str, tuple[Any, ...]]] = [
+            (self.cql.delete_head, (s.pipe, last))
+            if s.cursor is None
+            else (self.cql.delete_after, (s.pipe, s.cursor, last)),
+            (self.cql.count_takes, (last, popped, acquired, expired, s.pipe)),
+        ]
+        token = uuid.uuid4() if visibility is not None else None
+        if visibility is not None:
+            until = at + int(visibility * 1000)
+            parts += [
+                (self.cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, r[4], until, token))
+                for r in live
+            ]
+        self._batch(parts)
+        s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
+        return [
+            PipeMessage(
+                id=r[1],
+                body=bytes(r[2]),
+                attempts=int(r[3] or 0) + 1,
+                lease=token,
+                pipe=s.pipe,
+                key=r[0],
+                _queue=self,
+            )
+            for r in live
+        ]
+
+    # --- ack / nack -----------------------------------------------------------------------
+    def _check_leases(self, messages: list[PipeMessage]) -> tuple[list[PipeMessage], list[PipeMessage]]:
+        """(still leased with time to spare, lost) among `messages`."""
+        by_pipe: dict[uuid.UUID, list[PipeMessage]] = {}
+        for m in messages:
+            m._leased()
+            by_pipe.setdefault(m.pipe, []).append(m)
+        pipes = list(by_pipe)
+        rows = self._many(self.cql.leases_of, [(p, [m.key for m in by_pipe[p]]) for p in pipes])
+        margin = now_ms() + int(SKEW_S * 500)
+        held = {
+            (p, r[0])
+            for p, found in zip(pipes, rows, strict=True)
+            for r in found
+            if r[2] is not None and r[1] > margin
+        }
+        tokens = {(p, r[0]): r[2] for p, found in zip(pipes, rows, strict=True) for r in found}
+        ok = [m for m in messages if (m.pipe, m.key) in held and tokens[(m.pipe, m.key)] == m.lease]
+        return ok, [m for m in messages if m not in ok]
+
+    def ack_many(self, messages: Iterable[PipeMessage]) -> None:
+        """Acknowledge leased messages. Raises LeaseLost naming those whose lease had expired;
+        the others are acknowledged."""
+        batch = list(messages)
+        if not batch:
+            return
+        ok, lost = self._check_leases(batch)
+        by_pipe: dict[uuid.UUID, list[PipeMessage]] = {}
+        for m in ok:
+            by_pipe.setdefault(m.pipe, []).append(m)
+        for pipe, ms in by_pipe.items():
+            self._batch((self.cql.ack, (pipe, m.key)) for m in ms)
+        if lost:
+            raise LeaseLost(
+                f"{len(lost)} of {len(batch)} acks came after the lease expired: those messages are"
+                " delivered again (raise spec.timeouts.visibility if work takes longer)",
+                lost,
+            )
+
+    def _nack(self, m: PipeMessage, delay: float) -> None:
+        ok, _ = self._check_leases([m])
+        if not ok:
+            raise LeaseLost(f"message {m.id}: its lease expired before nack; it is delivered again", [m])
+        if delay > 0:
+            until = now_ms() + int(delay * 1000)
+            if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
+                raise LeaseLost(f"message {m.id}: its lease expired before nack; it is delivered again", [m])
+            return
+        self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
+
+    # --- repair and statistics ------------------------------------------------------------
+    def repair(self) -> PipesRepair:
+        """Finish pipes of vanished pushers, roll back expired leases, retire drained pipes.
+
+        Idempotent and safe while clients work: a pipe's pending messages are rolled back only by
+        the holder of its lease, and pipes are retired by a conditional update of the watermark.
+        """
+        meta = self._meta()
+        if meta is None:
+            raise QueueNotFound(f"queue {self.names.queue} is gone")
+        finished = rolled_back = drained = 0
+        pipes = self._live_pipes()
+        states = self._states([p for p, _ in pipes])
+        pending = self._many(self.cql.pending_of, [(p,) for p, _ in pipes])
+        at = now_ms()
+        retirable: list[_State] = []
+        prefix = True
+        for (pipe, status), state, rows in zip(pipes, states, pending, strict=True):
+            if state is None:
+                prefix = False
+                continue
+            if not state.finished and state.done_pushing(self.max_push_time_ms, at):
+                self._x(self.cql.finish_pipe, pipe)
+                if status == "active":
+                    self._x(self.cql.set_status, "finished", at, pipe)
+                finished += 1
+            overdue = [r for r in rows if r[5] is not None and r[5] < at - SKEW_S * 1000]
+            if overdue:
+                rolled_back += self._roll_back(state, overdue)
+                rows = self._x(self.cql.pending_of, pipe)
+            is_drained = state.remaining <= 0 and state.done_pushing(self.max_push_time_ms, at)
+            if is_drained and status != "drained":
+                self._x(self.cql.set_status, "drained", at, pipe)
+                drained += 1
+            prefix = prefix and is_drained and not rows
+            if prefix:
+                retirable.append(state)
+        retired = self._retire(meta, retirable) if retirable else 0
+        return PipesRepair(finished, rolled_back, drained, retired)
+
+    def _roll_back(self, state: _State, overdue: list[Any]) -> int:
+        """Push overdue pending messages again, holding the pipe's lease: this thread's own, or
+        one taken for the purpose (skipped while another client leases the pipe)."""
+        mine = self._lease()
+        owner = None
+        if mine is None or mine.state.pipe != state.pipe:
+            if (state.lease_until or 0) > now_ms():
+                return 0
+            owner = f"{self._identity}/repair/{uuid.uuid4().hex[:8]}"
+            until = now_ms() + int(PIPE_LEASE_S * 1000)
+            if not self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
+                return 0
+        try:
+            self._write(
+                [bytes(r[2]) for r in overdue],
+                ids=[r[1] for r in overdue],
+                attempts=[int(r[3] or 0) for r in overdue],
+                expires=[r[4] for r in overdue],
+                also=[(self.cql.ack, (state.pipe, r[0])) for r in overdue],
+            )
+        finally:
+            if owner is not None:
+                self._cas(self.cql.release, state.pipe, owner)
+        return len(overdue)
+
+    def _retire(self, meta: list[Any], states: list[_State]) -> int:
+        """Move the totals of drained head pipes into the queue row, then drop their partitions."""
+        totals = [int(v or 0) for v in meta[5:11]]
+        for s in states:
+            for i, v in enumerate((s.pushed, s.requeued, s.popped, s.acquired, s.expired, 1)):
+                totals[i] += v
+        last = states[-1].pipe
+        if not self._cas(self.cql.retire, last, *totals, self.names.queue, meta[4]):
+            return 0  # another repair moved the watermark first
+        self._many(self.cql.drop_waiting, [(s.pipe,) for s in states])
+        self._many(self.cql.drop_pending, [(s.pipe,) for s in states])
+        self._x(self.cql.drop_pipe_rows, last)
+        return len(states)
+
+    def stats(self) -> PipesStats:
+        """Totals, depth, in-flight and oldest age, summed over pipes without any lock; exact
+        when nothing moves, a consistent-per-pipe view while clients work."""
+        meta = self._meta()
+        if meta is None:
+            raise QueueNotFound(f"queue {self.names.queue} is gone")
+        pushed, requeued, popped, acquired, expired, retired = (int(v or 0) for v in meta[5:11])
+        pipes = self._live_pipes()
+        states = self._states([p for p, _ in pipes])
+        counts = self._many(self.cql.count_pending, [(p,) for p, _ in pipes])
+        per_pipe: list[PipeStat] = []
+        depth = in_flight = 0
+        heads: list[_State] = []
+        at = now_ms()
+        for (pipe, status), state, count in zip(pipes, states, counts, strict=True):
+            if state is None:
+                continue
+            pending = int(count[0][0]) if count else 0
+            pushed, requeued = pushed + state.pushed, requeued + state.requeued
+            popped, acquired, expired = (
+                popped + state.popped,
+                acquired + state.acquired,
+                expired + state.expired,
+            )
+            depth += max(state.remaining, 0)
+            in_flight += pending
+            if state.remaining > 0 and len(heads) < 4:
+                heads.append(state)
+            owner = state.owner if (state.lease_until or 0) > at else None
+            per_pipe.append(
+                PipeStat(str(pipe), status, state.pushed, state.requeued, state.popped + state.acquired,
+                         max(state.remaining, 0), pending, owner)
+            )  # fmt: skip
+        oldest = 0.0
+        for rows in self._head_ids(heads):
+            if rows:
+                oldest = max(oldest, (at - uuid_ms(rows[0][0])) / 1000)
+        return PipesStats(
+            depth=depth, in_flight=in_flight, pushed=pushed, popped=popped, acquired=acquired,
+            expired=expired, oldest_age_seconds=max(oldest, 0.0), requeued=requeued,
+            retired_pipes=retired, pipes=tuple(per_pipe),
+        )  # fmt: skip
+
+    def _head_ids(self, states: list[_State]) -> Iterator[list[Any]]:
+        for s in states:
+            if s.cursor is None:
+                yield self._x(self.cql.head_id_first, s.pipe)
+            else:
+                yield self._x(self.cql.head_id, s.pipe, s.cursor)

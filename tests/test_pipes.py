@@ -1,0 +1,468 @@
+"""Cassandra pipes queues on the real local Cassandra: planning, provisioning, client semantics,
+conservation with 4 pushers and 4 poppers, and killed clients."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dbq.api.models import QueueSpec
+from dbq.backends import open_backend
+from dbq.backends.cassandra import cql
+from dbq.backends.cassandra.plan import (
+    PipesObserved,
+    PipesTarget,
+    RecordedPipes,
+    TableOptions,
+    plan_pipes,
+)
+from dbq.backends.names import QueueNames
+from dbq.client import LeaseLost, MessageTooLarge, PipesQueue, QueueError, QueueNotFound, connect
+from dbq.client import pipes as pipes_module
+from dbq.connection import from_url
+
+KEYSPACE = f"dbq_pipes_{uuid.uuid4().hex[:6]}"
+WORKER = str(Path(__file__).with_name("ring_worker.py"))
+
+# --- planning (pure) ---------------------------------------------------------------------------
+
+NAMES = QueueNames(schema="ks", queue="q")
+TARGET = PipesTarget(
+    NAMES, {"class": "org.apache.cassandra.locator.SimpleStrategy", "replication_factor": "1"}, 500, 60000
+)
+GOOD = TableOptions(cql.GC_GRACE_SECONDS, cql.COMPACTION | cql.COMPACTION_OPTIONS | {"max_threshold": "32"})
+
+
+def complete(**changes: Any) -> PipesObserved:
+    base: dict[str, Any] = dict(
+        keyspace_exists=True,
+        replication=dict(TARGET.replication),
+        tables={t: GOOD for t in ("dbq_queues", "q_pipes", "q_waiting", "q_pending")},
+        recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 500, 60000),
+    )
+    return PipesObserved(**(base | changes))
+
+
+def actions(observed: PipesObserved) -> list[str]:
+    return [s.action for s in plan_pipes(TARGET, observed)]
+
+
+def test_plan_from_nothing_creates_everything_in_order():
+    assert actions(PipesObserved()) == [
+        "create_keyspace",
+        "create_table:dbq_queues",
+        "create_table:q_pipes",
+        "create_table:q_waiting",
+        "create_table:q_pending",
+        "record_settings",
+    ]
+
+
+def test_plan_of_a_complete_queue_is_empty():
+    assert actions(complete()) == []
+
+
+def test_plan_repairs_drift_and_follows_spec_changes():
+    nts = {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy", "dc1": "3"}
+    steps = plan_pipes(TARGET, complete(replication=nts))
+    assert [s.action for s in steps] == ["alter_keyspace"]
+    assert "nodetool repair" in steps[0].why
+    tables = complete().tables | {"q_waiting": TableOptions(864000, GOOD.compaction)}
+    tables.pop("q_pending")
+    assert actions(complete(tables=tables)) == ["tune_table:q_waiting", "create_table:q_pending"]
+    stcs = TableOptions(cql.GC_GRACE_SECONDS, {"class": "SizeTieredCompactionStrategy"})
+    assert actions(complete(tables=complete().tables | {"q_pipes": stcs})) == ["tune_table:q_pipes"]
+    assert actions(complete(recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 100, 60000))) == [
+        "record_settings"
+    ]
+
+
+def test_replication_follows_the_spec():
+    spec = QueueSpec.model_validate(
+        {"backend": "cassandra", "design": "pipes", "connection": {"secretRef": {"name": "s"}},
+         "pipes": {"replication": {"datacenters": {"dc2": 2, "dc1": 3}}}}
+    )  # fmt: skip
+    assert cql.replication_map(spec.pipes.replication) == {
+        "class": "org.apache.cassandra.locator.NetworkTopologyStrategy", "dc1": "3", "dc2": "2",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="datacenter name"):
+        QueueSpec.model_validate(
+            {"backend": "cassandra", "design": "pipes", "connection": {"secretRef": {"name": "s"}},
+             "pipes": {"replication": {"datacenters": {"dc1') AND x = ('": 1}}}}
+        )  # fmt: skip
+
+
+# --- provisioning on Cassandra -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cass_url(cassandra, stack) -> Iterator[str]:
+    host, port = stack.cassandra.contact
+    yield f"cassandra://{host}:{port}"
+    cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"')
+
+
+def spec_for(**pipes: Any) -> QueueSpec:
+    return QueueSpec.model_validate(
+        {"backend": "cassandra", "design": "pipes", "connection": {"secretRef": {"name": "s"}, "schema": KEYSPACE},
+         "pipes": pipes}
+    )  # fmt: skip
+
+
+MakeQueue = Callable[..., PipesQueue]
+
+
+@pytest.fixture
+def make_queue(cass_url) -> Iterator[MakeQueue]:
+    made: list[PipesQueue] = []
+
+    def make(max_pushes: int = 500, max_push_time: str = "1m", **options: Any) -> PipesQueue:
+        name = f"q_{uuid.uuid4().hex[:8]}"
+        backend = open_backend(
+            spec_for(maxPushesPerPipe=max_pushes, maxPushTime=max_push_time), name, from_url(cass_url)
+        )
+        backend.apply()
+        backend.close()
+        q = connect(cass_url, name, schema=KEYSPACE, **({"pop_timeout": 0.2} | options))
+        assert isinstance(q, PipesQueue)
+        made.append(q)
+        return q
+
+    yield make
+    for q in made:
+        q.close()
+
+
+def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandra):
+    settings = from_url(cass_url)
+    backend = open_backend(spec_for(), "provision_me", settings)
+    try:
+        first = backend.apply()
+        assert [s.action for s in first.steps][-1] == "record_settings"
+        assert backend.plan(backend.observe()) == []
+        assert not backend.apply().changed
+        table = f'"{KEYSPACE}"."provision_me_waiting"'
+        options = cassandra.execute(
+            "SELECT gc_grace_seconds, compaction FROM system_schema.tables WHERE keyspace_name = %s"
+            " AND table_name = 'provision_me_waiting'", (KEYSPACE,)
+        ).one()  # fmt: skip
+        assert options.gc_grace_seconds == cql.GC_GRACE_SECONDS
+        assert options.compaction["class"].endswith("LeveledCompactionStrategy")
+        # Drift: a table dropped by hand, another one's gc_grace changed.
+        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."provision_me_pending"')
+        cassandra.execute(f"ALTER TABLE {table} WITH gc_grace_seconds = 864000")
+        assert [s.action for s in backend.plan(backend.observe())] == [
+            "tune_table:provision_me_waiting",
+            "create_table:provision_me_pending",
+        ]
+        backend.apply()
+        assert backend.plan(backend.observe()) == []
+        # A spec change that needs no new objects is recorded, and the client sees it.
+        changed = open_backend(spec_for(maxPushesPerPipe=7), "provision_me", settings)
+        assert [s.action for s in changed.apply().steps] == ["record_settings"]
+        changed.close()
+        with connect(cass_url, "provision_me", schema=KEYSPACE) as q:
+            assert isinstance(q, PipesQueue) and q.max_pushes_per_pipe == 7
+            q.push(b"x")
+        assert backend.depth().depth == 1
+    finally:
+        backend.teardown()
+        backend.close()
+    tables = {r.table_name for r in cassandra.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (KEYSPACE,))}  # fmt: skip
+    assert not {"provision_me_pipes", "provision_me_waiting", "provision_me_pending"} & tables
+
+
+def test_unknown_queue_is_named(cass_url, make_queue):
+    make_queue()  # the keyspace exists
+    with pytest.raises(QueueNotFound, match=f"queue nope is not provisioned in keyspace {KEYSPACE}"):
+        connect(cass_url, "nope", schema=KEYSPACE)
+
+
+def test_unreachable_cluster_is_reported_without_secrets():
+    from dbq.client import QueueUnavailable
+
+    with pytest.raises(QueueUnavailable, match="cannot connect") as e:
+        connect("cassandra://app:s3cret@127.0.0.1:1", "q")
+    assert "s3cret" not in str(e.value)
+
+
+# --- client semantics --------------------------------------------------------------------------
+
+
+def bodies(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+def drain(q: PipesQueue, batch: int = 100) -> list[bytes]:
+    out: list[bytes] = []
+    while got := q.pop_many(batch, timeout=0.3):
+        out += [m.body for m in got]
+    return out
+
+
+def test_one_pusher_is_fifo_across_pipe_rotations(make_queue):
+    q = make_queue(max_pushes=10)
+    ids = q.push_many(bodies("m", 35))
+    assert len(set(ids)) == 35 and all(isinstance(i, uuid.UUID) for i in ids)
+    q.push(b"last")
+    s = q.stats()
+    assert (s.pushed, s.depth) == (36, 36)
+    assert [p.pushed for p in s.pipes] == [10, 10, 10, 6]
+    assert drain(q, 7) == [*bodies("m", 35), b"last"]
+    s = q.stats()
+    assert (s.pushed, s.popped, s.depth, s.in_flight) == (36, 36, 0, 0)
+
+
+def test_pipes_are_served_oldest_first_mostly_fifo(make_queue, cass_url):
+    """Two pushers interleave; a popper drains pipe by pipe, oldest pipe first, so a message
+    waits behind at most the rest of its pipe's predecessors, never behind newer pipes."""
+    q = make_queue(max_pushes=5)
+    other = connect(cass_url, q.names.queue, schema=KEYSPACE)
+    try:
+        for i in range(10):
+            q.push(f"a{i}".encode())
+            other.push(f"b{i}".encode())
+        order = drain(q)
+    finally:
+        other.close()
+    assert order == bodies("a", 5) + bodies("b", 5) + [f"a{i}".encode() for i in range(5, 10)] + [
+        f"b{i}".encode() for i in range(5, 10)
+    ]
+
+
+def test_acquire_ack_nack_and_lease_expiry_with_repair(make_queue):
+    q = make_queue()
+    q.push_many([b"one", b"two", b"three"])
+    m1 = q.acquire(visibility=30)
+    assert m1 is not None and (m1.body, m1.attempts) == (b"one", 1)
+    m1.ack()
+    with pytest.raises(LeaseLost):
+        m1.ack()  # acknowledged already: nothing is leased any more
+    m2 = q.acquire()
+    assert m2 is not None and m2.body == b"two"
+    m2.nack()  # back at once, same id, one more attempt
+    m3 = q.acquire(visibility=1)
+    assert m3 is not None and m3.body == b"three"
+    s = q.stats()
+    assert (s.in_flight, s.requeued, s.depth) == (1, 1, 1)
+    again = q.acquire()
+    assert again is not None and (again.id, again.body, again.attempts) == (m2.id, b"two", 2)
+    again.ack()
+    time.sleep(1.0 + pipes_module.SKEW_S + 0.2)
+    with pytest.raises(LeaseLost) as lost:
+        m3.ack()
+    assert lost.value.messages == [m3]
+    assert q.repair().rolled_back == 1
+    assert q.repair().rolled_back == 0  # idempotent
+    back = q.acquire()
+    assert back is not None and (back.id, back.body, back.attempts) == (m3.id, b"three", 2)
+    back.nack(delay=1.5)  # deferred: repair puts it back once the delay passed
+    assert q.repair().rolled_back == 0 and q.acquire(timeout=0.2) is None
+    time.sleep(1.5 + pipes_module.SKEW_S + 0.2)
+    assert q.repair().rolled_back == 1
+    last = q.acquire()
+    assert last is not None and (last.body, last.attempts) == (b"three", 3)
+    last.ack()
+    s = q.stats()
+    assert (s.pushed, s.depth, s.in_flight, s.requeued) == (3, 0, 0, 3)
+
+
+def test_ack_many_reports_exactly_the_expired_leases(make_queue):
+    q = make_queue()
+    q.push_many(bodies("x", 6))
+    short = q.acquire_many(3, visibility=1)
+    long = q.acquire_many(3, visibility=30)
+    time.sleep(1.0 + pipes_module.SKEW_S)
+    with pytest.raises(LeaseLost) as e:
+        q.ack_many(short + long)
+    assert sorted(m.body for m in e.value.messages) == bodies("x", 3)
+    assert q.stats().in_flight == 3  # the expired three wait for repair; the others are acked
+
+
+def test_ttl_expires_messages_and_counts_them(make_queue):
+    q = make_queue()
+    q.push_many([b"old", b"older"], ttl=0.5)
+    q.push(b"fresh")
+    time.sleep(0.7)
+    assert drain(q) == [b"fresh"]
+    s = q.stats()
+    assert (s.expired, s.popped, s.depth) == (2, 1, 0)
+
+
+def test_popped_messages_cannot_be_acked_and_oversize_is_refused(make_queue):
+    q = make_queue()
+    q.push(b"a")
+    m = q.pop()
+    assert m is not None
+    with pytest.raises(QueueError, match="at-most-once"):
+        m.ack()
+    with pytest.raises(MessageTooLarge, match="store large payloads elsewhere"):
+        q.push_many([b"ok", b"x" * (pipes_module.MAX_BODY_BYTES + 1)])
+    assert q.stats().pushed == 1  # the batch with the oversize body stored nothing
+
+
+def test_drained_pipes_are_retired_and_totals_survive(make_queue):
+    q = make_queue(max_pushes=10)
+    q.push_many(bodies("r", 45))
+    assert len(drain(q, 10)) == 45
+    q.close_pushers()  # the last pipe is finished
+    r = q.repair()
+    assert r.retired_pipes == 5
+    s = q.stats()
+    assert (s.pushed, s.popped, s.depth, s.retired_pipes, len(s.pipes)) == (45, 45, 0, 5, 0)
+    assert q.repair().retired_pipes == 0
+
+
+def test_one_queue_object_shared_by_threads(make_queue):
+    q = make_queue(max_pushes=50)
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def push(t: int) -> None:
+        for i in range(100):
+            q.push(b"%d-%d" % (t, i))
+
+    def pop() -> None:
+        idle = 0
+        while idle < 5:
+            batch = q.pop_many(10, timeout=0.1)
+            idle = 0 if batch else idle + 1
+            with lock:
+                got.extend(m.body for m in batch)
+
+    threads = [threading.Thread(target=push, args=(t,)) for t in range(4)]
+    threads += [threading.Thread(target=pop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(100))
+
+
+# --- conservation and killed clients -----------------------------------------------------------
+
+
+def start(role: str, q: PipesQueue, url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, WORKER, role, url, q.names.queue, KEYSPACE, str(log), *args], stderr=subprocess.PIPE
+    )
+
+
+def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
+    seen: dict[str, Counter[str]] = {"P": Counter(), "G": Counter(), "A": Counter()}
+    for log in logs:
+        if log.exists():
+            for line in log.read_text().splitlines():
+                kind, _, body = line.partition(" ")
+                if kind in seen:
+                    seen[kind][body] += 1
+    return seen
+
+
+def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 600) -> None:
+    for p in procs:
+        p.wait(timeout=timeout)
+        err = p.stderr.read().decode() if p.stderr else ""
+        assert p.returncode == 0, f"worker failed: {err[-2000:]}"
+
+
+@pytest.mark.parametrize("mode", ["amo", "leased"])
+def test_conservation_4_pushers_4_poppers_50k_messages(make_queue, cass_url, tmp_path, mode):
+    q = make_queue(max_pushes=500)
+    stop = tmp_path / "stop"
+    logs = [tmp_path / f"w{i}.log" for i in range(9)]
+    pushers = [
+        start("push", q, cass_url, logs[i], "--prefix", f"p{i}", "--count", "12500", "--batch", "40")
+        for i in range(4)
+    ]
+    poppers = [
+        start("pop", q, cass_url, logs[4 + i], "--mode", mode, "--batch", "40", "--stop", str(stop))
+        for i in range(4)
+    ]
+    repairer = start("repair", q, cass_url, logs[8], "--stop", str(stop))  # retires pipes meanwhile
+    finish(pushers)
+    stop.touch()
+    finish([*poppers, repairer])
+    seen = read_logs(logs)
+    delivered = seen["G"] if mode == "amo" else seen["A"]
+    assert sum(seen["P"].values()) == 50_000 and len(seen["P"]) == 50_000
+    assert delivered == seen["P"]  # the multiset delivered equals the multiset pushed
+    s = q.stats()
+    assert (s.pushed, s.popped + s.acquired - s.requeued, s.depth, s.in_flight) == (50_000, 50_000, 0, 0)
+    retired = sum(1 for line in logs[8].read_text().splitlines() if "retired_pipes=0" not in line)
+    print(f"repair passes that retired pipes: {retired}; stats: {s.retired_pipes} pipes retired")
+    assert s.retired_pipes > 0
+
+
+def test_popper_killed_holding_pending_messages_gets_them_delivered_again(make_queue, cass_url, tmp_path):
+    q = make_queue()
+    q.push_many(bodies("k", 30))
+    log = tmp_path / "victim.log"
+    victim = start(
+        "pop",
+        q,
+        cass_url,
+        log,
+        "--mode",
+        "leased",
+        "--batch",
+        "10",
+        "--visibility",
+        "2",
+        "--ack-delay",
+        "3600",
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not read_logs([log])["G"]:  # one batch, then it sleeps
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    held = set(read_logs([log])["G"])
+    assert held and not read_logs([log])["A"]
+    assert q.stats().in_flight == len(held)
+    assert q.repair().rolled_back == 0  # not yet: the leases run for the visibility timeout
+    time.sleep(2.0 + pipes_module.SKEW_S + 0.2)  # the worker's visibility is 2 s
+    assert q.repair().rolled_back == len(held)
+    rest = drain(q)
+    assert sorted(rest) == sorted(bodies("k", 30))  # the held ones again, the others once
+    s = q.stats()
+    assert (s.depth, s.in_flight, s.requeued) == (0, 0, len(held))
+
+
+def test_pusher_killed_mid_pipe_is_finished_by_the_reaper(make_queue, cass_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(pipes_module, "FINISH_GRACE_S", 1.0)  # this process decides when it is finished
+    q = make_queue(max_pushes=1000, max_push_time="1s")
+    log = tmp_path / "pusher.log"
+    pusher = start("push", q, cass_url, log, "--prefix", "d", "--count", "100000", "--batch", "5")
+    while len(read_logs([log])["P"]) < 200:
+        time.sleep(0.02)
+    pusher.send_signal(signal.SIGKILL)
+    pusher.wait()
+    pushed = read_logs([log])["P"]
+    got = drain(q)
+    assert Counter(b.decode() for b in got) >= pushed  # every acknowledged push is delivered
+    active = [p for p in q.stats().pipes if p.status == "active"]
+    assert active, "the killed pusher's pipe is still marked active"
+    time.sleep(1.0 + 1.0 + 0.2)
+    r = q.repair()
+    assert r.finished_pipes >= 1
+    r2 = q.repair()  # now drained, then retired
+    s = q.stats()
+    assert s.pipes == () and s.depth == 0 and r.retired_pipes + r2.retired_pipes >= 1
+    assert s.pushed == len(got) and s.popped == len(got)
+
+
+def test_settings_of_other_backends_are_refused(postgres):
+    with pytest.raises(QueueError, match="no pipes queues"):
+        PipesQueue(from_url(postgres.url), QueueNames(schema="x", queue="y"))
