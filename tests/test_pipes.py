@@ -432,7 +432,9 @@ def test_popper_killed_holding_pending_messages_gets_them_delivered_again(make_q
     assert held and not read_logs([log])["A"]
     assert q.stats().in_flight == len(held)
     assert q.repair().rolled_back == 0  # not yet: the leases run for the visibility timeout
-    time.sleep(2.0 + pipes_module.SKEW_S + 0.2)  # the worker's visibility is 2 s
+    # The worker's visibility is 2 s, but its pipe stays leased for up to PIPE_LEASE_S: the
+    # rollback needs the pipe's lease, so that no two repairs push a message back twice.
+    time.sleep(max(2.0, pipes_module.PIPE_LEASE_S) + pipes_module.SKEW_S + 0.2)
     assert q.repair().rolled_back == len(held)
     rest = drain(q)
     assert sorted(rest) == sorted(bodies("k", 30))  # the held ones again, the others once

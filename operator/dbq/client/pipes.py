@@ -4,7 +4,7 @@ How it works (see `backends/cassandra/cql.py` for the tables):
 - Each pushing thread writes to a pipe of its own: one single-partition batch per push or batch
   (rows plus the pipe's pushed count), no read, no lock. After `maxPushesPerPipe` messages or
   `maxPushTime` it marks the pipe finished and opens a new one.
-- A popping thread leases one pipe at a time with a lightweight transaction (10 s, renewed while
+- A popping thread leases one pipe at a time with a lightweight transaction (5 s, renewed while
   used) and reads it from its cursor. A take deletes what it read as one range behind the cursor
   and moves the counters (and, for acquire, copies the rows to `pending`) in one single-partition
   batch, so reads at the head never meet tombstones. Poppers prefer the oldest pipe with
@@ -46,8 +46,8 @@ from dbq.client.ring import QueueStats
 from dbq.client.waiting import Deadline
 from dbq.connection import ConnectionSettings
 
-PIPE_LEASE_S = 10.0  # a popper owns a pipe this long unless it renews
-RENEW_AFTER_S = 4.0  # ...and renews it when the lease is this old
+PIPE_LEASE_S = 5.0  # a popper owns a pipe this long unless it renews
+RENEW_AFTER_S = 2.0  # ...and renews it when the lease is this old
 SKEW_S = 1.0  # clocks of clients and nodes agree within this
 # A pipe past maxPushTime + this is finished, whatever its pusher says: longer than a request
 # can take, so a write sent before maxPushTime has landed by then.
