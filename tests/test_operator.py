@@ -325,3 +325,51 @@ def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):
 
     with connect_resource("cli-q", cluster.ns, api_client=kube.api) as q:
         assert (q.visibility, q.push_timeout) == (45.0, 2.0)
+
+
+def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
+    """A pipes Queue on the real Cassandra: Ready with its keyspace and tables, a table dropped by
+    hand comes back, the CLI works through the resource, DeleteIfEmpty waits for the drain."""
+    cluster, _, _ = env
+    host, port = stack.cassandra.contact
+    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    keyspace = f"e2e_{secrets.token_hex(4)}"
+    doc = queue("events-q", backend="cassandra", design="pipes", ring=None,
+                connection={"secretRef": {"name": "events-db"}, "schema": keyspace},
+                pipes={"maxPushesPerPipe": 50})  # fmt: skip
+    del doc["spec"]["ring"]
+    cluster.create(doc)
+    cluster.wait_condition("events-q", "Ready", "True", timeout=90)
+
+    def tables() -> set[str]:
+        rows = cassandra.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
+        )
+        return {r.table_name for r in rows}
+
+    assert tables() == {"dbq_queues", "events_q_pipes", "events_q_waiting", "events_q_pending"}
+    cassandra.execute(f'DROP TABLE "{keyspace}".events_q_pending')
+    wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")
+    wait_for(lambda: any(e.reason == "Drift" for e in cluster.events("events-q")), 10, "Drift event")
+
+    environ = {**os.environ, "KUBECONFIG": kube.kubeconfig}
+
+    def dbq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dbq.cli", *args, "-n", cluster.ns], input=stdin,
+                              env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    pushed = dbq("push", "events-q", "-o", "json", stdin="one\ntwo\n")
+    assert pushed.returncode == 0, pushed.stderr
+    assert len(json.loads(pushed.stdout)["ids"]) == 2
+    stats = json.loads(dbq("stats", "events-q", "-o", "json").stdout)
+    assert (stats["depth"], stats["pushed"], stats["openPipes"], len(stats["pipes"])) == (2, 2, 1, 1)
+    assert dbq("pop", "events-q").stdout.split() == ["one"]
+
+    cluster.delete("events-q")
+    blocked = cluster.wait_condition("events-q", "DeletionBlocked", "True", timeout=30)
+    assert "1 ready" in blocked["message"]
+    assert dbq("pop", "events-q").stdout.split() == ["two"]
+    wait_for(lambda: not cluster.exists("events-q"), 90, "drained pipes queue deleted")
+    assert not cassandra.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (keyspace,)
+    ).all()

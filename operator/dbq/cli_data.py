@@ -147,13 +147,13 @@ def stats(queue: str, url: str | None, schema: str | None, namespace: str | None
         where = f"{q.settings.endpoint} {q.names.schema}.{q.names.queue}"
         # A ring's capacity, or how many pipes a pipes queue has open.
         size_name, size = (
-            ("ringSize", q.size) if isinstance(q, Queue) else ("pipes", len(getattr(s, "pipes", ())))
+            ("ringSize", q.size) if isinstance(q, Queue) else ("openPipes", len(getattr(s, "pipes", ())))
         )
     if output == "json":
         click.echo(json.dumps({"queue": q.names.queue, size_name: size, **_camel(s.as_dict())}, default=str))
         return
     table = Table(title=f"queue {where}", title_justify="left")
-    size_column = "RING SIZE" if size_name == "ringSize" else "PIPES"
+    size_column = "RING SIZE" if size_name == "ringSize" else "OPEN PIPES"
     for column in ("DEPTH", "IN FLIGHT", size_column, "PUSHED", "POPPED", "ACQUIRED", "EXPIRED", "OLDEST"):
         table.add_column(column, justify="right")
     table.add_row(
