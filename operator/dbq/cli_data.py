@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from dbq.backends.base import BackendError
 from dbq.client import AnyQueue, Message, PipeMessage, Queue, QueueError, connect, connect_resource
+from dbq.client.rates import RateMeter
 from dbq.connection import InvalidConnection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -140,9 +142,29 @@ def _message_json(m: Message | PipeMessage) -> dict[str, Any]:
 
 @click.command()
 @target_options
-def stats(queue: str, url: str | None, schema: str | None, namespace: str | None, output: str) -> None:
+@click.option(
+    "--watch",
+    "-w",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Print a line every SECONDS, with push and take rates, until interrupted.",
+)
+@click.option("--samples", type=int, default=0, help="With --watch: stop after this many lines.")
+def stats(
+    queue: str,
+    url: str | None,
+    schema: str | None,
+    namespace: str | None,
+    output: str,
+    watch: float | None,
+    samples: int,
+) -> None:
     """Depth, in-flight, totals and the oldest message's age of QUEUE."""
     with opened(queue, url, schema, namespace) as q:
+        if watch is not None:
+            _watch(q, watch, samples, output)
+            return
         s = q.stats()
         where = f"{q.settings.endpoint} {q.names.schema}.{q.names.queue}"
         # A ring's capacity, or how many pipes a pipes queue has open.
@@ -161,6 +183,31 @@ def stats(queue: str, url: str | None, schema: str | None, namespace: str | None
         f"{s.oldest_age_seconds:.1f}s",
     )
     Console().print(table)
+
+
+def _watch(q: AnyQueue, every: float, samples: int, output: str) -> None:
+    """One line per sample; rates over the last minute of samples."""
+    meter = RateMeter(window=60)
+    if output != "json":
+        click.echo(
+            f"{'TIME':8} {'DEPTH':>10} {'IN FLIGHT':>9} {'PUSHED':>12} {'TAKEN':>12} {'PUSH/S':>9} {'TAKE/S':>9}"
+        )
+    n = 0
+    while True:
+        s = q.stats()
+        taken = s.popped + s.acquired
+        meter.add(time.time(), s.pushed, taken)
+        push_rate, take_rate = meter.rates() or (0.0, 0.0)
+        if output == "json":
+            click.echo(json.dumps({"time": time.time(), "depth": s.depth, "inFlight": s.in_flight, "pushed": s.pushed,
+                                   "taken": taken, "pushRate": push_rate, "takeRate": take_rate}))  # fmt: skip
+        else:
+            click.echo(f"{time.strftime('%H:%M:%S')} {s.depth:10,} {s.in_flight:9,} {s.pushed:12,} {taken:12,}"
+                       f" {push_rate:9,.1f} {take_rate:9,.1f}")  # fmt: skip
+        n += 1
+        if samples and n >= samples:
+            return
+        time.sleep(every)
 
 
 def _camel(values: dict[str, Any]) -> dict[str, Any]:

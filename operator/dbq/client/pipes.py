@@ -313,7 +313,7 @@ class PipesQueue:
             pusher.pipe is None
             or pusher.broken
             or pusher.pushed + pusher.requeued >= self.max_pushes_per_pipe
-            or age_ms >= self.max_push_time_ms - SKEW_S * 1000
+            or age_ms >= self.max_push_time_ms
         ):
             self._finish(pusher)
             pipe, at = uuid.uuid1(), now_ms()
@@ -501,7 +501,7 @@ class PipesQueue:
 
     def _states(self, pipes: Sequence[uuid.UUID]) -> list[_State | None]:
         rows = self._many(self.cql.pipe_state, [(p,) for p in pipes])
-        return [_state(p, r[0]) if r else None for p, r in zip(pipes, rows, strict=True)]
+        return [_state(p, r[0][1:]) if r else None for p, r in zip(pipes, rows, strict=True)]
 
     def _claim(self, exclude: uuid.UUID | None = None) -> _Lease | None:
         """Lease the oldest unleased pipe that has messages; marks exhausted pipes drained."""

@@ -102,9 +102,10 @@ class PipesCql:
         # --- popper ----------------------------------------------------------------------------
         self.list_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET} AND pipe > ?"
         self.list_all_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET}"
+        # DISTINCT over static columns reads the static row only, never the deleted rows at the head.
         self.pipe_state = (
-            "SELECT toUnixTimestamp(created), finished, owner, toUnixTimestamp(lease_until), cursor,"
-            f" {counters} FROM {w} WHERE pipe = ? LIMIT 1"
+            "SELECT DISTINCT pipe, toUnixTimestamp(created), finished, owner, toUnixTimestamp(lease_until),"
+            f" cursor, {counters} FROM {w} WHERE pipe = ?"
         )
         self.claim = f"UPDATE {w} SET owner = ?, lease_until = ? WHERE pipe = ? IF lease_until = ?"
         self.renew = f"UPDATE {w} SET lease_until = ? WHERE pipe = ? IF owner = ?"
