@@ -443,9 +443,8 @@ class PipesQueue:
                 got = self._take_from(lease, n, visibility)
                 if got:
                     return got
-                if self._lease() is not lease or self._move_from(lease):
-                    deadline.restart()  # that pipe is done, or another has messages: try at once
-                    continue
+                if (self._lease() is not lease or self._move_from(lease)) and deadline.remaining > 0:
+                    continue  # that pipe is done, or another has messages: try at once
             if not deadline.wait():
                 return []
 
@@ -520,7 +519,10 @@ class PipesQueue:
                 started = time.monotonic()
                 until = now_ms() + int(PIPE_LEASE_S * 1000)
                 if self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
-                    return _Lease(owner, state, started + PIPE_LEASE_S - SKEW_S, started + RENEW_AFTER_S)
+                    # Read the state again now that it is ours: between the first read and the
+                    # claim, another popper may have leased it, taken messages and released it.
+                    fresh = self._states([state.pipe])[0] or state
+                    return _Lease(owner, fresh, started + PIPE_LEASE_S - SKEW_S, started + RENEW_AFTER_S)
         return None
 
     def _release(self, lease: _Lease) -> None:
