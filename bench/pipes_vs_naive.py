@@ -289,7 +289,13 @@ def main() -> None:
     nb, na = naive_passage(a.naive_passage)
     print(f"naive  after {a.naive_passage:>9,} messages: {nb:6.2f} ms -> {na:6.2f} ms ({na / nb:.2f}x)")
     print("\ntombstones scanned per read (system_views.tombstones_per_read):")
-    for table in ("bench_q_waiting", "bench_passage_waiting", "bench_passage_pipes", "naive"):
+    for table in (
+        "bench_q_waiting",
+        "bench_q_state",
+        "bench_passage_waiting",
+        "bench_passage_state",
+        "naive",
+    ):
         print(f"  {table:22} {tombstones(s, table)}")
 
 

@@ -347,7 +347,13 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
         )
         return {r.table_name for r in rows}
 
-    assert tables() == {"dbq_queues", "events_q_pipes", "events_q_waiting", "events_q_pending"}
+    assert tables() == {
+        "dbq_queues",
+        "events_q_pipes",
+        "events_q_state",
+        "events_q_waiting",
+        "events_q_pending",
+    }
     cassandra.execute(f'DROP TABLE "{keyspace}".events_q_pending')
     wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")
     wait_for(lambda: any(e.reason == "Drift" for e in cluster.events("events-q")), 10, "Drift event")

@@ -47,7 +47,7 @@ def complete(**changes: Any) -> PipesObserved:
     base: dict[str, Any] = dict(
         keyspace_exists=True,
         replication=dict(TARGET.replication),
-        tables={t: GOOD for t in ("dbq_queues", "q_pipes", "q_waiting", "q_pending")},
+        tables={t: GOOD for t in ("dbq_queues", "q_pipes", "q_state", "q_waiting", "q_pending")},
         recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 500, 60000),
     )
     return PipesObserved(**(base | changes))
@@ -62,6 +62,7 @@ def test_plan_from_nothing_creates_everything_in_order():
         "create_keyspace",
         "create_table:dbq_queues",
         "create_table:q_pipes",
+        "create_table:q_state",
         "create_table:q_waiting",
         "create_table:q_pending",
         "record_settings",
@@ -180,7 +181,10 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
         backend.close()
     tables = {r.table_name for r in cassandra.execute(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (KEYSPACE,))}  # fmt: skip
-    assert not {"provision_me_pipes", "provision_me_waiting", "provision_me_pending"} & tables
+    assert (
+        not {"provision_me_pipes", "provision_me_state", "provision_me_waiting", "provision_me_pending"}
+        & tables
+    )
 
 
 def test_unknown_queue_is_named(cass_url, make_queue):

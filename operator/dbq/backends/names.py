@@ -85,6 +85,11 @@ class QueueNames:
         return self._("pipes")
 
     @property
+    def pipe_state(self) -> str:
+        """Cassandra: one row per pipe with its counters, cursor and lease."""
+        return self._("state")
+
+    @property
     def waiting(self) -> str:
         """Cassandra: messages waiting to be taken, one partition per pipe."""
         return self._("waiting")

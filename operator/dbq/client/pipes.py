@@ -132,7 +132,7 @@ class _Pusher:
 
 @dataclass
 class _State:
-    """A pipe's static columns as read."""
+    """A pipe's row in the state table, as read."""
 
     pipe: uuid.UUID
     created: int
@@ -500,7 +500,7 @@ class PipesQueue:
 
     def _states(self, pipes: Sequence[uuid.UUID]) -> list[_State | None]:
         rows = self._many(self.cql.pipe_state, [(p,) for p in pipes])
-        return [_state(p, r[0][1:]) if r else None for p, r in zip(pipes, rows, strict=True)]
+        return [_state(p, r[0]) if r else None for p, r in zip(pipes, rows, strict=True)]
 
     def _claim(self, exclude: uuid.UUID | None = None) -> _Lease | None:
         """Lease the oldest unleased pipe that has messages; marks exhausted pipes drained."""
@@ -541,11 +541,17 @@ class PipesQueue:
             rows = self._x(self.cql.read_head, s.pipe, n)
         else:
             rows = self._x(self.cql.read_after, s.pipe, s.cursor, n)
-        if rows:  # every row carries the pipe's static columns
-            s.created, s.finished = int(rows[0][5] or s.created), bool(rows[0][6])
-            s.pushed, s.requeued = int(rows[0][7] or 0), int(rows[0][8] or 0)
-        found = [r for r in rows if r[0] is not None]
+        found = rows
         if not found:
+            fresh = self._states([s.pipe])[0]
+            if fresh is None:
+                return []
+            s.created, s.finished, s.pushed, s.requeued = (
+                fresh.created,
+                fresh.finished,
+                fresh.pushed,
+                fresh.requeued,
+            )
             if s.remaining <= 0 and s.done_pushing(self.max_push_time_ms, now_ms()):
                 self._x(self.cql.set_status, "drained", now_ms(), s.pipe)
                 self._release(lease)
@@ -654,10 +660,12 @@ class PipesQueue:
         at = now_ms()
         retirable: list[_State] = []
         prefix = True
-        for (pipe, status), state, rows in zip(pipes, states, pending, strict=True):
-            if state is None:
-                prefix = False
+        for (pipe, status), found, rows in zip(pipes, states, pending, strict=True):
+            state = found or _State(pipe, uuid_ms(pipe), False, None, None, None, 0, 0, 0, 0, 0)
+            if found is None and not state.done_pushing(self.max_push_time_ms, at):
+                prefix = False  # a pusher is opening it right now
                 continue
+            # (A pipe listed but never opened, its pusher gone, is finished like any other.)
             if not state.finished and state.done_pushing(self.max_push_time_ms, at):
                 self._x(self.cql.finish_pipe, pipe)
                 if status == "active":
@@ -711,6 +719,7 @@ class PipesQueue:
         last = states[-1].pipe
         if not self._cas(self.cql.retire, last, *totals, self.names.queue, meta[4]):
             return 0  # another repair moved the watermark first
+        self._many(self.cql.drop_state, [(s.pipe,) for s in states])
         self._many(self.cql.drop_waiting, [(s.pipe,) for s in states])
         self._many(self.cql.drop_pending, [(s.pipe,) for s in states])
         self._x(self.cql.drop_pipe_rows, last)

@@ -8,13 +8,17 @@ Tables (per queue, in the keyspace `spec.connection.schema`):
 - `<q>_pipes`: one partition listing the queue's pipes in creation order (timeuuid), with status
   active -> finished -> drained. Retired pipes are removed as one range at the head, so a listing
   never reads past row tombstones, and starts after the queue's watermark anyway.
-- `<q>_waiting`: one partition per pipe. Rows are messages in push order; static columns hold
-  the pipe's counters (pushed/requeued by its one pusher; popped/acquired/expired by its one
-  leaseholder) and the lease (owner, lease_until, written only by lightweight transactions).
-  A popper deletes what it took as one range behind its cursor and reads only after the cursor,
-  so reads at the head never scan tombstones, and a pipe holds at most maxPushesPerPipe messages.
-- `<q>_pending`: leased messages, partitioned like `waiting`, so a take moves rows from waiting
-  to pending in one single-partition batch: atomic on every replica.
+- `<q>_state`: one row per pipe: its counters (pushed/requeued by its one pusher;
+  popped/acquired/expired by its one leaseholder), its cursor, and its lease (owner,
+  lease_until, written only by lightweight transactions). A row of its own, so reading a pipe's
+  state never touches the deleted messages of its partition in `waiting`.
+- `<q>_waiting`: one partition per pipe, messages in push order. A popper deletes what it took
+  as one range behind its cursor and reads only after the cursor, so reads at the head never
+  scan tombstones, and a pipe holds at most maxPushesPerPipe messages.
+- `<q>_pending`: leased messages, partitioned like `waiting`.
+`state`, `waiting` and `pending` share the partition key (the pipe id), so a batch touching one
+pipe in all three is a single mutation: a push (rows + count) or a take (delete + count + pending
+rows) is atomic on every replica.
 - `dbq_queues` (shared by the keyspace's queues): settings, schema version, the watermark below
   which pipes are retired and the totals of retired pipes (both moved by one conditional
   update), and the maintenance lock.
@@ -81,9 +85,10 @@ class PipesCql:
         self.keyspace = ks
         self.meta = f"{ks}.{quote(names.meta)}"
         self.pipes = f"{ks}.{quote(names.pipes)}"
+        self.state = f"{ks}.{quote(names.pipe_state)}"
         self.waiting = f"{ks}.{quote(names.waiting)}"
         self.pending = f"{ks}.{quote(names.pending)}"
-        m, p, w, d = self.meta, self.pipes, self.waiting, self.pending
+        m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 
         # --- pusher --------------------------------------------------------------------------
@@ -91,31 +96,30 @@ class PipesCql:
             f"INSERT INTO {p} (bucket, pipe, pusher, status, changed) VALUES ({BUCKET}, ?, ?, 'active', ?)"
         )
         self.open_pipe = (
-            f"INSERT INTO {w} (pipe, pusher, created, finished, lease_until, {counters})"
+            f"INSERT INTO {st} (pipe, pusher, created, finished, lease_until, {counters})"
             " VALUES (?, ?, ?, false, 0, 0, 0, 0, 0, 0)"
         )
         self.push = f"INSERT INTO {w} (pipe, msg, id, body, attempts, expires) VALUES (?, ?, ?, ?, ?, ?)"
-        self.count_pushes = f"UPDATE {w} SET pushed = ?, requeued = ? WHERE pipe = ?"
-        self.finish_pipe = f"UPDATE {w} SET finished = true WHERE pipe = ?"
+        self.count_pushes = f"UPDATE {st} SET pushed = ?, requeued = ? WHERE pipe = ?"
+        self.finish_pipe = f"UPDATE {st} SET finished = true WHERE pipe = ?"
         self.set_status = f"UPDATE {p} SET status = ?, changed = ? WHERE bucket = {BUCKET} AND pipe = ?"
 
         # --- popper ----------------------------------------------------------------------------
         self.list_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET} AND pipe > ?"
         self.list_all_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET}"
-        # DISTINCT over static columns reads the static row only, never the deleted rows at the head.
         self.pipe_state = (
-            "SELECT DISTINCT pipe, toUnixTimestamp(created), finished, owner, toUnixTimestamp(lease_until),"
-            f" cursor, {counters} FROM {w} WHERE pipe = ?"
+            "SELECT toUnixTimestamp(created), finished, owner, toUnixTimestamp(lease_until), cursor,"
+            f" {counters} FROM {st} WHERE pipe = ?"
         )
-        self.claim = f"UPDATE {w} SET owner = ?, lease_until = ? WHERE pipe = ? IF lease_until = ?"
-        self.renew = f"UPDATE {w} SET lease_until = ? WHERE pipe = ? IF owner = ?"
-        self.release = f"UPDATE {w} SET lease_until = 0 WHERE pipe = ? IF owner = ?"
-        take_cols = "msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(created), finished, pushed, requeued"
+        self.claim = f"UPDATE {st} SET owner = ?, lease_until = ? WHERE pipe = ? IF lease_until = ?"
+        self.renew = f"UPDATE {st} SET lease_until = ? WHERE pipe = ? IF owner = ?"
+        self.release = f"UPDATE {st} SET lease_until = 0 WHERE pipe = ? IF owner = ?"
+        take_cols = "msg, id, body, attempts, toUnixTimestamp(expires)"
         self.read_after = f"SELECT {take_cols} FROM {w} WHERE pipe = ? AND msg > ? LIMIT ?"
         self.read_head = f"SELECT {take_cols} FROM {w} WHERE pipe = ? LIMIT ?"
         self.delete_after = f"DELETE FROM {w} WHERE pipe = ? AND msg > ? AND msg <= ?"
         self.delete_head = f"DELETE FROM {w} WHERE pipe = ? AND msg <= ?"
-        self.count_takes = f"UPDATE {w} SET cursor = ?, popped = ?, acquired = ?, expired = ? WHERE pipe = ?"
+        self.count_takes = f"UPDATE {st} SET cursor = ?, popped = ?, acquired = ?, expired = ? WHERE pipe = ?"
         self.lease_message = (
             f"INSERT INTO {d} (pipe, msg, id, body, attempts, expires, deadline, lease)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -144,6 +148,7 @@ class PipesCql:
             + ", ".join(f"{c} = ?" for c in retired.split(", "))
             + " WHERE queue = ? IF watermark = ?"
         )
+        self.drop_state = f"DELETE FROM {st} WHERE pipe = ?"
         self.drop_waiting = f"DELETE FROM {w} WHERE pipe = ?"
         self.drop_pending = f"DELETE FROM {d} WHERE pipe = ?"
         self.drop_pipe_rows = f"DELETE FROM {p} WHERE bucket = {BUCKET} AND pipe <= ?"
@@ -184,12 +189,13 @@ class PipesCql:
     bucket int, pipe timeuuid, pusher text, status text, changed timestamp,
     PRIMARY KEY ((bucket), pipe)
 ) WITH CLUSTERING ORDER BY (pipe ASC) AND {TABLE_OPTIONS}""",
+            self.names.pipe_state: f"""CREATE TABLE IF NOT EXISTS {self.state} (
+    pipe timeuuid PRIMARY KEY, pusher text, created timestamp, finished boolean,
+    pushed int, requeued int, owner text, lease_until timestamp, cursor timeuuid,
+    popped int, acquired int, expired int
+) WITH {TABLE_OPTIONS}""",
             self.names.waiting: f"""CREATE TABLE IF NOT EXISTS {self.waiting} (
     pipe timeuuid, msg timeuuid, id timeuuid, body blob, attempts int, expires timestamp,
-    pusher text static, created timestamp static, finished boolean static,
-    pushed int static, requeued int static,
-    owner text static, lease_until timestamp static, cursor timeuuid static,
-    popped int static, acquired int static, expired int static,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
             self.names.pending: f"""CREATE TABLE IF NOT EXISTS {self.pending} (
@@ -211,4 +217,4 @@ class PipesCql:
 
     @property
     def queue_tables(self) -> tuple[str, ...]:
-        return (self.names.pipes, self.names.waiting, self.names.pending)
+        return (self.names.pipes, self.names.pipe_state, self.names.waiting, self.names.pending)

@@ -76,7 +76,7 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[Step]:
         )
     if n.meta not in observed.tables:
         steps.append(Step(f"create_table:{n.meta}", f"table {n.schema}.{n.meta} does not exist"))
-    for table in (n.pipes, n.waiting, n.pending):
+    for table in (n.pipes, n.pipe_state, n.waiting, n.pending):
         options = observed.tables.get(table)
         if options is None:
             steps.append(Step(f"create_table:{table}", f"table {n.schema}.{table} does not exist"))

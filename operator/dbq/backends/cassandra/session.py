@@ -53,7 +53,7 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         auth_provider=auth,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=CONNECT_TIMEOUT_S,
-        protocol_version=5,
+        protocol_version=4,  # v5 framing (checksummed) hits CRC errors in the Python driver (PYTHON-1337)
     )
     try:
         return cluster, cluster.connect()
