@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
 from dbq.backends.base import BackendError
 from dbq.backends.cassandra.cql import PIPES_SCHEMA_VERSION, PipesCql
@@ -61,6 +61,12 @@ STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _unset(value: Any) -> Any:
+    """A missing value is left unset, not written as null: a null is a tombstone cell, and every
+    read of the row would count it."""
+    return UNSET_VALUE if value is None else value
 
 
 def uuid_ms(value: uuid.UUID) -> int:
@@ -375,7 +381,7 @@ class PipesQueue:
                         new_ids[j],
                         bodies[i + j],
                         attempts[i + j] if attempts else 0,
-                        expires[i + j] if expires else None,
+                        _unset(expires[i + j] if expires else None),
                     ),
                 )
                 for j in range(n)
@@ -575,7 +581,7 @@ class PipesQueue:
         if visibility is not None:
             until = at + int(visibility * 1000)
             parts += [
-                (self.cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, r[4], until, token))
+                (self.cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, _unset(r[4]), until, token))
                 for r in live
             ]
         self._batch(parts)
