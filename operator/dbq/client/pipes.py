@@ -581,7 +581,10 @@ class PipesQueue:
         if visibility is not None:
             until = at + int(visibility * 1000)
             parts += [
-                (self.cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, _unset(r[4]), until, token))
+                (
+                    self.cql.lease_message,
+                    (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, _unset(r[4]), until, token),
+                )
                 for r in live
             ]
         self._batch(parts)
