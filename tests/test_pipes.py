@@ -191,6 +191,8 @@ def test_unknown_queue_is_named(cass_url, make_queue):
     make_queue()  # the keyspace exists
     with pytest.raises(QueueNotFound, match=f"queue nope is not provisioned in keyspace {KEYSPACE}"):
         connect(cass_url, "nope", schema=KEYSPACE)
+    with pytest.raises(QueueNotFound, match="queue nope is not provisioned in keyspace no_such_keyspace"):
+        connect(cass_url, "nope", schema="no_such_keyspace")
 
 
 def test_unreachable_cluster_is_reported_without_secrets():

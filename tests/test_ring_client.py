@@ -63,7 +63,7 @@ def test_unknown_queue_and_schema_are_named(postgres, make_queue):
     with pytest.raises(QueueNotFound, match="nope is not provisioned in schema ringq"):
         connect(postgres.url, "nope", schema=SCHEMA)
     with pytest.raises(QueueError, match="cassandra has no ring queues"):
-        connect("cassandra://127.0.0.1:19042", "orders")
+        Queue(from_url("cassandra://127.0.0.1:19042"), QueueNames(schema=SCHEMA, queue="orders"))
     with pytest.raises(ValueError, match="not a safe identifier"):
         connect(postgres.url, "orders; drop table x", schema=SCHEMA)
 

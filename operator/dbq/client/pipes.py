@@ -213,7 +213,12 @@ class PipesQueue:
         self._pushers: list[_Pusher] = []
         self._leases: list[_Lease] = []
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
-        meta = self._meta()
+        try:
+            meta = self._meta()
+        except QueueUnavailable:
+            if self.session.cluster.metadata.keyspaces.get(names.schema) is not None:
+                raise
+            meta = None  # no such keyspace
         if meta is None:
             raise QueueNotFound(
                 f"queue {names.queue} is not provisioned in keyspace {names.schema} at {settings.endpoint}:"
