@@ -42,6 +42,17 @@ def env(kube, postgres, tmp_path_factory):
     operator.stop()
 
 
+def cli_for(kube, namespace: str):
+    """Run `dbq ARGS -n NAMESPACE` as a user with the test kubeconfig would."""
+    environ = {**os.environ, "KUBECONFIG": kube.kubeconfig}
+
+    def dbq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dbq.cli", *args, "-n", namespace], input=stdin,
+                              env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    return dbq
+
+
 def schema_exists(postgres, schema: str) -> bool:
     cur = postgres.connect().cursor()
     return bool(cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval())
@@ -300,11 +311,7 @@ def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):
     doc, _ = fresh("cli-q", timeouts={"visibility": "45s", "pushWait": "2s"})
     cluster.create(doc)
     cluster.wait_condition("cli-q", "Ready", "True", timeout=60)
-    environ = {**os.environ, "KUBECONFIG": kube.kubeconfig}
-
-    def dbq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dbq.cli", *args, "-n", cluster.ns], input=stdin,
-                              env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+    dbq = cli_for(kube, cluster.ns)
 
     pushed = dbq("push", "cli-q", "-o", "json", stdin="one\ntwo\n")
     assert pushed.returncode == 0, pushed.stderr
@@ -358,11 +365,7 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
     wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")
     wait_for(lambda: any(e.reason == "Drift" for e in cluster.events("events-q")), 10, "Drift event")
 
-    environ = {**os.environ, "KUBECONFIG": kube.kubeconfig}
-
-    def dbq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dbq.cli", *args, "-n", cluster.ns], input=stdin,
-                              env=environ, capture_output=True, text=True, timeout=60)  # fmt: skip
+    dbq = cli_for(kube, cluster.ns)
 
     pushed = dbq("push", "events-q", "-o", "json", stdin="one\ntwo\n")
     assert pushed.returncode == 0, pushed.stderr

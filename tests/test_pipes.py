@@ -4,14 +4,11 @@ conservation with 4 pushers and 4 poppers, and killed clients."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,9 +27,9 @@ from dbq.backends.names import QueueNames
 from dbq.client import LeaseLost, MessageTooLarge, PipesQueue, QueueError, QueueNotFound, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
+from tests.workers import finish, read_logs, start
 
 KEYSPACE = f"dbq_pipes_{uuid.uuid4().hex[:6]}"
-WORKER = str(Path(__file__).with_name("ring_worker.py"))
 
 # --- planning (pure) ---------------------------------------------------------------------------
 
@@ -357,30 +354,6 @@ def test_one_queue_object_shared_by_threads(make_queue):
 
 
 # --- conservation and killed clients -----------------------------------------------------------
-
-
-def start(role: str, q: PipesQueue, url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, WORKER, role, url, q.names.queue, KEYSPACE, str(log), *args], stderr=subprocess.PIPE
-    )
-
-
-def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
-    seen: dict[str, Counter[str]] = {"P": Counter(), "G": Counter(), "A": Counter()}
-    for log in logs:
-        if log.exists():
-            for line in log.read_text().splitlines():
-                kind, _, body = line.partition(" ")
-                if kind in seen:
-                    seen[kind][body] += 1
-    return seen
-
-
-def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 600) -> None:
-    for p in procs:
-        p.wait(timeout=timeout)
-        err = p.stderr.read().decode() if p.stderr else ""
-        assert p.returncode == 0, f"worker failed: {err[-2000:]}"
 
 
 @pytest.mark.parametrize("mode", ["amo", "leased"])

@@ -7,7 +7,6 @@ import random
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -19,9 +18,9 @@ from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import LeaseLost, MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
 from dbq.connection import from_url
+from tests.workers import finish, read_logs, start
 
 SCHEMA = "ringq"
-WORKER = str(Path(__file__).with_name("ring_worker.py"))
 MakeQueue = Callable[..., Queue]
 
 
@@ -266,31 +265,6 @@ def test_one_queue_object_shared_by_threads(make_queue):
 
 
 # --- conservation and crashes ------------------------------------------------------------------
-
-
-def start(role: str, q: Queue, url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, WORKER, role, url, q.names.queue, SCHEMA, str(log), *args],
-        stderr=subprocess.PIPE,
-    )
-
-
-def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
-    seen: dict[str, Counter[str]] = {"P": Counter(), "G": Counter(), "A": Counter()}
-    for log in logs:
-        if log.exists():
-            for line in log.read_text().splitlines():
-                kind, _, body = line.partition(" ")
-                if kind in seen:
-                    seen[kind][body] += 1
-    return seen
-
-
-def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 300) -> None:
-    for p in procs:
-        p.wait(timeout=timeout)
-        err = p.stderr.read().decode() if p.stderr else ""
-        assert p.returncode == 0, f"worker failed: {err[-2000:]}"
 
 
 @pytest.mark.parametrize("mode", ["amo", "leased"])

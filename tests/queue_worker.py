@@ -1,9 +1,9 @@
 """A queue client process (ring or pipes, by the url) for the conservation and crash tests
 (run as a script, so SIGKILL is real).
 
-    ring_worker.py push   URL QUEUE SCHEMA LOG --prefix P --count N [--batch B]
-    ring_worker.py pop    URL QUEUE SCHEMA LOG --mode amo|leased [--batch B] [--stop FILE]
-    ring_worker.py repair URL QUEUE SCHEMA LOG [--stop FILE]
+    queue_worker.py push   URL QUEUE SCHEMA LOG --prefix P --count N [--batch B]
+    queue_worker.py pop    URL QUEUE SCHEMA LOG --mode amo|leased [--batch B] [--stop FILE]
+    queue_worker.py repair URL QUEUE SCHEMA LOG [--stop FILE]
 
 Each line of LOG is written (and flushed to the kernel) right after the database answered:
 `P <body>` an acknowledged push, `G <body>` a delivery (pop returned, or acquire returned),

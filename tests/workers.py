@@ -1,0 +1,39 @@
+"""Client processes for the conservation and crash tests (tests/queue_worker.py) and their logs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+WORKER = str(Path(__file__).with_name("queue_worker.py"))
+
+
+def start(role: str, q: Any, url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A worker process on the queue of client `q` (ring or pipes), logging to `log`."""
+    return subprocess.Popen(
+        [sys.executable, WORKER, role, url, q.names.queue, q.names.schema, str(log), *args],
+        stderr=subprocess.PIPE,
+    )
+
+
+def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
+    """Acknowledged pushes (P), deliveries (G) and acks (A), each a multiset of bodies."""
+    seen: dict[str, Counter[str]] = {"P": Counter(), "G": Counter(), "A": Counter()}
+    for log in logs:
+        if log.exists():
+            for line in log.read_text().splitlines():
+                kind, _, body = line.partition(" ")
+                if kind in seen:
+                    seen[kind][body] += 1
+    return seen
+
+
+def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 600) -> None:
+    """Wait for workers; each must exit 0 (its stderr tail is the failure message)."""
+    for p in procs:
+        p.wait(timeout=timeout)
+        err = p.stderr.read().decode() if p.stderr else ""
+        assert p.returncode == 0, f"worker failed: {err[-2000:]}"
