@@ -44,7 +44,7 @@ def complete(**changes: Any) -> PipesObserved:
     base: dict[str, Any] = dict(
         keyspace_exists=True,
         replication=dict(TARGET.replication),
-        tables={t: GOOD for t in ("dbq_queues", "q_pipes", "q_state", "q_waiting", "q_pending")},
+        tables={t: GOOD for t in ("dbq_queues", "dbq_stats_history", "q_pipes", "q_state", "q_waiting", "q_pending")},
         recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 500, 60000),
     )
     return PipesObserved(**(base | changes))
@@ -58,6 +58,7 @@ def test_plan_from_nothing_creates_everything_in_order():
     assert actions(PipesObserved()) == [
         "create_keyspace",
         "create_table:dbq_queues",
+        "create_table:dbq_stats_history",
         "create_table:q_pipes",
         "create_table:q_state",
         "create_table:q_waiting",

@@ -16,7 +16,7 @@ def complete(**changes) -> Observed:
     base = dict(
         schema_exists=True,
         meta_exists=True,
-        tables=frozenset({NAMES.meta, *NAMES.tables}),
+        tables=frozenset({NAMES.meta, NAMES.history, *NAMES.tables}),
         sequences=frozenset(NAMES.sequences),
         routines=frozenset(NAMES.routine(r) for r in ROUTINES),
         ring_rows=1000,
@@ -33,7 +33,7 @@ def actions(observed: Observed, target: RingTarget = TARGET) -> list[str]:
 def test_empty_database_gets_everything_in_order():
     assert actions(Observed()) == [
         "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences",
-        "create_side_tables", "create_routines", "record_version",
+        "create_side_tables", "create_history", "create_routines", "record_version",
     ]  # fmt: skip
 
 

@@ -21,7 +21,7 @@ GOLDEN = Path(__file__).with_name("golden")
 TARGET = RingTarget(names=QueueNames(schema="shopq", queue="orders"), size=1000, message_bytes=300)
 ALL_STEPS = [
     "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences", "reset_positions",
-    "create_side_tables", "create_routines", "record_version",
+    "create_side_tables", "create_history", "create_routines", "record_version",
 ]  # fmt: skip
 CALLS = [
     "push",
@@ -50,6 +50,10 @@ def render(ring: PgRing | MsRing) -> list[str]:
         ring.OBSERVE_RELATIONS,
         ring.OBSERVE_ROUTINES,
         ring.depth_sql(),
+        "-- statistics history",
+        ring.record_sample(),
+        ring.purge_history(),
+        ring.sample_since(),
     ]
     return out
 

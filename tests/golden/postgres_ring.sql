@@ -69,6 +69,20 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
   reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at timestamptz NOT NULL DEFAULT now())
 
+-- step create_history
+
+CREATE TABLE IF NOT EXISTS "shopq"."dbq_stats_history" (
+  queue text NOT NULL,
+  at timestamptz NOT NULL,
+  depth bigint NOT NULL,
+  in_flight bigint NOT NULL,
+  pushed bigint NOT NULL,
+  popped bigint NOT NULL,
+  acquired bigint NOT NULL,
+  expired bigint NOT NULL,
+  oldest_age_s double precision NOT NULL,
+  PRIMARY KEY (queue, at))
+
 -- step create_routines
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
@@ -567,7 +581,9 @@ DROP SEQUENCE IF EXISTS "shopq"."orders_n_expired"
 
 DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
 
-DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "shopq"."dbq_queues"; BEGIN DROP SCHEMA IF EXISTS "shopq" RESTRICT; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$
+DELETE FROM "shopq"."dbq_stats_history" WHERE queue = 'orders'
+
+DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "shopq"."dbq_queues"; DROP TABLE IF EXISTS "shopq"."dbq_stats_history"; BEGIN DROP SCHEMA IF EXISTS "shopq" RESTRICT; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$
 
 -- calls
 
@@ -602,3 +618,11 @@ SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.rel
 SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?
 
 SELECT (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 1) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1), (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 2) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 2)
+
+-- statistics history
+
+INSERT INTO "shopq"."dbq_stats_history" (queue, at, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s) VALUES ('orders', now(), ?, ?, ?, ?, ?, ?, ?)
+
+DELETE FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at < now() - make_interval(secs => ?)
+
+SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at >= now() - make_interval(secs => ?) ORDER BY at LIMIT 1

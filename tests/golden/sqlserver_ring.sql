@@ -85,6 +85,21 @@ CREATE TABLE [shopq].[orders_gap] (
   reason varchar(8) NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
+-- step create_history
+
+IF OBJECT_ID(N'[shopq].[dbq_stats_history]', N'U') IS NULL
+CREATE TABLE [shopq].[dbq_stats_history] (
+  queue nvarchar(128) NOT NULL,
+  at datetime2(3) NOT NULL,
+  depth bigint NOT NULL,
+  in_flight bigint NOT NULL,
+  pushed bigint NOT NULL,
+  popped bigint NOT NULL,
+  acquired bigint NOT NULL,
+  expired bigint NOT NULL,
+  oldest_age_s float NOT NULL,
+  PRIMARY KEY CLUSTERED (queue, at))
+
 -- step create_routines
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_place] @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
@@ -561,7 +576,9 @@ DROP SEQUENCE IF EXISTS [shopq].[orders_n_expired]
 
 DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
 
-IF NOT EXISTS (SELECT 1 FROM [shopq].[dbq_queues]) DROP TABLE [shopq].[dbq_queues];
+DELETE FROM [shopq].[dbq_stats_history] WHERE queue = N'orders'
+
+IF NOT EXISTS (SELECT 1 FROM [shopq].[dbq_queues]) DROP TABLE IF EXISTS [shopq].[dbq_queues], [shopq].[dbq_stats_history];
 IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID(N'shopq'))
   EXEC(N'DROP SCHEMA [shopq]')
 
@@ -598,3 +615,11 @@ SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.obj
 SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'
 
 SELECT (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 1) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1), (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2)
+
+-- statistics history
+
+INSERT INTO [shopq].[dbq_stats_history] (queue, at, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s) VALUES (N'orders', SYSUTCDATETIME(), ?, ?, ?, ?, ?, ?, ?)
+
+DELETE FROM [shopq].[dbq_stats_history] WHERE queue = N'orders' AND at < DATEADD(second, -CAST(? AS int), SYSUTCDATETIME())
+
+SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, popped + acquired FROM [shopq].[dbq_stats_history] WHERE queue = N'orders' AND at >= DATEADD(second, -CAST(? AS int), SYSUTCDATETIME()) ORDER BY at

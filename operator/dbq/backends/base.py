@@ -83,6 +83,32 @@ class Depth:
     in_flight: int
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One measurement of a queue: the same figures for every design."""
+
+    depth: int
+    in_flight: int
+    pushed: int
+    popped: int
+    acquired: int
+    expired: int
+    oldest_age_s: float
+
+    @property
+    def taken(self) -> int:
+        return self.popped + self.acquired
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A sample from the history table: how old it is and its totals (for rolling rates)."""
+
+    age_s: float
+    pushed: int
+    taken: int
+
+
 class QueueBackend(Protocol):
     """`observe` returns the engine's own observation type, which only its `plan` reads."""
 
@@ -90,6 +116,10 @@ class QueueBackend(Protocol):
     def plan(self, observed: Any) -> list[Step]: ...
     def apply(self) -> ApplyResult: ...
     def depth(self) -> Depth: ...
+    def measure(self) -> Sample: ...
+    def cleanup(self, stalled_after_s: float) -> dict[str, int]: ...
+    def record_sample(self, sample: Sample, retention_s: float) -> None: ...
+    def sample_since(self, window_s: float) -> Earlier | None: ...
     def teardown(self) -> None: ...
     def endpoint(self) -> str: ...
     def close(self) -> None: ...

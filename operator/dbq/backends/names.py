@@ -13,6 +13,7 @@ from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN
 
 _IDENT = re.compile(IDENTIFIER_PATTERN)
 META_TABLE = "dbq_queues"
+HISTORY_TABLE = "dbq_stats_history"  # statistics samples of every queue in the schema/keyspace
 # Running totals of a ring queue. Each is a sequence: advancing one is not transactional and
 # leaves no row version behind, so a long transaction elsewhere cannot bloat it.
 COUNTERS = ("pushed", "popped", "acquired", "expired")
@@ -45,6 +46,10 @@ class QueueNames:
     @property
     def meta(self) -> str:
         return META_TABLE
+
+    @property
+    def history(self) -> str:
+        return HISTORY_TABLE
 
     @property
     def ring(self) -> str:

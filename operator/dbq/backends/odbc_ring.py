@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pyodbc
 
@@ -16,8 +17,10 @@ from dbq.backends.base import (
     BackendError,
     DatabaseUnreachable,
     Depth,
+    Earlier,
     Observed,
     Recorded,
+    Sample,
     Step,
 )
 from dbq.backends.dialects import ring_sql
@@ -150,6 +153,37 @@ class OdbcRing:
         with self._errors():
             ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
             return Depth(depth=int(ready), in_flight=int(leased))
+
+    def _client(self) -> Any:
+        from dbq.client.ring import Queue
+
+        return Queue(self.settings, self.names, pool_size=1)
+
+    def measure(self) -> Sample:
+        with self._client() as q:
+            s = q.stats()
+        return Sample(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
+
+    def cleanup(self, stalled_after_s: float) -> dict[str, int]:
+        """Repair: expired leases back to ready, orphans older than `stalled_after_s` rescued,
+        expired messages dropped, gap records purged."""
+        with self._client() as q:
+            r = q.repair(orphan_grace=stalled_after_s)
+        return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "expired": r.expired,
+                "gapsPurged": r.gaps_purged}  # fmt: skip
+
+    def record_sample(self, sample: Sample, retention_s: float) -> None:
+        with self._errors():
+            cur = self.conn.cursor()
+            values = (sample.depth, sample.in_flight, sample.pushed, sample.popped, sample.acquired,
+                      sample.expired, float(sample.oldest_age_s))  # fmt: skip
+            cur.execute(self.sql.record_sample(), *values)
+            cur.execute(self.sql.purge_history(), int(retention_s))
+
+    def sample_since(self, window_s: float) -> Earlier | None:
+        with self._errors():
+            row = self.conn.cursor().execute(self.sql.sample_since(), int(window_s)).fetchone()
+        return Earlier(float(row[0]), int(row[1]), int(row[2])) if row else None
 
     def teardown(self) -> None:
         with self._locked_transaction() as cur:

@@ -60,6 +60,10 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     missing_tables = [t for t in (n.spill, n.gap) if t not in observed.tables]
     if missing_tables:
         steps.append(Step("create_side_tables", f"{', '.join(missing_tables)} missing"))
+    if n.history not in observed.tables:
+        steps.append(
+            Step("create_history", f"statistics history table {n.schema}.{n.history} does not exist")
+        )
     missing_routines = [r for r in routines if n.routine(r) not in observed.routines]
     stale = recorded is not None and (
         recorded.schema_version != RING_SCHEMA_VERSION or recorded.message_bytes != target.message_bytes

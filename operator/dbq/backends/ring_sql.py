@@ -38,6 +38,7 @@ def recorded_query(names: QueueNames, quote: Callable[[str], str]) -> str:
 class RingSqlBase:
     ROUTINES: tuple[str, ...] = ()
     ROUTINE_KIND = "FUNCTION"  # what DROP ... IF EXISTS calls a routine
+    NOW = "now()"  # the database's clock: samples are timed by one clock, whatever the operator's
     TEMPLATE = ""  # the routines, separated by `--;;` lines; placeholders from `_fmt()`
 
     def __init__(
@@ -50,6 +51,7 @@ class RingSqlBase:
         s = self.schema = quote(n.schema)
         self.schema_name = n.schema
         self.meta = f"{s}.{quote(n.meta)}"
+        self.history = f"{s}.{quote(n.history)}"
         self.ring = f"{s}.{quote(n.ring)}"
         self.spill = f"{s}.{quote(n.spill)}"
         self.gap = f"{s}.{quote(n.gap)}"
@@ -88,9 +90,22 @@ class RingSqlBase:
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }
 
+    # --- statistics history (parameters in the order of HISTORY_COLUMNS) ---------------------
+    HISTORY_COLUMNS = ("depth", "in_flight", "pushed", "popped", "acquired", "expired", "oldest_age_s")
+
+    def record_sample(self) -> str:
+        """Append one sample of this queue (parameters: the HISTORY_COLUMNS values)."""
+        columns = ", ".join(self.HISTORY_COLUMNS)
+        marks = ", ".join("?" for _ in self.HISTORY_COLUMNS)
+        return (
+            f"INSERT INTO {self.history} (queue, at, {columns})"
+            f" VALUES ({self.literal(self.t.names.queue)}, {self.NOW}, {marks})"
+        )
+
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
         stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
         stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in self.sequences]
         stmts.append(f"DELETE FROM {self.meta} WHERE queue = {self.literal(self.t.names.queue)}")
+        stmts.append(f"DELETE FROM {self.history} WHERE queue = {self.literal(self.t.names.queue)}")
         return stmts

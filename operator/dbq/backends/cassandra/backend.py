@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
-from dbq.backends.base import ApplyResult, BackendError, Depth, Step
+from dbq.backends.base import ApplyResult, BackendError, Depth, Earlier, Sample, Step
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
     PipesObserved,
@@ -99,11 +100,45 @@ class CassandraPipes:
         return ApplyResult(steps=steps, schema_version=cql.PIPES_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
-    def depth(self) -> Depth:
+    def _client(self) -> Any:
         from dbq.client.pipes import PipesQueue
 
-        stats = PipesQueue.over(self.session, self.settings, self.names).stats()
+        try:
+            return PipesQueue.over(self.session, self.settings, self.names)
+        except Exception as e:
+            raise BackendError(f"{self.settings.endpoint}: {e}") from None
+
+    def depth(self) -> Depth:
+        stats = self._client().stats()
         return Depth(depth=stats.depth, in_flight=stats.in_flight)
+
+    def measure(self) -> Sample:
+        s = self._client().stats()
+        return Sample(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
+
+    def cleanup(self, stalled_after_s: float) -> dict[str, int]:
+        """The pipes reaper: vanished pushers' pipes finished, expired leases rolled back,
+        drained pipes retired. (Its timings come from the pipes settings and leases.)"""
+        q = self._client()
+        try:
+            r = q.repair()
+        finally:
+            q.close_pushers()  # a rollback pushed through this client's own pipe
+        return {"finishedPipes": r.finished_pipes, "rolledBack": r.rolled_back,
+                "drainedPipes": r.drained_pipes, "retiredPipes": r.retired_pipes}  # fmt: skip
+
+    def record_sample(self, sample: Sample, retention_s: float) -> None:
+        s = sample
+        self._run(self.cql.record_sample, self.names.queue, int(time.time() * 1000), s.depth, s.in_flight,
+                  s.pushed, s.popped, s.acquired, s.expired, float(s.oldest_age_s), max(int(retention_s), 1))  # fmt: skip
+
+    def sample_since(self, window_s: float) -> Earlier | None:
+        now = int(time.time() * 1000)
+        rows = self._run(self.cql.sample_since, self.names.queue, now - int(window_s * 1000))
+        if not rows:
+            return None
+        at, pushed, popped, acquired = rows[0]
+        return Earlier((now - int(at)) / 1000, int(pushed), int(popped) + int(acquired))
 
     def teardown(self) -> None:
         observed = self.observe()
@@ -113,7 +148,9 @@ class CassandraPipes:
             self._run(self.cql.drop_table(table))
         if self.names.meta in observed.tables:
             self._run(self.cql.forget, self.names.queue)
+            if self.names.history in observed.tables:
+                self._run(self.cql.forget_history, self.names.queue)
             others = self._run(self.cql.queues_in_keyspace)
-            leftover = set(observed.tables) - {self.names.meta, *self.cql.queue_tables}
+            leftover = set(observed.tables) - {self.names.meta, self.names.history, *self.cql.queue_tables}
             if not others and not leftover:
                 self._run(self.cql.drop_keyspace())

@@ -75,6 +75,12 @@ TABLE_OPTIONS = (
     f"compaction = {map_literal(COMPACTION | COMPACTION_OPTIONS)} AND gc_grace_seconds = {GC_GRACE_SECONDS}"
 )
 
+# Samples expire by TTL and are written in time order: time windows drop whole sstables.
+HISTORY_OPTIONS = (
+    "compaction = {'class': 'org.apache.cassandra.db.compaction.TimeWindowCompactionStrategy',"
+    f" 'compaction_window_unit': 'HOURS', 'compaction_window_size': '6'}} AND gc_grace_seconds = {GC_GRACE_SECONDS}"
+)
+
 
 class PipesCql:
     """The statements of one queue; attributes are CQL text ready to prepare."""
@@ -84,6 +90,7 @@ class PipesCql:
         ks = quote(names.schema)
         self.keyspace = ks
         self.meta = f"{ks}.{quote(names.meta)}"
+        self.history = f"{ks}.{quote(names.history)}"
         self.pipes = f"{ks}.{quote(names.pipes)}"
         self.state = f"{ks}.{quote(names.pipe_state)}"
         self.waiting = f"{ks}.{quote(names.waiting)}"
@@ -158,6 +165,15 @@ class PipesCql:
         )
         self.unlock = f"UPDATE {m} SET maintainer_until = 0 WHERE queue = ? IF maintainer = ?"
 
+        # --- statistics history: timed by the operator's clock, kept for the retention (TTL) ---
+        sample_cols = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"
+        self.record_sample = f"INSERT INTO {self.history} (queue, at, {sample_cols}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+        self.sample_since = (
+            f"SELECT toUnixTimestamp(at), pushed, popped, acquired FROM {self.history}"
+            " WHERE queue = ? AND at >= ? ORDER BY at ASC LIMIT 1"
+        )
+        self.forget_history = f"DELETE FROM {self.history} WHERE queue = ?"
+
         # --- provisioning --------------------------------------------------------------------
         self.record = (
             f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?"
@@ -185,6 +201,11 @@ class PipesCql:
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp
 ) WITH gc_grace_seconds = {GC_GRACE_SECONDS}""",
+            self.names.history: f"""CREATE TABLE IF NOT EXISTS {self.history} (
+    queue text, at timestamp, depth bigint, in_flight bigint, pushed bigint, popped bigint,
+    acquired bigint, expired bigint, oldest_age_s double,
+    PRIMARY KEY ((queue), at)
+) WITH CLUSTERING ORDER BY (at DESC) AND {HISTORY_OPTIONS}""",
             self.names.pipes: f"""CREATE TABLE IF NOT EXISTS {self.pipes} (
     bucket int, pipe timeuuid, pusher text, status text, changed timestamp,
     PRIMARY KEY ((bucket), pipe)

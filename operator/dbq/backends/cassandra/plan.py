@@ -76,6 +76,12 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[Step]:
         )
     if n.meta not in observed.tables:
         steps.append(Step(f"create_table:{n.meta}", f"table {n.schema}.{n.meta} does not exist"))
+    if n.history not in observed.tables:
+        steps.append(
+            Step(
+                f"create_table:{n.history}", f"statistics history table {n.schema}.{n.history} does not exist"
+            )
+        )
     for table in (n.pipes, n.pipe_state, n.waiting, n.pending):
         options = observed.tables.get(table)
         if options is None:

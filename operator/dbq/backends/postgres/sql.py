@@ -112,6 +112,34 @@ ON CONFLICT (slot) DO NOTHING"""
   noted_at timestamptz NOT NULL DEFAULT now())""",
         ]
 
+    def _create_history(self) -> list[str]:
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.history} (
+  queue text NOT NULL,
+  at timestamptz NOT NULL,
+  depth bigint NOT NULL,
+  in_flight bigint NOT NULL,
+  pushed bigint NOT NULL,
+  popped bigint NOT NULL,
+  acquired bigint NOT NULL,
+  expired bigint NOT NULL,
+  oldest_age_s double precision NOT NULL,
+  PRIMARY KEY (queue, at))"""
+        ]
+
+    def purge_history(self) -> str:
+        """Drop this queue's samples older than the retention (parameter: seconds)."""
+        return f"DELETE FROM {self.history} WHERE queue = {literal(self.t.names.queue)} AND at < now() - make_interval(secs => ?)"
+
+    def sample_since(self) -> str:
+        """The oldest sample at most `window` s old (parameter: window seconds): its age in
+        seconds, pushed and taken (popped + acquired) totals."""
+        return (
+            f"SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM {self.history}"
+            f" WHERE queue = {literal(self.t.names.queue)} AND at >= now() - make_interval(secs => ?)"
+            " ORDER BY at LIMIT 1"
+        )
+
     def _record_version(self) -> list[str]:
         return [
             f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes)
@@ -125,6 +153,7 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
         return [
             # The schema goes only when nothing else lives in it (RESTRICT refuses otherwise).
             f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM {self.meta}) THEN DROP TABLE {self.meta};"
+            f" DROP TABLE IF EXISTS {self.history};"
             f" BEGIN DROP SCHEMA IF EXISTS {self.schema} RESTRICT;"
             " EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$"
         ]

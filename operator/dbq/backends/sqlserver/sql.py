@@ -40,6 +40,7 @@ class MsRing(RingSqlBase):
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
                                  "release", "ack", "ack_many", "nack", "repair", "stats")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
+    NOW = "SYSUTCDATETIME()"
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
@@ -131,6 +132,38 @@ CREATE TABLE {self.gap} (
   noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())""",
         ]
 
+    def _create_history(self) -> list[str]:
+        return [
+            f"""{self._object_missing(self.history, "U")}
+CREATE TABLE {self.history} (
+  queue nvarchar(128) NOT NULL,
+  at datetime2(3) NOT NULL,
+  depth bigint NOT NULL,
+  in_flight bigint NOT NULL,
+  pushed bigint NOT NULL,
+  popped bigint NOT NULL,
+  acquired bigint NOT NULL,
+  expired bigint NOT NULL,
+  oldest_age_s float NOT NULL,
+  PRIMARY KEY CLUSTERED (queue, at))"""
+        ]
+
+    def purge_history(self) -> str:
+        """Drop this queue's samples older than the retention (parameter: seconds)."""
+        return (
+            f"DELETE FROM {self.history} WHERE queue = {literal(self.t.names.queue)}"
+            " AND at < DATEADD(second, -CAST(? AS int), SYSUTCDATETIME())"
+        )
+
+    def sample_since(self) -> str:
+        """The oldest sample at most `window` s old (parameter: window seconds): its age in
+        seconds, pushed and taken (popped + acquired) totals."""
+        return (
+            f"SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, popped + acquired"
+            f" FROM {self.history} WHERE queue = {literal(self.t.names.queue)}"
+            " AND at >= DATEADD(second, -CAST(? AS int), SYSUTCDATETIME()) ORDER BY at"
+        )
+
     def _record_version(self) -> list[str]:
         return [
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
@@ -144,7 +177,7 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
     # --- teardown (drop() is shared) ---------------------------------------------------------
     def drop_schema_if_unused(self) -> list[str]:
         return [
-            f"IF NOT EXISTS (SELECT 1 FROM {self.meta}) DROP TABLE {self.meta};\n"
+            f"IF NOT EXISTS (SELECT 1 FROM {self.meta}) DROP TABLE IF EXISTS {self.meta}, {self.history};\n"
             f"IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID({literal(self.schema_name)}))\n"
             f"  EXEC(N'DROP SCHEMA {self.schema}')"
         ]
