@@ -44,7 +44,10 @@ def complete(**changes: Any) -> PipesObserved:
     base: dict[str, Any] = dict(
         keyspace_exists=True,
         replication=dict(TARGET.replication),
-        tables={t: GOOD for t in ("dbq_queues", "dbq_stats_history", "q_pipes", "q_state", "q_waiting", "q_pending")},
+        tables={
+            t: GOOD
+            for t in ("dbq_queues", "dbq_stats_history", "q_pipes", "q_state", "q_waiting", "q_pending")
+        },
         recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 500, 60000),
     )
     return PipesObserved(**(base | changes))

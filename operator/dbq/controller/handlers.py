@@ -14,13 +14,14 @@ from dbq import kubeconfig
 from dbq.api.models import GROUP, PLURAL, VERSION, DeletionPolicy
 from dbq.backends.base import BackendError
 from dbq.controller import conditions as cond
-from dbq.controller import metrics
+from dbq.controller import metrics, upkeep
 from dbq.controller.reconcile import Outcome, backend_for, reconcile, status_changes
 
 FINALIZER = "dbq.dev/finalizer"
 PAUSED = "dbq.dev/paused"
 FORCE_DELETE = "dbq.dev/force-delete"
 DRIFT_INTERVAL = float(os.environ.get("DBQ_DRIFT_INTERVAL", "60"))
+UPKEEP_TICK = float(os.environ.get("DBQ_UPKEEP_TICK", "5"))  # the shortest stats/cleanup interval
 log = logging.getLogger("dbq")
 _core: client.CoreV1Api | None = None
 
@@ -120,6 +121,32 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
     _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
 
 
+_memory: dict[tuple[str, str], upkeep.Memory] = {}
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=UPKEEP_TICK, initial_delay=UPKEEP_TICK)
+def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
+                patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
+    """Statistics and cleanup, each when its interval from the spec is due."""
+    if annotated(meta, PAUSED) or not cond.is_true(status.get("conditions"), cond.PROVISIONED):
+        return
+    name, namespace = meta["name"], meta["namespace"]
+    memory = _memory.setdefault((namespace, name), upkeep.Memory())
+    try:
+        parsed, _queue, backend = backend_for(name, namespace, dict(spec), read_secret)
+        try:
+            done = upkeep.run_upkeep(namespace, name, parsed, dict(status), backend, memory)
+        finally:
+            backend.close()
+    except BackendError as e:
+        log.warning("upkeep of %s/%s failed: %s", namespace, name, e)  # the drift timer reports it
+        return
+    for key, value in done.status.items():
+        patch.status[key] = value
+    for event in done.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
                  patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
@@ -163,3 +190,4 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         raise kopf.TemporaryError(str(e), delay=backoff(retry)) from None
     kopf.event(body, type="Normal", reason="Deleted", message=f"dropped queue {queue} ({policy})")
     metrics.forget(namespace, name)
+    _memory.pop((namespace, name), None)

@@ -6,6 +6,8 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from dbq.backends.base import Sample
+
 RECONCILES = Counter("dbq_reconciles_total", "Reconciles by result", ["result"])
 RECONCILE_ERRORS = Counter("dbq_reconcile_errors_total", "Failed reconciles by reason", ["reason"])
 RECONCILE_SECONDS = Histogram(
@@ -13,6 +15,21 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )  # fmt: skip
 QUEUE_READY = Gauge("dbq_queue_ready", "1 when the queue's Ready condition is True", ["namespace", "queue"])
+_LABELS = ["namespace", "queue"]
+STATS = {
+    "depth": Gauge("dbq_queue_depth", "Messages ready to be taken", _LABELS),
+    "in_flight": Gauge("dbq_queue_in_flight", "Messages leased and not yet acknowledged", _LABELS),
+    "pushed": Gauge("dbq_queue_pushed", "Messages pushed since the queue was created", _LABELS),
+    "popped": Gauge("dbq_queue_popped", "Messages popped (at-most-once) since creation", _LABELS),
+    "acquired": Gauge("dbq_queue_acquired", "Messages acquired (leased) since creation", _LABELS),
+    "expired": Gauge("dbq_queue_expired", "Messages expired unread since creation", _LABELS),
+    "oldest_age_s": Gauge("dbq_queue_oldest_message_age_seconds", "Age of the oldest ready message", _LABELS),
+}
+RATES = (
+    Gauge("dbq_queue_push_rate", "Pushes per second over the rate window", _LABELS),
+    Gauge("dbq_queue_pop_rate", "Pops and acquires per second over the rate window", _LABELS),
+)
+CLEANUP = Counter("dbq_queue_cleanup_total", "What cleanup repaired or removed, by kind", [*_LABELS, "kind"])
 
 
 def reconciled(*, ok: bool, seconds: float, reason: str = "") -> None:
@@ -26,6 +43,19 @@ def set_ready(namespace: str, name: str, ready: bool) -> None:
     QUEUE_READY.labels(namespace=namespace, queue=name).set(1 if ready else 0)
 
 
+def set_stats(namespace: str, name: str, sample: Sample, rates: tuple[float, float] | None) -> None:
+    for field, gauge in STATS.items():
+        gauge.labels(namespace=namespace, queue=name).set(getattr(sample, field))
+    for gauge, value in zip(RATES, rates or (0.0, 0.0), strict=True):
+        gauge.labels(namespace=namespace, queue=name).set(value)
+
+
+def count_cleanup(namespace: str, name: str, counts: dict[str, int]) -> None:
+    for kind, n in counts.items():
+        CLEANUP.labels(namespace=namespace, queue=name, kind=kind).inc(n)
+
+
 def forget(namespace: str, name: str) -> None:
-    with contextlib.suppress(KeyError):
-        QUEUE_READY.remove(namespace, name)
+    for gauge in (QUEUE_READY, *STATS.values(), *RATES):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
