@@ -241,7 +241,10 @@ class PipesQueue:
     def _statement(self, text: str) -> PreparedStatement:
         prepared = self._prepared.get(text)
         if prepared is None:
-            prepared = self._prepared[text] = self.session.prepare(text)
+            try:
+                prepared = self._prepared[text] = self.session.prepare(text)
+            except Exception as e:  # e.g. a table dropped behind our back
+                raise self._error(e) from None
         return prepared
 
     def _error(self, e: Exception) -> QueueError:

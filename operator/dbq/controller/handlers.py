@@ -13,6 +13,7 @@ from kubernetes.client.rest import ApiException
 from dbq import kubeconfig
 from dbq.api.models import GROUP, PLURAL, VERSION, DeletionPolicy
 from dbq.backends.base import BackendError
+from dbq.client.errors import QueueError
 from dbq.controller import conditions as cond
 from dbq.controller import metrics, upkeep
 from dbq.controller.reconcile import Outcome, backend_for, reconcile, status_changes
@@ -138,7 +139,7 @@ def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
             done = upkeep.run_upkeep(namespace, name, parsed, dict(status), backend, memory)
         finally:
             backend.close()
-    except BackendError as e:
+    except (BackendError, QueueError) as e:
         log.warning("upkeep of %s/%s failed: %s", namespace, name, e)  # the drift timer reports it
         return
     for key, value in done.status.items():
