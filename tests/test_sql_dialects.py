@@ -38,6 +38,9 @@ CALLS = [
 ]
 
 
+MAINTENANCE = {"PgRing": ("vacuum", "reindex"), "MsRing": ("reorganize", "rebuild")}
+
+
 def render(ring: PgRing | MsRing) -> list[str]:
     out = []
     for step in ALL_STEPS:
@@ -54,6 +57,16 @@ def render(ring: PgRing | MsRing) -> list[str]:
         ring.record_sample(),
         ring.purge_history(),
         ring.sample_since(),
+        "-- maintenance",
+        ring.maintenance_tables(),
+        ring.maintenance_indexes(),
+        ring.online_capable(),
+        ring.try_maintenance_lock(),
+        ring.maintenance_unlock(),
+        *(
+            ring.maintenance_action(a, "orders_ring_pkey", "orders_ring", True)
+            for a in MAINTENANCE[type(ring).__name__]
+        ),
     ]
     return out
 

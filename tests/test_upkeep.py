@@ -200,3 +200,129 @@ def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, s
     assert consumer.stats().depth == 0 and consumer.stats().in_flight == 0
     backend.teardown()
     backend.close()
+
+
+# --- maintenance windows ------------------------------------------------------------------------
+
+
+def test_cron_schedules_in_words_and_windows_in_the_operator_time_zone(monkeypatch):
+    assert upkeep.describe_cron("0 3 * * *") == "at 03:00 every day"
+    assert upkeep.describe_cron("30 2 * * 0") == "at 02:30 every Sunday"
+    assert upkeep.describe_cron("*/15 * * * *") == "every 15 minutes"
+    assert upkeep.describe_cron("0 3 1 * *") == "on the cron schedule '0 3 1 * *'"
+    monkeypatch.setenv("DBQ_TIMEZONE", "Europe/Paris")
+    spec = spec_for("postgres", "s")  # default window 0 3 * * *
+    wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
+    run, first = upkeep.maintenance_due(spec, {}, wall)
+    assert not run and upkeep.stamp(first) == "2026-06-02T01:00:00Z"  # 03:00 in Paris (summer time)
+    planned = {"maintenance": {"nextRun": upkeep.stamp(first), "cron": "0 3 * * *"}}
+    assert upkeep.maintenance_due(spec, planned, first)[0]
+    changed = spec_for("postgres", "s", reindex={"schedule": "30 4 * * *"})
+    run, replanned = upkeep.maintenance_due(changed, planned, first)
+    assert not run and upkeep.stamp(replanned) == "2026-06-02T02:30:00Z"
+    words = upkeep.describe(spec, first)
+    assert (
+        "at 03:00 every day (Europe/Paris" in words["maintenance"]
+        and "dead rows pass 20%" in words["maintenance"]
+    )
+    assert words["cleanup"].startswith("every 5s")
+
+
+def ring_with_dead_rows(postgres, size: int = 2000) -> tuple[str, QueueSpec, Any]:
+    """A ring whose table is full of dead rows: autovacuum off, cycles run while a REPEATABLE
+    READ transaction held the old versions, then released."""
+    import pyodbc
+
+    name = f"m_{secrets.token_hex(3)}"
+    spec = spec_for(
+        "postgres", "upkeep", ring={"size": size}, reindex={"threshold": {"deadTuplePercent": 20}}
+    )
+    backend = open_backend(spec, name, from_url(postgres.url))
+    backend.apply()
+    admin = pyodbc.connect(postgres.odbc, autocommit=True)
+    admin.execute(f"ALTER TABLE upkeep.{name}_ring SET (autovacuum_enabled = false)")
+    holder = pyodbc.connect(postgres.odbc, autocommit=False)
+    holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    holder.execute(f"SELECT count(*) FROM upkeep.{name}_ring").fetchval()  # the snapshot is taken
+    with connect(postgres.url, name, schema="upkeep") as q:
+        for _ in range(size // 100):
+            q.push_many([b"x" * 50] * 100)
+            assert len(q.pop_many(100)) == 100
+    holder.rollback()  # released: the dead rows are now vacuumable, but nobody vacuums
+    holder.close()
+    admin.close()
+    time.sleep(1.5)  # statistics reach pg_stat_user_tables at most once a second
+    return name, spec, backend
+
+
+def test_bloat_past_the_threshold_is_vacuumed_in_the_window_with_before_and_after(postgres):
+    name, spec, backend = ring_with_dead_rows(postgres)
+    wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
+    # Only the maintenance window here: a stats pass reads every page of the ring, and PostgreSQL
+    # prunes dead row versions on the pages it reads, which would clear the bloat by itself.
+    memory = upkeep.Memory(stats_at=1.0, cleanup_at=1.0)
+    planned = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=1.0, wall=wall)
+    assert "lastRun" not in planned.status["maintenance"]  # nothing runs before the window
+    window = datetime.strptime(planned.status["maintenance"]["nextRun"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=upkeep.UTC
+    )
+    done = upkeep.run_upkeep("ns", name, spec, planned.status, backend, memory, now=2.0, wall=window)
+    m = done.status["maintenance"]
+    ring = f"{name}_ring dead %"
+    assert m["result"] == "Succeeded", m
+    assert f"vacuum {name}_ring" in m["actions"]
+    assert m["before"][ring] >= 20 > m["after"][ring], m
+    assert m["nextRun"] > m["lastRun"] and any(e.reason == "Maintained" for e in done.events)
+    print(f"before {m['before'][ring]:.1f}% after {m['after'][ring]:.1f}% in {m['durationSeconds']} s")
+    again = upkeep.run_upkeep("ns", name, spec, done.status, backend, memory, now=3.0, wall=window)
+    assert "maintenance" not in again.status  # the next window is tomorrow: not in a loop
+    backend.teardown()
+    backend.close()
+
+
+def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tmp_path):
+    """The operator died while its VACUUM went on in the server: the server session still holds
+    the queue's maintenance lock, so the restarted operator skips the window instead of running
+    a second maintenance beside it."""
+    import signal
+    import subprocess
+    import sys
+
+    name = f"k_{secrets.token_hex(3)}"
+    spec = spec_for("postgres", "upkeep")
+    backend = open_backend(spec, name, from_url(postgres.url))
+    backend.apply()
+    lock = f"dbq-maintenance:upkeep.{name}"
+    script = (
+        "import pyodbc, sys; c = pyodbc.connect(sys.argv[1], autocommit=True);"
+        "assert c.execute('SELECT pg_try_advisory_lock(hashtext(?))', sys.argv[2]).fetchval();"
+        "print('locked', flush=True); c.execute('SELECT pg_sleep(60)')"
+    )
+    old = subprocess.Popen(
+        [sys.executable, "-c", script, postgres.odbc, lock], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert old.stdout is not None and old.stdout.readline().strip() == "locked"
+        old.send_signal(signal.SIGKILL)  # the operator is gone; its statement runs on in the server
+        old.wait()
+        wall = datetime(2026, 6, 1, 3, 0, tzinfo=upkeep.UTC)
+        status = {"maintenance": {"nextRun": upkeep.stamp(wall), "cron": spec.reindex.schedule}}
+        done = upkeep.run_upkeep("ns", name, spec, status, backend, upkeep.Memory(), now=1.0, wall=wall)
+        assert done.status["maintenance"]["result"] == "Skipped"
+        assert [e.reason for e in done.events] == ["MaintenanceSkipped"]
+        assert done.status["maintenance"]["nextRun"] > upkeep.stamp(
+            datetime.now(upkeep.UTC)
+        )  # the next window
+    finally:
+        import pyodbc
+
+        admin = pyodbc.connect(postgres.odbc, autocommit=True)
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(60)%'"
+        )
+        admin.close()
+    time.sleep(0.5)
+    freed = upkeep.run_upkeep("ns", name, spec, status, backend, upkeep.Memory(), now=1.0, wall=wall)
+    assert freed.status["maintenance"]["result"] in ("NotNeeded", "Succeeded")
+    backend.teardown()
+    backend.close()

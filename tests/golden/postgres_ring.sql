@@ -626,3 +626,19 @@ INSERT INTO "shopq"."dbq_stats_history" (queue, at, depth, in_flight, pushed, po
 DELETE FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at < now() - make_interval(secs => ?)
 
 SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at >= now() - make_interval(secs => ?) ORDER BY at LIMIT 1
+
+-- maintenance
+
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap')
+
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap')
+
+SELECT 1
+
+SELECT CASE WHEN pg_try_advisory_lock(hashtext(?)) THEN 1 ELSE 0 END
+
+SELECT CASE WHEN pg_advisory_unlock(hashtext(?)) THEN 1 ELSE 0 END
+
+VACUUM (ANALYZE) "shopq"."orders_ring_pkey"
+
+REINDEX INDEX CONCURRENTLY "shopq"."orders_ring_pkey"

@@ -623,3 +623,19 @@ INSERT INTO [shopq].[dbq_stats_history] (queue, at, depth, in_flight, pushed, po
 DELETE FROM [shopq].[dbq_stats_history] WHERE queue = N'orders' AND at < DATEADD(second, -CAST(? AS int), SYSUTCDATETIME())
 
 SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, popped + acquired FROM [shopq].[dbq_stats_history] WHERE queue = N'orders' AND at >= DATEADD(second, -CAST(? AS int), SYSUTCDATETIME()) ORDER BY at
+
+-- maintenance
+
+SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
+
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap') AND ps.index_level = 0 AND i.name IS NOT NULL
+
+SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
+
+DECLARE @granted int; EXEC @granted = sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = 0; SELECT CASE WHEN @granted >= 0 THEN 1 ELSE 0 END
+
+EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1
+
+ALTER INDEX [orders_ring_pkey] ON [shopq].[orders_ring] REORGANIZE
+
+ALTER INDEX [orders_ring_pkey] ON [shopq].[orders_ring] REBUILD WITH (ONLINE = ON)

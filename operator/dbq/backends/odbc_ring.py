@@ -5,6 +5,7 @@ The dialect object (`dialects.ring_sql`) supplies every statement; this class on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +25,13 @@ from dbq.backends.base import (
     Step,
 )
 from dbq.backends.dialects import ring_sql
+from dbq.backends.maintenance import (
+    IndexFigures,
+    MaintenanceResult,
+    TableFigures,
+    figures,
+    plan_maintenance,
+)
 from dbq.backends.names import QueueNames
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget, plan_ring
 from dbq.connection import ConnectionSettings, driver_error
@@ -184,6 +192,50 @@ class OdbcRing:
         with self._errors():
             row = self.conn.cursor().execute(self.sql.sample_since(), int(window_s)).fetchone()
         return Earlier(float(row[0]), int(row[1]), int(row[2])) if row else None
+
+    # --- maintenance ----------------------------------------------------------------------
+    def _measure_bloat(self, cur: pyodbc.Cursor) -> tuple[list[TableFigures], list[IndexFigures]]:
+        schema = self.names.schema
+        tables = [TableFigures(r[0], int(r[1]), int(r[2]))
+                  for r in cur.execute(self.sql.maintenance_tables(), schema).fetchall()]  # fmt: skip
+        indexes = [
+            IndexFigures(r[0], r[1], int(r[2]), int(r[3]), None if r[4] is None else float(r[4]))
+            for r in cur.execute(self.sql.maintenance_indexes(), schema).fetchall()
+        ]
+        return tables, indexes
+
+    def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
+        """Measure, then vacuum/reindex what passed its threshold, on a connection of its own that
+        holds the queue's maintenance lock for the whole run (autocommit: VACUUM and
+        REINDEX CONCURRENTLY refuse to run in a transaction)."""
+        started = time.monotonic()
+        lock = f"dbq-maintenance:{self.names.schema}.{self.names.queue}"
+        conn = connect(self.settings)
+        try:
+            cur = conn.cursor()
+            if not cur.execute(self.sql.try_maintenance_lock(), lock).fetchval():
+                return MaintenanceResult("Skipped", "another maintenance run of this queue is still going")
+            try:
+                tables, indexes = self._measure_bloat(cur)
+                before = figures(tables, indexes)
+                steps = plan_maintenance(tables, indexes, dead_percent=dead_percent,
+                                         fragmentation_percent=fragmentation_percent,
+                                         dialect=self.settings.backend)  # fmt: skip
+                if not steps:
+                    return MaintenanceResult("NotNeeded", "every figure is under its threshold", [], before,
+                                             before, time.monotonic() - started)  # fmt: skip
+                capable = online and bool(cur.execute(self.sql.online_capable()).fetchval())
+                for step in steps:
+                    cur.execute(self.sql.maintenance_action(step.action, step.target, step.table, capable))
+                after = figures(*self._measure_bloat(cur))
+                done = "; ".join(f"{s.action} {s.target} ({s.why})" for s in steps)
+                return MaintenanceResult("Succeeded", done, steps, before, after, time.monotonic() - started)
+            finally:
+                cur.execute(self.sql.maintenance_unlock(), lock).fetchall()
+        except pyodbc.Error as e:
+            raise translate_error(e, self.settings) from None
+        finally:
+            conn.close()
 
     def teardown(self) -> None:
         with self._locked_transaction() as cur:

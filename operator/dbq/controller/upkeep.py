@@ -7,14 +7,19 @@ due, compute rolling rates from the history table, and say when status is worth 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
 
 from dbq.api.durations import seconds
 from dbq.api.models import QueueSpec
-from dbq.backends.base import Earlier, QueueBackend, Sample
+from dbq.backends.base import BackendError, Earlier, QueueBackend, Sample
+from dbq.backends.maintenance import MaintenanceResult
 from dbq.controller import metrics
 from dbq.controller.reconcile import Event
 
@@ -22,6 +27,59 @@ from dbq.controller.reconcile import Event
 STATS_HEARTBEAT_S = 300.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
 REPAIRS = ("expiredLeases", "orphans", "finishedPipes", "rolledBack")
+
+
+WEEKDAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def time_zone() -> ZoneInfo:
+    """The operator's time zone for maintenance windows (DBQ_TIMEZONE, default UTC)."""
+    return ZoneInfo(os.environ.get("DBQ_TIMEZONE", "UTC"))
+
+
+def stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def next_window(cron: str, after: datetime) -> datetime:
+    return croniter(cron, after.astimezone(time_zone())).get_next(datetime)
+
+
+def describe_cron(cron: str) -> str:
+    """A cron schedule in words, for the common shapes; the expression itself otherwise."""
+    minute, hour, dom, month, dow = cron.split()
+    if minute.isdigit() and hour.isdigit() and dom == month == "*":
+        at = f"at {int(hour):02d}:{int(minute):02d}"
+        if dow == "*":
+            return f"{at} every day"
+        if dow.isdigit():
+            return f"{at} every {WEEKDAYS[int(dow)]}"
+    if minute.isdigit() and hour == dom == month == dow == "*":
+        return f"at minute {int(minute)} of every hour"
+    if minute.startswith("*/") and hour == dom == month == dow == "*":
+        return f"every {minute[2:]} minutes"
+    return f"on the cron schedule '{cron}'"
+
+
+def describe(spec: QueueSpec, next_run: datetime | None) -> dict[str, str]:
+    """What `kubectl describe` shows under status.schedule, in a DBA's words."""
+    zone = time_zone()
+    r, t = spec.reindex, spec.reindex.threshold
+    if spec.backend == "cassandra":
+        what = "nothing to do: Cassandra compacts queue tables on its own"
+    elif spec.backend == "postgres":
+        what = (f"VACUUM a table when dead rows pass {t.dead_tuple_percent}%, REINDEX"
+                f"{' CONCURRENTLY' if r.online else ''} an index when its bloat passes {t.fragmentation_percent}%")  # fmt: skip
+    else:
+        what = (f"REORGANIZE an index past 5% fragmentation, REBUILD{' ONLINE' if r.online else ''} it past"
+                f" {t.fragmentation_percent}%")  # fmt: skip
+    upcoming = f"; next at {next_run.astimezone(zone):%Y-%m-%d %H:%M %Z}" if next_run else ""
+    return {
+        "statistics": f"measured every {spec.stats.interval}, history kept {spec.stats.retention}",
+        "cleanup": f"every {spec.cleanup.interval}; claims and pipes idle for {spec.timeouts.stalled_after}"
+        f" are stalled and repaired",
+        "maintenance": f"{describe_cron(r.schedule)} ({zone.key}, cron '{r.schedule}'): {what}{upcoming}",
+    }
 
 
 def rate_window_s(spec: QueueSpec) -> float:
@@ -91,6 +149,40 @@ def cleanup_message(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to repair"
 
 
+def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> tuple[bool, datetime]:
+    """(run now?, the next window). A queue without a planned window gets the next one; a
+    changed schedule re-plans it."""
+    planned = status.get("maintenance") or {}
+    next_run = planned.get("nextRun")
+    if not next_run or planned.get("cron") != spec.reindex.schedule:
+        return False, next_window(spec.reindex.schedule, wall)
+    when = datetime.strptime(next_run, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return wall >= when, when
+
+
+def run_maintenance(spec: QueueSpec, backend: QueueBackend, wall: datetime) -> tuple[dict[str, Any], Event]:
+    t = spec.reindex.threshold
+    started = time.monotonic()
+    try:
+        result: MaintenanceResult = backend.maintain(t.dead_tuple_percent, t.fragmentation_percent,
+                                                     spec.reindex.online)  # fmt: skip
+    except BackendError as e:  # reported; the next window tries again
+        result = MaintenanceResult("Failed", str(e), seconds=time.monotonic() - started)
+    after = next_window(spec.reindex.schedule, max(wall, datetime.now(UTC)))
+    status = {
+        **result.as_status(),
+        "lastRun": stamp(wall),
+        "nextRun": stamp(after),
+        "cron": spec.reindex.schedule,
+    }
+    kind, reason = {
+        "Succeeded": ("Normal", "Maintained"),
+        "NotNeeded": ("Normal", "MaintenanceNotNeeded"),
+        "Skipped": ("Warning", "MaintenanceSkipped"),
+    }.get(result.result, ("Warning", "MaintenanceFailed"))
+    return status, Event(kind, reason, f"{result.message} (next window {stamp(after)})")
+
+
 def run_upkeep(
     namespace: str,
     name: str,
@@ -99,17 +191,36 @@ def run_upkeep(
     backend: QueueBackend,
     memory: Memory,
     now: float | None = None,
+    wall: datetime | None = None,
 ) -> Upkeep:
-    """Measure and/or clean up the queue when due; BackendError propagates to the caller."""
+    """Measure, clean up and maintain the queue when each is due; BackendError from stats or
+    cleanup propagates to the caller, a failed maintenance is reported in status."""
     now = time.monotonic() if now is None else now
+    wall = datetime.now(UTC) if wall is None else wall
     out = Upkeep()
+    run, next_run = maintenance_due(spec, status, wall)
+    if run:
+        out.status["maintenance"], event = run_maintenance(spec, backend, wall)
+        out.events.append(event)
+        next_run = datetime.strptime(out.status["maintenance"]["nextRun"], "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=UTC
+        )
+    elif (
+        not (status.get("maintenance") or {}).get("nextRun")
+        or (status.get("maintenance") or {}).get("cron") != spec.reindex.schedule
+    ):
+        out.status["maintenance"] = {**(status.get("maintenance") or {}), "nextRun": stamp(next_run),
+                                     "cron": spec.reindex.schedule}  # fmt: skip
+    schedule = describe(spec, next_run)
+    if status.get("schedule") != schedule:
+        out.status["schedule"] = schedule
     if due(memory.stats_at, seconds(spec.stats.interval), now):
         sample = backend.measure()
         earlier = backend.sample_since(rate_window_s(spec))
         backend.record_sample(sample, seconds(spec.stats.retention))
         memory.stats_at = now
         measured = rates(sample, earlier)
-        new = stats_status(sample, measured, datetime.now(UTC))
+        new = stats_status(sample, measured, wall)
         metrics.set_stats(namespace, name, sample, measured)
         if worth_writing(status.get("stats"), new, memory.stats_written_at, now):
             out.status["stats"] = new
@@ -120,7 +231,7 @@ def run_upkeep(
         metrics.count_cleanup(namespace, name, counts)
         repaired = {k: v for k, v in counts.items() if k in REPAIRS and v}
         previous = status.get("cleanup") or {}
-        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = stamp(wall)
         cleanup: dict[str, Any] = {
             "lastRun": at,
             "lastResult": counts,

@@ -17,6 +17,7 @@ from dbq.backends.cassandra.plan import (
     plan_pipes,
 )
 from dbq.backends.cassandra.session import open_session, translate
+from dbq.backends.maintenance import MaintenanceResult
 from dbq.backends.names import QueueNames
 from dbq.connection import ConnectionSettings
 
@@ -126,6 +127,13 @@ class CassandraPipes:
             q.close_pushers()  # a rollback pushed through this client's own pipe
         return {"finishedPipes": r.finished_pipes, "rolledBack": r.rolled_back,
                 "drainedPipes": r.drained_pipes, "retiredPipes": r.retired_pipes}  # fmt: skip
+
+    def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
+        return MaintenanceResult(
+            "NotNeeded",
+            "Cassandra compacts on its own: queue tables use LeveledCompactionStrategy with tombstone"
+            " compaction, and drained pipes leave as whole partitions",
+        )
 
     def record_sample(self, sample: Sample, retention_s: float) -> None:
         s = sample

@@ -140,6 +140,46 @@ ON CONFLICT (slot) DO NOTHING"""
             " ORDER BY at LIMIT 1"
         )
 
+    # --- maintenance (parameter: schema name) ---------------------------------------------------
+    def _queue_tables_list(self) -> str:
+        n = self.t.names
+        return ", ".join(literal(t) for t in (n.ring, n.spill, n.gap))
+
+    def maintenance_tables(self) -> str:
+        """Per queue table: name, live rows, dead rows."""
+        return (
+            "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables"
+            f" WHERE schemaname = ? AND relname IN ({self._queue_tables_list()})"
+        )
+
+    def maintenance_indexes(self) -> str:
+        """Per index of a queue table: index, table, pages now, rows of its table, no fragmentation."""
+        return (
+            "SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL"
+            " FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid"
+            f" JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ({self._queue_tables_list()})"
+        )
+
+    def maintenance_action(self, action: str, target: str, table: str, online: bool) -> str:
+        obj = f"{self.schema}.{quote(check_identifier(target, 'object name'))}"
+        if action == "vacuum":
+            return f"VACUUM (ANALYZE) {obj}"
+        if action == "reindex":
+            return f"REINDEX INDEX {'CONCURRENTLY ' if online else ''}{obj}"
+        raise ValueError(f"PostgreSQL has no maintenance action {action!r}")
+
+    def online_capable(self) -> str:
+        """Every PostgreSQL since 12 reindexes CONCURRENTLY."""
+        return "SELECT 1"
+
+    def try_maintenance_lock(self) -> str:
+        """A session lock (parameter: lock name): held while the session lives, so a run the
+        operator left behind when it died keeps it until the server finishes that statement."""
+        return "SELECT CASE WHEN pg_try_advisory_lock(hashtext(?)) THEN 1 ELSE 0 END"
+
+    def maintenance_unlock(self) -> str:
+        return "SELECT CASE WHEN pg_advisory_unlock(hashtext(?)) THEN 1 ELSE 0 END"
+
     def _record_version(self) -> list[str]:
         return [
             f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes)

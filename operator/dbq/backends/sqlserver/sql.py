@@ -164,6 +164,49 @@ CREATE TABLE {self.history} (
             " AND at >= DATEADD(second, -CAST(? AS int), SYSUTCDATETIME()) ORDER BY at"
         )
 
+    # --- maintenance (parameter: schema name) ---------------------------------------------------
+    def _queue_tables_list(self) -> str:
+        n = self.t.names
+        return ", ".join(literal(t) for t in (n.ring, n.spill, n.gap))
+
+    def maintenance_tables(self) -> str:
+        """SQL Server has no dead rows to vacuum (ghost cleanup is automatic): no table figures."""
+        return "SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)"
+
+    def maintenance_indexes(self) -> str:
+        """Per leaf level of a queue table's index: index, table, pages, rows, fragmentation %."""
+        return (
+            "SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent"
+            " FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps"
+            " JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id"
+            " JOIN sys.objects AS o ON o.object_id = ps.object_id"
+            f" WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN ({self._queue_tables_list()})"
+            " AND ps.index_level = 0 AND i.name IS NOT NULL"
+        )
+
+    def online_capable(self) -> str:
+        """Online rebuilds need Enterprise or Developer (3), Azure SQL Database (5) or Managed Instance (8)."""
+        return "SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END"
+
+    def maintenance_action(self, action: str, target: str, table: str, online: bool) -> str:
+        index = quote(check_identifier(target, "index name"))
+        on = f"{self.schema}.{quote(check_identifier(table, 'table name'))}"
+        if action == "reorganize":
+            return f"ALTER INDEX {index} ON {on} REORGANIZE"
+        if action == "rebuild":
+            return f"ALTER INDEX {index} ON {on} REBUILD{' WITH (ONLINE = ON)' if online else ''}"
+        raise ValueError(f"SQL Server has no maintenance action {action!r}")
+
+    def try_maintenance_lock(self) -> str:
+        """A session application lock (parameter: lock name), not waited for: 1 when granted."""
+        return (
+            "DECLARE @granted int; EXEC @granted = sp_getapplock @Resource = ?, @LockMode = 'Exclusive',"
+            " @LockOwner = 'Session', @LockTimeout = 0; SELECT CASE WHEN @granted >= 0 THEN 1 ELSE 0 END"
+        )
+
+    def maintenance_unlock(self) -> str:
+        return "EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1"
+
     def _record_version(self) -> list[str]:
         return [
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
