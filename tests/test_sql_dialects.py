@@ -34,6 +34,7 @@ CALLS = [
     "ack_many",
     "nack",
     "repair",
+    "void_holes",
     "stats",
 ]
 

@@ -144,9 +144,11 @@ def test_ring_cleanup_repairs_orphans_and_expired_leases_once(postgres):
     backend.apply()
     q = connect(postgres.url, name, schema="upkeep", pop_timeout=0.1)
     assert isinstance(q, Queue)
-    q.push_many([b"orphan", b"leased", b"plain"])
-    with q._cursor() as cur:  # a popper drew the first position and died
-        cur.execute(f"SELECT nextval('upkeep.{q.names.pop_seq}')").fetchval()
+    q.push_many([b"orphan", b"leased"])
+    with q._cursor() as cur:
+        cur.execute(f"SELECT nextval('upkeep.{q.names.push_seq}')").fetchval()  # a pusher drew 3 and died
+        cur.execute(f"SELECT nextval('upkeep.{q.names.pop_seq}')").fetchval()  # a popper drew 1 and died
+    q.push(b"plain")
     held = q.acquire(visibility=1)  # ...and a consumer takes "leased" and never acks
     assert held is not None and held.body == b"leased"
     time.sleep(1.2)
@@ -157,12 +159,17 @@ def test_ring_cleanup_repairs_orphans_and_expired_leases_once(postgres):
     assert [e.reason for e in first.events] == ["Repaired"]
     time.sleep(10)
     second = upkeep.run_upkeep("ns", name, spec, first.status, backend, memory, now=20.0)
-    assert second.status["cleanup"]["lastResult"]["orphans"] == 1
-    assert second.status["cleanup"]["repairedTotal"] == 2 and "orphans 1" in second.events[0].message
+    assert (
+        second.status["cleanup"]["lastResult"]["orphans"],
+        second.status["cleanup"]["lastResult"]["holes"],
+    ) == (1, 1)
+    assert second.status["cleanup"]["repairedTotal"] == 3 and "orphans 1, holes 1" in second.events[0].message
     third = upkeep.run_upkeep("ns", name, spec, second.status, backend, memory, now=40.0)
     assert not third.events  # nothing left to repair: no Event
-    got = sorted(m.body for m in q.pop_many(10, timeout=0.5))
+    started = time.monotonic()
+    got = sorted(m.body for m in q.pop_many(10, timeout=0.5) + q.pop_many(10, timeout=0.5))
     assert got == [b"leased", b"orphan", b"plain"]  # each exactly once
+    assert time.monotonic() - started < q.hole_grace  # the voided hole did not make a popper wait
     q.close()
     backend.teardown()
     backend.close()

@@ -495,6 +495,26 @@ AS BEGIN
   SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
 END
 
+CREATE OR ALTER PROCEDURE [shopq].[orders_void_holes] @grace_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
+  -- than the grace is stalled: void it (a late write becomes an orphan that repair delivers).
+  DECLARE @popped bigint, @bound bigint, @holes bigint;
+  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
+  SELECT @bound = MAX(msg_id) FROM [shopq].[orders_ring]
+  WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, -@grace_ms, SYSUTCDATETIME());
+  IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
+  INSERT INTO [shopq].[orders_gap] (pos, reason)
+  SELECT c.p, 'void' FROM (
+    SELECT r.msg_id, @popped + 1 + ((r.slot - (@popped + 1) % 1000 + 1000) % 1000) AS p FROM [shopq].[orders_ring] r) AS c
+  WHERE c.p < @bound AND (c.msg_id IS NULL OR c.msg_id <> c.p)
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = c.p);
+  SET @holes = @@ROWCOUNT;
+  SELECT @holes;
+END
+
 CREATE OR ALTER PROCEDURE [shopq].[orders_stats]
 AS BEGIN
   SET NOCOUNT ON;
@@ -521,10 +541,10 @@ END
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 2, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 3, message_bytes = 300,
   updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 2, 1000, 300);
+  VALUES (s.queue, N'ring', 3, 1000, 300);
 
 -- teardown
 
@@ -553,6 +573,8 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_ack_many]
 DROP PROCEDURE IF EXISTS [shopq].[orders_nack]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_repair]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_void_holes]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_stats]
 
@@ -603,6 +625,8 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_ack_many] ?, ?; COMMIT TRAN;
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_nack] ?, ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_repair] ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_void_holes] ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_stats]; COMMIT TRAN;
 

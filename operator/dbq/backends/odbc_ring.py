@@ -173,12 +173,13 @@ class OdbcRing:
         return Sample(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
-        """Repair: expired leases back to ready, orphans older than `stalled_after_s` rescued,
+        """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
+        rescued or voided,
         expired messages dropped, gap records purged."""
         with self._client() as q:
             r = q.repair(orphan_grace=stalled_after_s)
-        return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "expired": r.expired,
-                "gapsPurged": r.gaps_purged}  # fmt: skip
+        return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
+                "expired": r.expired, "gapsPurged": r.gaps_purged}  # fmt: skip
 
     def record_sample(self, sample: Sample, retention_s: float) -> None:
         with self._errors():

@@ -23,6 +23,7 @@ CALL_ARGS = {
     "ack_many": "?, ?",
     "nack": "?, ?, ?",
     "repair": "?",
+    "void_holes": "?",
     "stats": "",
 }
 

@@ -76,6 +76,7 @@ class RepairResult:
     orphans: int
     expired: int
     gaps_purged: int
+    holes: int = 0
 
 
 @dataclass
@@ -398,9 +399,12 @@ class Queue:
         return QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(row[6] or 0.0))
 
     def repair(self, orphan_grace: float = 5.0) -> RepairResult:
-        """Roll back expired leases, rescue orphans drawn over `orphan_grace` s ago, drop expired messages.
+        """Roll back expired leases, rescue orphans drawn over `orphan_grace` s ago, void holes
+        (positions drawn and not written) that old, drop expired messages.
 
         Idempotent and safe while clients work; the operator's cleanup runs it on schedule.
         """
         row = self._call("repair", int(orphan_grace * 1000))[0]
-        return RepairResult(*(int(v) for v in row))
+        holes = int(self._call("void_holes", int(orphan_grace * 1000))[0][0] or 0)
+        leases, orphans, expired, purged = (int(v) for v in row)
+        return RepairResult(leases, orphans, expired, purged, holes)

@@ -26,7 +26,7 @@ from dbq.controller.reconcile import Event
 # status.stats is rewritten when a figure changed, or at least this often (a heartbeat).
 STATS_HEARTBEAT_S = 300.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
-REPAIRS = ("expiredLeases", "orphans", "finishedPipes", "rolledBack")
+REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack")
 
 
 WEEKDAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]

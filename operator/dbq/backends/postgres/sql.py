@@ -662,6 +662,28 @@ BEGIN
   GET DIAGNOSTICS o_gaps_purged = ROW_COUNT;
 END $fn$
 --;;
+CREATE OR REPLACE FUNCTION {fn_void_holes}(p_grace_ms bigint, OUT o_holes bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_popped bigint; v_bound bigint;
+BEGIN
+  -- Holes: positions a pusher drew and never wrote (it died). A position drawn before a message
+  -- that is already older than the grace has been unwritten at least that long: void it, so
+  -- the popper that draws it moves on at once. (Should the pusher write it after all, the
+  -- message is an orphan, and repair delivers it.)
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  SELECT max(msg_id) INTO v_bound FROM {ring}
+  WHERE state = 1 AND msg_id > v_popped AND pushed_at <= clock_timestamp() - p_grace_ms * interval '1 millisecond';
+  o_holes := 0;
+  IF v_bound IS NULL THEN RETURN; END IF;
+  -- Each slot stands for the one position of (v_popped, v_bound) that maps to it.
+  INSERT INTO {gap} (pos, reason)
+  SELECT c.p, 'void' FROM (
+    SELECT r.msg_id, v_popped + 1 + ((r.slot - (v_popped + 1) % {size} + {size}) % {size}) AS p FROM {ring} r) c
+  WHERE c.p < v_bound AND c.msg_id IS DISTINCT FROM c.p
+  ON CONFLICT (pos) DO NOTHING;
+  GET DIAGNOSTICS o_holes = ROW_COUNT;
+END $fn$
+--;;
 CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)

@@ -38,7 +38,7 @@ class MsRing(RingSqlBase):
     # Client-facing verbs plus the internal place/claim/next (INSERT ... EXEC cannot nest, so
     # procedures call each other through OUTPUT parameters).
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
-                                 "release", "ack", "ack_many", "nack", "repair", "stats")  # fmt: skip
+                                 "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
@@ -649,6 +649,26 @@ AS BEGIN
     AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
   SET @gaps = @@ROWCOUNT;
   SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
+END
+--;;
+CREATE OR ALTER PROCEDURE {fn_void_holes} @grace_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
+  -- than the grace is stalled: void it (a late write becomes an orphan that repair delivers).
+  DECLARE @popped bigint, @bound bigint, @holes bigint;
+  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  WHERE object_id = OBJECT_ID(N'{pop_seq}');
+  SELECT @bound = MAX(msg_id) FROM {ring}
+  WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, -@grace_ms, SYSUTCDATETIME());
+  IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
+  INSERT INTO {gap} (pos, reason)
+  SELECT c.p, 'void' FROM (
+    SELECT r.msg_id, @popped + 1 + ((r.slot - (@popped + 1) % {size} + {size}) % {size}) AS p FROM {ring} r) AS c
+  WHERE c.p < @bound AND (c.msg_id IS NULL OR c.msg_id <> c.p)
+    AND NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = c.p);
+  SET @holes = @@ROWCOUNT;
+  SELECT @holes;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_stats}
