@@ -413,6 +413,11 @@ def test_statistics_and_cleanup_are_published_on_schedule(env, kube):
     printed = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "dbq", "upkeep-q"],
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
     assert "DEPTH" in printed and " 30 " in printed, printed
+    described = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "describe", "dbq",
+                                "upkeep-q"], check=True, capture_output=True, text=True).stdout  # fmt: skip
+    assert "at 03:00 every day (UTC, cron '0 3 * * *')" in described, described
+    assert "dead rows pass 20%" in described and "measured every 5s" in described
+    assert cluster.get("upkeep-q")["status"]["maintenance"]["nextRun"].endswith("T03:00:00Z")
     repaired = wait_for(
         lambda: (cluster.get("upkeep-q").get("status", {}).get("cleanup") or {}).get("repairedTotal"), 40,
         "the orphan repaired by the scheduled cleanup",
