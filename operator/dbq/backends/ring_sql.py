@@ -103,6 +103,11 @@ class RingSqlBase:
             f" VALUES ({self.literal(self.t.names.queue)}, {self.NOW}, {marks})"
         )
 
+    def _queue_tables_list(self) -> str:
+        """The queue's tables as a list of string literals (for catalog queries)."""
+        n = self.t.names
+        return ", ".join(self.literal(t) for t in (n.ring, n.spill, n.gap))
+
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
         stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]

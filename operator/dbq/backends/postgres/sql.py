@@ -141,10 +141,6 @@ ON CONFLICT (slot) DO NOTHING"""
         )
 
     # --- maintenance (parameter: schema name) ---------------------------------------------------
-    def _queue_tables_list(self) -> str:
-        n = self.t.names
-        return ", ".join(literal(t) for t in (n.ring, n.spill, n.gap))
-
     def maintenance_tables(self) -> str:
         """Per queue table: name, live rows, dead rows."""
         return (

@@ -165,10 +165,6 @@ CREATE TABLE {self.history} (
         )
 
     # --- maintenance (parameter: schema name) ---------------------------------------------------
-    def _queue_tables_list(self) -> str:
-        n = self.t.names
-        return ", ".join(literal(t) for t in (n.ring, n.spill, n.gap))
-
     def maintenance_tables(self) -> str:
         """SQL Server has no dead rows to vacuum (ghost cleanup is automatic): no table figures."""
         return "SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)"
