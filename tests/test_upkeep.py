@@ -253,13 +253,14 @@ def test_cron_schedules_in_words_and_windows_in_the_operator_time_zone(monkeypat
     monkeypatch.setenv("DBQ_TIMEZONE", "Europe/Paris")
     spec = spec_for("postgres", "s")  # default window 0 3 * * *
     wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
-    run, first = upkeep.maintenance_due(spec, {}, wall)
-    assert not run and upkeep.stamp(first) == "2026-06-02T01:00:00Z"  # 03:00 in Paris (summer time)
+    action, first = upkeep.maintenance_due(spec, {}, wall)
+    assert action == "plan" and upkeep.stamp(first) == "2026-06-02T01:00:00Z"  # 03:00 in Paris (summer time)
     planned = {"maintenance": {"nextRun": upkeep.stamp(first), "cron": "0 3 * * *"}}
-    assert upkeep.maintenance_due(spec, planned, first)[0]
+    assert upkeep.maintenance_due(spec, planned, first)[0] == "run"
+    assert upkeep.maintenance_due(spec, planned, wall)[0] == "wait"
     changed = spec_for("postgres", "s", reindex={"schedule": "30 4 * * *"})
-    run, replanned = upkeep.maintenance_due(changed, planned, first)
-    assert not run and upkeep.stamp(replanned) == "2026-06-02T02:30:00Z"
+    action, replanned = upkeep.maintenance_due(changed, planned, first)
+    assert action == "plan" and upkeep.stamp(replanned) == "2026-06-02T02:30:00Z"
     words = upkeep.describe(spec, first)
     assert (
         "at 03:00 every day (Europe/Paris" in words["maintenance"]
@@ -311,9 +312,7 @@ def test_bloat_past_the_threshold_is_vacuumed_in_the_window_with_before_and_afte
     memory = upkeep.Memory(stats_at=1.0, cleanup_at=1.0)
     planned = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=1.0, wall=wall)
     assert "lastRun" not in planned.status["maintenance"]  # nothing runs before the window
-    window = datetime.strptime(planned.status["maintenance"]["nextRun"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=upkeep.UTC
-    )
+    window = upkeep.parse_stamp(planned.status["maintenance"]["nextRun"])
     done = upkeep.run_upkeep("ns", name, spec, planned.status, backend, memory, now=2.0, wall=window)
     m = done.status["maintenance"]
     ring = f"{name}_ring dead %"

@@ -128,7 +128,7 @@ def stats_status(sample: Sample, measured: tuple[float, float] | None, at: datet
         "pushRate": round(push_rate, 1),
         "popRate": round(pop_rate, 1),
         "oldestMessageAgeSeconds": round(sample.oldest_age_s, 1),
-        "measuredAt": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "measuredAt": stamp(at),
     }
 
 
@@ -149,15 +149,18 @@ def cleanup_message(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to repair"
 
 
-def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> tuple[bool, datetime]:
-    """(run now?, the next window). A queue without a planned window gets the next one; a
-    changed schedule re-plans it."""
+def parse_stamp(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> tuple[str, datetime]:
+    """("run" | "plan" | "wait", the window). A queue without a planned window, or whose
+    schedule changed, gets the next one planned ("plan")."""
     planned = status.get("maintenance") or {}
-    next_run = planned.get("nextRun")
-    if not next_run or planned.get("cron") != spec.reindex.schedule:
-        return False, next_window(spec.reindex.schedule, wall)
-    when = datetime.strptime(next_run, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return wall >= when, when
+    if not planned.get("nextRun") or planned.get("cron") != spec.reindex.schedule:
+        return "plan", next_window(spec.reindex.schedule, wall)
+    when = parse_stamp(planned["nextRun"])
+    return ("run" if wall >= when else "wait"), when
 
 
 def run_maintenance(spec: QueueSpec, backend: QueueBackend, wall: datetime) -> tuple[dict[str, Any], Event]:
@@ -198,19 +201,14 @@ def run_upkeep(
     now = time.monotonic() if now is None else now
     wall = datetime.now(UTC) if wall is None else wall
     out = Upkeep()
-    run, next_run = maintenance_due(spec, status, wall)
-    if run:
+    action, next_run = maintenance_due(spec, status, wall)
+    if action == "run":
         out.status["maintenance"], event = run_maintenance(spec, backend, wall)
         out.events.append(event)
-        next_run = datetime.strptime(out.status["maintenance"]["nextRun"], "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=UTC
-        )
-    elif (
-        not (status.get("maintenance") or {}).get("nextRun")
-        or (status.get("maintenance") or {}).get("cron") != spec.reindex.schedule
-    ):
-        out.status["maintenance"] = {**(status.get("maintenance") or {}), "nextRun": stamp(next_run),
-                                     "cron": spec.reindex.schedule}  # fmt: skip
+        next_run = parse_stamp(out.status["maintenance"]["nextRun"])
+    elif action == "plan":
+        planned = {"nextRun": stamp(next_run), "cron": spec.reindex.schedule}
+        out.status["maintenance"] = {**(status.get("maintenance") or {}), **planned}
     schedule = describe(spec, next_run)
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
