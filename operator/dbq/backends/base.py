@@ -99,6 +99,12 @@ class Sample:
     def taken(self) -> int:
         return self.popped + self.acquired
 
+    @classmethod
+    def of(cls, stats: Any) -> Sample:
+        """From a client's QueueStats (ring or pipes)."""
+        s = stats
+        return cls(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
+
 
 @dataclass(frozen=True)
 class Earlier:

@@ -72,6 +72,7 @@ class OdbcRing:
         self.target = RingTarget(names=names, size=size, message_bytes=message_bytes)
         self.sql = ring_sql(settings.backend, self.target)
         self._conn: pyodbc.Connection | None = None
+        self._queue: Any = None  # a data-plane client, for stats and repair
 
     def endpoint(self) -> str:
         return self.settings.endpoint
@@ -83,6 +84,9 @@ class OdbcRing:
         return self._conn
 
     def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -163,21 +167,20 @@ class OdbcRing:
             return Depth(depth=int(ready), in_flight=int(leased))
 
     def _client(self) -> Any:
-        from dbq.client.ring import Queue
+        """One client per backend object (one connection), closed with it."""
+        if self._queue is None:
+            from dbq.client.ring import Queue
 
-        return Queue(self.settings, self.names, pool_size=1)
+            self._queue = Queue(self.settings, self.names, pool_size=1)
+        return self._queue
 
     def measure(self) -> Sample:
-        with self._client() as q:
-            s = q.stats()
-        return Sample(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
+        return Sample.of(self._client().stats())
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
-        rescued or voided,
-        expired messages dropped, gap records purged."""
-        with self._client() as q:
-            r = q.repair(orphan_grace=stalled_after_s)
+        rescued or voided, expired messages dropped, gap records purged."""
+        r = self._client().repair(orphan_grace=stalled_after_s)
         return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
                 "expired": r.expired, "gapsPurged": r.gaps_purged}  # fmt: skip
 

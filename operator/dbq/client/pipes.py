@@ -505,8 +505,9 @@ class PipesQueue:
         self._set_lease(moved)
         return True
 
-    def _live_pipes(self) -> list[tuple[uuid.UUID, str]]:
-        meta = self._meta()
+    def _live_pipes(self, meta: list[Any] | None = None) -> list[tuple[uuid.UUID, str]]:
+        """The pipes above the watermark, oldest first; `meta` is the queue row if already read."""
+        meta = meta or self._meta()
         watermark = meta[4] if meta else None
         if watermark is None:
             return [(r[0], r[1]) for r in self._x(self.cql.list_all_pipes)]
@@ -671,7 +672,7 @@ class PipesQueue:
         if meta is None:
             raise QueueNotFound(f"queue {self.names.queue} is gone")
         finished = rolled_back = drained = 0
-        pipes = self._live_pipes()
+        pipes = self._live_pipes(meta)
         states = self._states([p for p, _ in pipes])
         pending = self._many(self.cql.pending_of, [(p,) for p, _ in pipes])
         at = now_ms()
@@ -749,7 +750,7 @@ class PipesQueue:
         if meta is None:
             raise QueueNotFound(f"queue {self.names.queue} is gone")
         pushed, requeued, popped, acquired, expired, retired = (int(v or 0) for v in meta[5:11])
-        pipes = self._live_pipes()
+        pipes = self._live_pipes(meta)
         states = self._states([p for p, _ in pipes])
         counts = self._many(self.cql.count_pending, [(p,) for p, _ in pipes])
         per_pipe: list[PipeStat] = []

@@ -30,6 +30,7 @@ class CassandraPipes:
         self.cql = cql.PipesCql(names)
         self._cluster: Cluster | None = None
         self._session: Session | None = None
+        self._queue: Any = None  # a data-plane client on this session, for stats and repair
 
     def endpoint(self) -> str:
         return self.settings.endpoint
@@ -41,6 +42,9 @@ class CassandraPipes:
         return self._session
 
     def close(self) -> None:
+        if self._queue is not None and self._session is not None:
+            self._queue.close()  # gives back leases; the session is ours to shut down
+        self._queue = None
         if self._cluster is not None:
             self._cluster.shutdown()
         self._cluster = self._session = None
@@ -102,20 +106,22 @@ class CassandraPipes:
 
     # --- state ----------------------------------------------------------------------------
     def _client(self) -> Any:
-        from dbq.client.pipes import PipesQueue
+        """One client per backend object, on its session (prepared statements are reused)."""
+        if self._queue is None:
+            from dbq.client.pipes import PipesQueue
 
-        try:
-            return PipesQueue.over(self.session, self.settings, self.names)
-        except Exception as e:
-            raise BackendError(f"{self.settings.endpoint}: {e}") from None
+            try:
+                self._queue = PipesQueue.over(self.session, self.settings, self.names)
+            except Exception as e:
+                raise BackendError(f"{self.settings.endpoint}: {e}") from None
+        return self._queue
 
     def depth(self) -> Depth:
         stats = self._client().stats()
         return Depth(depth=stats.depth, in_flight=stats.in_flight)
 
     def measure(self) -> Sample:
-        s = self._client().stats()
-        return Sample(s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds)
+        return Sample.of(self._client().stats())
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """The pipes reaper: vanished pushers' pipes finished, expired leases rolled back,
