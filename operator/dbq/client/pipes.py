@@ -467,12 +467,17 @@ class PipesQueue:
 
     def _set_lease(self, lease: _Lease | None) -> None:
         old = self._lease()
-        with self._threads_lock:
-            if old is not None and old in self._leases:
-                self._leases.remove(old)
-            if lease is not None:
+        if old is not None:
+            self._forget(old)
+        if lease is not None:
+            with self._threads_lock:
                 self._leases.append(lease)
         self._local.lease = lease
+
+    def _forget(self, lease: _Lease) -> None:
+        with self._threads_lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
 
     def _working_lease(self) -> _Lease | None:
         """The thread's lease, renewed when due; else a new one on the oldest pipe with messages."""
@@ -544,11 +549,8 @@ class PipesQueue:
         with contextlib.suppress(QueueError):  # else it expires on its own
             self._cas(self.cql.release, lease.state.pipe, lease.owner)
         if self._lease() is lease:
-            self._set_lease(None)
-        else:
-            with self._threads_lock:
-                if lease in self._leases:
-                    self._leases.remove(lease)
+            self._local.lease = None
+        self._forget(lease)
 
     def _take_from(self, lease: _Lease, n: int, visibility: float | None) -> list[PipeMessage]:
         s = lease.state
