@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION
+from dbq.backends.ring_sql import records
 from tests.manifests import REFUSED_AT_ADMISSION, queue
 from tests.operator_harness import ROOT, Cluster, Operator, apply_rbac, wait_for
 
@@ -273,7 +274,9 @@ def test_deletion_policies(env):
     assert any(e.reason == "DeletionBlocked" for e in cluster.events(name))
     time.sleep(3)
     assert cluster.exists(name)
-    status, _, body, *_ = cur.execute(f'SELECT * FROM "{schema}".del_deleteifempty_pop(0)').fetchone()
+    ((status, _, _, _, body),) = records(
+        cur.execute(f'SELECT "{schema}".del_deleteifempty_pop(0)').fetchval()
+    )
     assert (status, bytes(body)) == (0, b"keep me")  # not lost: drained by a consumer
     wait_for(lambda: not cluster.exists(name), 90, "drained queue deleted")
     assert not schema_exists(postgres, schema)

@@ -11,6 +11,7 @@ from dbq.backends import open_backend
 from dbq.backends.base import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
 from dbq.backends.postgres.sql import FILLFACTOR
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION
+from dbq.backends.ring_sql import records
 from dbq.connection import from_url
 from tests.manifests import queue
 
@@ -68,7 +69,7 @@ def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
     cur = backend.conn.cursor()
     assert cur.execute(backend.sql.call("push"), b"a", 0).fetchval() == 1
     assert cur.execute(backend.sql.call("push"), b"b", 0).fetchval() == 2
-    status, msg_id, body, *_ = cur.execute(backend.sql.call("pop"), 0).fetchone()
+    ((status, msg_id, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
     assert (status, msg_id, bytes(body)) == (0, 1, b"a")
     assert backend.depth().depth == 1
     backend.teardown()
@@ -86,9 +87,9 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     backend.apply()
     assert backend.plan(backend.observe()) == []
     # A popper on the re-created ring finds it empty instead of waiting on lost positions.
-    assert cur.execute(backend.sql.call("pop"), 0).fetchone()[0] == 1
+    assert next(records(cur.execute(backend.sql.call("pop"), 0).fetchval()))[0] == 1
     assert cur.execute(backend.sql.call("push"), b"new", 0).fetchval() == 6
-    status, msg_id, body, *_ = cur.execute(backend.sql.call("pop"), 0).fetchone()
+    ((status, msg_id, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
     assert (status, msg_id, bytes(body)) == (0, 6, b"new")
     backend.teardown()
 

@@ -130,3 +130,12 @@ def test_names_are_validated_before_they_are_quoted():
         ms_quote("a]b")
     with pytest.raises(ValueError):
         MsRing(RingTarget(names=TARGET.names, size=16, message_bytes=8000))
+
+
+def test_packed_records_read_back_exactly():
+    """take/pop/pop_many answer with packed records; both dialects write integers big-endian."""
+    from dbq.backends.ring_sql import RECORD, records
+
+    blob = RECORD.pack(0, 7, 2**53, 3, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0) + RECORD.pack(0, 10, 0, 1, 0)
+    assert list(records(blob)) == [(0, 7, 2**53, 3, b"hello"), (2, 9, 0, 0, b""), (0, 10, 0, 1, b"")]
+    assert list(records(b"")) == []

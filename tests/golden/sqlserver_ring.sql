@@ -264,7 +264,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
   EXEC [shopq].[orders_claim] @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT @status AS o_status, @pos AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@pos, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(@body, 0x) AS o_record;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_next] @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
@@ -273,10 +273,15 @@ AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
-    @n bigint;
+    @n bigint, @look bit;
   SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
-  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
-  WHILE 1 = 1 BEGIN
+  -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
+  -- One pop in 8 looks there first while the ring has messages, and every pop when
+  -- it has none: looking costs a statement most pops can skip, and none waits for ever.
+  SET @look = CASE WHEN RAND() * 8 < 1 THEN 1 ELSE 0 END;
+  redeliveries:
+  -- 1. Redeliveries.
+  WHILE @look = 1 BEGIN
     SET @id = NULL;
     SELECT TOP (1) @id = msg_id, @exp = expires_at FROM [shopq].[orders_spill] WITH (ROWLOCK, UPDLOCK, READPAST)
     WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
@@ -306,6 +311,7 @@ AS BEGIN
                         * ISNULL(CAST(last_used_value AS bigint), 0))
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
     IF @ahead <= 0 BEGIN
+      IF @look = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
       -- Nothing new. A position whose popper gave up may have received its message since.
       SET @pos = NULL;
       SELECT TOP (1) @pos = g.pos FROM [shopq].[orders_gap] g WITH (ROWLOCK, UPDLOCK, READPAST)
@@ -333,7 +339,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
   EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT @status AS o_status, @id AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(@body, 0x) AS o_record;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_pop_many] @max int, @lease_ms bigint
@@ -349,19 +355,19 @@ AS BEGIN
     EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status = 1 BREAK;
     INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
-    IF @status = 2 BEGIN SELECT * FROM @out; RETURN; END;  -- the caller waits for that position
+    IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
                       * ISNULL(CAST(last_used_value AS bigint), 0))
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
   SET @k = @max - (SELECT COUNT(*) FROM @out);
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
-  IF @k <= 0 BEGIN
+  IF @status = 2 OR @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
       EXEC [shopq].[orders_next] @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
       IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     END;
-    SELECT * FROM @out;
+    SELECT CAST(CAST(o_status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(o_id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_body), 0) AS int) AS binary(4)) + ISNULL(o_body, 0x) AS o_record FROM @out ORDER BY o_status, o_id;
     RETURN;
   END;
   -- 2. The ring: one contiguous range of positions, their slots claimed in one update.
@@ -394,7 +400,7 @@ AS BEGIN
     IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
   END;
-  SELECT * FROM @out ORDER BY o_status, o_id;
+  SELECT CAST(CAST(o_status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(o_id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_body), 0) AS int) AS binary(4)) + ISNULL(o_body, 0x) AS o_record FROM @out ORDER BY o_status, o_id;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_release] @positions nvarchar(max)
@@ -541,10 +547,10 @@ END
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 3, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 4, message_bytes = 300,
   updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 3, 1000, 300);
+  VALUES (s.queue, N'ring', 4, 1000, 300);
 
 -- teardown
 

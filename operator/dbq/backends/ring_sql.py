@@ -6,7 +6,8 @@ Each dialect (`postgres/sql.py`, `sqlserver/sql.py`) subclasses `RingSqlBase` wi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterator
 
 from dbq.backends.names import COUNTERS, QueueNames
 from dbq.backends.ring_plan import RingTarget
@@ -26,6 +27,30 @@ CALL_ARGS = {
     "void_holes": "?",
     "stats": "",
 }
+
+
+# take, pop and pop_many answer with packed records, so a call returns one value whatever it
+# took (no per-row or per-column work in the driver): status (1 byte), id (8), lease (8, 0 for
+# none), attempts (4), body length (4), then the body; integers big-endian, as both PostgreSQL's
+# int*send() and SQL Server's CAST(... AS binary(n)) write them. A dialect may answer with
+# several rows of records; the client reads them as one stream.
+RECORD = struct.Struct(">bqqii")
+
+# Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
+# pop in SPILL_SHARE looks there before the ring while the ring has messages, and every pop when
+# it has none: so most pops skip that look, and a redelivery still waits only a few pops.
+SPILL_SHARE = 8
+
+
+def records(blob: bytes) -> Iterator[tuple[int, int, int, int, bytes]]:
+    """(status, id, lease, attempts, body) of each packed record in `blob`."""
+    view = memoryview(blob)
+    at, end = 0, len(blob)
+    while at < end:
+        status, msg_id, lease, attempts, length = RECORD.unpack_from(view, at)
+        at += RECORD.size
+        yield status, msg_id, lease, attempts, bytes(view[at : at + length])
+        at += length
 
 
 def recorded_query(names: QueueNames, quote: Callable[[str], str]) -> str:
@@ -87,6 +112,7 @@ class RingSqlBase:
             "size": self.size,
             "max_bytes": self.message_bytes,
             "queue": self.t.names.queue,
+            "spill_share": SPILL_SHARE,
             **{f"n_{c}": seq for c, seq in self.count.items()},
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }

@@ -20,6 +20,7 @@ from dbq.backends.dialects import recorded_query, ring_sql
 from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import CONNECT_TIMEOUT_S
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
+from dbq.backends.ring_sql import CALL_ARGS, RECORD, records
 from dbq.client.errors import (
     LeaseLost,
     MessageTooLarge,
@@ -31,7 +32,7 @@ from dbq.client.errors import (
 from dbq.client.waiting import Deadline
 from dbq.connection import ConnectionSettings, driver_error
 
-# Statuses of take/pop rows (see the routines).
+# Statuses of take/pop records (see the routines).
 MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
@@ -39,6 +40,7 @@ DEFAULT_HOLE_GRACE_S = 2.0
 # Deadlock, serialization failure: the call was rolled back whole and may be made again.
 RETRY_STATES = {"40P01", "40001"}
 RETRIES = 5
+Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
 
 
 class _Session:
@@ -79,7 +81,7 @@ class RepairResult:
     holes: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     id: int
     body: bytes
@@ -146,7 +148,7 @@ class Queue:
         self.message_bytes = message_bytes
         self.sql = ring_sql(settings.backend, RingTarget(names=names, size=size, message_bytes=message_bytes))
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
-        self._statements: dict[str, str] = {}
+        self._statements = {verb: self.sql.call(verb) for verb in CALL_ARGS}
 
     # --- connections ----------------------------------------------------------------------
     @contextmanager
@@ -175,9 +177,9 @@ class Queue:
     def _call(self, verb: str, *args: Any) -> list[Any]:
         """One routine call, one round trip. A call the database rolled back for a deadlock or a
         serialization failure changed nothing, so it is simply made again."""
-        statement = self._statements.get(verb) or self._statements.setdefault(verb, self.sql.call(verb))
+        statement = self._statements[verb]
         for attempt in range(RETRIES + 1):
-            session = self._checkout()
+            session = self._idle.pop() if self._idle else self._connect()  # atomic list ops: no lock
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
             except pyodbc.Error as e:
@@ -194,7 +196,10 @@ class Queue:
             except BaseException:
                 session.conn.close()
                 raise
-            self._checkin(session)
+            if len(self._idle) < self.pool_size:
+                self._idle.append(session)
+            else:
+                session.conn.close()
             return rows
         raise AssertionError("unreachable")
 
@@ -288,22 +293,21 @@ class Queue:
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> Message | None:
         """At-most-once: the message is gone from the queue once returned. None if none came in time."""
-        row = self._call("pop", 0)[0]
-        if row[0] == MESSAGE:  # the common case, without the waiting machinery
-            return self._message(row)
-        got = self._take(1, timeout, lease_ms=0, first=row)
-        return got[0] if got else None
+        return self._pop_one(0, timeout)
 
     def pop_many(self, n: int, timeout: float | None = None) -> list[Message]:
         return self._take(n, timeout, lease_ms=0)
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> Message | None:
         """At-least-once: the message is leased for `visibility` seconds; ack() it, or it comes back."""
-        lease_ms = self._lease_ms(visibility)
-        row = self._call("pop", lease_ms)[0]
-        if row[0] == MESSAGE:
-            return self._message(row)
-        got = self._take(1, timeout, lease_ms=lease_ms, first=row)
+        return self._pop_one(self._lease_ms(visibility), timeout)
+
+    def _pop_one(self, lease_ms: int, timeout: float | None) -> Message | None:
+        blob = self._call("pop", lease_ms)[0][0]
+        status, msg_id, lease, attempts, _ = RECORD.unpack_from(blob)
+        if status == MESSAGE:  # the common case, without the waiting machinery
+            return Message(msg_id, blob[RECORD.size :], attempts, lease or None, self)
+        got = self._take(1, timeout, lease_ms, first=list(records(blob)))
         return got[0] if got else None
 
     def acquire_many(
@@ -317,16 +321,23 @@ class Queue:
             raise ValueError("visibility must be positive: it is how long the consumer may hold a message")
         return lease_ms
 
-    def _take(self, n: int, timeout: float | None, lease_ms: int, first: Any = None) -> list[Message]:
-        """Pop/acquire up to n, waiting up to the timeout; `first` is a pop row already fetched."""
+    def _records(self, verb: str, *args: Any) -> list[Record]:
+        """Call take/pop/pop_many; the records it answered with."""
+        rows = self._call(verb, *args)
+        return list(records(rows[0][0] if len(rows) == 1 else b"".join(r[0] for r in rows)))
+
+    def _take(
+        self, n: int, timeout: float | None, lease_ms: int, first: list[Record] | None = None
+    ) -> list[Message]:
+        """Pop/acquire up to n, waiting up to the timeout; `first` is a pop answer already fetched."""
         if n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         deadline = Deadline(self.pop_timeout if timeout is None else timeout)
         while True:
             if first is not None:
-                rows, first = [first], None
+                rows, first = first, None
             else:
-                rows = self._call("pop", lease_ms) if n == 1 else self._call("pop_many", n, lease_ms)
+                rows = self._records("pop", lease_ms) if n == 1 else self._records("pop_many", n, lease_ms)
             messages = [self._message(r) for r in rows if r[0] == MESSAGE]
             pending = [int(r[1]) for r in rows if r[0] == NOT_WRITTEN]
             if messages:
@@ -345,7 +356,7 @@ class Queue:
         """Our drawn position's message is on its way: take it when written, or give it up."""
         since = time.monotonic()
         while True:
-            row = self._call("take", position, lease_ms)[0]
+            row = self._records("take", position, lease_ms)[0]
             if row[0] == MESSAGE:
                 return self._message(row)
             if row[0] != NOT_WRITTEN:
@@ -358,15 +369,9 @@ class Queue:
         if positions:
             self._call("release", ",".join(map(str, positions)))
 
-    def _message(self, row: Any) -> Message:
-        _, msg_id, body, lease, attempts = row
-        return Message(
-            id=int(msg_id),
-            body=bytes(body),
-            attempts=int(attempts or 0),
-            lease=int(lease) if lease is not None else None,
-            _queue=self,
-        )
+    def _message(self, record: Record) -> Message:
+        _, msg_id, lease, attempts, body = record
+        return Message(id=msg_id, body=body, attempts=attempts, lease=lease or None, _queue=self)
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge several leased messages in one round trip. Raises LeaseLost, whose

@@ -42,6 +42,18 @@ class PgRing(RingSqlBase):
         super().__init__(target, quote, literal)
         self.TEMPLATE = _ROUTINES
 
+    def _create_routines(self) -> list[str]:
+        # Schema version 3 answered take/pop/pop_many with rows; CREATE OR REPLACE cannot change
+        # a function's result type, so those go first (in the same transaction as the rest).
+        drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _RESULT_CHANGED.items()]
+        return drops + super()._create_routines()
+
+    def _fmt(self) -> dict[str, object]:
+        return super()._fmt() | {
+            "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
+            "row_record": _record("0", "msg_id", "lease", "attempts", "body"),
+        }
+
     # --- provisioning, one method per planning step ------------------------------------------
     def _create_schema(self) -> list[str]:
         return [f"CREATE SCHEMA IF NOT EXISTS {self.schema}"]
@@ -211,9 +223,9 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
     # --- data plane calls -----------------------------------------------------------------
     def call(self, verb: str) -> str:
         args = CALL_ARGS[verb]
-        if verb in _SCALAR:  # one OUT value: a plain call skips the function scan's tuplestore
-            return f"SELECT {self.fn[verb]}({args})"
-        return f"SELECT * FROM {self.fn[verb]}({args})"
+        if verb in _SET_RETURNING:
+            return f"SELECT * FROM {self.fn[verb]}({args})"
+        return f"SELECT {self.fn[verb]}({args})"  # one value: a plain call skips the function scan
 
     def depth_sql(self) -> str:
         return (
@@ -224,15 +236,27 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
         )
 
 
-_SCALAR = {"push", "push_many", "release", "ack", "ack_many", "nack"}
+_SET_RETURNING = {"repair", "void_holes", "stats"}
+_RESULT_CHANGED = {"take": "bigint, bigint", "pop": "bigint", "pop_many": "int, bigint"}
+
+
+def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
+    """One packed take/pop record (see `RECORD`) built from SQL expressions."""
+    return (
+        f"substring(int4send({status}) FROM 4) || int8send(coalesce({msg_id}, 0))"
+        f" || int8send(coalesce({lease}, 0)) || int4send(coalesce({attempts}, 0))"
+        f" || int4send(coalesce(octet_length({body}), 0)) || coalesce({body}, '')"
+    )
+
 
 # Routines, separated by `--;;` lines. Placeholders: {ring} {spill} {gap} {push_seq} {pop_seq}
 # {n_pushed} {n_popped} {n_acquired} {n_expired} {size} {max_bytes} {queue} {fn_<verb>};
 # literal braces are doubled. Arrays travel as text ('{1,2,3}'), which every ODBC driver binds.
 #
-# Status codes of take/pop/pop_many rows: 0 message; 1 queue empty; 2 position o_id was drawn but
-# its message is not written yet (call take(o_id) until it arrives, or release it); 3 position
-# gone (draw again). In a ring row, state 1 always has lease 0 and state 2 a lease > 0.
+# take/pop/pop_many answer with packed records (see `RECORD`). Status codes: 0 message; 1 queue
+# empty; 2 position `id` was drawn but its message is not written yet (call take(id) until it
+# arrives, or release it); 3 position gone (draw again). In a ring row, state 1 always has
+# lease 0 and state 2 a lease > 0.
 _ROUTINES = r"""
 CREATE OR REPLACE FUNCTION {fn_place}(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
@@ -347,24 +371,23 @@ BEGIN
   o_ids := array_to_string(v_out, ',');
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint,
-  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
+  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
 BEGIN
-  o_id := p_pos;
   -- A few rounds: a message written just after the update's snapshot is seen by the next
   -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
-  -- position a pusher has drawn is usually written within a millisecond, so it is waited for
-  -- briefly here rather than with a round trip per look from the client.
-  FOR v_round IN 1..10 LOOP
+  -- position a pusher has drawn is usually written within microseconds, so it is looked at again
+  -- at once, then waited for briefly here rather than with a round trip per look from the client.
+  FOR v_round IN 1..12 LOOP
     IF p_lease_ms <= 0 THEN
       UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
         PERFORM nextval('{n_popped}');
-        o_status := 0; RETURN;
+        o_status := 0; RETURN {record};
       END IF;
     ELSE
       o_lease := (random() * 9007199254740991)::bigint + 1;
@@ -374,7 +397,7 @@ BEGIN
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
         PERFORM nextval('{n_acquired}');
-        o_status := 0; RETURN;
+        o_status := 0; RETURN {record};
       END IF;
       o_lease := NULL;
     END IF;
@@ -386,101 +409,108 @@ BEGIN
       END IF;
       UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
       IF FOUND THEN PERFORM nextval('{n_expired}'); END IF;  -- expired (TTL): dropped
-      o_status := 3; RETURN;
+      o_status := 3; RETURN {record};
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
       DELETE FROM {gap} WHERE pos = p_pos;
-      o_status := 3; RETURN;
+      o_status := 3; RETURN {record};
     END IF;
     DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
-    IF FOUND THEN o_status := 3; RETURN; END IF;
-    EXIT WHEN v_round = 10 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {push_seq});
-    PERFORM pg_sleep(0.0002);
+    IF FOUND THEN o_status := 3; RETURN {record}; END IF;
+    EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {push_seq});
+    IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
-  o_status := 2; o_body := NULL; o_attempts := NULL;
+  o_body := NULL; o_attempts := NULL;
+  RETURN {record};  -- status 2: not written yet
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint,
-  OUT o_status int, OUT o_id bigint, OUT o_body bytea, OUT o_lease bigint, OUT o_attempts int)
+CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
+  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int;
+  -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
+  -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
+  -- it has none: looking costs a statement most pops can skip, and none waits for ever.
+  v_look boolean := random() * {spill_share} < 1;
 BEGIN
-  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
+  <<attempt>>
   LOOP
-    SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
-    FROM {spill} WHERE state = 1 AND visible_at <= clock_timestamp()
-    ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
-    EXIT WHEN NOT FOUND;
-    IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
-      DELETE FROM {spill} WHERE msg_id = o_id;
-      PERFORM nextval('{n_expired}');
-      CONTINUE;
-    END IF;
-    IF p_lease_ms <= 0 THEN
-      DELETE FROM {spill} WHERE msg_id = o_id;
-      PERFORM nextval('{n_popped}');
-    ELSE
-      o_lease := (random() * 9007199254740991)::bigint + 1;
-      o_attempts := o_attempts + 1;
-      UPDATE {spill} SET state = 2, lease = o_lease, attempts = o_attempts,
-        visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
-      PERFORM nextval('{n_acquired}');
-    END IF;
-    o_status := 0; RETURN;
-  END LOOP;
-  o_id := NULL; o_body := NULL; o_attempts := NULL;
-  -- 2. The ring, in push order.
-  LOOP
-    -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
-    SELECT nextval('{pop_seq}') INTO v_pos FROM {push_seq} u, {pop_seq} o
-    WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
-    IF NOT FOUND THEN
-      -- Nothing new. A position whose popper gave up may have received its message since.
-      SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
-      WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
-      IF FOUND THEN
-        DELETE FROM {gap} WHERE pos = v_pos;
-        SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(v_pos, p_lease_ms);
-        IF o_status = 0 THEN RETURN; END IF;
+    -- 1. Redeliveries.
+    WHILE v_look LOOP
+      SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
+      FROM {spill} WHERE state = 1 AND visible_at <= clock_timestamp()
+      ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
+      EXIT WHEN NOT FOUND;
+      IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
+        DELETE FROM {spill} WHERE msg_id = o_id;
+        PERFORM nextval('{n_expired}');
+        CONTINUE;
       END IF;
-      o_status := 1; o_id := NULL; o_body := NULL; o_lease := NULL; o_attempts := NULL;
-      RETURN;
-    END IF;
-    IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
-      UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
-        AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, attempts, nextval('{n_popped}') INTO o_id, o_body, o_attempts, v_ahead;
-      IF FOUND THEN o_status := 0; RETURN; END IF;
-    ELSE
-      o_lease := (random() * 9007199254740991)::bigint + 1;
-      UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
-        visible_at = v_now + p_lease_ms * interval '1 millisecond'
-      WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, attempts, nextval('{n_acquired}') INTO o_id, o_body, o_attempts, v_ahead;
-      IF FOUND THEN o_status := 0; RETURN; END IF;
-      o_lease := NULL;
-    END IF;
-    SELECT * INTO o_status, o_id, o_body, o_lease, o_attempts FROM {fn_take}(v_pos, p_lease_ms);
-    IF o_status <> 3 THEN RETURN; END IF;
-    v_i := v_i + 1;
-    IF v_i >= 1000 THEN o_status := 1; o_id := NULL; RETURN; END IF;
+      IF p_lease_ms <= 0 THEN
+        DELETE FROM {spill} WHERE msg_id = o_id;
+        PERFORM nextval('{n_popped}');
+      ELSE
+        o_lease := (random() * 9007199254740991)::bigint + 1;
+        o_attempts := o_attempts + 1;
+        UPDATE {spill} SET state = 2, lease = o_lease, attempts = o_attempts,
+          visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
+        PERFORM nextval('{n_acquired}');
+      END IF;
+      o_status := 0; RETURN {record};
+    END LOOP;
+    o_id := NULL; o_body := NULL; o_attempts := NULL;
+    -- 2. The ring, in push order.
+    LOOP
+      -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
+      SELECT nextval('{pop_seq}') INTO v_pos FROM {push_seq} u, {pop_seq} o
+      WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
+      IF NOT FOUND THEN
+        IF NOT v_look THEN v_look := true; CONTINUE attempt; END IF;
+        -- Nothing new. A position whose popper gave up may have received its message since.
+        SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+        WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
+        IF FOUND THEN
+          DELETE FROM {gap} WHERE pos = v_pos;
+          v_rec := {fn_take}(v_pos, p_lease_ms);
+          IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
+        END IF;
+        o_status := 1; o_lease := NULL;
+        RETURN {record};  -- empty
+      END IF;
+      IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
+        UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
+          AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, attempts, nextval('{n_popped}') INTO o_id, o_body, o_attempts, v_ahead;
+        IF FOUND THEN o_status := 0; RETURN {record}; END IF;
+      ELSE
+        o_lease := (random() * 9007199254740991)::bigint + 1;
+        UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
+          visible_at = v_now + p_lease_ms * interval '1 millisecond'
+        WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, attempts, nextval('{n_acquired}') INTO o_id, o_body, o_attempts, v_ahead;
+        IF FOUND THEN o_status := 0; RETURN {record}; END IF;
+        o_lease := NULL;
+      END IF;
+      v_rec := {fn_take}(v_pos, p_lease_ms);
+      IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
+      v_i := v_i + 1;
+      IF v_i >= 1000 THEN o_status := 1; RETURN {record}; END IF;
+    END LOOP;
   END LOOP;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint)
-RETURNS TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)
+CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  r record; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint; v_p bigint;
-  v_now timestamptz := clock_timestamp(); v_taken bigint[] := '{{}}';
+  v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
+  v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[];
 BEGIN
   -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
   WHILE v_got < p_max AND EXISTS (SELECT 1 FROM {spill} WHERE state = 1 AND visible_at <= v_now) LOOP
-    SELECT * INTO r FROM {fn_pop}(p_lease_ms);
-    EXIT WHEN r.o_status = 1;
-    o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
-    RETURN NEXT;
-    IF r.o_status = 2 THEN RETURN; END IF;  -- the caller waits for that position
+    v_rec := {fn_pop}(p_lease_ms);
+    EXIT WHEN get_byte(v_rec, 0) = 1;
+    v_out := v_out || v_rec;
+    IF get_byte(v_rec, 0) = 2 THEN RETURN v_out; END IF;  -- the caller waits for that position
     v_got := v_got + 1;
   END LOOP;
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
@@ -488,56 +518,43 @@ BEGIN
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 THEN
     IF v_got = 0 THEN
-      SELECT * INTO r FROM {fn_pop}(p_lease_ms);
-      IF r.o_status <> 1 THEN
-        o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease;
-        o_attempts := r.o_attempts;
-        RETURN NEXT;
-      END IF;
+      v_rec := {fn_pop}(p_lease_ms);
+      IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
     END IF;
-    RETURN;
+    RETURN v_out;
   END IF;
-  -- 2. The ring: draw k positions in one statement and claim their slots in one update.
+  -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
+  -- pack what it took into one value, in push order.
   SELECT array_agg(nextval('{pop_seq}') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
   IF p_lease_ms <= 0 THEN
-    FOR r IN
-      WITH t AS (
-        UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts)
-      SELECT * FROM t ORDER BY msg_id
-    LOOP
-      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := NULL; o_attempts := r.attempts;
-      v_taken := v_taken || r.msg_id;
-      RETURN NEXT;
-    END LOOP;
+    WITH t AS (
+      UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
+      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, NULL::bigint AS lease, attempts)
+    SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{{}}')
+    INTO v_rec, v_taken FROM t;
     PERFORM nextval('{n_popped}') FROM unnest(v_taken);
   ELSE
-    FOR r IN
-      WITH t AS (
-        UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
-          visible_at = v_now + p_lease_ms * interval '1 millisecond'
-        FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, lease, attempts)
-      SELECT * FROM t ORDER BY msg_id
-    LOOP
-      o_status := 0; o_id := r.msg_id; o_body := r.body; o_lease := r.lease; o_attempts := r.attempts;
-      v_taken := v_taken || r.msg_id;
-      RETURN NEXT;
-    END LOOP;
+    WITH t AS (
+      UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+        visible_at = v_now + p_lease_ms * interval '1 millisecond'
+      FROM unnest(v_pos) p(pos)
+      WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      RETURNING msg_id, body, lease, attempts)
+    SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{{}}')
+    INTO v_rec, v_taken FROM t;
     PERFORM nextval('{n_acquired}') FROM unnest(v_taken);
   END IF;
+  v_out := v_out || v_rec;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
-  FOREACH v_p IN ARRAY v_pos LOOP
-    EXIT WHEN cardinality(v_taken) = v_k;
-    CONTINUE WHEN v_p = ANY (v_taken);
-    SELECT * INTO r FROM {fn_take}(v_p, p_lease_ms);
-    IF r.o_status IN (0, 2) THEN
-      o_status := r.o_status; o_id := r.o_id; o_body := r.o_body; o_lease := r.o_lease; o_attempts := r.o_attempts;
-      RETURN NEXT;
-    END IF;
-  END LOOP;
+  IF cardinality(v_taken) < v_k THEN
+    FOREACH v_p IN ARRAY v_pos LOOP
+      CONTINUE WHEN v_p = ANY (v_taken);
+      v_rec := {fn_take}(v_p, p_lease_ms);
+      IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+    END LOOP;
+  END IF;
+  RETURN v_out;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_release}(p_positions text, OUT o_released int)

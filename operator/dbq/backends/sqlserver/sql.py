@@ -5,8 +5,8 @@ a clustered key on `slot` only, ROWLOCK updates that touch no indexed column, se
 server-wide CACHE (SQL Server hands cached values out in order to every session; an unclean
 shutdown loses the rest of the cache, which is a hole the poppers skip), and
 `sys.sp_sequence_get_range` to reserve a contiguous range for a batch. READPAST is SQL
-Server's SKIP LOCKED. Procedures answer with one result set shaped like the PostgreSQL
-functions' rows, so the client reads both alike.
+Server's SKIP LOCKED. Procedures answer like the PostgreSQL functions (take/pop/pop_many with
+packed records, see `RECORD`), so the client reads both alike.
 
 Identifiers come from `QueueNames` (validated) and are bracket-quoted by `quote()`; numbers are
 validated integers; values are bound parameters.
@@ -34,6 +34,15 @@ def literal(identifier: str) -> str:
     return f"N'{identifier}'"
 
 
+def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
+    """One packed take/pop record (see `RECORD`) built from T-SQL expressions."""
+    return (
+        f"CAST(CAST({status} AS tinyint) AS binary(1)) + CAST(CAST(ISNULL({msg_id}, 0) AS bigint) AS binary(8))"
+        f" + CAST(CAST(ISNULL({lease}, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL({attempts}, 0) AS int) AS binary(4))"
+        f" + CAST(CAST(ISNULL(DATALENGTH({body}), 0) AS int) AS binary(4)) + ISNULL({body}, 0x)"
+    )
+
+
 class MsRing(RingSqlBase):
     # Client-facing verbs plus the internal place/claim/next (INSERT ... EXEC cannot nest, so
     # procedures call each other through OUTPUT parameters).
@@ -47,6 +56,13 @@ class MsRing(RingSqlBase):
         self.TEMPLATE = _PROCS
         if not 16 <= self.message_bytes <= MAX_BODY:
             raise ValueError(f"message_bytes {self.message_bytes} outside 16..{MAX_BODY}")
+
+    def _fmt(self) -> dict[str, object]:
+        return super()._fmt() | {
+            "record": _record("@status", "@id", "@lease", "@attempts", "@body"),
+            "take_record": _record("@status", "@pos", "@lease", "@attempts", "@body"),
+            "out_record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
+        }
 
     def _object_missing(self, qualified: str, kind: str) -> str:
         return f"IF OBJECT_ID(N'{qualified}', N'{kind}') IS NULL"
@@ -416,7 +432,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
   EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT @status AS o_status, @pos AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+  SELECT {take_record} AS o_record;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
@@ -425,10 +441,15 @@ AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
-    @n bigint;
+    @n bigint, @look bit;
   SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
-  -- 1. Redeliveries first: nacked messages, expired leases and repaired orphans.
-  WHILE 1 = 1 BEGIN
+  -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
+  -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
+  -- it has none: looking costs a statement most pops can skip, and none waits for ever.
+  SET @look = CASE WHEN RAND() * {spill_share} < 1 THEN 1 ELSE 0 END;
+  redeliveries:
+  -- 1. Redeliveries.
+  WHILE @look = 1 BEGIN
     SET @id = NULL;
     SELECT TOP (1) @id = msg_id, @exp = expires_at FROM {spill} WITH (ROWLOCK, UPDLOCK, READPAST)
     WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
@@ -458,6 +479,7 @@ AS BEGIN
                         * ISNULL(CAST(last_used_value AS bigint), 0))
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
     IF @ahead <= 0 BEGIN
+      IF @look = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
       -- Nothing new. A position whose popper gave up may have received its message since.
       SET @pos = NULL;
       SELECT TOP (1) @pos = g.pos FROM {gap} g WITH (ROWLOCK, UPDLOCK, READPAST)
@@ -485,7 +507,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
   EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT @status AS o_status, @id AS o_id, @body AS o_body, @lease AS o_lease, @attempts AS o_attempts;
+  SELECT {record} AS o_record;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_pop_many} @max int, @lease_ms bigint
@@ -501,19 +523,19 @@ AS BEGIN
     EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status = 1 BREAK;
     INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
-    IF @status = 2 BEGIN SELECT * FROM @out; RETURN; END;  -- the caller waits for that position
+    IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
                       * ISNULL(CAST(last_used_value AS bigint), 0))
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
   SET @k = @max - (SELECT COUNT(*) FROM @out);
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
-  IF @k <= 0 BEGIN
+  IF @status = 2 OR @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
       EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
       IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     END;
-    SELECT * FROM @out;
+    SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
     RETURN;
   END;
   -- 2. The ring: one contiguous range of positions, their slots claimed in one update.
@@ -546,7 +568,7 @@ AS BEGIN
     IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
   END;
-  SELECT * FROM @out ORDER BY o_status, o_id;
+  SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_release} @positions nvarchar(max)
