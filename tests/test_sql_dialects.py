@@ -136,6 +136,8 @@ def test_packed_records_read_back_exactly():
     """take/pop/pop_many answer with packed records; both dialects write integers big-endian."""
     from dbq.backends.ring_sql import RECORD, records
 
-    blob = RECORD.pack(0, 7, 2**53, 3, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0) + RECORD.pack(0, 10, 0, 1, 0)
+    blob = (
+        RECORD.pack(0, 7, 2**53, 3, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0) + RECORD.pack(0, 10, 0, 1, 0)
+    )
     assert list(records(blob)) == [(0, 7, 2**53, 3, b"hello"), (2, 9, 0, 0, b""), (0, 10, 0, 1, b"")]
     assert list(records(b"")) == []
