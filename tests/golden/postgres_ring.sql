@@ -204,7 +204,8 @@ BEGIN
   o_ids := array_to_string(v_out, ',');
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint) RETURNS bytea
+CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
+RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
@@ -219,7 +220,7 @@ BEGIN
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
-        PERFORM nextval('"shopq"."orders_n_popped"');
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
       END IF;
     ELSE
@@ -229,7 +230,7 @@ BEGIN
       WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
-        PERFORM nextval('"shopq"."orders_n_acquired"');
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
       END IF;
       o_lease := NULL;
@@ -257,7 +258,7 @@ BEGIN
   RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');  -- status 2: not written yet
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint) RETURNS bytea
+CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
   v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int;
@@ -281,13 +282,13 @@ BEGIN
       END IF;
       IF p_lease_ms <= 0 THEN
         DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
-        PERFORM nextval('"shopq"."orders_n_popped"');
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         o_attempts := o_attempts + 1;
         UPDATE "shopq"."orders_spill" SET state = 2, lease = o_lease, attempts = o_attempts,
           visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
-        PERFORM nextval('"shopq"."orders_n_acquired"');
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
       END IF;
       o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
     END LOOP;
@@ -304,7 +305,7 @@ BEGIN
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM "shopq"."orders_gap" WHERE pos = v_pos;
-          v_rec := "shopq"."orders_take"(v_pos, p_lease_ms);
+          v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
           IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
         END IF;
         o_status := 1; o_lease := NULL;
@@ -313,18 +314,20 @@ BEGIN
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, nextval('"shopq"."orders_n_popped"') INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
+          INTO o_id, o_body, o_attempts, v_ahead;
         IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, nextval('"shopq"."orders_n_acquired"') INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('"shopq"."orders_n_acquired"') END
+          INTO o_id, o_body, o_attempts, v_ahead;
         IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
         o_lease := NULL;
       END IF;
-      v_rec := "shopq"."orders_take"(v_pos, p_lease_ms);
+      v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
       IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
       v_i := v_i + 1;
       IF v_i >= 1000 THEN o_status := 1; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
@@ -336,24 +339,30 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_pop_many"(p_max int, p_lease_ms bigin
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
-  v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[];
+  v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
 BEGIN
+  -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
+  -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
   -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
   WHILE v_got < p_max AND EXISTS (SELECT 1 FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at <= v_now) LOOP
-    v_rec := "shopq"."orders_pop"(p_lease_ms);
+    v_rec := "shopq"."orders_pop"(p_lease_ms, false);
     EXIT WHEN get_byte(v_rec, 0) = 1;
     v_out := v_out || v_rec;
-    IF get_byte(v_rec, 0) = 2 THEN RETURN v_out; END IF;  -- the caller waits for that position
+    IF get_byte(v_rec, 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
     v_got := v_got + 1;
   END LOOP;
+  v_msgs := v_got;
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
-  IF v_k <= 0 THEN
-    IF v_got = 0 THEN
-      v_rec := "shopq"."orders_pop"(p_lease_ms);
+  IF v_k <= 0 OR v_wait THEN
+    IF v_out = '' THEN
+      v_rec := "shopq"."orders_pop"(p_lease_ms, false);
       IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
+    PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
+    FROM generate_series(1, v_msgs);
     RETURN v_out;
   END IF;
   -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
@@ -366,7 +375,6 @@ BEGIN
       RETURNING msg_id, body, NULL::bigint AS lease, attempts)
     SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
     INTO v_rec, v_taken FROM t;
-    PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_taken);
   ELSE
     WITH t AS (
       UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
@@ -376,17 +384,20 @@ BEGIN
       RETURNING msg_id, body, lease, attempts)
     SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
     INTO v_rec, v_taken FROM t;
-    PERFORM nextval('"shopq"."orders_n_acquired"') FROM unnest(v_taken);
   END IF;
   v_out := v_out || v_rec;
+  v_msgs := v_msgs + cardinality(v_taken);
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   IF cardinality(v_taken) < v_k THEN
     FOREACH v_p IN ARRAY v_pos LOOP
       CONTINUE WHEN v_p = ANY (v_taken);
-      v_rec := "shopq"."orders_take"(v_p, p_lease_ms);
+      v_rec := "shopq"."orders_take"(v_p, p_lease_ms, false);
       IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
     END LOOP;
   END IF;
+  PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
+  FROM generate_series(1, v_msgs);
   RETURN v_out;
 END $fn$
 

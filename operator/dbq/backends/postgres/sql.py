@@ -43,8 +43,8 @@ class PgRing(RingSqlBase):
         self.TEMPLATE = _ROUTINES
 
     def _create_routines(self) -> list[str]:
-        # Schema version 3 answered take/pop/pop_many with rows; CREATE OR REPLACE cannot change
-        # a function's result type, so those go first (in the same transaction as the rest).
+        # Schema version 3 answered take/pop/pop_many with rows (and take/pop had no p_count);
+        # CREATE OR REPLACE cannot change a result type, so those go first, in the same transaction.
         drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _RESULT_CHANGED.items()]
         return drops + super()._create_routines()
 
@@ -237,6 +237,7 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
 
 
 _SET_RETURNING = {"repair", "void_holes", "stats"}
+# Schema version 3's signatures of the routines whose result or parameters changed since.
 _RESULT_CHANGED = {"take": "bigint, bigint", "pop": "bigint", "pop_many": "int, bigint"}
 
 
@@ -371,7 +372,8 @@ BEGIN
   o_ids := array_to_string(v_out, ',');
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint) RETURNS bytea
+CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
+RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
@@ -386,7 +388,7 @@ BEGIN
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
-        PERFORM nextval('{n_popped}');
+        IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
         o_status := 0; RETURN {record};
       END IF;
     ELSE
@@ -396,7 +398,7 @@ BEGIN
       WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
-        PERFORM nextval('{n_acquired}');
+        IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
         o_status := 0; RETURN {record};
       END IF;
       o_lease := NULL;
@@ -424,7 +426,7 @@ BEGIN
   RETURN {record};  -- status 2: not written yet
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint) RETURNS bytea
+CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
   v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int;
@@ -448,13 +450,13 @@ BEGIN
       END IF;
       IF p_lease_ms <= 0 THEN
         DELETE FROM {spill} WHERE msg_id = o_id;
-        PERFORM nextval('{n_popped}');
+        IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         o_attempts := o_attempts + 1;
         UPDATE {spill} SET state = 2, lease = o_lease, attempts = o_attempts,
           visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
-        PERFORM nextval('{n_acquired}');
+        IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
       END IF;
       o_status := 0; RETURN {record};
     END LOOP;
@@ -471,7 +473,7 @@ BEGIN
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM {gap} WHERE pos = v_pos;
-          v_rec := {fn_take}(v_pos, p_lease_ms);
+          v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
           IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
         END IF;
         o_status := 1; o_lease := NULL;
@@ -480,18 +482,20 @@ BEGIN
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, nextval('{n_popped}') INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('{n_popped}') END
+          INTO o_id, o_body, o_attempts, v_ahead;
         IF FOUND THEN o_status := 0; RETURN {record}; END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, nextval('{n_acquired}') INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('{n_acquired}') END
+          INTO o_id, o_body, o_attempts, v_ahead;
         IF FOUND THEN o_status := 0; RETURN {record}; END IF;
         o_lease := NULL;
       END IF;
-      v_rec := {fn_take}(v_pos, p_lease_ms);
+      v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
       IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
       v_i := v_i + 1;
       IF v_i >= 1000 THEN o_status := 1; RETURN {record}; END IF;
@@ -503,24 +507,30 @@ CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS b
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
-  v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[];
+  v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
 BEGIN
+  -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
+  -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
   -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
   WHILE v_got < p_max AND EXISTS (SELECT 1 FROM {spill} WHERE state = 1 AND visible_at <= v_now) LOOP
-    v_rec := {fn_pop}(p_lease_ms);
+    v_rec := {fn_pop}(p_lease_ms, false);
     EXIT WHEN get_byte(v_rec, 0) = 1;
     v_out := v_out || v_rec;
-    IF get_byte(v_rec, 0) = 2 THEN RETURN v_out; END IF;  -- the caller waits for that position
+    IF get_byte(v_rec, 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
     v_got := v_got + 1;
   END LOOP;
+  v_msgs := v_got;
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
-  IF v_k <= 0 THEN
-    IF v_got = 0 THEN
-      v_rec := {fn_pop}(p_lease_ms);
+  IF v_k <= 0 OR v_wait THEN
+    IF v_out = '' THEN
+      v_rec := {fn_pop}(p_lease_ms, false);
       IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
+    PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('{n_popped}') ELSE nextval('{n_acquired}') END
+    FROM generate_series(1, v_msgs);
     RETURN v_out;
   END IF;
   -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
@@ -533,7 +543,6 @@ BEGIN
       RETURNING msg_id, body, NULL::bigint AS lease, attempts)
     SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{{}}')
     INTO v_rec, v_taken FROM t;
-    PERFORM nextval('{n_popped}') FROM unnest(v_taken);
   ELSE
     WITH t AS (
       UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
@@ -543,17 +552,20 @@ BEGIN
       RETURNING msg_id, body, lease, attempts)
     SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{{}}')
     INTO v_rec, v_taken FROM t;
-    PERFORM nextval('{n_acquired}') FROM unnest(v_taken);
   END IF;
   v_out := v_out || v_rec;
+  v_msgs := v_msgs + cardinality(v_taken);
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   IF cardinality(v_taken) < v_k THEN
     FOREACH v_p IN ARRAY v_pos LOOP
       CONTINUE WHEN v_p = ANY (v_taken);
-      v_rec := {fn_take}(v_p, p_lease_ms);
+      v_rec := {fn_take}(v_p, p_lease_ms, false);
       IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
     END LOOP;
   END IF;
+  PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('{n_popped}') ELSE nextval('{n_acquired}') END
+  FROM generate_series(1, v_msgs);
   RETURN v_out;
 END $fn$
 --;;

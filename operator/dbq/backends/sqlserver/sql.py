@@ -377,7 +377,7 @@ AS BEGIN
   FROM @in;
 END
 --;;
-CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @status int OUTPUT,
+CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
@@ -400,7 +400,8 @@ AS BEGIN
     END;
     SET @got = @@ROWCOUNT;
     IF @got = 1 BEGIN
-      IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped}; ELSE SET @n = NEXT VALUE FOR {n_acquired};
+      IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped};
+      IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
       SET @status = 0;
       RETURN;
     END;
@@ -431,11 +432,11 @@ CREATE OR ALTER PROCEDURE {fn_take} @pos bigint, @lease_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  EXEC {fn_claim} @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
   SELECT {take_record} AS o_record;
 END
 --;;
-CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @status int OUTPUT, @id bigint OUTPUT,
+CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
@@ -462,13 +463,13 @@ AS BEGIN
     IF @lease_ms <= 0 BEGIN
       SELECT @body = body, @attempts = attempts FROM {spill} WHERE msg_id = @id;
       DELETE FROM {spill} WHERE msg_id = @id;
-      SET @n = NEXT VALUE FOR {n_popped};
+      IF @count = 1 SET @n = NEXT VALUE FOR {n_popped};
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {spill} SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
         visible_at = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
       WHERE msg_id = @id;
-      SET @n = NEXT VALUE FOR {n_acquired};
+      IF @count = 1 SET @n = NEXT VALUE FOR {n_acquired};
     END;
     SET @status = 0;
     RETURN;
@@ -487,14 +488,14 @@ AS BEGIN
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM {gap} WHERE pos = @pos;
-        EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+        EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
         IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
       END;
       SELECT @status = 1, @id = NULL;
       RETURN;
     END;
     SET @pos = NEXT VALUE FOR {pop_seq};
-    EXEC {fn_claim} @pos, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
     SET @i += 1;
@@ -506,7 +507,7 @@ CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  EXEC {fn_next} @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
   SELECT {record} AS o_record;
 END
 --;;
@@ -520,7 +521,7 @@ AS BEGIN
   -- 1. Redeliveries go through the single pop, one by one (rare).
   WHILE (SELECT COUNT(*) FROM @out) < @max
         AND EXISTS (SELECT 1 FROM {spill} WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
-    EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status = 1 BREAK;
     INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     IF @status = 2 BREAK;  -- the caller waits for that position
@@ -532,11 +533,10 @@ AS BEGIN
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
   IF @status = 2 OR @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
-      EXEC {fn_next} @lease_ms, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+      EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
       IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
     END;
-    SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
-    RETURN;
+    GOTO answer;
   END;
   -- 2. The ring: one contiguous range of positions, their slots claimed in one update.
   EXEC sys.sp_sequence_get_range @sequence_name = N'{pop_seq}', @range_size = @k,
@@ -556,17 +556,20 @@ AS BEGIN
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
-  SELECT @c = COUNT(*) FROM @pos WHERE taken = 1;
-  WHILE @c > 0 BEGIN
-    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped}; ELSE SET @n = NEXT VALUE FOR {n_acquired};
-    SET @c -= 1;
-  END;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
-    EXEC {fn_claim} @p, @lease_ms, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_claim} @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
+  END;
+  answer:
+  -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
+  -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
+  SELECT @c = COUNT(*) FROM @out WHERE o_status = 0;
+  WHILE @c > 0 BEGIN
+    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped}; ELSE SET @n = NEXT VALUE FOR {n_acquired};
+    SET @c -= 1;
   END;
   SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
 END
