@@ -122,3 +122,32 @@ def test_wrong_password_and_closed_port_are_named(postgres, schema):
     assert "wrong" not in str(err.value)
     with pytest.raises(DatabaseUnreachable):
         ring(postgres, schema, url="postgresql://dbq:x@127.0.0.1:1/postgres").observe()
+
+
+def test_version_3_routines_are_replaced_on_upgrade(postgres, schema):
+    """Version 3 answered take/pop/pop_many with rows and had no p_count; the upgrade drops those
+    signatures (CREATE OR REPLACE cannot change a result type, and an overload would make a call
+    ambiguous) and the queue keeps its messages."""
+    backend = ring(postgres, schema)
+    backend.apply()
+    cur = backend.conn.cursor()
+    cur.execute(backend.sql.call("push"), b"kept", 0).fetchval()
+    rows = "TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)"
+    for verb, args in [("take", "a bigint, b bigint"), ("pop", "a bigint"), ("pop_many", "a int, b bigint")]:
+        fn = f'"{schema}".orders_{verb}'
+        cur.execute(f"DROP FUNCTION {fn}")
+        cur.execute(
+            f"CREATE FUNCTION {fn}({args}) RETURNS {rows} LANGUAGE sql AS 'SELECT 1, 0::bigint, NULL::bytea, 0::bigint, 0'"
+        )
+    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 3')
+    assert [s.action for s in backend.plan(backend.observe())] == ["create_routines", "record_version"]
+    backend.apply()
+    overloads = cur.execute(
+        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = ? AND p.proname IN ('orders_take', 'orders_pop', 'orders_pop_many')",
+        schema,
+    ).fetchval()
+    assert overloads == 3
+    ((status, _, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
+    assert (status, body) == (0, b"kept")
+    backend.teardown()
