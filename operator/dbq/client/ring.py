@@ -179,7 +179,7 @@ class Queue:
         serialization failure changed nothing, so it is simply made again."""
         statement = self._statements[verb]
         for attempt in range(RETRIES + 1):
-            session = self._idle.pop() if self._idle else self._connect()  # atomic list ops: no lock
+            session = self._checkout()
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
             except pyodbc.Error as e:
@@ -196,10 +196,7 @@ class Queue:
             except BaseException:
                 session.conn.close()
                 raise
-            if len(self._idle) < self.pool_size:
-                self._idle.append(session)
-            else:
-                session.conn.close()
+            self._checkin(session)
             return rows
         raise AssertionError("unreachable")
 
