@@ -4,6 +4,8 @@ Every design is driven through the same client stack (pyodbc + psqlODBC, autocom
 process per worker), at the same concurrency, with bodies of the same size:
 
 - ceiling:    one single-row UPDATE per transaction (each worker its own row): the commit ceiling;
+- routine:    the same UPDATE inside a PL/pgSQL function that returns the new value: the least a
+              queue operation made of one routine call that answers with a row can cost;
 - skiplocked: INSERT ... RETURNING to push, DELETE ... (SELECT ... FOR UPDATE SKIP LOCKED) to pop;
 - ring-amo:   dbq client push + pop (at-most-once);
 - ring-lease: dbq client push + acquire + ack (at-least-once);
@@ -71,6 +73,10 @@ def make_cycle(design: str, url: str, odbc: str, queue: str, index: int) -> Call
         cur = pyodbc.connect(odbc, autocommit=True).cursor()
         sql = f"UPDATE {SCHEMA}.ceiling SET n = n + 1 WHERE id = ?"
         return lambda: cur.execute(sql, index).rowcount
+    if design == "routine":
+        cur = pyodbc.connect(odbc, autocommit=True).cursor()
+        sql = f"SELECT {SCHEMA}.bump(?)"
+        return lambda: 1 if cur.execute(sql, index).fetchval() else 0
     if design == "skiplocked":
         cur = pyodbc.connect(odbc, autocommit=True).cursor()
         push = f"INSERT INTO {SCHEMA}.sl_queue (body) VALUES (?) RETURNING id"
@@ -115,9 +121,13 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int) -> str
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     cur.execute(f"CREATE SCHEMA {SCHEMA}")
-    if design == "ceiling":
+    if design in ("ceiling", "routine"):
         cur.execute(f"CREATE TABLE {SCHEMA}.ceiling (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
         cur.execute(f"INSERT INTO {SCHEMA}.ceiling (id) SELECT g FROM generate_series(0, {workers}) g")
+        cur.execute(
+            f"CREATE FUNCTION {SCHEMA}.bump(p_id int, OUT o_n bigint) LANGUAGE plpgsql AS"
+            f" $$ BEGIN UPDATE {SCHEMA}.ceiling SET n = n + 1 WHERE id = p_id RETURNING n INTO o_n; END $$"
+        )
         return ""
     if design == "skiplocked":
         cur.execute(
@@ -183,7 +193,8 @@ def main() -> None:
     p.add_argument("--short", type=float, default=20.0, help="seconds of each short run")
     p.add_argument("--long", type=float, default=300.0, help="seconds of each sustained run")
     p.add_argument("--backlog", type=int, default=1_000_000)
-    p.add_argument("--designs", default="ceiling,skiplocked,ring-amo,ring-lease,ring-batch")
+    p.add_argument("--designs", default="ceiling,routine,skiplocked,ring-amo,ring-lease,ring-batch")
+    p.add_argument("--short-only", action="store_true", help="skip the sustained runs")
     a = p.parse_args()
     stack = Stack()
     pg = stack.component("postgres")
@@ -199,8 +210,8 @@ def main() -> None:
         queue = prepare(design, url, odbc, 0, a.workers)
         runs.append(measure(design, "short", a.short, url, odbc, queue, a.workers))
         print(f"{design:11} short      {runs[-1].rate:10,.0f} /s", flush=True)
-    for design in designs:
-        if design == "ceiling":
+    for design in [] if a.short_only else designs:
+        if design in ("ceiling", "routine"):
             continue  # a per-row counter under a held snapshot measures row-version chains, not commits
         queue = prepare(design, url, odbc, a.backlog, a.workers)
         held = held_transaction(odbc)
@@ -257,7 +268,11 @@ def report(runs: list[Run], a: argparse.Namespace) -> None:
     checks.append(
         ("ring-batch >= 50,000 messages/s, sustained", rate("ring-batch", "sustained") / 50_000, 1.0)
     )
-    print()
+    routine = rate("routine", "short")
+    print(
+        f"\nfor reference: routine / ceiling {routine / ceiling:.2f}; ring-amo / (routine / 2)"
+        f" {rate(ring, 'short') / (routine / 2):.2f}; ring-lease / (routine / 3) {rate('ring-lease', 'short') / (routine / 3):.2f}"
+    )
     for what, ratio, need in checks:
         verdict = "ok" if ratio >= need else "MISSED"
         print(f"{verdict:7}{what:48} ratio {ratio:6.2f} (need {need:g})")
