@@ -361,40 +361,38 @@ BEGIN
       IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
       IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
-    PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
-    FROM generate_series(1, v_msgs);
-    RETURN v_out;
-  END IF;
-  -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
-  -- pack what it took into one value, in push order.
-  SELECT array_agg(nextval('"shopq"."orders_pop_seq"') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
-  IF p_lease_ms <= 0 THEN
-    WITH t AS (
-      UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
-      WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, NULL::bigint AS lease, attempts)
-    SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
-    INTO v_rec, v_taken FROM t;
   ELSE
-    WITH t AS (
-      UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
-        visible_at = v_now + p_lease_ms * interval '1 millisecond'
-      FROM unnest(v_pos) p(pos)
-      WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING msg_id, body, lease, attempts)
-    SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
-    INTO v_rec, v_taken FROM t;
-  END IF;
-  v_out := v_out || v_rec;
-  v_msgs := v_msgs + cardinality(v_taken);
-  -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
-  IF cardinality(v_taken) < v_k THEN
-    FOREACH v_p IN ARRAY v_pos LOOP
-      CONTINUE WHEN v_p = ANY (v_taken);
-      v_rec := "shopq"."orders_take"(v_p, p_lease_ms, false);
-      IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
-      IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
-    END LOOP;
+    -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
+    -- pack what it took into one value, in push order.
+    SELECT array_agg(nextval('"shopq"."orders_pop_seq"') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
+    IF p_lease_ms <= 0 THEN
+      WITH t AS (
+        UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, NULL::bigint AS lease, attempts)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+      INTO v_rec, v_taken FROM t;
+    ELSE
+      WITH t AS (
+        UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+          visible_at = v_now + p_lease_ms * interval '1 millisecond'
+        FROM unnest(v_pos) p(pos)
+        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        RETURNING msg_id, body, lease, attempts)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+      INTO v_rec, v_taken FROM t;
+    END IF;
+    v_out := v_out || v_rec;
+    v_msgs := v_msgs + cardinality(v_taken);
+    -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
+    IF cardinality(v_taken) < v_k THEN
+      FOREACH v_p IN ARRAY v_pos LOOP
+        CONTINUE WHEN v_p = ANY (v_taken);
+        v_rec := "shopq"."orders_take"(v_p, p_lease_ms, false);
+        IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+        IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
+      END LOOP;
+    END IF;
   END IF;
   PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
   FROM generate_series(1, v_msgs);
