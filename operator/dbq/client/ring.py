@@ -20,7 +20,7 @@ from dbq.backends.dialects import recorded_query, ring_sql
 from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import CONNECT_TIMEOUT_S
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
-from dbq.backends.ring_sql import CALL_ARGS, RECORD, records
+from dbq.backends.ring_sql import CALL_ARGS, records
 from dbq.client.errors import (
     LeaseLost,
     MessageTooLarge,
@@ -300,11 +300,10 @@ class Queue:
         return self._pop_one(self._lease_ms(visibility), timeout)
 
     def _pop_one(self, lease_ms: int, timeout: float | None) -> Message | None:
-        blob = self._call("pop", lease_ms)[0][0]
-        status, msg_id, lease, attempts, _ = RECORD.unpack_from(blob)
-        if status == MESSAGE:  # the common case, without the waiting machinery
-            return Message(msg_id, blob[RECORD.size :], attempts, lease or None, self)
-        got = self._take(1, timeout, lease_ms, first=list(records(blob)))
+        first = self._records("pop", lease_ms)
+        if first[0][0] == MESSAGE:  # the common case, without the waiting machinery
+            return self._message(first[0])
+        got = self._take(1, timeout, lease_ms, first=first)
         return got[0] if got else None
 
     def acquire_many(
