@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+import pyodbc
 import pytest
 
 from dbq.api.models import QueueSpec
@@ -124,30 +125,48 @@ def test_wrong_password_and_closed_port_are_named(postgres, schema):
         ring(postgres, schema, url="postgresql://dbq:x@127.0.0.1:1/postgres").observe()
 
 
-def test_version_3_routines_are_replaced_on_upgrade(postgres, schema):
-    """Version 3 answered take/pop/pop_many with rows and had no p_count; the upgrade drops those
-    signatures (CREATE OR REPLACE cannot change a result type, and an overload would make a call
-    ambiguous) and the queue keeps its messages."""
+def test_older_routines_are_replaced_on_upgrade(postgres, schema):
+    """Version 3 answered take/pop/pop_many with rows and had no p_count; version 4's push_many
+    took base64 text. The upgrade drops those signatures (CREATE OR REPLACE cannot change a
+    result type, and an overload would make a call ambiguous) and the queue keeps its messages."""
     backend = ring(postgres, schema)
     backend.apply()
     cur = backend.conn.cursor()
     cur.execute(backend.sql.call("push"), b"kept", 0).fetchval()
     rows = "TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)"
-    for verb, args in [("take", "a bigint, b bigint"), ("pop", "a bigint"), ("pop_many", "a int, b bigint")]:
+    row = "'SELECT 1, 0::bigint, NULL::bytea, 0::bigint, 0'"
+    old = [
+        ("take", "a bigint, b bigint", rows, row),
+        ("pop", "a bigint", rows, row),
+        ("pop_many", "a int, b bigint", rows, row),
+        ("push_many", "a text, b bigint", "text", "'SELECT NULL::text'"),
+    ]
+    for verb, args, result, body in old:
         fn = f'"{schema}".orders_{verb}'
         cur.execute(f"DROP FUNCTION {fn}")
-        cur.execute(
-            f"CREATE FUNCTION {fn}({args}) RETURNS {rows} LANGUAGE sql AS 'SELECT 1, 0::bigint, NULL::bytea, 0::bigint, 0'"
-        )
+        cur.execute(f"CREATE FUNCTION {fn}({args}) RETURNS {result} LANGUAGE sql AS {body}")
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 3')
     assert [s.action for s in backend.plan(backend.observe())] == ["create_routines", "record_version"]
     backend.apply()
-    overloads = cur.execute(
-        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = ? AND p.proname IN ('orders_take', 'orders_pop', 'orders_pop_many')",
+    signatures = cur.execute(
+        "SELECT p.proname, pg_get_function_identity_arguments(p.oid) FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?"
+        " AND p.proname IN ('orders_take', 'orders_pop', 'orders_pop_many', 'orders_push_many')",
         schema,
-    ).fetchval()
-    assert overloads == 3
-    ((status, _, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
-    assert (status, body) == (0, b"kept")
+    ).fetchall()
+    assert len(signatures) == 4, signatures
+    assert "p_bodies bytea" in dict(signatures)["orders_push_many"]
+    assert cur.execute(backend.sql.call("push_many"), b"abcd", "1,3", 0).fetchval() == "2,3"
+    popped = records(cur.execute(backend.sql.call("pop_many"), 5, 0).fetchval())
+    assert [(status, body) for status, _, _, _, body in popped] == [(0, b"kept"), (0, b"a"), (0, b"bcd")]
+    backend.teardown()
+
+
+def test_push_many_refuses_lengths_that_do_not_match_the_bodies(postgres, schema):
+    backend = ring(postgres, schema)
+    backend.apply()
+    cur = backend.conn.cursor()
+    with pytest.raises(pyodbc.Error, match="lengths adding up to 5"):
+        cur.execute(backend.sql.call("push_many"), b"abcd", "2,3", 0).fetchval()
+    assert next(records(cur.execute(backend.sql.call("pop"), 0).fetchval()))[0] == 1  # nothing stored: empty
     backend.teardown()

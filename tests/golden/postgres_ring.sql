@@ -91,6 +91,8 @@ DROP FUNCTION IF EXISTS "shopq"."orders_pop"(bigint)
 
 DROP FUNCTION IF EXISTS "shopq"."orders_pop_many"(int, bigint)
 
+DROP FUNCTION IF EXISTS "shopq"."orders_push_many"(text, bigint)
+
 CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE v_popped bigint; v_try int := 0;
@@ -156,17 +158,23 @@ BEGIN
   END IF;
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies text, p_ttl_ms bigint, OUT o_ids text)
+CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies bytea, p_lengths text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int;
+  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
-  -- Bodies arrive base64-encoded and comma-separated: one text parameter any driver can bind.
-  SELECT array_agg(decode(b, 'base64') ORDER BY i) INTO v_bodies
-  FROM unnest(string_to_array(p_bodies, ',')) WITH ORDINALITY AS x(b, i);
+  -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
+  -- parameters any driver binds, and no encoding to undo.
+  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(n), max(e)
+  INTO v_bodies, v_big, v_total
+  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
+        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
   v_n := coalesce(cardinality(v_bodies), 0);
-  SELECT max(octet_length(b)) INTO v_big FROM unnest(v_bodies) b;
+  IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
+      coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
+  END IF;
   IF v_big > 300 THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
       v_big USING ERRCODE = '22001';
@@ -561,7 +569,7 @@ END $fn$
 -- step record_version
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes)
-VALUES ('orders', 'ring', 4, 1000, 300)
+VALUES ('orders', 'ring', 5, 1000, 300)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
   message_bytes = EXCLUDED.message_bytes, updated_at = now()
 
@@ -621,7 +629,7 @@ DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "
 
 SELECT "shopq"."orders_push"(?, ?)
 
-SELECT "shopq"."orders_push_many"(?, ?)
+SELECT "shopq"."orders_push_many"(?, ?, ?)
 
 SELECT "shopq"."orders_take"(?, ?)
 

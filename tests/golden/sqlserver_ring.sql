@@ -160,18 +160,23 @@ AS BEGIN
   SELECT @id AS o_id;
 END
 
-CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies nvarchar(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint;
-  -- Bodies arrive base64-encoded and comma-separated (one parameter any driver binds).
-  DECLARE @in TABLE (i int PRIMARY KEY, body varbinary(max), id bigint NULL, done bit NOT NULL DEFAULT 0);
-  INSERT INTO @in (i, body)
-  SELECT CAST(j.[key] AS int) + 1,
-    CAST(N'' AS xml).value('xs:base64Binary(sql:column("j.value"))', 'varbinary(max)')
-  FROM OPENJSON(N'["' + REPLACE(@bodies, N',', N'","') + N'"]') j;
-  SELECT @n = COUNT(*), @big = MAX(DATALENGTH(body)) FROM @in;
+    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint;
+  -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
+  -- two parameters any driver binds, and no encoding to undo.
+  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
+    done bit NOT NULL DEFAULT 0);
+  INSERT INTO @in (i, n, body)
+  SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
+  FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
+          SUM(CAST(j.value AS bigint)) OVER (ORDER BY CAST(j.[key] AS int) ROWS UNBOUNDED PRECEDING) AS e
+        FROM OPENJSON(N'[' + @lengths + N']') j) s;
+  SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
+  IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
+    THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
   IF @big > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
   SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
@@ -550,10 +555,10 @@ END
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 4, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 5, message_bytes = 300,
   updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 4, 1000, 300);
+  VALUES (s.queue, N'ring', 5, 1000, 300);
 
 -- teardown
 
@@ -617,7 +622,7 @@ IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID(N'shopq'))
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push] ?, ?; COMMIT TRAN;
 
-SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push_many] ?, ?; COMMIT TRAN;
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push_many] ?, ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_take] ?, ?; COMMIT TRAN;
 

@@ -15,7 +15,7 @@ from dbq.backends.names import QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # `plan` then re-creates the routines and records the new version (a migration step goes here
 # when tables change shape).
-RING_SCHEMA_VERSION = 4
+RING_SCHEMA_VERSION = 5
 
 ROUTINES = (
     "place", "push", "push_many", "take", "pop", "pop_many", "release",

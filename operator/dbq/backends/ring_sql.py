@@ -15,7 +15,7 @@ from dbq.backends.ring_plan import RingTarget
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
     "push": "?, ?",
-    "push_many": "?, ?",
+    "push_many": "?, ?, ?",
     "take": "?, ?",
     "pop": "?",
     "pop_many": "?, ?",

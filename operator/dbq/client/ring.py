@@ -6,7 +6,6 @@ may share a Queue; a `Message` may be acked from any thread.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -283,8 +282,8 @@ class Queue:
     def _push_once(self, bodies: list[bytes], ttl_ms: int) -> list[int]:
         if len(bodies) == 1:
             return [int(self._call("push", bodies[0], ttl_ms)[0][0])]
-        packed = ",".join(base64.b64encode(b).decode() for b in bodies)
-        text = self._call("push_many", packed, ttl_ms)[0][0]
+        lengths = ",".join(str(len(b)) for b in bodies)
+        text = self._call("push_many", b"".join(bodies), lengths, ttl_ms)[0][0]
         return [int(v) for v in text.split(",")] if text else []
 
     # --- pop / acquire --------------------------------------------------------------------

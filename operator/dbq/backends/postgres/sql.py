@@ -43,9 +43,9 @@ class PgRing(RingSqlBase):
         self.TEMPLATE = _ROUTINES
 
     def _create_routines(self) -> list[str]:
-        # Schema version 3 answered take/pop/pop_many with rows (and take/pop had no p_count);
-        # CREATE OR REPLACE cannot change a result type, so those go first, in the same transaction.
-        drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _RESULT_CHANGED.items()]
+        # Older versions' signatures go first, in the same transaction: CREATE OR REPLACE cannot
+        # change a result type, and a leftover overload would make calls ambiguous.
+        drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _OLD_SIGNATURES.items()]
         return drops + super()._create_routines()
 
     def _fmt(self) -> dict[str, object]:
@@ -237,8 +237,13 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
 
 
 _SET_RETURNING = {"repair", "void_holes", "stats"}
-# Schema version 3's signatures of the routines whose result or parameters changed since.
-_RESULT_CHANGED = {"take": "bigint, bigint", "pop": "bigint", "pop_many": "int, bigint"}
+# Earlier schema versions' signatures of the routines whose result or parameters changed since.
+_OLD_SIGNATURES = {
+    "take": "bigint, bigint",
+    "pop": "bigint",
+    "pop_many": "int, bigint",
+    "push_many": "text, bigint",  # version 4 took its bodies base64-encoded
+}
 
 
 def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
@@ -324,17 +329,23 @@ BEGIN
   END IF;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies text, p_ttl_ms bigint, OUT o_ids text)
+CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{{}}';
-  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int;
+  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
-  -- Bodies arrive base64-encoded and comma-separated: one text parameter any driver can bind.
-  SELECT array_agg(decode(b, 'base64') ORDER BY i) INTO v_bodies
-  FROM unnest(string_to_array(p_bodies, ',')) WITH ORDINALITY AS x(b, i);
+  -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
+  -- parameters any driver binds, and no encoding to undo.
+  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(n), max(e)
+  INTO v_bodies, v_big, v_total
+  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
+        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
   v_n := coalesce(cardinality(v_bodies), 0);
-  SELECT max(octet_length(b)) INTO v_big FROM unnest(v_bodies) b;
+  IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
+      coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
+  END IF;
   IF v_big > {max_bytes} THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
