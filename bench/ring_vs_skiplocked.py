@@ -1,9 +1,11 @@
 """Data-plane benchmark on the local PostgreSQL: the dbq ring against the usual SKIP LOCKED queue.
 
 Every design is driven through the same client stack (pyodbc + psqlODBC, autocommit, one
-process per worker), at the same concurrency, with bodies of the same size:
+process per worker), at the same concurrency; those that carry messages carry bodies of the same
+size:
 
 - ceiling:    one single-row UPDATE per transaction (each worker its own row): the commit ceiling;
+- ceiling-body: the same UPDATE also writing a body of the message size (what a push must write);
 - routine:    the same UPDATE inside a PL/pgSQL function that returns the new value: the least a
               queue operation made of one routine call that answers with a row can cost;
 - skiplocked: INSERT ... RETURNING to push, DELETE ... (SELECT ... FOR UPDATE SKIP LOCKED) to pop;
@@ -11,7 +13,9 @@ process per worker), at the same concurrency, with bodies of the same size:
 - ring-lease: dbq client push + acquire + ack (at-least-once);
 - ring-batch: dbq client push_many(100) + pop_many(100).
 
-A cycle is one message pushed and taken. Each design runs short (empty queue) and sustained: a
+A cycle is one message pushed and taken. Each design runs short (empty queue; --rounds rounds, the
+designs taking turns, so a change in the machine's pace shows in every design alike; the median
+counts) and sustained: a
 backlog of --backlog messages stands in the queue and another session holds a REPEATABLE READ
 transaction open the whole time, so nothing it could still see may be cleaned up.
 
@@ -41,6 +45,7 @@ DB = "dbq_bench"
 SCHEMA = "bench"
 BODY = b"m" * 300
 BATCH = 100
+CEILINGS = ("ceiling", "ceiling-body", "routine")  # references: short runs only
 
 
 @dataclass
@@ -73,6 +78,10 @@ def make_cycle(design: str, url: str, odbc: str, queue: str, index: int) -> Call
         cur = pyodbc.connect(odbc, autocommit=True).cursor()
         sql = f"UPDATE {SCHEMA}.ceiling SET n = n + 1 WHERE id = ?"
         return lambda: cur.execute(sql, index).rowcount
+    if design == "ceiling-body":
+        cur = pyodbc.connect(odbc, autocommit=True).cursor()
+        sql = f"UPDATE {SCHEMA}.ceiling SET n = n + 1, body = ? WHERE id = ?"
+        return lambda: cur.execute(sql, BODY, index).rowcount
     if design == "routine":
         cur = pyodbc.connect(odbc, autocommit=True).cursor()
         sql = f"SELECT {SCHEMA}.bump(?)"
@@ -121,8 +130,10 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int) -> str
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     cur.execute(f"CREATE SCHEMA {SCHEMA}")
-    if design in ("ceiling", "routine"):
-        cur.execute(f"CREATE TABLE {SCHEMA}.ceiling (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+    if design in CEILINGS:
+        cur.execute(
+            f"CREATE TABLE {SCHEMA}.ceiling (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0, body bytea)"
+        )
         cur.execute(f"INSERT INTO {SCHEMA}.ceiling (id) SELECT g FROM generate_series(0, {workers}) g")
         cur.execute(
             f"CREATE FUNCTION {SCHEMA}.bump(p_id int, OUT o_n bigint) LANGUAGE plpgsql AS"
@@ -193,7 +204,10 @@ def main() -> None:
     p.add_argument("--short", type=float, default=20.0, help="seconds of each short run")
     p.add_argument("--long", type=float, default=300.0, help="seconds of each sustained run")
     p.add_argument("--backlog", type=int, default=1_000_000)
-    p.add_argument("--designs", default="ceiling,routine,skiplocked,ring-amo,ring-lease,ring-batch")
+    p.add_argument("--rounds", type=int, default=3, help="short runs of each design, taking turns")
+    p.add_argument(
+        "--designs", default="ceiling,ceiling-body,routine,skiplocked,ring-amo,ring-lease,ring-batch"
+    )
     p.add_argument("--short-only", action="store_true", help="skip the sustained runs")
     a = p.parse_args()
     stack = Stack()
@@ -206,12 +220,13 @@ def main() -> None:
     url, odbc = pg.url(DB), pg.odbc(DB)
     designs = a.designs.split(",")
     runs: list[Run] = []
-    for design in designs:
-        queue = prepare(design, url, odbc, 0, a.workers)
-        runs.append(measure(design, "short", a.short, url, odbc, queue, a.workers))
-        print(f"{design:11} short      {runs[-1].rate:10,.0f} /s", flush=True)
+    for round_ in range(1, a.rounds + 1):
+        for design in designs:
+            queue = prepare(design, url, odbc, 0, a.workers)
+            runs.append(measure(design, "short", a.short, url, odbc, queue, a.workers))
+            print(f"{design:12} short #{round_}  {runs[-1].rate:10,.0f} /s", flush=True)
     for design in [] if a.short_only else designs:
-        if design in ("ceiling", "routine"):
+        if design in CEILINGS:
             continue  # a per-row counter under a held snapshot measures row-version chains, not commits
         queue = prepare(design, url, odbc, a.backlog, a.workers)
         held = held_transaction(odbc)
@@ -220,7 +235,7 @@ def main() -> None:
         held.close()
         r = runs[-1]
         print(
-            f"{design:11} sustained  {r.rate:10,.0f} /s  first minute {r.window(True):,.0f}"
+            f"{design:12} sustained  {r.rate:10,.0f} /s  first minute {r.window(True):,.0f}"
             f"  last minute {r.window(False):,.0f}",
             flush=True,
         )
@@ -229,14 +244,16 @@ def main() -> None:
 
 
 def report(runs: list[Run], a: argparse.Namespace) -> None:
-    by = {(r.design, r.kind): r for r in runs}
+    by = {(r.design, r.kind): r for r in runs if r.kind == "sustained"}
 
     def rate(design: str, kind: str) -> float:
-        r = by.get((design, kind))
-        return r.rate if r else float("nan")
+        """A sustained run's rate; the median of a design's short rounds."""
+        rates = [r.rate for r in runs if (r.design, r.kind) == (design, kind)]
+        return statistics.median(rates) if rates else float("nan")
 
     print(
-        f"\nworkers={a.workers} body={len(BODY)} B backlog={a.backlog:,} short={a.short:g}s sustained={a.long:g}s"
+        f"\nworkers={a.workers} body={len(BODY)} B backlog={a.backlog:,} short={a.short:g}s x {a.rounds}"
+        f" (median) sustained={a.long:g}s"
     )
     print(f"{'design':12}{'short /s':>12}{'sustained /s':>14}{'first min':>11}{'last min':>10}")
     for design in dict.fromkeys(r.design for r in runs):
@@ -268,11 +285,13 @@ def report(runs: list[Run], a: argparse.Namespace) -> None:
     checks.append(
         ("ring-batch >= 50,000 messages/s, sustained", rate("ring-batch", "sustained") / 50_000, 1.0)
     )
-    routine = rate("routine", "short")
-    print(
-        f"\nfor reference: routine / ceiling {routine / ceiling:.2f}; ring-amo / (routine / 2)"
-        f" {rate(ring, 'short') / (routine / 2):.2f}; ring-lease / (routine / 3) {rate('ring-lease', 'short') / (routine / 3):.2f}"
-    )
+    print("\nfor reference, like for like (ring-amo / x / 2, ring-lease / x / 3):")
+    for ref in ("ceiling-body", "routine"):
+        x = rate(ref, "short")
+        print(
+            f"  {ref:13} / ceiling {x / ceiling:.2f}; ring-amo {rate(ring, 'short') / (x / 2):.2f};"
+            f" ring-lease {rate('ring-lease', 'short') / (x / 3):.2f}"
+        )
     for what, ratio, need in checks:
         verdict = "ok" if ratio >= need else "MISSED"
         print(f"{verdict:7}{what:48} ratio {ratio:6.2f} (need {need:g})")
