@@ -57,6 +57,14 @@ def test_push_pop_in_order_with_ids(make_queue):
     assert (s.pushed, s.popped, s.depth, s.in_flight) == (3, 3, 0, 0)
 
 
+def test_push_many_keeps_empty_and_binary_bodies_apart(make_queue):
+    q = make_queue()
+    bodies = [b"", b"\x00\xff,", b"", bytes(range(256))[:64], b"last"]
+    q.push_many(bodies)
+    q.push_many([b"", b""])  # a batch of empty bodies: an empty binary parameter
+    assert [m.body for m in q.pop_many(10)] == [*bodies, b"", b""]
+
+
 def test_unknown_queue_and_schema_are_named(postgres, make_queue):
     make_queue()  # the schema exists
     with pytest.raises(QueueNotFound, match="nope is not provisioned in schema ringq"):
