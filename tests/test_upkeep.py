@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+import pyodbc
 import pytest
 
 from dbq.api.models import QueueSpec
@@ -353,6 +354,18 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
     )
     try:
         assert old.stdout is not None and old.stdout.readline().strip() == "locked"
+        # Killed only once its statement runs in the server: a client killed between statements
+        # closes its idle session, and the server lets the lock go at once.
+        watcher = pyodbc.connect(postgres.odbc, autocommit=True)
+        deadline = time.monotonic() + 15
+        running = (
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()"
+            " AND query LIKE '%pg_sleep(60)%'"
+        )
+        while not watcher.execute(running).fetchval():
+            assert time.monotonic() < deadline, "the stand-in operator's statement never started"
+            time.sleep(0.02)
+        watcher.close()
         old.send_signal(signal.SIGKILL)  # the operator is gone; its statement runs on in the server
         old.wait()
         wall = datetime(2026, 6, 1, 3, 0, tzinfo=upkeep.UTC)
@@ -364,8 +377,6 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
             datetime.now(upkeep.UTC)
         )  # the next window
     finally:
-        import pyodbc
-
         admin = pyodbc.connect(postgres.odbc, autocommit=True)
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(60)%'"
