@@ -41,8 +41,10 @@ RECORD = struct.Struct(">bqqii")
 # it has none: so most pops skip that look, and a redelivery still waits only a few pops.
 SPILL_SHARE = 8
 
+Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
 
-def records(blob: bytes) -> Iterator[tuple[int, int, int, int, bytes]]:
+
+def records(blob: bytes) -> Iterator[Record]:
     """(status, id, lease, attempts, body) of each packed record in `blob`."""
     view = memoryview(blob)
     at, end = 0, len(blob)

@@ -19,7 +19,7 @@ from dbq.backends.dialects import recorded_query, ring_sql
 from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import CONNECT_TIMEOUT_S
 from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
-from dbq.backends.ring_sql import CALL_ARGS, records
+from dbq.backends.ring_sql import CALL_ARGS, Record, records
 from dbq.client.errors import (
     LeaseLost,
     MessageTooLarge,
@@ -39,7 +39,6 @@ DEFAULT_HOLE_GRACE_S = 2.0
 # Deadlock, serialization failure: the call was rolled back whole and may be made again.
 RETRY_STATES = {"40P01", "40001"}
 RETRIES = 5
-Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
 
 
 class _Session:
