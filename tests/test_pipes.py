@@ -3,6 +3,7 @@ conservation with 4 pushers and 4 poppers, and killed clients."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from cassandra.cluster import Cluster
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
@@ -194,6 +196,20 @@ def test_unknown_queue_is_named(cass_url, make_queue):
         connect(cass_url, "nope", schema=KEYSPACE)
     with pytest.raises(QueueNotFound, match="queue nope is not provisioned in keyspace no_such_keyspace"):
         connect(cass_url, "nope", schema="no_such_keyspace")
+
+
+def test_a_failed_connect_leaves_no_cluster_open(cass_url, make_queue):
+    make_queue()  # the keyspace exists
+
+    def open_clusters() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, Cluster) and not o.is_shutdown)
+
+    before = open_clusters()
+    for schema in (KEYSPACE, "no_such_keyspace"):
+        with pytest.raises(QueueNotFound):
+            connect(cass_url, "nope", schema=schema)
+    assert open_clusters() == before
 
 
 def test_unreachable_cluster_is_reported_without_secrets():

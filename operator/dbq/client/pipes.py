@@ -214,6 +214,17 @@ class PipesQueue:
         self._leases: list[_Lease] = []
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
         try:
+            meta = self._check_meta()
+        except Exception:
+            self.close()  # a cluster this client opened must not outlive the failed connect
+            raise
+        self.max_pushes_per_pipe = int(meta[2])
+        self.max_push_time_ms = int(meta[3])
+
+    def _check_meta(self) -> list[Any]:
+        """The queue's metadata row, once it is known to be a pipes queue this client speaks."""
+        names = self.names
+        try:
             meta = self._meta()
         except QueueUnavailable:
             if self.session.cluster.metadata.keyspaces.get(names.schema) is not None:
@@ -221,7 +232,7 @@ class PipesQueue:
             meta = None  # no such keyspace
         if meta is None:
             raise QueueNotFound(
-                f"queue {names.queue} is not provisioned in keyspace {names.schema} at {settings.endpoint}:"
+                f"queue {names.queue} is not provisioned in keyspace {names.schema} at {self.settings.endpoint}:"
                 " apply a Queue resource for it, or pass the keyspace it lives in"
             )
         if meta[0] != "pipes" or meta[1] != PIPES_SCHEMA_VERSION:
@@ -229,8 +240,7 @@ class PipesQueue:
                 f"queue {names.queue} has design {meta[0]} version {meta[1]}, this client speaks pipes"
                 f" version {PIPES_SCHEMA_VERSION}: upgrade the operator and the client together"
             )
-        self.max_pushes_per_pipe = int(meta[2])
-        self.max_push_time_ms = int(meta[3])
+        return meta
 
     @classmethod
     def over(cls, session: Session, settings: ConnectionSettings, names: QueueNames) -> PipesQueue:
