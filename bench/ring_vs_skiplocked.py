@@ -125,8 +125,9 @@ def admin(odbc: str) -> pyodbc.Cursor:
     return pyodbc.connect(odbc, autocommit=True).cursor()
 
 
-def prepare(design: str, url: str, odbc: str, backlog: int, workers: int) -> str:
-    """Fresh objects for one run, the backlog pushed; the queue's name."""
+def prepare(design: str, url: str, odbc: str, backlog: int, workers: int, fillfactor: int = 0) -> str:
+    """Fresh objects for one run, the backlog pushed; the queue's name. `fillfactor` rewrites
+    the ring table with another fillfactor than dbq's (for experiments)."""
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     cur.execute(f"CREATE SCHEMA {SCHEMA}")
@@ -154,6 +155,9 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int) -> str
     queue = "benchq"
     size = max(16_384, int(backlog * 1.1) + 16_384)
     OdbcRing(from_url(url), QueueNames(SCHEMA, queue), size, len(BODY)).apply()
+    if fillfactor:
+        cur.execute(f"ALTER TABLE {SCHEMA}.{queue}_ring SET (fillfactor = {int(fillfactor)})")
+        cur.execute(f"VACUUM FULL {SCHEMA}.{queue}_ring")
     cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
     if backlog:
         with connect(url, queue, schema=SCHEMA) as q:
