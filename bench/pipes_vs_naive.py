@@ -43,7 +43,7 @@ def url() -> str:
 
 
 def session() -> Any:
-    from dbq.backends.cassandra.session import open_session
+    from dbq.connection.cassandra import open_session
 
     return open_session(from_url(url()))[1]
 

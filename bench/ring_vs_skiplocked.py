@@ -35,11 +35,12 @@ from typing import Any
 
 import pyodbc
 
-from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import connect
 from dbq.connection import from_url
+from dbq.contract.ring import RingTarget
 from dbq.devstack import Stack
+from dbq.names import QueueNames
 
 DB = "dbq_bench"
 SCHEMA = "bench"
@@ -154,7 +155,7 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int, fillfa
         return ""
     queue = "benchq"
     size = max(16_384, int(backlog * 1.1) + 16_384)
-    OdbcRing(from_url(url), QueueNames(SCHEMA, queue), size, len(BODY)).apply()
+    OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, len(BODY))).apply()
     if fillfactor:
         cur.execute(f"ALTER TABLE {SCHEMA}.{queue}_ring SET (fillfactor = {int(fillfactor)})")
         cur.execute(f"VACUUM FULL {SCHEMA}.{queue}_ring")

@@ -13,8 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION
-from dbq.backends.ring_sql import records
+from dbq.contract.ring import RING_SCHEMA_VERSION, records
 from tests.manifests import REFUSED_AT_ADMISSION, queue
 from tests.operator_harness import ROOT, Cluster, Operator, apply_rbac, wait_for
 

@@ -25,10 +25,11 @@ from dbq.backends.cassandra.plan import (
     TableOptions,
     plan_pipes,
 )
-from dbq.backends.names import QueueNames
 from dbq.client import LeaseLost, MessageTooLarge, PipesQueue, QueueError, QueueNotFound, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
+from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.names import QueueNames
 from tests.workers import finish, read_logs, start
 
 KEYSPACE = f"dbq_pipes_{uuid.uuid4().hex[:6]}"
@@ -50,13 +51,13 @@ def complete(**changes: Any) -> PipesObserved:
             t: GOOD
             for t in ("dbq_queues", "dbq_stats_history", "q_pipes", "q_state", "q_waiting", "q_pending")
         },
-        recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 500, 60000),
+        recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
     )
     return PipesObserved(**(base | changes))
 
 
 def actions(observed: PipesObserved) -> list[str]:
-    return [s.action for s in plan_pipes(TARGET, observed)]
+    return [str(s) for s in plan_pipes(TARGET, observed)]
 
 
 def test_plan_from_nothing_creates_everything_in_order():
@@ -79,16 +80,14 @@ def test_plan_of_a_complete_queue_is_empty():
 def test_plan_repairs_drift_and_follows_spec_changes():
     nts = {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy", "dc1": "3"}
     steps = plan_pipes(TARGET, complete(replication=nts))
-    assert [s.action for s in steps] == ["alter_keyspace"]
+    assert [str(s) for s in steps] == ["alter_keyspace"]
     assert "nodetool repair" in steps[0].why
     tables = complete().tables | {"q_waiting": TableOptions(864000, GOOD.compaction)}
     tables.pop("q_pending")
     assert actions(complete(tables=tables)) == ["tune_table:q_waiting", "create_table:q_pending"]
     stcs = TableOptions(cql.GC_GRACE_SECONDS, {"class": "SizeTieredCompactionStrategy"})
     assert actions(complete(tables=complete().tables | {"q_pipes": stcs})) == ["tune_table:q_pipes"]
-    assert actions(complete(recorded=RecordedPipes(cql.PIPES_SCHEMA_VERSION, 100, 60000))) == [
-        "record_settings"
-    ]
+    assert actions(complete(recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 100, 60000))) == ["record_settings"]
 
 
 def test_replication_follows_the_spec():
@@ -152,7 +151,7 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
     backend = open_backend(spec_for(), "provision_me", settings)
     try:
         first = backend.apply()
-        assert [s.action for s in first.steps][-1] == "record_settings"
+        assert [str(s) for s in first.steps][-1] == "record_settings"
         assert backend.plan(backend.observe()) == []
         assert not backend.apply().changed
         table = f'"{KEYSPACE}"."provision_me_waiting"'
@@ -165,7 +164,7 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
         # Drift: a table dropped by hand, another one's gc_grace changed.
         cassandra.execute(f'DROP TABLE "{KEYSPACE}"."provision_me_pending"')
         cassandra.execute(f"ALTER TABLE {table} WITH gc_grace_seconds = 864000")
-        assert [s.action for s in backend.plan(backend.observe())] == [
+        assert [str(s) for s in backend.plan(backend.observe())] == [
             "tune_table:provision_me_waiting",
             "create_table:provision_me_pending",
         ]
@@ -173,7 +172,7 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
         assert backend.plan(backend.observe()) == []
         # A spec change that needs no new objects is recorded, and the client sees it.
         changed = open_backend(spec_for(maxPushesPerPipe=7), "provision_me", settings)
-        assert [s.action for s in changed.apply().steps] == ["record_settings"]
+        assert [str(s) for s in changed.apply().steps] == ["record_settings"]
         changed.close()
         with connect(cass_url, "provision_me", schema=KEYSPACE) as q:
             assert isinstance(q, PipesQueue) and q.max_pushes_per_pipe == 7

@@ -9,11 +9,10 @@ import pytest
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
-from dbq.backends.base import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
 from dbq.backends.postgres.sql import FILLFACTOR
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION
-from dbq.backends.ring_sql import records
 from dbq.connection import from_url
+from dbq.contract.ring import RING_SCHEMA_VERSION, call_statement, records
+from dbq.errors import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
 from tests.manifests import queue
 
 
@@ -37,8 +36,7 @@ def test_apply_creates_the_ring_as_declared(postgres, schema):
     backend = ring(postgres, schema, size=128)
     result = backend.apply()
     assert (
-        next(s.action for s in result.steps) == "create_schema"
-        and result.schema_version == RING_SCHEMA_VERSION
+        next(str(s) for s in result.steps) == "create_schema" and result.schema_version == RING_SCHEMA_VERSION
     )
     cur = postgres.connect().cursor()
     assert tuple(
@@ -68,9 +66,11 @@ def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
     cur = backend.conn.cursor()
-    assert cur.execute(backend.sql.call("push"), b"a", 0).fetchval() == 1
-    assert cur.execute(backend.sql.call("push"), b"b", 0).fetchval() == 2
-    ((status, msg_id, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"a", 0).fetchval() == 1
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"b", 0).fetchval() == 2
+    ((status, msg_id, _, _, body),) = records(
+        cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()
+    )
     assert (status, msg_id, bytes(body)) == (0, 1, b"a")
     assert backend.depth().depth == 1
     backend.teardown()
@@ -81,16 +81,18 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     backend.apply()
     cur = backend.conn.cursor()
     for i in range(5):
-        cur.execute(backend.sql.call("push"), bytes([i]), 0).fetchval()
+        cur.execute(call_statement("postgres", backend.names, "push"), bytes([i]), 0).fetchval()
     cur.execute(f'DROP TABLE "{schema}".orders_ring')
-    steps = [s.action for s in backend.plan(backend.observe())]
+    steps = [str(s) for s in backend.plan(backend.observe())]
     assert steps == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
     backend.apply()
     assert backend.plan(backend.observe()) == []
     # A popper on the re-created ring finds it empty instead of waiting on lost positions.
-    assert next(records(cur.execute(backend.sql.call("pop"), 0).fetchval()))[0] == 1
-    assert cur.execute(backend.sql.call("push"), b"new", 0).fetchval() == 6
-    ((status, msg_id, _, _, body),) = records(cur.execute(backend.sql.call("pop"), 0).fetchval())
+    assert next(records(cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()))[0] == 1
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"new", 0).fetchval() == 6
+    ((status, msg_id, _, _, body),) = records(
+        cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()
+    )
     assert (status, msg_id, bytes(body)) == (0, 6, b"new")
     backend.teardown()
 
@@ -132,7 +134,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
     cur = backend.conn.cursor()
-    cur.execute(backend.sql.call("push"), b"kept", 0).fetchval()
+    cur.execute(call_statement("postgres", backend.names, "push"), b"kept", 0).fetchval()
     rows = "TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)"
     row = "'SELECT 1, 0::bigint, NULL::bytea, 0::bigint, 0'"
     old = [
@@ -146,7 +148,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
         cur.execute(f"DROP FUNCTION {fn}")
         cur.execute(f"CREATE FUNCTION {fn}({args}) RETURNS {result} LANGUAGE sql AS {body}")
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 3')
-    assert [s.action for s in backend.plan(backend.observe())] == ["create_routines", "record_version"]
+    assert [str(s) for s in backend.plan(backend.observe())] == ["create_routines", "record_version"]
     backend.apply()
     signatures = cur.execute(
         "SELECT p.proname, pg_get_function_identity_arguments(p.oid) FROM pg_proc p"
@@ -156,8 +158,11 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     ).fetchall()
     assert len(signatures) == 4, signatures
     assert "p_bodies bytea" in dict(signatures)["orders_push_many"]
-    assert cur.execute(backend.sql.call("push_many"), b"abcd", "1,3", 0).fetchval() == "2,3"
-    popped = records(cur.execute(backend.sql.call("pop_many"), 5, 0).fetchval())
+    assert (
+        cur.execute(call_statement("postgres", backend.names, "push_many"), b"abcd", "1,3", 0).fetchval()
+        == "2,3"
+    )
+    popped = records(cur.execute(call_statement("postgres", backend.names, "pop_many"), 5, 0).fetchval())
     assert [(status, body) for status, _, _, _, body in popped] == [(0, b"kept"), (0, b"a"), (0, b"bcd")]
     backend.teardown()
 
@@ -167,6 +172,8 @@ def test_push_many_refuses_lengths_that_do_not_match_the_bodies(postgres, schema
     backend.apply()
     cur = backend.conn.cursor()
     with pytest.raises(pyodbc.Error, match="lengths adding up to 5"):
-        cur.execute(backend.sql.call("push_many"), b"abcd", "2,3", 0).fetchval()
-    assert next(records(cur.execute(backend.sql.call("pop"), 0).fetchval()))[0] == 1  # nothing stored: empty
+        cur.execute(call_statement("postgres", backend.names, "push_many"), b"abcd", "2,3", 0).fetchval()
+    assert (
+        next(records(cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()))[0] == 1
+    )  # nothing stored: empty
     backend.teardown()

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import LeaseLost, MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
 from dbq.connection import from_url
+from dbq.contract.ring import RingTarget, call_statement
+from dbq.names import QueueNames
 from tests.workers import finish, read_logs, start
 
 SCHEMA = "ringq"
@@ -30,7 +31,7 @@ def make_queue(postgres) -> Iterator[MakeQueue]:
 
     def make(size: int = 1000, message_bytes: int = 100, **options) -> Queue:
         name = f"q_{secrets.token_hex(4)}"
-        OdbcRing(from_url(postgres.url), QueueNames(SCHEMA, name), size, message_bytes).apply()
+        OdbcRing(from_url(postgres.url), RingTarget(QueueNames(SCHEMA, name), size, message_bytes)).apply()
         options.setdefault("pop_timeout", 0.1)
         q = connect(postgres.url, name, schema=SCHEMA, **options)
         opened.append(q)
@@ -201,7 +202,7 @@ def test_oversize_body_is_refused_with_the_fix_and_changes_nothing(make_queue, p
     assert q.stats().pushed == 1
     # The routines refuse it too (a client that skips the check), before drawing a position.
     with q._cursor() as cur, pytest.raises(Exception, match=r"larger than ring\.messageBytes"):
-        cur.execute(q.sql.call("push"), b"z" * 65, 0).fetchval()
+        cur.execute(call_statement("postgres", q.names, "push"), b"z" * 65, 0).fetchval()
     assert sql(q, f"SELECT last_value FROM {SCHEMA}.{q.names.push_seq}") == 1
     with pytest.raises(TypeError, match="bytes"):
         q.push("text")  # type: ignore[arg-type]

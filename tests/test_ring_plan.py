@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dbq.backends.base import ConflictingObjects, Observed, Recorded
-from dbq.backends.names import QueueNames, UnsafeName
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION, ROUTINES, RingTarget, plan_ring
+from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, plan_ring
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.errors import ConflictingObjects, UnsafeName
+from dbq.names import QueueNames
 
 NAMES = QueueNames(schema="shopq", queue="orders")
 TARGET = RingTarget(names=NAMES, size=1000, message_bytes=300)
@@ -27,7 +28,7 @@ def complete(**changes) -> Observed:
 
 
 def actions(observed: Observed, target: RingTarget = TARGET) -> list[str]:
-    return [s.action for s in plan_ring(target, observed)]
+    return [str(s) for s in plan_ring(target, observed)]
 
 
 def test_empty_database_gets_everything_in_order():

@@ -10,19 +10,16 @@ from pathlib import Path
 import pytest
 from sqlfluff.core import FluffConfig, Linter
 
-from dbq.backends.base import Observed
-from dbq.backends.names import QueueNames, UnsafeName
 from dbq.backends.postgres.sql import PgRing
-from dbq.backends.ring_plan import RingTarget, plan_ring
+from dbq.backends.ring_plan import Observed, RingAction, RingStep, plan_ring
 from dbq.backends.sqlserver.sql import MsRing
-from dbq.backends.sqlserver.sql import quote as ms_quote
+from dbq.contract.ring import RingTarget, call_statement
+from dbq.errors import UnsafeName
+from dbq.names import QueueNames, ms_quote
 
 GOLDEN = Path(__file__).with_name("golden")
 TARGET = RingTarget(names=QueueNames(schema="shopq", queue="orders"), size=1000, message_bytes=300)
-ALL_STEPS = [
-    "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences", "reset_positions",
-    "create_side_tables", "create_history", "create_routines", "record_version",
-]  # fmt: skip
+ALL_STEPS = list(RingAction)
 CALLS = [
     "push",
     "push_many",
@@ -44,10 +41,11 @@ MAINTENANCE = {"PgRing": ("vacuum", "reindex"), "MsRing": ("reorganize", "rebuil
 
 def render(ring: PgRing | MsRing) -> list[str]:
     out = []
-    for step in ALL_STEPS:
-        out += [f"-- step {step}", *ring.step_sql(step)]
+    for action in ALL_STEPS:
+        out += [f"-- step {action}", *ring.render(RingStep(action, "golden"))]
     out += ["-- teardown", *ring.drop(), *ring.drop_schema_if_unused()]
-    out += ["-- calls", *(ring.call(v) for v in CALLS)]
+    backend = "postgres" if isinstance(ring, PgRing) else "sqlserver"
+    out += ["-- calls", *(call_statement(backend, ring.t.names, v) for v in CALLS)]
     out += [
         "-- observe",
         ring.OBSERVE_SCHEMA,
@@ -86,14 +84,16 @@ def test_generated_sql_matches_the_golden_file(dialect):
 
 
 def test_every_step_the_planner_can_emit_exists_in_both_dialects():
-    emitted = {s.action for s in plan_ring(TARGET, Observed())} | {"reset_positions"}
-    assert emitted <= set(ALL_STEPS)
+    emitted = {s.action for s in plan_ring(TARGET, Observed())} | {RingAction.RESET_POSITIONS}
+    assert emitted == set(RingAction)
     for ring in (PgRing(TARGET), MsRing(TARGET)):
-        for step in ALL_STEPS:
-            assert ring.step_sql(step), f"{type(ring).__name__} renders nothing for {step}"
+        for action in RingAction:
+            assert ring.render(RingStep(action, "test")), (
+                f"{type(ring).__name__} renders nothing for {action}"
+            )
     # SQL Server creates every procedure its planner checks for, and the client calls exist.
     ms = MsRing(TARGET)
-    created = "\n".join(ms.step_sql("create_routines"))
+    created = "\n".join(ms.render(RingStep(RingAction.CREATE_ROUTINES, "test")))
     for verb in MsRing.ROUTINES:
         assert f"PROCEDURE [shopq].[orders_{verb}]" in created
 
@@ -123,6 +123,16 @@ def test_every_generated_tsql_statement_parses(statement):
     assert unparsable(statement) == []
 
 
+def test_templates_fill_only_known_placeholders():
+    from dbq.backends.ring_sql import render_template
+
+    assert render_template("SELECT '{}' FROM {ring};\n--;;\n-- only a comment", {"ring": "r"}) == [
+        "SELECT '{}' FROM r;"
+    ]
+    with pytest.raises(KeyError, match=r"placeholder \{rnig\} has no value"):
+        render_template("SELECT 1 FROM {rnig}", {"ring": "r"})
+
+
 def test_names_are_validated_before_they_are_quoted():
     with pytest.raises(UnsafeName):
         QueueNames(schema="shop]q", queue="orders")
@@ -134,7 +144,7 @@ def test_names_are_validated_before_they_are_quoted():
 
 def test_packed_records_read_back_exactly():
     """take/pop/pop_many answer with packed records; both dialects write integers big-endian."""
-    from dbq.backends.ring_sql import RECORD, records
+    from dbq.contract.ring import RECORD, records
 
     blob = (
         RECORD.pack(0, 7, 2**53, 3, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0) + RECORD.pack(0, 10, 0, 1, 0)

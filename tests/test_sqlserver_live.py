@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from dbq.backends.names import QueueNames
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
 from dbq.connection import from_url
+from dbq.contract.ring import RingTarget
+from dbq.names import QueueNames
 from tests.test_ring_client import (  # noqa: F401  (collected again here, on SQL Server)
     test_a_slot_held_by_a_lease_moves_aside_when_the_ring_laps,
     test_ack_many_reports_exactly_the_expired_leases,
@@ -40,7 +41,7 @@ def make_queue() -> Iterator[object]:
 
     def make(size: int = 1000, message_bytes: int = 100, **options) -> Queue:
         name = f"q_{secrets.token_hex(4)}"
-        backend = OdbcRing(from_url(DSN), QueueNames("dbq_live", name), size, message_bytes)
+        backend = OdbcRing(from_url(DSN), RingTarget(QueueNames("dbq_live", name), size, message_bytes))
         backend.apply()
         options.setdefault("pop_timeout", 0.1)
         q = connect(DSN, name, schema="dbq_live", **options)

@@ -17,8 +17,8 @@ import pytest
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
-from dbq.backends.base import Earlier, Sample
-from dbq.client import PipesQueue, Queue, connect
+from dbq.backends.base import Earlier
+from dbq.client import PipesQueue, Queue, QueueStats, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
 from dbq.controller import upkeep
@@ -26,8 +26,10 @@ from dbq.controller import upkeep
 # --- pure decisions ------------------------------------------------------------------------------
 
 
-def sample(pushed: int = 0, popped: int = 0, acquired: int = 0, depth: int = 0, age: float = 0.0) -> Sample:
-    return Sample(depth, 0, pushed, popped, acquired, 0, age)
+def sample(
+    pushed: int = 0, popped: int = 0, acquired: int = 0, depth: int = 0, age: float = 0.0
+) -> QueueStats:
+    return QueueStats(depth, 0, pushed, popped, acquired, 0, age)
 
 
 def test_rates_come_from_the_sample_a_window_ago():
@@ -141,14 +143,14 @@ def test_published_totals_are_exact_and_rates_match_the_workload(target):
         ]
         published: list[dict[str, Any]] = []
         while any(t.is_alive() for t in threads):
-            done = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=time.monotonic())
+            done = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=time.monotonic())
             if "stats" in done.status:
                 published.append({**done.status["stats"], "t": time.monotonic() - t0})
             time.sleep(0.5)
         for t in threads:
             t.join()
         memory.stats_at = 0.0  # due now: the final figures
-        final = upkeep.run_upkeep("ns", name, spec, {}, backend, memory).status["stats"]
+        final = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory).status["stats"]
     finally:
         stop.set()
         pusher.close()
@@ -187,18 +189,18 @@ def test_ring_cleanup_repairs_orphans_and_expired_leases_once(postgres):
     assert held is not None and held.body == b"leased"
     time.sleep(1.2)
     memory = upkeep.Memory()
-    first = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=1.0)
+    first = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=1.0)
     assert first.status["cleanup"]["lastResult"]["expiredLeases"] == 1
     assert first.status["cleanup"]["lastResult"]["orphans"] == 0  # not stalled for 10 s yet
     assert [e.reason for e in first.events] == ["Repaired"]
     time.sleep(10)
-    second = upkeep.run_upkeep("ns", name, spec, first.status, backend, memory, now=20.0)
+    second = upkeep.run_upkeep("ns", name, spec, first.status, lambda: backend, memory, now=20.0)
     assert (
         second.status["cleanup"]["lastResult"]["orphans"],
         second.status["cleanup"]["lastResult"]["holes"],
     ) == (1, 1)
     assert second.status["cleanup"]["repairedTotal"] == 3 and "orphans 1, holes 1" in second.events[0].message
-    third = upkeep.run_upkeep("ns", name, spec, second.status, backend, memory, now=40.0)
+    third = upkeep.run_upkeep("ns", name, spec, second.status, lambda: backend, memory, now=40.0)
     assert not third.events  # nothing left to repair: no Event
     started = time.monotonic()
     got = sorted(m.body for m in q.pop_many(10, timeout=0.5) + q.pop_many(10, timeout=0.5))
@@ -226,7 +228,7 @@ def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, s
     consumer._set_lease(None)  # the consumer vanishes too, lease and all
     time.sleep(3.0)
     memory = upkeep.Memory()
-    done = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=1.0)
+    done = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=1.0)
     result = done.status["cleanup"]["lastResult"]
     assert (result["finishedPipes"], result["rolledBack"]) == (1, 1), result
     assert done.events and done.events[0].reason == "Repaired"
@@ -236,7 +238,7 @@ def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, s
     assert sorted(got) == [b"a", b"b", b"c"]
     consumer.close_pushers()
     time.sleep(2.5)
-    later = upkeep.run_upkeep("ns", name, spec, done.status, backend, memory, now=20.0)
+    later = upkeep.run_upkeep("ns", name, spec, done.status, lambda: backend, memory, now=20.0)
     assert later.status["cleanup"]["lastResult"]["retiredPipes"] >= 1
     assert consumer.stats().depth == 0 and consumer.stats().in_flight == 0
     backend.teardown()
@@ -311,10 +313,10 @@ def test_bloat_past_the_threshold_is_vacuumed_in_the_window_with_before_and_afte
     # Only the maintenance window here: a stats pass reads every page of the ring, and PostgreSQL
     # prunes dead row versions on the pages it reads, which would clear the bloat by itself.
     memory = upkeep.Memory(stats_at=1.0, cleanup_at=1.0)
-    planned = upkeep.run_upkeep("ns", name, spec, {}, backend, memory, now=1.0, wall=wall)
+    planned = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=1.0, wall=wall)
     assert "lastRun" not in planned.status["maintenance"]  # nothing runs before the window
     window = upkeep.parse_stamp(planned.status["maintenance"]["nextRun"])
-    done = upkeep.run_upkeep("ns", name, spec, planned.status, backend, memory, now=2.0, wall=window)
+    done = upkeep.run_upkeep("ns", name, spec, planned.status, lambda: backend, memory, now=2.0, wall=window)
     m = done.status["maintenance"]
     ring = f"{name}_ring dead %"
     assert m["result"] == "Succeeded", m
@@ -325,7 +327,7 @@ def test_bloat_past_the_threshold_is_vacuumed_in_the_window_with_before_and_afte
     assert m["nextRun"] > m["lastRun"] and any(e.reason == "Maintained" for e in done.events)
     print(f"ring dead rows {m['before'][ring]:.1f}% -> {m['after'][ring]:.1f}%, spill index bloat"
           f" {m['before'][index]:.1f}% -> {m['after'][index]:.1f}% in {m['durationSeconds']} s")  # fmt: skip
-    again = upkeep.run_upkeep("ns", name, spec, done.status, backend, memory, now=3.0, wall=window)
+    again = upkeep.run_upkeep("ns", name, spec, done.status, lambda: backend, memory, now=3.0, wall=window)
     assert "maintenance" not in again.status  # the next window is tomorrow: not in a loop
     backend.teardown()
     backend.close()
@@ -370,7 +372,9 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
         old.wait()
         wall = datetime(2026, 6, 1, 3, 0, tzinfo=upkeep.UTC)
         status = {"maintenance": {"nextRun": upkeep.stamp(wall), "cron": spec.reindex.schedule}}
-        done = upkeep.run_upkeep("ns", name, spec, status, backend, upkeep.Memory(), now=1.0, wall=wall)
+        done = upkeep.run_upkeep(
+            "ns", name, spec, status, lambda: backend, upkeep.Memory(), now=1.0, wall=wall
+        )
         assert done.status["maintenance"]["result"] == "Skipped"
         assert [e.reason for e in done.events] == ["MaintenanceSkipped"]
         assert done.status["maintenance"]["nextRun"] > upkeep.stamp(
@@ -383,7 +387,7 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
         )
         admin.close()
     time.sleep(0.5)
-    freed = upkeep.run_upkeep("ns", name, spec, status, backend, upkeep.Memory(), now=1.0, wall=wall)
+    freed = upkeep.run_upkeep("ns", name, spec, status, lambda: backend, upkeep.Memory(), now=1.0, wall=wall)
     assert freed.status["maintenance"]["result"] in ("NotNeeded", "Succeeded")
     backend.teardown()
     backend.close()

@@ -13,19 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from dbq.api.models import QueueSpec
-from dbq.backends.base import BackendError, InvalidSpec
-from dbq.connection import ConnectionSettings, InvalidConnection, from_secret_data
+from dbq.connection import ConnectionSettings, from_secret_data
+from dbq.errors import InvalidConnection, InvalidSecret, InvalidSpec, SecretNotFound
 
 # (namespace, name) -> the Secret's base64 `data`, or None when it does not exist.
 SecretReader = Callable[[str, str], dict[str, Any] | None]
-
-
-class SecretNotFound(BackendError):
-    reason = "SecretNotFound"
-
-
-class InvalidSecret(BackendError):
-    reason = "InvalidSecret"
 
 
 def validation_message(e: ValidationError) -> str:

@@ -1,4 +1,4 @@
-"""The Queue API: spec/status models and the CRD generated from them."""
+"""The Queue API: spec and status models, and the CRD generated from them."""
 
 from dbq.api.models import (
     GROUP,
@@ -6,15 +6,13 @@ from dbq.api.models import (
     PLURAL,
     VERSION,
     Backend,
-    Condition,
     DeletionPolicy,
     Design,
     QueueResource,
     QueueSpec,
-    QueueStats,
-    QueueStatus,
     queue_name,
 )
+from dbq.api.status import Condition, QueueStatus
 
 __all__ = [
     "GROUP",
@@ -27,7 +25,6 @@ __all__ = [
     "Design",
     "QueueResource",
     "QueueSpec",
-    "QueueStats",
     "QueueStatus",
     "queue_name",
 ]

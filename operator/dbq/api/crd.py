@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from dbq.api.models import GROUP, KIND, PLURAL, ROOT_RULES, SPEC_RULES, VERSION, QueueSpec
+from dbq.api.status import QueueStatus
 
 _KEEP = {
     "type", "properties", "required", "items", "enum", "default", "description", "pattern",
@@ -19,39 +20,40 @@ _KEEP = {
 }  # fmt: skip
 
 
-def _structural(node: Any, defs: dict[str, Any]) -> Any:
+def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -> Any:
     if isinstance(node, list):
-        return [_structural(n, defs) for n in node]
+        return [_structural(n, defs, objects_default) for n in node]
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-        return _structural(merged, defs)
+        return _structural(merged, defs, objects_default)
     if "anyOf" in node:  # Optional[X]: X | null -> X (absent means default)
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express union {node['anyOf']} in a structural schema")
         merged = {**options[0], **{k: v for k, v in node.items() if k != "anyOf"}}
-        return _structural(merged, defs)
+        return _structural(merged, defs, objects_default)
     if "allOf" in node and len(node["allOf"]) == 1:
         merged = {**node["allOf"][0], **{k: v for k, v in node.items() if k != "allOf"}}
-        return _structural(merged, defs)
+        return _structural(merged, defs, objects_default)
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key == "properties":
-            out[key] = {name: _structural(v, defs) for name, v in value.items()}
+            out[key] = {name: _structural(v, defs, objects_default) for name, v in value.items()}
         elif key.startswith("x-kubernetes-"):
             out[key] = value
         elif key in _KEEP:
-            out[key] = _structural(value, defs)
+            out[key] = _structural(value, defs, objects_default)
     if out.get("default") is None:
         out.pop("default", None)
     if out.get("additionalProperties") is False:  # structural schemas prune unknown fields instead
         del out["additionalProperties"]
     # An optional object whose fields all have defaults defaults to {}, so the API server fills in
-    # (and `kubectl get -o yaml` shows) the effective settings.
-    for name, prop in out.get("properties", {}).items():
+    # (and `kubectl get -o yaml` shows) the effective settings. (Not in status: what is absent
+    # there has not happened yet.)
+    for name, prop in out.get("properties", {}).items() if objects_default else ():
         if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
             prop.setdefault("default", {})
     if "const" in node:
@@ -59,20 +61,27 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def spec_schema() -> dict[str, Any]:
-    raw = QueueSpec.model_json_schema(by_alias=True, mode="validation")
+def _schema(model: type[QueueSpec] | type[QueueStatus], mode: str) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode=mode)  # type: ignore[arg-type]
     defs = raw.pop("$defs", {})
-    schema = _structural(raw, defs)
+    return dict(_structural(raw, defs, objects_default=model is QueueSpec))
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema(QueueSpec, "validation")
     schema["x-kubernetes-validations"] = SPEC_RULES
-    return dict(schema)
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    """What the controller writes (`QueueStatus`). Unknown fields are kept, not pruned: kopf may
+    keep its own bookkeeping there."""
+    schema = _schema(QueueStatus, "serialization")
+    schema["x-kubernetes-preserve-unknown-fields"] = True
+    return schema
 
 
 def crd() -> dict[str, Any]:
-    status_schema = {
-        "type": "object",
-        # kopf and the reconciler write status; unknown fields are kept, not pruned.
-        "x-kubernetes-preserve-unknown-fields": True,
-    }
     ready = '.status.conditions[?(@.type=="Ready")].status'
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -114,7 +123,7 @@ def crd() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec_schema(),
-                                "status": status_schema,
+                                "status": status_schema(),
                             },
                             "x-kubernetes-validations": ROOT_RULES,
                         }

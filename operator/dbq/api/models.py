@@ -75,6 +75,10 @@ class Model(BaseModel):
         alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True
     )
 
+    def wire(self) -> dict[str, Any]:
+        """As the API server stores it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
 
 class SecretRef(Model):
     name: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] = Field(
@@ -288,42 +292,6 @@ def queue_name(metadata_name: str, spec: QueueSpec) -> str:
             f"metadata.name {metadata_name!r} cannot be used as a queue name: set spec.queueName ({IDENTIFIER_HINT})"
         )
     return metadata_name.replace("-", "_")
-
-
-# --- status ------------------------------------------------------------------------------
-
-
-class Condition(Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
-
-
-class QueueStats(Model):
-    depth: int = 0
-    in_flight: int = 0
-    pushed_total: int = 0
-    popped_total: int = 0
-    push_rate: float = 0.0
-    pop_rate: float = 0.0
-    oldest_message_age_seconds: float = 0.0
-    updated_at: str | None = None
-
-
-class QueueStatus(Model):
-    observed_generation: int | None = None
-    schema_version: int | None = None
-    queue_name: str | None = None
-    endpoint: str | None = Field(
-        default=None, description="host:port/database of the queue, never credentials"
-    )
-    conditions: list[Condition] = Field(default_factory=list)
-    stats: QueueStats | None = None
-    maintenance: dict[str, Any] | None = None
-    cleanup: dict[str, Any] | None = None
 
 
 class QueueResource(Model):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dbq.api.durations import seconds
 from dbq.api.models import QueueSpec
-from dbq.backends.base import InvalidSpec, QueueBackend
-from dbq.backends.names import QueueNames
+from dbq.backends.base import QueueBackend
 from dbq.connection import ConnectionSettings
+from dbq.contract.ring import RingTarget
+from dbq.errors import InvalidSpec
+from dbq.names import QueueNames
 
 
 def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> QueueBackend:
@@ -14,9 +17,8 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
     if spec.backend in ("postgres", "sqlserver") and spec.design == "ring":
         from dbq.backends.odbc_ring import OdbcRing
 
-        return OdbcRing(settings, names, spec.ring.size, spec.ring.message_bytes)
+        return OdbcRing(settings, RingTarget(names, spec.ring.size, spec.ring.message_bytes))
     if spec.backend == "cassandra" and spec.design == "pipes":
-        from dbq.api.durations import seconds
         from dbq.backends.cassandra.backend import CassandraPipes
         from dbq.backends.cassandra.cql import replication_map
         from dbq.backends.cassandra.plan import PipesTarget
@@ -27,7 +29,7 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
             max_pushes_per_pipe=spec.pipes.max_pushes_per_pipe,
             max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
         )
-        return CassandraPipes(settings, names, target)
+        return CassandraPipes(settings, target)
     raise InvalidSpec(
         f"backend {spec.backend} with design {spec.design} is not provisioned by this version of dbq yet"
     )

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dbq.backends import ring_sql as ring_sql_base
-from dbq.backends.base import InvalidSpec
-from dbq.backends.names import QueueNames
-from dbq.backends.ring_plan import RingTarget
+from dbq.backends.ring_plan import RingStep
+from dbq.contract.ring import RingTarget
+from dbq.errors import InvalidSpec
 
 
 class RingSql(Protocol):
-    """What the backend and the client need of a dialect (see PgRing and MsRing)."""
+    """What the backend needs of a dialect (see PgRing and MsRing)."""
 
     ROUTINES: tuple[str, ...]
     OBSERVE_SCHEMA: str
@@ -19,10 +18,8 @@ class RingSql(Protocol):
     OBSERVE_ROUTINES: str
     ring: str
 
-    def step_sql(self, action: str) -> list[str]: ...
-    def observe_recorded(self) -> str: ...
+    def render(self, step: RingStep) -> list[str]: ...
     def advisory_lock(self) -> str: ...
-    def call(self, verb: str) -> str: ...
     def depth_sql(self) -> str: ...
     def record_sample(self) -> str: ...
     def purge_history(self) -> str: ...
@@ -47,12 +44,3 @@ def ring_sql(backend: str, target: RingTarget) -> RingSql:
 
         return MsRing(target)
     raise InvalidSpec(f"backend {backend} has no ring queues: use postgres or sqlserver")
-
-
-def recorded_query(backend: str, names: QueueNames) -> str:
-    """The metadata query that finds a provisioned queue (parameter: queue name)."""
-    if backend == "sqlserver":
-        from dbq.backends.sqlserver.sql import quote
-    else:
-        from dbq.backends.postgres.sql import quote
-    return ring_sql_base.recorded_query(names, quote)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 # An index this small is all noise: its bloat is not worth a rebuild.
 MIN_INDEX_PAGES = 16
@@ -66,16 +65,6 @@ class MaintenanceResult:
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
-
-    def as_status(self) -> dict[str, Any]:
-        return {
-            "result": self.result,
-            "message": self.message,
-            "actions": [f"{s.action} {s.target}" for s in self.steps],
-            "before": {k: round(v, 1) for k, v in self.before.items()},
-            "after": {k: round(v, 1) for k, v in self.after.items()},
-            "durationSeconds": round(self.seconds, 2),
-        }
 
 
 def figures(tables: list[TableFigures], indexes: list[IndexFigures]) -> dict[str, float]:

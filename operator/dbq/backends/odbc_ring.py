@@ -1,6 +1,9 @@
-"""Ring queues over ODBC (PostgreSQL, SQL Server): observe, plan, apply, depth, teardown.
+"""Ring queues over ODBC (PostgreSQL, SQL Server): observe, plan, apply, measure, clean up,
+maintain, tear down.
 
 The dialect object (`dialects.ring_sql`) supplies every statement; this class only runs them.
+Statistics and repair go through the data-plane client (`dbq.client.Queue`), which calls the
+queue's own routines.
 """
 
 from __future__ import annotations
@@ -8,22 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pyodbc
 
-from dbq.backends.base import (
-    ApplyResult,
-    AuthenticationFailed,
-    BackendError,
-    DatabaseUnreachable,
-    Depth,
-    Earlier,
-    Observed,
-    Recorded,
-    Sample,
-    Step,
-)
+from dbq.backends.base import ApplyResult, Depth, Earlier
 from dbq.backends.dialects import ring_sql
 from dbq.backends.maintenance import (
     IndexFigures,
@@ -32,47 +23,21 @@ from dbq.backends.maintenance import (
     figures,
     plan_maintenance,
 )
-from dbq.backends.names import QueueNames
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget, plan_ring
-from dbq.connection import ConnectionSettings, driver_error
-
-CONNECT_TIMEOUT_S = 5
-
-
-def translate_error(e: pyodbc.Error, settings: ConnectionSettings) -> BackendError:
-    """Map a driver error to a condition reason; the message keeps no credentials."""
-    state, text = driver_error(e, settings)
-    if "password authentication failed" in text or state in ("28000", "28P01"):
-        return AuthenticationFailed(
-            f"{settings.endpoint}: authentication failed for user {settings.username!r}"
-        )
-    if (
-        state in ("08001", "08006", "08S01", "HYT00")
-        or "could not connect" in text
-        or "Connection refused" in text
-    ):
-        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
-    return BackendError(f"{settings.endpoint}: {text[:400]}")
-
-
-def connect(settings: ConnectionSettings) -> pyodbc.Connection:
-    try:
-        # autocommit=True: each routine call is its own transaction; DDL plans open their own.
-        return pyodbc.connect(settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
-    except pyodbc.Error as e:
-        raise translate_error(e, settings) from None
+from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
+from dbq.client import Queue, QueueStats
+from dbq.connection import ConnectionSettings
+from dbq.connection.odbc import connect, translate
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, recorded_query
 
 
 class OdbcRing:
-    def __init__(
-        self, settings: ConnectionSettings, names: QueueNames, size: int, message_bytes: int
-    ) -> None:
+    def __init__(self, settings: ConnectionSettings, target: RingTarget) -> None:
         self.settings = settings
-        self.names = names
-        self.target = RingTarget(names=names, size=size, message_bytes=message_bytes)
-        self.sql = ring_sql(settings.backend, self.target)
+        self.names = target.names
+        self.target = target
+        self.sql = ring_sql(settings.backend, target)
         self._conn: pyodbc.Connection | None = None
-        self._queue: Any = None  # a data-plane client, for stats and repair
+        self._queue: Queue | None = None  # a data-plane client, for stats and repair
 
     def endpoint(self) -> str:
         return self.settings.endpoint
@@ -97,7 +62,7 @@ class OdbcRing:
             yield
         except pyodbc.Error as e:
             self.close()  # the connection may be broken; the next call reconnects
-            raise translate_error(e, self.settings) from None
+            raise translate(e, self.settings) from None
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> Observed:
@@ -113,7 +78,9 @@ class OdbcRing:
             meta_exists = self.names.meta in tables
             recorded = None
             if meta_exists:
-                row = cur.execute(self.sql.observe_recorded(), self.names.queue).fetchone()
+                row = cur.execute(
+                    recorded_query(self.settings.backend, self.names), self.names.queue
+                ).fetchone()
                 if row:
                     recorded = Recorded(schema_version=row[0], ring_size=row[1], message_bytes=row[2])
             ring_rows = 0
@@ -129,7 +96,7 @@ class OdbcRing:
                 recorded=recorded,
             )
 
-    def plan(self, observed: Observed) -> list[Step]:
+    def plan(self, observed: Observed) -> list[RingStep]:
         return plan_ring(self.target, observed, self.sql.ROUTINES)
 
     @contextmanager
@@ -156,7 +123,7 @@ class OdbcRing:
         with self._locked_transaction() as cur:
             steps = self.plan(self.observe())
             for step in steps:
-                for statement in self.sql.step_sql(step.action):
+                for statement in self.sql.render(step):
                     cur.execute(statement)
         return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
 
@@ -166,16 +133,14 @@ class OdbcRing:
             ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
             return Depth(depth=int(ready), in_flight=int(leased))
 
-    def _client(self) -> Any:
+    def _client(self) -> Queue:
         """One client per backend object (one connection), closed with it."""
         if self._queue is None:
-            from dbq.client.ring import Queue
-
             self._queue = Queue(self.settings, self.names, pool_size=1)
         return self._queue
 
-    def measure(self) -> Sample:
-        return Sample.of(self._client().stats())
+    def measure(self) -> QueueStats:
+        return self._client().stats()
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
@@ -184,11 +149,11 @@ class OdbcRing:
         return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
                 "expired": r.expired, "gapsPurged": r.gaps_purged}  # fmt: skip
 
-    def record_sample(self, sample: Sample, retention_s: float) -> None:
+    def record_sample(self, stats: QueueStats, retention_s: float) -> None:
         with self._errors():
             cur = self.conn.cursor()
-            values = (sample.depth, sample.in_flight, sample.pushed, sample.popped, sample.acquired,
-                      sample.expired, float(sample.oldest_age_s))  # fmt: skip
+            values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
+                      stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
             cur.execute(self.sql.record_sample(), *values)
             cur.execute(self.sql.purge_history(), int(retention_s))
 
@@ -237,7 +202,7 @@ class OdbcRing:
             finally:
                 cur.execute(self.sql.maintenance_unlock(), lock).fetchall()
         except pyodbc.Error as e:
-            raise translate_error(e, self.settings) from None
+            raise translate(e, self.settings) from None
         finally:
             conn.close()
 

@@ -1,38 +1,76 @@
 """Planning for ring queues: spec + what exists -> the steps that make them match.
 
 A pure function, shared by the PostgreSQL and SQL Server dialects: each dialect renders the
-same steps as its own SQL. Every step is idempotent, so a plan interrupted half-way (operator
-killed) is simply planned and applied again.
+same steps as its own SQL (`RingSqlBase.render`). Every step is idempotent, so a plan
+interrupted half-way (operator killed) is simply planned and applied again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from dbq.backends.base import ConflictingObjects, Observed, Step
-from dbq.backends.names import QueueNames
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.errors import ConflictingObjects
 
-# Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
-# `plan` then re-creates the routines and records the new version (a migration step goes here
-# when tables change shape).
-RING_SCHEMA_VERSION = 5
-
+# The PostgreSQL routines (SQL Server adds internal helpers: see `MsRing.ROUTINES`).
 ROUTINES = (
     "place", "push", "push_many", "take", "pop", "pop_many", "release",
     "ack", "ack_many", "nack", "repair", "void_holes", "stats",
 )  # fmt: skip
 
 
+class RingAction(StrEnum):
+    CREATE_SCHEMA = "create_schema"
+    CREATE_META = "create_meta"
+    CREATE_RING = "create_ring"
+    FILL_RING = "fill_ring"
+    CREATE_SEQUENCES = "create_sequences"
+    RESET_POSITIONS = "reset_positions"
+    CREATE_SIDE_TABLES = "create_side_tables"
+    CREATE_HISTORY = "create_history"
+    CREATE_ROUTINES = "create_routines"
+    RECORD_VERSION = "record_version"
+
+
 @dataclass(frozen=True)
-class RingTarget:
-    names: QueueNames
-    size: int
+class RingStep:
+    action: RingAction
+    why: str
+
+    def __str__(self) -> str:
+        return str(self.action)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the queue's metadata row in the database says about it."""
+
+    schema_version: int
+    ring_size: int
     message_bytes: int
 
 
-def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[Step]:
+@dataclass(frozen=True)
+class Observed:
+    """What exists in the database for one ring queue."""
+
+    schema_exists: bool = False
+    meta_exists: bool = False
+    tables: frozenset[str] = frozenset()
+    sequences: frozenset[str] = frozenset()
+    routines: frozenset[str] = frozenset()
+    ring_rows: int = 0
+    recorded: Recorded | None = None
+
+
+def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[RingStep]:
     n = target.names
-    steps: list[Step] = []
+    steps: list[RingStep] = []
+
+    def step(action: RingAction, why: str) -> None:
+        steps.append(RingStep(action, why))
+
     recorded = observed.recorded
     if recorded is not None and recorded.ring_size != target.size:
         raise ConflictingObjects(
@@ -40,45 +78,40 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             "a ring cannot be resized in place; create a new Queue (or delete this queue's objects first)"
         )
     if not observed.schema_exists:
-        steps.append(Step("create_schema", f"schema {n.schema} does not exist"))
+        step(RingAction.CREATE_SCHEMA, f"schema {n.schema} does not exist")
     if not observed.meta_exists:
-        steps.append(Step("create_meta", f"metadata table {n.schema}.{n.meta} does not exist"))
+        step(RingAction.CREATE_META, f"metadata table {n.schema}.{n.meta} does not exist")
     ring_missing = n.ring not in observed.tables
     if ring_missing:
-        steps.append(Step("create_ring", f"ring table {n.schema}.{n.ring} does not exist"))
+        step(RingAction.CREATE_RING, f"ring table {n.schema}.{n.ring} does not exist")
     if ring_missing or observed.ring_rows < target.size:
-        steps.append(
-            Step("fill_ring", f"ring has {0 if ring_missing else observed.ring_rows} of {target.size} slots")
+        step(
+            RingAction.FILL_RING,
+            f"ring has {0 if ring_missing else observed.ring_rows} of {target.size} slots",
         )
     missing_seqs = [s for s in n.sequences if s not in observed.sequences]
     if missing_seqs:
-        steps.append(Step("create_sequences", f"sequences {', '.join(missing_seqs)} do not exist"))
+        step(RingAction.CREATE_SEQUENCES, f"sequences {', '.join(missing_seqs)} do not exist")
     elif ring_missing:
         # The sequences outlived the ring (dropped behind our back): the messages are gone, so
         # positions restart level, or poppers would wait on positions nobody will write.
-        steps.append(Step("reset_positions", "ring re-created while its sequences remained"))
+        step(RingAction.RESET_POSITIONS, "ring re-created while its sequences remained")
     missing_tables = [t for t in (n.spill, n.gap) if t not in observed.tables]
     if missing_tables:
-        steps.append(Step("create_side_tables", f"{', '.join(missing_tables)} missing"))
+        step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
     if n.history not in observed.tables:
-        steps.append(
-            Step("create_history", f"statistics history table {n.schema}.{n.history} does not exist")
-        )
+        step(RingAction.CREATE_HISTORY, f"statistics history table {n.schema}.{n.history} does not exist")
     missing_routines = [r for r in routines if n.routine(r) not in observed.routines]
     stale = recorded is not None and (
         recorded.schema_version != RING_SCHEMA_VERSION or recorded.message_bytes != target.message_bytes
     )
-    if missing_routines or stale or any(s.action == "create_ring" for s in steps):
+    if missing_routines or stale or ring_missing:
         why = (
             f"routines {', '.join(n.routine(r) for r in missing_routines)} do not exist"
             if missing_routines
             else "routines are older than the spec"
         )
-        steps.append(Step("create_routines", why))
-    if (
-        recorded is None
-        or recorded.schema_version != RING_SCHEMA_VERSION
-        or recorded.message_bytes != target.message_bytes
-    ):
-        steps.append(Step("record_version", f"record schema version {RING_SCHEMA_VERSION} and settings"))
+        step(RingAction.CREATE_ROUTINES, why)
+    if recorded is None or stale:
+        step(RingAction.RECORD_VERSION, f"record schema version {RING_SCHEMA_VERSION} and settings")
     return steps

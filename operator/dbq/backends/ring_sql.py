@@ -1,73 +1,57 @@
-"""What the two SQL dialects of the ring share: qualified names, template rendering, teardown.
+"""What the two SQL dialects of the ring share: qualified names, the routine templates, the
+mapping from planning steps to SQL, history and teardown.
 
-Each dialect (`postgres/sql.py`, `sqlserver/sql.py`) subclasses `RingSqlBase` with its own
-`quote`, its routine template and one method per planning step.
+Each dialect (`postgres/sql.py`, `sqlserver/sql.py`) subclasses `RingSqlBase` with its quoting,
+its DDL (one method per `RingAction`) and its routine template, a `.sql` file beside it.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable
+from importlib import resources
 
-from dbq.backends.names import COUNTERS, QueueNames
-from dbq.backends.ring_plan import RingTarget
-
-# The routines a client calls, with their parameter markers; the same in every dialect.
-CALL_ARGS = {
-    "push": "?, ?",
-    "push_many": "?, ?, ?",
-    "take": "?, ?",
-    "pop": "?",
-    "pop_many": "?, ?",
-    "release": "?",
-    "ack": "?, ?",
-    "ack_many": "?, ?",
-    "nack": "?, ?, ?",
-    "repair": "?",
-    "void_holes": "?",
-    "stats": "",
-}
-
-
-# take, pop and pop_many answer with packed records, so a call returns one value whatever it
-# took (no per-row or per-column work in the driver): status (1 byte), id (8), lease (8, 0 for
-# none), attempts (4), body length (4), then the body; integers big-endian, as both PostgreSQL's
-# int*send() and SQL Server's CAST(... AS binary(n)) write them. A dialect may answer with
-# several rows of records; the client reads them as one stream.
-RECORD = struct.Struct(">bqqii")
+from dbq.backends.ring_plan import RingAction, RingStep
+from dbq.contract.ring import RingTarget
+from dbq.names import COUNTERS
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
 # pop in SPILL_SHARE looks there before the ring while the ring has messages, and every pop when
 # it has none: so most pops skip that look, and a redelivery still waits only a few pops.
 SPILL_SHARE = 8
-
-Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
-
-
-def records(blob: bytes) -> Iterator[Record]:
-    """(status, id, lease, attempts, body) of each packed record in `blob`."""
-    view = memoryview(blob)
-    at, end = 0, len(blob)
-    while at < end:
-        status, msg_id, lease, attempts, length = RECORD.unpack_from(view, at)
-        at += RECORD.size
-        yield status, msg_id, lease, attempts, bytes(view[at : at + length])
-        at += length
+# A placeholder in a template: {name}. Nothing else in a template is touched.
+PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
-def recorded_query(names: QueueNames, quote: Callable[[str], str]) -> str:
-    """schema_version, ring_size, message_bytes of one queue (parameter: queue name)."""
-    return (
-        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
-        " WHERE queue = ?"
-    )
+def load_template(package: str, name: str) -> str:
+    """A `.sql` file shipped beside a dialect's module."""
+    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+
+
+def render_template(template: str, values: dict[str, object]) -> list[str]:
+    """The statements of a template (separated by `--;;` lines), placeholders filled in; a
+    placeholder without a value is an error, never left in the SQL."""
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"template placeholder {{{key}}} has no value")
+        return str(values[key])
+
+    parts = [part.strip() for part in template.split("\n--;;\n")]
+    return [PLACEHOLDER.sub(fill, part) for part in parts if part and not _only_comments(part)]
+
+
+def _only_comments(part: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("--") for line in part.splitlines())
 
 
 class RingSqlBase:
     ROUTINES: tuple[str, ...] = ()
     ROUTINE_KIND = "FUNCTION"  # what DROP ... IF EXISTS calls a routine
     NOW = "now()"  # the database's clock: samples are timed by one clock, whatever the operator's
-    TEMPLATE = ""  # the routines, separated by `--;;` lines; placeholders from `_fmt()`
+    TEMPLATE_PACKAGE = ""  # where the routine template lives ...
+    TEMPLATE_FILE = ""  # ... and its name
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
@@ -94,17 +78,55 @@ class RingSqlBase:
     def sequences(self) -> tuple[str, ...]:
         return (self.push_seq, self.pop_seq, *self.count.values())
 
-    def observe_recorded(self) -> str:
-        return recorded_query(self.t.names, self.quote)
+    # --- provisioning: one method per planning step -------------------------------------------
+    def render(self, step: RingStep) -> list[str]:
+        """The statements of one planning step."""
+        statements: dict[RingAction, Callable[[], list[str]]] = {
+            RingAction.CREATE_SCHEMA: self.create_schema,
+            RingAction.CREATE_META: self.create_meta,
+            RingAction.CREATE_RING: self.create_ring,
+            RingAction.FILL_RING: self.fill_ring,
+            RingAction.CREATE_SEQUENCES: self.create_sequences,
+            RingAction.RESET_POSITIONS: self.reset_positions,
+            RingAction.CREATE_SIDE_TABLES: self.create_side_tables,
+            RingAction.CREATE_HISTORY: self.create_history,
+            RingAction.CREATE_ROUTINES: self.create_routines,
+            RingAction.RECORD_VERSION: self.record_version,
+        }
+        return statements[step.action]()
 
-    def step_sql(self, action: str) -> list[str]:
-        """The statements of one planning step (each dialect has a `_<action>` method)."""
-        return list(getattr(self, f"_{action}")())
+    def create_schema(self) -> list[str]:
+        raise NotImplementedError
 
-    def _create_routines(self) -> list[str]:
-        return [r.strip() for r in self.TEMPLATE.format(**self._fmt()).split("\n--;;\n") if r.strip()]
+    def create_meta(self) -> list[str]:
+        raise NotImplementedError
 
-    def _fmt(self) -> dict[str, object]:
+    def create_ring(self) -> list[str]:
+        raise NotImplementedError
+
+    def fill_ring(self) -> list[str]:
+        raise NotImplementedError
+
+    def create_sequences(self) -> list[str]:
+        raise NotImplementedError
+
+    def reset_positions(self) -> list[str]:
+        raise NotImplementedError
+
+    def create_side_tables(self) -> list[str]:
+        raise NotImplementedError
+
+    def create_history(self) -> list[str]:
+        raise NotImplementedError
+
+    def record_version(self) -> list[str]:
+        raise NotImplementedError
+
+    def create_routines(self) -> list[str]:
+        template = load_template(self.TEMPLATE_PACKAGE, self.TEMPLATE_FILE)
+        return render_template(template, self.template_values())
+
+    def template_values(self) -> dict[str, object]:
         return {
             "ring": self.ring,
             "spill": self.spill,
@@ -133,8 +155,7 @@ class RingSqlBase:
 
     def _queue_tables_list(self) -> str:
         """The queue's tables as a list of string literals (for catalog queries)."""
-        n = self.t.names
-        return ", ".join(self.literal(t) for t in (n.ring, n.spill, n.gap))
+        return ", ".join(self.literal(t) for t in self.t.names.tables)
 
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]

@@ -10,12 +10,16 @@ with connect("postgresql://app:secret@db:5432/shop", "orders") as q:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
+from dbq import kube
 from dbq.api.durations import seconds
-from dbq.api.models import GROUP, PLURAL, VERSION, queue_name
-from dbq.backends.names import QueueNames
-from dbq.client.errors import (
+from dbq.api.models import queue_name
+from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
+from dbq.client.ring import Message, Queue, RepairResult
+from dbq.client.stats import QueueStats
+from dbq.connection import ConnectionSettings, from_url
+from dbq.errors import (
     LeaseLost,
     MessageTooLarge,
     QueueError,
@@ -23,9 +27,7 @@ from dbq.client.errors import (
     QueueNotFound,
     QueueUnavailable,
 )
-from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
-from dbq.client.ring import Message, Queue, QueueStats, RepairResult
-from dbq.connection import ConnectionSettings, from_url
+from dbq.names import QueueNames
 from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
@@ -75,31 +77,8 @@ def connect_resource(
 ) -> AnyQueue:
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
     in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    from dbq import kubeconfig
-
-    if api_client is None:
-        kubeconfig.load()
-        api_client = client.ApiClient()
-    resource = cast(
-        dict[str, Any],
-        client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
-        ),
-    )
-
-    def read_secret(secret_namespace: str, secret_name: str) -> dict[str, Any] | None:
-        try:
-            secret = client.CoreV1Api(api_client).read_namespaced_secret(secret_name, secret_namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return dict(secret.data or {})
-
-    return _from_resource(resource, read_secret, options)
+    api = kube.Kube(api_client)
+    return _from_resource(api.get_queue(namespace, name), api.read_secret, options)
 
 
 def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any]) -> AnyQueue:

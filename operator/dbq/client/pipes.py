@@ -37,14 +37,13 @@ from typing import Any
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
-from dbq.backends.base import BackendError
-from dbq.backends.cassandra.cql import PIPES_SCHEMA_VERSION, PipesCql
-from dbq.backends.cassandra.session import open_session, translate
-from dbq.backends.names import QueueNames
-from dbq.client.errors import LeaseLost, MessageTooLarge, QueueError, QueueNotFound, QueueUnavailable
-from dbq.client.ring import QueueStats
+from dbq.client.stats import QueueStats
 from dbq.client.waiting import Deadline
 from dbq.connection import ConnectionSettings
+from dbq.connection.cassandra import open_session, translate
+from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
+from dbq.errors import LeaseLost, MessageTooLarge, QueueError, QueueNotFound, QueueUnavailable
+from dbq.names import QueueNames
 
 PIPE_LEASE_S = 5.0  # a popper owns a pipe this long unless it renews
 RENEW_AFTER_S = 2.0  # ...and renews it when the lease is this old
@@ -199,13 +198,10 @@ class PipesQueue:
         self.push_timeout = push_timeout  # pipes never turn a writer away; kept for symmetry
         self.pop_timeout = pop_timeout
         self.ttl = ttl
-        self.cql = PipesCql(names)
+        self.cql = PipesStatements(names)
         self._cluster: Cluster | None = None
         if session is None:
-            try:
-                self._cluster, session = open_session(settings)
-            except BackendError as e:
-                raise QueueUnavailable(str(e)) from None
+            self._cluster, session = open_session(settings)
         self.session = session
         self._prepared: dict[str, PreparedStatement] = {}
         self._local = threading.local()
@@ -258,9 +254,7 @@ class PipesQueue:
         return prepared
 
     def _error(self, e: Exception) -> QueueError:
-        if isinstance(e, QueueError):
-            return e
-        return QueueUnavailable(str(translate(e, self.settings)))
+        return translate(e, self.settings)
 
     def _x(self, text: str, *params: Any) -> list[Any]:
         try:

@@ -6,7 +6,6 @@ may share a Queue; a `Message` may be acked from any thread.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,12 +14,21 @@ from typing import Any
 
 import pyodbc
 
-from dbq.backends.dialects import recorded_query, ring_sql
-from dbq.backends.names import QueueNames
-from dbq.backends.odbc_ring import CONNECT_TIMEOUT_S
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
-from dbq.backends.ring_sql import CALL_ARGS, Record, records
-from dbq.client.errors import (
+from dbq.client.stats import QueueStats
+from dbq.client.waiting import Deadline
+from dbq.connection import ConnectionSettings, odbc
+from dbq.contract.ring import (
+    CALL_ARGS,
+    MESSAGE,
+    NOT_WRITTEN,
+    RING_SCHEMA_VERSION,
+    Record,
+    call_statement,
+    recorded_query,
+    records,
+)
+from dbq.errors import (
+    DbqError,
     LeaseLost,
     MessageTooLarge,
     QueueError,
@@ -28,17 +36,12 @@ from dbq.client.errors import (
     QueueNotFound,
     QueueUnavailable,
 )
-from dbq.client.waiting import Deadline
-from dbq.connection import ConnectionSettings, driver_error
+from dbq.names import QueueNames
 
-# Statuses of take/pop records (see the routines).
-MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
-# Deadlock, serialization failure: the call was rolled back whole and may be made again.
-RETRY_STATES = {"40P01", "40001"}
-RETRIES = 5
+RETRIES = 5  # calls rolled back for a deadlock or a serialization failure, made again
 
 
 class _Session:
@@ -54,20 +57,6 @@ class _Session:
         if cur is None:
             cur = self._cursors[statement] = self.conn.cursor()
         return cur
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    depth: int
-    in_flight: int
-    pushed: int
-    popped: int
-    acquired: int
-    expired: int
-    oldest_age_seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -144,9 +133,8 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
-        self.sql = ring_sql(settings.backend, RingTarget(names=names, size=size, message_bytes=message_bytes))
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
-        self._statements = {verb: self.sql.call(verb) for verb in CALL_ARGS}
+        self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
 
     # --- connections ----------------------------------------------------------------------
     @contextmanager
@@ -181,7 +169,7 @@ class Queue:
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
             except pyodbc.Error as e:
-                if driver_error(e, self.settings)[0] not in RETRY_STATES:
+                if odbc.driver_error(e, self.settings)[0] not in odbc.RETRY_STATES:
                     session.conn.close()  # it may be broken: the next call opens a fresh one
                     raise self._translate(e) from None
                 self._checkin(session)
@@ -199,18 +187,10 @@ class Queue:
         raise AssertionError("unreachable")
 
     def _connect(self) -> _Session:
-        try:
-            # autocommit: each routine call is one transaction, the only round trip of the call.
-            conn = pyodbc.connect(self.settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
-        except pyodbc.Error as e:
-            raise self._translate(e) from None
-        return _Session(conn)
+        return _Session(odbc.connect(self.settings))
 
-    def _translate(self, e: pyodbc.Error) -> QueueError:
-        state, text = driver_error(e, self.settings)
-        if state == "22001" or "larger than ring.messageBytes" in text:
-            return MessageTooLarge(text[:300])
-        return QueueUnavailable(f"{self.settings.endpoint}: {text[:300]}")
+    def _translate(self, e: pyodbc.Error) -> DbqError:
+        return odbc.translate(e, self.settings)
 
     def close(self) -> None:
         while True:

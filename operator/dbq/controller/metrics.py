@@ -6,7 +6,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from dbq.backends.base import Sample
+from dbq.client import QueueStats
 
 RECONCILES = Counter("dbq_reconciles_total", "Reconciles by result", ["result"])
 RECONCILE_ERRORS = Counter("dbq_reconcile_errors_total", "Failed reconciles by reason", ["reason"])
@@ -23,7 +23,9 @@ STATS = {
     "popped": Gauge("dbq_queue_popped", "Messages popped (at-most-once) since creation", _LABELS),
     "acquired": Gauge("dbq_queue_acquired", "Messages acquired (leased) since creation", _LABELS),
     "expired": Gauge("dbq_queue_expired", "Messages expired unread since creation", _LABELS),
-    "oldest_age_s": Gauge("dbq_queue_oldest_message_age_seconds", "Age of the oldest ready message", _LABELS),
+    "oldest_age_seconds": Gauge(
+        "dbq_queue_oldest_message_age_seconds", "Age of the oldest ready message", _LABELS
+    ),
 }
 RATES = (
     Gauge("dbq_queue_push_rate", "Pushes per second over the rate window", _LABELS),
@@ -43,9 +45,9 @@ def set_ready(namespace: str, name: str, ready: bool) -> None:
     QUEUE_READY.labels(namespace=namespace, queue=name).set(1 if ready else 0)
 
 
-def set_stats(namespace: str, name: str, sample: Sample, rates: tuple[float, float] | None) -> None:
+def set_stats(namespace: str, name: str, stats: QueueStats, rates: tuple[float, float] | None) -> None:
     for field, gauge in STATS.items():
-        gauge.labels(namespace=namespace, queue=name).set(getattr(sample, field))
+        gauge.labels(namespace=namespace, queue=name).set(getattr(stats, field))
     for gauge, value in zip(RATES, rates or (0.0, 0.0), strict=True):
         gauge.labels(namespace=namespace, queue=name).set(value)
 

@@ -1,22 +1,30 @@
-"""One generic reconcile for every backend: spec + Secret -> backend apply -> status and events.
+"""One generic reconcile and one deletion for every backend: spec + Secret -> backend ->
+status and events.
 
 No kopf and no Kubernetes client in here: the caller passes a Secret reader and applies the
 returned status patch and events, so `dbq apply` runs exactly this code without a cluster.
+Every failure is a `DbqError`; each sets a reason and emits a Warning.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from dbq.api.models import QueueSpec, queue_name
+from dbq.api.models import DeletionPolicy, QueueSpec, queue_name
+from dbq.api.status import QueueStatus
 from dbq.backends import open_backend
-from dbq.backends.base import BackendError, InvalidSpec, QueueBackend
+from dbq.backends.base import QueueBackend
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
+from dbq.errors import DbqError, InvalidSpec
 from dbq.resource import SecretReader, parse_spec, settings_for
+
+FORCE_DELETE = "dbq.dev/force-delete"
 
 
 @dataclass
@@ -30,7 +38,7 @@ class Event:
 class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
-    error: BackendError | None = None
+    error: DbqError | None = None
     steps: list[str] = field(default_factory=list)
 
     @property
@@ -68,16 +76,13 @@ def reconcile(
     conditions = old
     try:
         spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
-        steps = backend.plan(backend.observe())
-        if steps and drift_check:
-            why = "; ".join(s.why for s in steps)
-            conditions = cond.set_condition(
-                conditions, cond.DEGRADED, True, "Drift", f"repairing: {why}", generation
-            )
-            out.events.append(Event("Warning", "Drift", f"database objects differ from the spec: {why}"))
-        result = backend.apply() if steps else None
-        out.steps = [s.why for s in result.steps] if result else []
-        if result and result.steps:
+        # One observe and plan, under the queue's lock: apply returns what it had to do.
+        result = backend.apply()
+        out.steps = [s.why for s in result.steps]
+        if result.steps and drift_check:
+            why = "; ".join(out.steps)
+            out.events.append(Event("Warning", "Drift", f"database objects differed from the spec: {why}"))
+        if result.steps:
             verb = "Repaired" if drift_check else "Provisioned"
             out.events.append(Event("Normal", verb, f"{verb.lower()} {queue}: " + "; ".join(out.steps)))
         message = f"queue {queue} ({spec.design}, {spec.backend}) matches the spec at {backend.endpoint()}"
@@ -85,25 +90,28 @@ def reconcile(
         conditions = cond.set_condition(
             conditions, cond.PROVISIONED, True, "Provisioned", message, generation
         )
-        degraded_reason = "Repaired" if steps and drift_check else "AsExpected"
+        degraded_reason = "Repaired" if result.steps and drift_check else "AsExpected"
         conditions = cond.set_condition(
             conditions, cond.DEGRADED, False, degraded_reason, "database objects match the spec", generation
         )
-        out.status = {
-            "conditions": conditions,
-            "observedGeneration": generation,
-            "schemaVersion": result.schema_version if result else status.get("schemaVersion") or 1,
-            "queueName": queue,
-            "endpoint": backend.endpoint(),
-        }
+        out.status = QueueStatus.model_validate(
+            {
+                "conditions": conditions,
+                "observedGeneration": generation,
+                "schemaVersion": result.schema_version,
+                "queueName": queue,
+                "endpoint": backend.endpoint(),
+            }
+        ).wire()
         metrics.reconciled(ok=True, seconds=time.monotonic() - started)
-    except BackendError as e:
+    except DbqError as e:
         out.error = e
-        # A failed drift repair keeps Degraded=True (set above) until a later pass repairs it.
         conditions = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
         if not cond.is_true(old, cond.PROVISIONED):  # objects made earlier stay provisioned
             conditions = cond.set_condition(conditions, cond.PROVISIONED, False, e.reason, str(e), generation)
-        out.status = {"conditions": conditions, "observedGeneration": generation}
+        out.status = QueueStatus.model_validate(
+            {"conditions": conditions, "observedGeneration": generation}
+        ).wire()
         previous = cond.condition(old, cond.READY) or {}
         if previous.get("reason") != e.reason or previous.get("message") != str(e):
             out.events.append(Event("Warning", e.reason, str(e)))
@@ -127,3 +135,75 @@ def status_changes(current: dict[str, Any] | None, new: dict[str, Any]) -> dict[
         for k, v in new.items()
         if json.dumps(current.get(k), sort_keys=True) != json.dumps(v, sort_keys=True)
     }
+
+
+@contextmanager
+def lazy_backend(
+    name: str, namespace: str, spec_raw: dict[str, Any], read_secret: SecretReader
+) -> Iterator[Callable[[], QueueBackend]]:
+    """A function that opens the queue's backend the first time it is called (reading the
+    Secret then, not before) and returns the same one after; closed on leaving."""
+    opened: list[QueueBackend] = []
+
+    def get() -> QueueBackend:
+        if not opened:
+            opened.append(backend_for(name, namespace, spec_raw, read_secret)[2])
+        return opened[0]
+
+    try:
+        yield get
+    finally:
+        for backend in opened:
+            backend.close()
+
+
+def delete(
+    name: str,
+    namespace: str,
+    spec_raw: dict[str, Any],
+    generation: int | None,
+    status: dict[str, Any] | None,
+    read_secret: SecretReader,
+    *,
+    force: bool,
+) -> Outcome:
+    """Drop the queue's objects as its deletion policy says (`force`: even with messages in it).
+    An Outcome with an error means "not yet": the caller retries later; its status carries a
+    DeletionBlocked condition when messages are in the way, and its events say why."""
+    status = dict(status or {})
+    policy = spec_raw.get("deletionPolicy", DeletionPolicy.DeleteIfEmpty)
+    out = Outcome()
+    if policy == DeletionPolicy.Retain:
+        out.events.append(Event("Normal", "Retained", "deletionPolicy Retain: database objects kept"))
+        return out
+    provisioned = cond.is_true(status.get("conditions"), cond.PROVISIONED)
+    try:
+        _spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
+        try:
+            if policy == DeletionPolicy.DeleteIfEmpty and not force:
+                depth = backend.depth()
+                if depth.depth or depth.in_flight:
+                    message = (
+                        f"queue {queue} still holds {depth.depth} ready and {depth.in_flight} leased messages;"
+                        f" drain it, or annotate {FORCE_DELETE}=true to drop them"
+                    )
+                    out.status["conditions"] = cond.set_condition(
+                        status.get("conditions"), cond.DELETION_BLOCKED, True, "NotEmpty", message, generation
+                    )
+                    out.events.append(Event("Warning", "DeletionBlocked", message))
+                    out.error = DbqError(message)
+                    return out
+            backend.teardown()
+        finally:
+            backend.close()
+    except DbqError as e:
+        if not provisioned or (force and e.reason == "SecretNotFound"):
+            # Never provisioned (bad Secret or spec): dbq made nothing there to drop. Or forced.
+            why = "never provisioned" if not provisioned else "forced"
+            out.events.append(Event("Normal", "Deleted", f"{e}; {why}: nothing dropped"))
+            return out
+        out.error = e
+        out.events.append(Event("Warning", e.reason, f"cannot delete yet: {e}"))
+        return out
+    out.events.append(Event("Normal", "Deleted", f"dropped queue {queue} ({policy})"))
+    return out

@@ -1,27 +1,32 @@
-"""Statistics and cleanup of a provisioned queue, each on its interval from the spec.
+"""Statistics, cleanup and maintenance of a provisioned queue, each on its schedule from the spec.
 
-No kopf and no Kubernetes client here: `run_upkeep` takes the backend and what the operator
-remembers of earlier runs, and returns the status patch and events. Pure helpers decide what is
-due, compute rolling rates from the history table, and say when status is worth writing.
+No kopf and no Kubernetes client here: `run_upkeep` takes a way to open the backend and what the
+operator remembers of earlier runs, and returns the status patch and events. A pure
+`what_is_due` decides first, so a tick with nothing due touches neither the Secret nor the
+database; pure helpers compute rolling rates from the history table and say when status is
+worth writing.
 """
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import Any, Literal
 
 from croniter import croniter
 
 from dbq.api.durations import seconds
 from dbq.api.models import QueueSpec
-from dbq.backends.base import BackendError, Earlier, QueueBackend, Sample
+from dbq.api.status import CleanupStatus, MaintenanceStatus, ScheduleStatus, StatsStatus
+from dbq.backends.base import Earlier, QueueBackend
 from dbq.backends.maintenance import MaintenanceResult
+from dbq.client import QueueStats
 from dbq.controller import metrics
 from dbq.controller.reconcile import Event
+from dbq.errors import DbqError
+from dbq.settings import time_zone
 
 # status.stats is rewritten when a figure changed, or at least this often (a heartbeat).
 STATS_HEARTBEAT_S = 300.0
@@ -30,11 +35,6 @@ REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack")
 
 
 WEEKDAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-
-
-def time_zone() -> ZoneInfo:
-    """The operator's time zone for maintenance windows (DBQ_TIMEZONE, default UTC)."""
-    return ZoneInfo(os.environ.get("DBQ_TIMEZONE", "UTC"))
 
 
 def stamp(at: datetime) -> str:
@@ -61,7 +61,7 @@ def describe_cron(cron: str) -> str:
     return f"on the cron schedule '{cron}'"
 
 
-def describe(spec: QueueSpec, next_run: datetime | None) -> dict[str, str]:
+def describe(spec: QueueSpec, next_run: datetime | None) -> ScheduleStatus:
     """What `kubectl describe` shows under status.schedule, in a DBA's words."""
     zone = time_zone()
     r, t = spec.reindex, spec.reindex.threshold
@@ -74,12 +74,12 @@ def describe(spec: QueueSpec, next_run: datetime | None) -> dict[str, str]:
         what = (f"REORGANIZE an index past 5% fragmentation, REBUILD{' ONLINE' if r.online else ''} it past"
                 f" {t.fragmentation_percent}%")  # fmt: skip
     upcoming = f"; next at {next_run.astimezone(zone):%Y-%m-%d %H:%M %Z}" if next_run else ""
-    return {
-        "statistics": f"measured every {spec.stats.interval}, history kept {spec.stats.retention}",
-        "cleanup": f"every {spec.cleanup.interval}; claims and pipes idle for {spec.timeouts.stalled_after}"
-        f" are stalled and repaired",
-        "maintenance": f"{describe_cron(r.schedule)} ({zone.key}, cron '{r.schedule}'): {what}{upcoming}",
-    }
+    return ScheduleStatus(
+        statistics=f"measured every {spec.stats.interval}, history kept {spec.stats.retention}",
+        cleanup=f"every {spec.cleanup.interval}; claims and pipes idle for {spec.timeouts.stalled_after}"
+        " are stalled and repaired",
+        maintenance=f"{describe_cron(r.schedule)} ({zone.key}, cron '{r.schedule}'): {what}{upcoming}",
+    )
 
 
 def rate_window_s(spec: QueueSpec) -> float:
@@ -106,30 +106,30 @@ def due(last: float, interval_s: float, now: float) -> bool:
     return last == 0.0 or now - last >= interval_s
 
 
-def rates(sample: Sample, earlier: Earlier | None) -> tuple[float, float] | None:
+def rates(stats: QueueStats, earlier: Earlier | None) -> tuple[float, float] | None:
     """(pushes/s, takes/s) since `earlier`; None without a sample old enough to divide by."""
     if earlier is None or earlier.age_s < 1.0:
         return None
     return (
-        max(sample.pushed - earlier.pushed, 0) / earlier.age_s,
-        max(sample.taken - earlier.taken, 0) / earlier.age_s,
+        max(stats.pushed - earlier.pushed, 0) / earlier.age_s,
+        max(stats.taken - earlier.taken, 0) / earlier.age_s,
     )
 
 
-def stats_status(sample: Sample, measured: tuple[float, float] | None, at: datetime) -> dict[str, Any]:
+def stats_status(stats: QueueStats, measured: tuple[float, float] | None, at: datetime) -> dict[str, Any]:
     push_rate, pop_rate = measured or (0.0, 0.0)
-    return {
-        "depth": sample.depth,
-        "inFlight": sample.in_flight,
-        "pushed": sample.pushed,
-        "popped": sample.popped,
-        "acquired": sample.acquired,
-        "expired": sample.expired,
-        "pushRate": round(push_rate, 1),
-        "popRate": round(pop_rate, 1),
-        "oldestMessageAgeSeconds": round(sample.oldest_age_s, 1),
-        "measuredAt": stamp(at),
-    }
+    return StatsStatus(
+        depth=stats.depth,
+        in_flight=stats.in_flight,
+        pushed=stats.pushed,
+        popped=stats.popped,
+        acquired=stats.acquired,
+        expired=stats.expired,
+        push_rate=round(push_rate, 1),
+        pop_rate=round(pop_rate, 1),
+        oldest_message_age_seconds=round(stats.oldest_age_seconds, 1),
+        measured_at=stamp(at),
+    ).wire()
 
 
 def worth_writing(old: dict[str, Any] | None, new: dict[str, Any], last_write: float, now: float) -> bool:
@@ -153,7 +153,10 @@ def parse_stamp(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
-def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> tuple[str, datetime]:
+Task = Literal["run", "plan", "wait"]
+
+
+def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> tuple[Task, datetime]:
     """("run" | "plan" | "wait", the window). A queue without a planned window, or whose
     schedule changed, gets the next one planned ("plan")."""
     planned = status.get("maintenance") or {}
@@ -163,26 +166,61 @@ def maintenance_due(spec: QueueSpec, status: dict[str, Any], wall: datetime) -> 
     return ("run" if wall >= when else "wait"), when
 
 
+@dataclass(frozen=True)
+class Due:
+    """What a tick has to do, decided before anything is opened."""
+
+    stats: bool
+    cleanup: bool
+    maintenance: Task
+    window: datetime  # the planned maintenance window
+
+    @property
+    def touches_database(self) -> bool:
+        return self.stats or self.cleanup or self.maintenance == "run"
+
+
+def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> Due:
+    maintenance, window = maintenance_due(spec, status, wall)
+    return Due(
+        stats=due(memory.stats_at, seconds(spec.stats.interval), now),
+        cleanup=due(memory.cleanup_at, seconds(spec.cleanup.interval), now),
+        maintenance=maintenance,
+        window=window,
+    )
+
+
+def maintenance_status(
+    result: MaintenanceResult, spec: QueueSpec, wall: datetime, after: datetime
+) -> dict[str, Any]:
+    return MaintenanceStatus(
+        next_run=stamp(after),
+        cron=spec.reindex.schedule,
+        last_run=stamp(wall),
+        result=result.result,  # type: ignore[arg-type]
+        message=result.message,
+        actions=[f"{s.action} {s.target}" for s in result.steps],
+        before={k: round(v, 1) for k, v in result.before.items()},
+        after={k: round(v, 1) for k, v in result.after.items()},
+        duration_seconds=round(result.seconds, 2),
+    ).wire()
+
+
 def run_maintenance(spec: QueueSpec, backend: QueueBackend, wall: datetime) -> tuple[dict[str, Any], Event]:
     t = spec.reindex.threshold
     started = time.monotonic()
     try:
         result: MaintenanceResult = backend.maintain(t.dead_tuple_percent, t.fragmentation_percent,
                                                      spec.reindex.online)  # fmt: skip
-    except BackendError as e:  # reported; the next window tries again
+    except DbqError as e:  # reported; the next window tries again
         result = MaintenanceResult("Failed", str(e), seconds=time.monotonic() - started)
     after = next_window(spec.reindex.schedule, max(wall, datetime.now(UTC)))
-    status = {
-        **result.as_status(),
-        "lastRun": stamp(wall),
-        "nextRun": stamp(after),
-        "cron": spec.reindex.schedule,
-    }
     kind, reason = {
         "Succeeded": ("Normal", "Maintained"),
         "NotNeeded": ("Normal", "MaintenanceNotNeeded"),
         "Skipped": ("Warning", "MaintenanceSkipped"),
     }.get(result.result, ("Warning", "MaintenanceFailed"))
+    status = maintenance_status(result, spec, wall, after)
     return status, Event(kind, reason, f"{result.message} (next window {stamp(after)})")
 
 
@@ -191,54 +229,56 @@ def run_upkeep(
     name: str,
     spec: QueueSpec,
     status: dict[str, Any],
-    backend: QueueBackend,
+    backend: Callable[[], QueueBackend],
     memory: Memory,
     now: float | None = None,
     wall: datetime | None = None,
 ) -> Upkeep:
-    """Measure, clean up and maintain the queue when each is due; BackendError from stats or
-    cleanup propagates to the caller, a failed maintenance is reported in status."""
+    """Measure, clean up and maintain the queue when each is due. `backend` opens (or returns)
+    the queue's backend, and is called only when something due needs the database. DbqError from
+    stats or cleanup propagates to the caller; a failed maintenance is reported in status."""
     now = time.monotonic() if now is None else now
     wall = datetime.now(UTC) if wall is None else wall
+    todo = what_is_due(spec, status, memory, now, wall)
     out = Upkeep()
-    action, next_run = maintenance_due(spec, status, wall)
-    if action == "run":
-        out.status["maintenance"], event = run_maintenance(spec, backend, wall)
+    next_run = todo.window
+    if todo.maintenance == "run":
+        out.status["maintenance"], event = run_maintenance(spec, backend(), wall)
         out.events.append(event)
         next_run = parse_stamp(out.status["maintenance"]["nextRun"])
-    elif action == "plan":
+    elif todo.maintenance == "plan":
         planned = {"nextRun": stamp(next_run), "cron": spec.reindex.schedule}
         out.status["maintenance"] = {**(status.get("maintenance") or {}), **planned}
-    schedule = describe(spec, next_run)
+    schedule = describe(spec, next_run).wire()
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
-    if due(memory.stats_at, seconds(spec.stats.interval), now):
-        sample = backend.measure()
-        earlier = backend.sample_since(rate_window_s(spec))
-        backend.record_sample(sample, seconds(spec.stats.retention))
+    if todo.stats:
+        stats = backend().measure()
+        earlier = backend().sample_since(rate_window_s(spec))
+        backend().record_sample(stats, seconds(spec.stats.retention))
         memory.stats_at = now
-        measured = rates(sample, earlier)
-        new = stats_status(sample, measured, wall)
-        metrics.set_stats(namespace, name, sample, measured)
+        measured = rates(stats, earlier)
+        new = stats_status(stats, measured, wall)
+        metrics.set_stats(namespace, name, stats, measured)
         if worth_writing(status.get("stats"), new, memory.stats_written_at, now):
             out.status["stats"] = new
             memory.stats_written_at = now
-    if due(memory.cleanup_at, seconds(spec.cleanup.interval), now):
-        counts = backend.cleanup(seconds(spec.timeouts.stalled_after))
+    if todo.cleanup:
+        counts = backend().cleanup(seconds(spec.timeouts.stalled_after))
         memory.cleanup_at = now
         metrics.count_cleanup(namespace, name, counts)
         repaired = {k: v for k, v in counts.items() if k in REPAIRS and v}
         previous = status.get("cleanup") or {}
         at = stamp(wall)
-        cleanup: dict[str, Any] = {
-            "lastRun": at,
-            "lastResult": counts,
-            "repairedTotal": int(previous.get("repairedTotal") or 0) + sum(repaired.values()),
-            "lastRepairAt": at if repaired else previous.get("lastRepairAt"),
-        }
+        cleanup = CleanupStatus(
+            last_run=at,
+            last_result=counts,
+            repaired_total=int(previous.get("repairedTotal") or 0) + sum(repaired.values()),
+            last_repair_at=at if repaired else previous.get("lastRepairAt"),
+        )
         # Written when something was repaired or housekept, or as the stats heartbeat is.
         if any(counts.values()) or not previous or now - memory.stats_written_at >= STATS_HEARTBEAT_S:
-            out.status["cleanup"] = {k: v for k, v in cleanup.items() if v is not None}
+            out.status["cleanup"] = cleanup.wire()
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
     return out

@@ -3,34 +3,39 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
-from dbq.backends.base import ApplyResult, BackendError, Depth, Earlier, Sample, Step
+from dbq.backends.base import ApplyResult, Depth, Earlier
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
+    PipesAction,
     PipesObserved,
+    PipesStep,
     PipesTarget,
     RecordedPipes,
     TableOptions,
     plan_pipes,
 )
-from dbq.backends.cassandra.session import open_session, translate
 from dbq.backends.maintenance import MaintenanceResult
-from dbq.backends.names import QueueNames
+from dbq.client import PipesQueue, QueueStats
 from dbq.connection import ConnectionSettings
+from dbq.connection.cassandra import open_session, translate
+from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.errors import DbqError
 
 
 class CassandraPipes:
-    def __init__(self, settings: ConnectionSettings, names: QueueNames, target: PipesTarget) -> None:
+    def __init__(self, settings: ConnectionSettings, target: PipesTarget) -> None:
         self.settings = settings
-        self.names = names
+        self.names = target.names
         self.target = target
-        self.cql = cql.PipesCql(names)
+        self.cql = cql.PipesCql(target.names)
         self._cluster: Cluster | None = None
         self._session: Session | None = None
-        self._queue: Any = None  # a data-plane client on this session, for stats and repair
+        self._queue: PipesQueue | None = None  # a data-plane client on this session, for stats and repair
 
     def endpoint(self) -> str:
         return self.settings.endpoint
@@ -55,7 +60,7 @@ class CassandraPipes:
             if params:
                 return list(self.session.execute(self.session.prepare(statement), params))
             return list(self.session.execute(statement))
-        except BackendError:
+        except DbqError:
             raise
         except Exception as e:
             self.close()
@@ -80,48 +85,44 @@ class CassandraPipes:
             keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded
         )
 
-    def plan(self, observed: PipesObserved) -> list[Step]:
+    def plan(self, observed: PipesObserved) -> list[PipesStep]:
         return plan_pipes(self.target, observed)
 
-    def step_cql(self, action: str) -> list[tuple[str, tuple[Any, ...]]]:
-        kind, _, table = action.partition(":")
+    def render(self, step: PipesStep) -> tuple[str, tuple[Any, ...]]:
+        """The statement of one planning step, with its values."""
         t, c = self.target, self.cql
-        if kind == "record_settings":
-            values = (cql.PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, self.names.queue)
-            return [(c.record, values)]
-        ddl = {
-            "create_keyspace": lambda: c.create_keyspace(t.replication),
-            "alter_keyspace": lambda: c.alter_keyspace(t.replication),
-            "create_table": lambda: c.create_table(table),
-            "tune_table": lambda: c.tune_table(table),
+        statements: dict[PipesAction, Callable[[], str]] = {
+            PipesAction.CREATE_KEYSPACE: lambda: c.create_keyspace(t.replication),
+            PipesAction.ALTER_KEYSPACE: lambda: c.alter_keyspace(t.replication),
+            PipesAction.CREATE_TABLE: lambda: c.create_table(step.table),
+            PipesAction.TUNE_TABLE: lambda: c.tune_table(step.table),
+            PipesAction.RECORD_SETTINGS: lambda: c.record,
         }
-        return [(ddl[kind](), ())]
+        values: tuple[Any, ...] = ()
+        if step.action is PipesAction.RECORD_SETTINGS:
+            values = (PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, self.names.queue)
+        return statements[step.action](), values
 
     def apply(self) -> ApplyResult:
         steps = self.plan(self.observe())
         for step in steps:
-            for statement, params in self.step_cql(step.action):
-                self._run(statement, *params)
-        return ApplyResult(steps=steps, schema_version=cql.PIPES_SCHEMA_VERSION)
+            statement, values = self.render(step)
+            self._run(statement, *values)
+        return ApplyResult(steps=steps, schema_version=PIPES_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
-    def _client(self) -> Any:
+    def _client(self) -> PipesQueue:
         """One client per backend object, on its session (prepared statements are reused)."""
         if self._queue is None:
-            from dbq.client.pipes import PipesQueue
-
-            try:
-                self._queue = PipesQueue.over(self.session, self.settings, self.names)
-            except Exception as e:
-                raise BackendError(f"{self.settings.endpoint}: {e}") from None
+            self._queue = PipesQueue.over(self.session, self.settings, self.names)
         return self._queue
 
     def depth(self) -> Depth:
         stats = self._client().stats()
         return Depth(depth=stats.depth, in_flight=stats.in_flight)
 
-    def measure(self) -> Sample:
-        return Sample.of(self._client().stats())
+    def measure(self) -> QueueStats:
+        return self._client().stats()
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """The pipes reaper: vanished pushers' pipes finished, expired leases rolled back,
@@ -141,10 +142,10 @@ class CassandraPipes:
             " compaction, and drained pipes leave as whole partitions",
         )
 
-    def record_sample(self, sample: Sample, retention_s: float) -> None:
-        s = sample
+    def record_sample(self, stats: QueueStats, retention_s: float) -> None:
+        s = stats
         self._run(self.cql.record_sample, self.names.queue, int(time.time() * 1000), s.depth, s.in_flight,
-                  s.pushed, s.popped, s.acquired, s.expired, float(s.oldest_age_s), max(int(retention_s), 1))  # fmt: skip
+                  s.pushed, s.popped, s.acquired, s.expired, float(s.oldest_age_seconds), max(int(retention_s), 1))  # fmt: skip
 
     def sample_since(self, window_s: float) -> Earlier | None:
         now = int(time.time() * 1000)

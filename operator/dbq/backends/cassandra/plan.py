@@ -7,15 +7,11 @@ to a fixed value, UPDATE of the settings row), so an interrupted apply is simply
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from dbq.backends.base import Step
-from dbq.backends.cassandra.cql import (
-    COMPACTION,
-    COMPACTION_OPTIONS,
-    GC_GRACE_SECONDS,
-    PIPES_SCHEMA_VERSION,
-)
-from dbq.backends.names import QueueNames
+from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
+from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.names import QueueNames
 
 
 @dataclass(frozen=True)
@@ -24,6 +20,24 @@ class PipesTarget:
     replication: dict[str, str]
     max_pushes_per_pipe: int
     max_push_time_ms: int
+
+
+class PipesAction(StrEnum):
+    CREATE_KEYSPACE = "create_keyspace"
+    ALTER_KEYSPACE = "alter_keyspace"
+    CREATE_TABLE = "create_table"
+    TUNE_TABLE = "tune_table"
+    RECORD_SETTINGS = "record_settings"
+
+
+@dataclass(frozen=True)
+class PipesStep:
+    action: PipesAction
+    why: str
+    table: str = ""  # for CREATE_TABLE and TUNE_TABLE
+
+    def __str__(self) -> str:
+        return f"{self.action}:{self.table}" if self.table else str(self.action)
 
 
 @dataclass(frozen=True)
@@ -61,38 +75,35 @@ def options_drift(options: TableOptions) -> list[str]:
     return drift
 
 
-def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[Step]:
+def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     n = target.names
-    steps: list[Step] = []
+    steps: list[PipesStep] = []
     if not observed.keyspace_exists:
-        steps.append(Step("create_keyspace", f"keyspace {n.schema} does not exist"))
+        steps.append(PipesStep(PipesAction.CREATE_KEYSPACE, f"keyspace {n.schema} does not exist"))
     elif observed.replication != target.replication:
-        steps.append(
-            Step(
-                "alter_keyspace",
-                f"keyspace {n.schema} replicates as {observed.replication}, the spec asks for "
-                f"{target.replication}: run `nodetool repair --full {n.schema}` on every node afterwards",
-            )
+        why = (
+            f"keyspace {n.schema} replicates as {observed.replication}, the spec asks for "
+            f"{target.replication}: run `nodetool repair --full {n.schema}` on every node afterwards"
         )
+        steps.append(PipesStep(PipesAction.ALTER_KEYSPACE, why))
     if n.meta not in observed.tables:
-        steps.append(Step(f"create_table:{n.meta}", f"table {n.schema}.{n.meta} does not exist"))
+        steps.append(PipesStep(PipesAction.CREATE_TABLE, f"table {n.schema}.{n.meta} does not exist", n.meta))
     if n.history not in observed.tables:
-        steps.append(
-            Step(
-                f"create_table:{n.history}", f"statistics history table {n.schema}.{n.history} does not exist"
-            )
-        )
+        why = f"statistics history table {n.schema}.{n.history} does not exist"
+        steps.append(PipesStep(PipesAction.CREATE_TABLE, why, n.history))
     for table in (n.pipes, n.pipe_state, n.waiting, n.pending):
         options = observed.tables.get(table)
         if options is None:
-            steps.append(Step(f"create_table:{table}", f"table {n.schema}.{table} does not exist"))
+            steps.append(
+                PipesStep(PipesAction.CREATE_TABLE, f"table {n.schema}.{table} does not exist", table)
+            )
         elif drift := options_drift(options):
-            steps.append(Step(f"tune_table:{table}", f"table {n.schema}.{table} has {', '.join(drift)}"))
+            why = f"table {n.schema}.{table} has {', '.join(drift)}"
+            steps.append(PipesStep(PipesAction.TUNE_TABLE, why, table))
     want = RecordedPipes(PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms)
     if observed.recorded != want:
-        steps.append(
-            Step("record_settings", f"record {_settings(want)} (was {_settings(observed.recorded)})")
-        )
+        why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
+        steps.append(PipesStep(PipesAction.RECORD_SETTINGS, why))
     return steps
 
 

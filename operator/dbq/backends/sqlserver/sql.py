@@ -14,28 +14,18 @@ validated integers; values are bound parameters.
 
 from __future__ import annotations
 
-from dbq.backends.names import check_identifier
-from dbq.backends.ring_plan import RING_SCHEMA_VERSION, RingTarget
-from dbq.backends.ring_sql import CALL_ARGS, RingSqlBase
+from dbq.backends.ring_sql import RingSqlBase
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.names import check_identifier
+from dbq.names import ms_literal as literal
+from dbq.names import ms_quote as quote
 
 SEQUENCE_CACHE = 1000
 MAX_BODY = 7000  # spec.ring.messageBytes at most: a row stays within one 8 KB page
 
 
-def quote(identifier: str) -> str:
-    """Bracket-quote an identifier that `QueueNames`/`check_identifier` already validated."""
-    if not identifier or any(c in identifier for c in "[]\0'"):
-        raise ValueError(f"refusing to quote {identifier!r}")
-    return f"[{identifier}]"
-
-
-def literal(identifier: str) -> str:
-    check_identifier(identifier, "name")
-    return f"N'{identifier}'"
-
-
 def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
-    """One packed take/pop record (see `RECORD`) built from T-SQL expressions."""
+    """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from T-SQL expressions."""
     return (
         f"CAST(CAST({status} AS tinyint) AS binary(1)) + CAST(CAST(ISNULL({msg_id}, 0) AS bigint) AS binary(8))"
         f" + CAST(CAST(ISNULL({lease}, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL({attempts}, 0) AS int) AS binary(4))"
@@ -51,14 +41,16 @@ class MsRing(RingSqlBase):
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
+    TEMPLATE_PACKAGE = __package__ or "dbq.backends.sqlserver"
+    TEMPLATE_FILE = "ring_procedures.sql"
+
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
-        self.TEMPLATE = _PROCS
         if not 16 <= self.message_bytes <= MAX_BODY:
             raise ValueError(f"message_bytes {self.message_bytes} outside 16..{MAX_BODY}")
 
-    def _fmt(self) -> dict[str, object]:
-        return super()._fmt() | {
+    def template_values(self) -> dict[str, object]:
+        return super().template_values() | {
             "record": _record("@status", "@id", "@lease", "@attempts", "@body"),
             "take_record": _record("@status", "@pos", "@lease", "@attempts", "@body"),
             "out_record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
@@ -68,11 +60,11 @@ class MsRing(RingSqlBase):
         return f"IF OBJECT_ID(N'{qualified}', N'{kind}') IS NULL"
 
     # --- provisioning, one method per planning step ------------------------------------------
-    def _create_schema(self) -> list[str]:
+    def create_schema(self) -> list[str]:
         # CREATE SCHEMA must be alone in its batch, hence EXEC.
         return [f"IF SCHEMA_ID({literal(self.schema_name)}) IS NULL EXEC(N'CREATE SCHEMA {self.schema}')"]
 
-    def _create_meta(self) -> list[str]:
+    def create_meta(self) -> list[str]:
         return [
             f"""{self._object_missing(self.meta, "U")}
 CREATE TABLE {self.meta} (
@@ -85,7 +77,7 @@ CREATE TABLE {self.meta} (
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
 
-    def _create_ring(self) -> list[str]:
+    def create_ring(self) -> list[str]:
         return [
             f"""{self._object_missing(self.ring, "U")}
 CREATE TABLE {self.ring} (
@@ -100,7 +92,7 @@ CREATE TABLE {self.ring} (
   body varbinary({MAX_BODY}) NULL)"""
         ]
 
-    def _fill_ring(self) -> list[str]:
+    def fill_ring(self) -> list[str]:
         # Slots start with a body of full size, so later pushes never grow a row (no page splits).
         return [
             f"""WITH n AS (
@@ -111,14 +103,14 @@ SELECT n.slot, 0, CAST(REPLICATE(CAST(0x00 AS varbinary(max)), {self.message_byt
 FROM n WHERE NOT EXISTS (SELECT 1 FROM {self.ring} r WHERE r.slot = n.slot)"""
         ]
 
-    def _create_sequences(self) -> list[str]:
+    def create_sequences(self) -> list[str]:
         return [
             f"{self._object_missing(seq, 'SO')}\n"
             f"CREATE SEQUENCE {seq} AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE {SEQUENCE_CACHE}"
             for seq in self.sequences
         ]
 
-    def _reset_positions(self) -> list[str]:
+    def reset_positions(self) -> list[str]:
         # ALTER SEQUENCE takes no variables: build it from the validated name and an integer.
         return [
             f"""DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
@@ -129,7 +121,7 @@ DECLARE @sql nvarchar(max) =
 EXEC sys.sp_executesql @sql"""
         ]
 
-    def _create_side_tables(self) -> list[str]:
+    def create_side_tables(self) -> list[str]:
         return [
             f"""{self._object_missing(self.spill, "U")}
 CREATE TABLE {self.spill} (
@@ -148,7 +140,7 @@ CREATE TABLE {self.gap} (
   noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())""",
         ]
 
-    def _create_history(self) -> list[str]:
+    def create_history(self) -> list[str]:
         return [
             f"""{self._object_missing(self.history, "U")}
 CREATE TABLE {self.history} (
@@ -219,7 +211,7 @@ CREATE TABLE {self.history} (
     def maintenance_unlock(self) -> str:
         return "EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1"
 
-    def _record_version(self) -> list[str]:
+    def record_version(self) -> list[str]:
         return [
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
@@ -249,13 +241,6 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         """Serialises provisioning of one queue; released when the transaction ends."""
         return "EXEC sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Transaction'"
 
-    # --- data plane calls -----------------------------------------------------------------
-    def call(self, verb: str) -> str:
-        """One batch, one round trip: the procedure runs as one transaction (XACT_ABORT rolls it
-        all back on any error), as a PostgreSQL function call does."""
-        args = CALL_ARGS[verb]
-        return f"SET XACT_ABORT ON; BEGIN TRAN; EXEC {self.fn[verb]} {args}; COMMIT TRAN;".replace(" ;", ";")
-
     def depth_sql(self) -> str:
         return (
             f"SELECT (SELECT COUNT_BIG(*) FROM {self.ring} WHERE state = 1) + "
@@ -263,459 +248,3 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
             f"(SELECT COUNT_BIG(*) FROM {self.ring} WHERE state = 2) + "
             f"(SELECT COUNT_BIG(*) FROM {self.spill} WHERE state = 2)"
         )
-
-
-# Procedures, separated by `--;;` lines; placeholders as in the PostgreSQL routines, procedures
-# as {fn_<verb>}. Shared pieces: a lease is 56 random bits + 1; positions are read from
-# sys.sequences.last_used_value (NULL before the first draw).
-_LEASE = "CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1"
-_PROCS = r"""
-CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
-  @placed bit OUTPUT
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @popped bigint, @try int = 0;
-  SET @placed = 0;
-  WHILE 1 = 1 BEGIN
-    UPDATE {ring} WITH (ROWLOCK)
-      SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
-    WHERE slot = @id % {size} AND state = 0;
-    IF @@ROWCOUNT = 1 BEGIN SET @placed = 1; RETURN; END;
-    -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
-    -- drew its position a while ago, moves to the spill table.
-    SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
-    WHERE object_id = OBJECT_ID(N'{pop_seq}');
-    UPDATE {ring} WITH (ROWLOCK) SET state = 0
-    OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
-      deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
-      deleted.expires_at, deleted.body
-    INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    WHERE slot = @id % {size} AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
-    SET @try += 1;
-    IF @try > 20 BEGIN
-      -- Full after all (pushers raced past the check): the position becomes void.
-      INSERT INTO {gap} (pos, reason) SELECT @id, 'void' WHERE NOT EXISTS (SELECT 1 FROM {gap} WHERE pos = @id);
-      RETURN;
-    END;
-    WAITFOR DELAY '00:00:00.001';
-  END;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint;
-  IF DATALENGTH(@body) > {max_bytes}
-    THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
-  IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                 * ISNULL(CAST(last_used_value AS bigint), 0))
-      FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'))) >= {size}
-  BEGIN
-    SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
-    RETURN;
-  END;
-  SET @id = NEXT VALUE FOR {push_seq};
-  UPDATE {ring} WITH (ROWLOCK)
-    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
-  WHERE slot = @id % {size} AND state = 0;
-  IF @@ROWCOUNT = 0 BEGIN
-    EXEC {fn_place} @id, @body, @ttl_ms, @now, @placed OUTPUT;
-    IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
-  END;
-  SET @n = NEXT VALUE FOR {n_pushed};
-  SELECT @id AS o_id;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_push_many} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint;
-  -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
-  -- two parameters any driver binds, and no encoding to undo.
-  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
-    done bit NOT NULL DEFAULT 0);
-  INSERT INTO @in (i, n, body)
-  SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
-  FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
-          SUM(CAST(j.value AS bigint)) OVER (ORDER BY CAST(j.[key] AS int) ROWS UNBOUNDED PRECEDING) AS e
-        FROM OPENJSON(N'[' + @lengths + N']') j) s;
-  SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
-  IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
-    THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
-  IF @big > {max_bytes}
-    THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
-  SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                     * ISNULL(CAST(last_used_value AS bigint), 0))
-  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
-  SET @k = CASE WHEN {size} - @used < @n THEN CASE WHEN {size} - @used > 0 THEN {size} - @used ELSE 0 END
-                ELSE @n END;
-  IF @k > 0 BEGIN
-    -- One contiguous range of positions for the batch, then one set-based update.
-    EXEC sys.sp_sequence_get_range @sequence_name = N'{push_seq}', @range_size = @k,
-      @range_first_value = @first OUTPUT;
-    SET @first_id = CAST(@first AS bigint);
-    UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
-    UPDATE r WITH (ROWLOCK)
-      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
-    FROM {ring} r JOIN @in b ON r.slot = b.id % {size}
-    WHERE b.id IS NOT NULL AND r.state = 0;
-    UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = b.id % {size} AND r.msg_id = b.id;
-    -- Slots an earlier lap still holds take the slow path, one by one.
-    SET @i = 1;
-    WHILE @i <= @k BEGIN
-      IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
-        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i);
-        EXEC {fn_place} @one, @b, @ttl_ms, @now, @placed OUTPUT;
-        UPDATE @in SET done = @placed WHERE i = @i;
-      END;
-      SET @i += 1;
-    END;
-    SELECT @c = COUNT(*) FROM @in WHERE done = 1;
-    WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
-  END;
-  SELECT STRING_AGG(CAST(CASE WHEN done = 1 THEN id ELSE -1 END AS nvarchar(max)), N',')
-    WITHIN GROUP (ORDER BY i) AS o_ids
-  FROM @in;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
-AS BEGIN
-  -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
-  SET NOCOUNT ON;
-  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
-    @round int = 0, @n bigint, @got int;
-  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL;
-  -- A few rounds: a message committed after the update looked is taken on the next round, and
-  -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
-  WHILE @round < 10 BEGIN
-    SET @round += 1;
-    IF @lease_ms <= 0
-      UPDATE {ring} WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
-      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
-    ELSE BEGIN
-      SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
-      UPDATE {ring} WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
-        visible_at = DATEADD(millisecond, @lease_ms, @now), @body = body
-      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
-    END;
-    SET @got = @@ROWCOUNT;
-    IF @got = 1 BEGIN
-      IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped};
-      IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
-      SET @status = 0;
-      RETURN;
-    END;
-    SET @lease = NULL;
-    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM {ring} WHERE slot = @pos % {size};
-    IF @msg = @pos AND @state = 1 BEGIN
-      IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
-      UPDATE {ring} WITH (ROWLOCK) SET state = 0 WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1;
-      IF @@ROWCOUNT = 1 SET @n = NEXT VALUE FOR {n_expired};  -- expired (TTL): dropped
-      SET @status = 3;
-      RETURN;
-    END;
-    IF @msg >= @pos BEGIN  -- taken by repair, or the ring has lapped a void position
-      DELETE FROM {gap} WHERE pos = @pos;
-      SET @status = 3;
-      RETURN;
-    END;
-    DELETE FROM {gap} WHERE pos = @pos AND reason = 'void';
-    IF @@ROWCOUNT = 1 BEGIN SET @status = 3; RETURN; END;
-    IF @round = 10 OR @pos > (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
-                              WHERE object_id = OBJECT_ID(N'{push_seq}')) BREAK;
-    WAITFOR DELAY '00:00:00.001';
-  END;
-  SELECT @body = NULL, @attempts = NULL;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_take} @pos bigint, @lease_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_claim} @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT {take_record} AS o_record;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
-AS BEGIN
-  -- pop() with OUTPUT parameters, for pop_many.
-  SET NOCOUNT ON;
-  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
-    @n bigint, @look bit;
-  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
-  -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
-  -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
-  -- it has none: looking costs a statement most pops can skip, and none waits for ever.
-  SET @look = CASE WHEN RAND() * {spill_share} < 1 THEN 1 ELSE 0 END;
-  redeliveries:
-  -- 1. Redeliveries.
-  WHILE @look = 1 BEGIN
-    SET @id = NULL;
-    SELECT TOP (1) @id = msg_id, @exp = expires_at FROM {spill} WITH (ROWLOCK, UPDLOCK, READPAST)
-    WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
-    IF @id IS NULL BREAK;
-    IF @exp IS NOT NULL AND @exp <= @now BEGIN  -- expired while waiting
-      DELETE FROM {spill} WHERE msg_id = @id;
-      SET @n = NEXT VALUE FOR {n_expired};
-      CONTINUE;
-    END;
-    IF @lease_ms <= 0 BEGIN
-      SELECT @body = body, @attempts = attempts FROM {spill} WHERE msg_id = @id;
-      DELETE FROM {spill} WHERE msg_id = @id;
-      IF @count = 1 SET @n = NEXT VALUE FOR {n_popped};
-    END ELSE BEGIN
-      SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
-      UPDATE {spill} SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
-        visible_at = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
-      WHERE msg_id = @id;
-      IF @count = 1 SET @n = NEXT VALUE FOR {n_acquired};
-    END;
-    SET @status = 0;
-    RETURN;
-  END;
-  -- 2. The ring, in push order.
-  WHILE @i < 1000 BEGIN
-    SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                        * ISNULL(CAST(last_used_value AS bigint), 0))
-    FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
-    IF @ahead <= 0 BEGIN
-      IF @look = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
-      -- Nothing new. A position whose popper gave up may have received its message since.
-      SET @pos = NULL;
-      SELECT TOP (1) @pos = g.pos FROM {gap} g WITH (ROWLOCK, UPDLOCK, READPAST)
-      JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
-      WHERE g.reason = 'skipped' AND r.state = 1;
-      IF @pos IS NOT NULL BEGIN
-        DELETE FROM {gap} WHERE pos = @pos;
-        EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-        IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
-      END;
-      SELECT @status = 1, @id = NULL;
-      RETURN;
-    END;
-    SET @pos = NEXT VALUE FOR {pop_seq};
-    EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-    SET @id = @pos;
-    IF @status <> 3 RETURN;
-    SET @i += 1;
-  END;
-  SELECT @status = 1, @id = NULL;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_next} @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT {record} AS o_record;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_pop_many} @max int, @lease_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
-    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint;
-  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int);
-  DECLARE @pos TABLE (pos bigint PRIMARY KEY, taken bit NOT NULL DEFAULT 0);
-  -- 1. Redeliveries go through the single pop, one by one (rare).
-  WHILE (SELECT COUNT(*) FROM @out) < @max
-        AND EXISTS (SELECT 1 FROM {spill} WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
-    EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-    IF @status = 1 BREAK;
-    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
-    IF @status = 2 BREAK;  -- the caller waits for that position
-  END;
-  SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                      * ISNULL(CAST(last_used_value AS bigint), 0))
-  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
-  SET @k = @max - (SELECT COUNT(*) FROM @out);
-  IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
-  IF @status = 2 OR @k <= 0 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
-      EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
-    END;
-    GOTO answer;
-  END;
-  -- 2. The ring: one contiguous range of positions, their slots claimed in one update.
-  EXEC sys.sp_sequence_get_range @sequence_name = N'{pop_seq}', @range_size = @k,
-    @range_first_value = @first OUTPUT;
-  SET @first_pos = CAST(@first AS bigint);
-  INSERT INTO @pos (pos) SELECT TOP (@k) @first_pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1
-  FROM sys.all_columns;
-  IF @lease_ms <= 0
-    UPDATE r WITH (ROWLOCK) SET state = 0
-    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts INTO @out
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
-    WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
-  ELSE
-    UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
-      visible_at = DATEADD(millisecond, @lease_ms, @now)
-    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts INTO @out
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
-    WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
-  UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
-  -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
-  SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
-  WHILE @p IS NOT NULL BEGIN
-    EXEC {fn_claim} @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
-    SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
-  END;
-  answer:
-  -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
-  -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
-  SELECT @c = COUNT(*) FROM @out WHERE o_status = 0;
-  WHILE @c > 0 BEGIN
-    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped}; ELSE SET @n = NEXT VALUE FOR {n_acquired};
-    SET @c -= 1;
-  END;
-  SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_release} @positions nvarchar(max)
-AS BEGIN
-  SET NOCOUNT ON;
-  -- The popper that drew these positions gives up waiting: whoever finds their messages later
-  -- (pop on an empty ring, or repair) delivers them.
-  INSERT INTO {gap} (pos, reason)
-  SELECT DISTINCT CAST(s.value AS bigint), 'skipped' FROM STRING_SPLIT(@positions, N',') s
-  WHERE NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = CAST(s.value AS bigint));
-  SELECT @@ROWCOUNT AS o_released;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @n bigint;
-  UPDATE {ring} WITH (ROWLOCK) SET state = 0
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease;
-  IF @@ROWCOUNT = 0
-    DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease;
-  IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SELECT 1 AS o_ok; END;
-  ELSE SELECT 0 AS o_ok;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_ack_many} @ids nvarchar(max), @leases nvarchar(max)
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @n bigint, @c bigint;
-  DECLARE @a TABLE (id bigint PRIMARY KEY, lease bigint);
-  DECLARE @done TABLE (id bigint);
-  INSERT INTO @a (id, lease)
-  SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
-  FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
-  UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
-  FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
-  -- A separate statement: a lease moved to the spill table meanwhile is seen here.
-  DELETE s OUTPUT deleted.msg_id INTO @done
-  FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
-  WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
-  SELECT @c = COUNT(*) FROM @done;
-  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @c -= 1; END;
-  SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_nack} @id bigint, @lease bigint, @delay_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
-    SYSUTCDATETIME());
-  UPDATE {ring} WITH (ROWLOCK) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @visible, deleted.expires_at, deleted.body
-  INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease;
-  IF @@ROWCOUNT = 0
-    UPDATE {spill} SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease;
-  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_repair} @orphan_grace_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
-    @expired bigint, @gaps bigint, @c bigint, @n bigint;
-  DECLARE @freed TABLE (msg_id bigint);
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
-  WHERE object_id = OBJECT_ID(N'{pop_seq}');
-  -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
-  -- Leases past their visibility timeout: ready again, out of ring order.
-  UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
-  INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE state = 2 AND visible_at < @now;
-  SET @leases = @@ROWCOUNT;
-  UPDATE {spill} WITH (ROWLOCK, READPAST) SET state = 1, lease = 0 WHERE state = 2 AND visible_at < @now;
-  SET @leases += @@ROWCOUNT;
-  -- Orphans: ready messages whose pop position was drawn but never claimed.
-  UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
-  INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, -@orphan_grace_ms, @now)
-    AND (expires_at IS NULL OR expires_at > @now);
-  SET @orphans = @@ROWCOUNT;
-  -- Expired messages (TTL): free the slot; a position not drawn yet becomes void.
-  UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0 OUTPUT deleted.msg_id INTO @freed
-  WHERE state = 1 AND expires_at <= @now;
-  SET @expired = @@ROWCOUNT;
-  INSERT INTO {gap} (pos, reason) SELECT f.msg_id, 'void' FROM @freed f
-  WHERE f.msg_id > @popped AND NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = f.msg_id);
-  DELETE FROM {spill} WITH (ROWLOCK, READPAST) WHERE state = 1 AND expires_at <= @now;
-  SET @expired += @@ROWCOUNT;
-  SET @c = @expired;
-  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_expired}; SET @c -= 1; END;
-  -- Gaps a whole lap behind the pop position can never be written any more.
-  DELETE g FROM {gap} g WHERE g.pos <= @popped - {size}
-    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
-  SET @gaps = @@ROWCOUNT;
-  SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_void_holes} @grace_ms bigint
-AS BEGIN
-  SET NOCOUNT ON;
-  -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
-  -- than the grace is stalled: void it (a late write becomes an orphan that repair delivers).
-  DECLARE @popped bigint, @bound bigint, @holes bigint;
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
-  WHERE object_id = OBJECT_ID(N'{pop_seq}');
-  SELECT @bound = MAX(msg_id) FROM {ring}
-  WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, -@grace_ms, SYSUTCDATETIME());
-  IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
-  INSERT INTO {gap} (pos, reason)
-  SELECT c.p, 'void' FROM (
-    SELECT r.msg_id, @popped + 1 + ((r.slot - (@popped + 1) % {size} + {size}) % {size}) AS p FROM {ring} r) AS c
-  WHERE c.p < @bound AND (c.msg_id IS NULL OR c.msg_id <> c.p)
-    AND NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = c.p);
-  SET @holes = @@ROWCOUNT;
-  SELECT @holes;
-END
---;;
-CREATE OR ALTER PROCEDURE {fn_stats}
-AS BEGIN
-  SET NOCOUNT ON;
-  DECLARE @oldest datetime2(3);
-  SELECT @oldest = MIN(pushed_at) FROM (
-    SELECT MIN(pushed_at) AS pushed_at FROM {ring} WHERE state = 1
-    UNION ALL SELECT MIN(pushed_at) FROM {spill} WHERE state = 1) o;
-  SELECT
-    (SELECT COUNT_BIG(*) FROM {ring} WHERE state = 1) + (SELECT COUNT_BIG(*) FROM {spill} WHERE state = 1) AS o_depth,
-    (SELECT COUNT_BIG(*) FROM {ring} WHERE state = 2) + (SELECT COUNT_BIG(*) FROM {spill} WHERE state = 2)
-      AS o_in_flight,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_pushed}'))
-      AS o_pushed,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_popped}'))
-      AS o_popped,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_acquired}'))
-      AS o_acquired,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_expired}'))
-      AS o_expired,
-    ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) AS o_oldest_age_s;
-END
-"""

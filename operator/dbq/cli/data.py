@@ -19,10 +19,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dbq.backends.base import BackendError
-from dbq.client import AnyQueue, Message, PipeMessage, Queue, QueueError, connect, connect_resource
+from dbq.client import AnyQueue, Message, PipeMessage, Queue, connect, connect_resource
 from dbq.client.rates import RateMeter
-from dbq.connection import InvalidConnection
+from dbq.errors import DbqError
+from dbq.kube import current_namespace
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,38 +49,15 @@ def opened(queue: str, url: str | None, schema: str | None, namespace: str | Non
         if url:
             q = connect(url, queue, schema=schema)
         else:
-            q = connect_resource(queue, namespace or _current_namespace())
-    except (
-        QueueError,
-        BackendError,
-        InvalidConnection,
-        ValueError,
-    ) as e:  # named: a missing Secret, a bad spec
+            q = connect_resource(queue, namespace or current_namespace())
+    except (DbqError, ValueError) as e:  # each names what to fix: a missing Secret, a bad spec
         raise click.ClickException(str(e)) from None
-    except Exception as e:  # the Kubernetes client's errors: no such Queue, no access
-        raise click.ClickException(f"cannot read Queue {queue}: {_short(e)}") from None
     try:
         yield q
-    except QueueError as e:
+    except DbqError as e:
         raise click.ClickException(str(e)) from None
     finally:
         q.close()
-
-
-def _current_namespace() -> str:
-    from kubernetes import config
-
-    try:
-        _, context = config.list_kube_config_contexts()
-        return str(context.get("context", {}).get("namespace") or "default")
-    except config.ConfigException:
-        return "default"
-
-
-def _short(e: Exception) -> str:
-    reason = getattr(e, "reason", None)
-    status = getattr(e, "status", None)
-    return f"{status} {reason}" if status else str(e)[:200]
 
 
 @click.command()

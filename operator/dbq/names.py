@@ -1,15 +1,17 @@
-"""Every database identifier dbq uses is derived and validated here, in one place.
+"""Every database identifier dbq uses is derived, validated and quoted here, in one place.
 
 A name that is not a safe identifier never reaches SQL/CQL text: `QueueNames` refuses it, and
-each dialect's `quote()` adds the quoting on top of that validation.
+each dialect's quoting (`QUOTE`, `LITERAL`) validates again before it quotes.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN
+from dbq.errors import UnsafeName
 
 _IDENT = re.compile(IDENTIFIER_PATTERN)
 META_TABLE = "dbq_queues"
@@ -17,10 +19,6 @@ HISTORY_TABLE = "dbq_stats_history"  # statistics samples of every queue in the 
 # Running totals of a ring queue. Each is a sequence: advancing one is not transactional and
 # leaves no row version behind, so a long transaction elsewhere cannot bloat it.
 COUNTERS = ("pushed", "popped", "acquired", "expired")
-
-
-class UnsafeName(ValueError):
-    pass
 
 
 def check_identifier(value: str, field: str) -> str:
@@ -107,3 +105,39 @@ class QueueNames:
     @property
     def sequences(self) -> tuple[str, ...]:
         return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS))
+
+
+# --- quoting, per dialect -----------------------------------------------------------------------
+# A derived object name: a validated name plus a suffix, within PostgreSQL's 63-byte limit.
+_DERIVED = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def _derived(identifier: str) -> str:
+    if not isinstance(identifier, str) or not _DERIVED.fullmatch(identifier):
+        raise UnsafeName(f"refusing to quote {identifier!r}: not a name dbq derives ({IDENTIFIER_HINT})")
+    return identifier
+
+
+def pg_quote(identifier: str) -> str:
+    """A validated identifier, double-quoted for PostgreSQL (and CQL)."""
+    return f'"{_derived(identifier)}"'
+
+
+def ms_quote(identifier: str) -> str:
+    """A validated identifier, bracket-quoted for SQL Server."""
+    return f"[{_derived(identifier)}]"
+
+
+def pg_literal(identifier: str) -> str:
+    """A validated identifier as a string literal (metadata rows are keyed by queue name)."""
+    return f"'{check_identifier(identifier, 'name')}'"
+
+
+def ms_literal(identifier: str) -> str:
+    return f"N'{check_identifier(identifier, 'name')}'"
+
+
+# The backends reached through ODBC, and the quoting each one's SQL uses. (Cassandra's CQL
+# quotes like PostgreSQL: `pg_quote`.)
+QUOTE: dict[str, Callable[[str], str]] = {"postgres": pg_quote, "sqlserver": ms_quote}
+LITERAL: dict[str, Callable[[str], str]] = {"postgres": pg_literal, "sqlserver": ms_literal}

@@ -4,6 +4,9 @@ The Secret holds either `url` (`postgresql://user:pass@host:port/db?driver=...`,
 `mssql://...`, `cassandra://host1,host2:port`) or the keys host, port, database, username,
 password and optionally driver. `ConnectionSettings.__repr__` never shows the password, and
 `endpoint` (what status and events show) has no credentials.
+
+The drivers live beside this module: `odbc` (PostgreSQL and SQL Server) and `cassandra`, each
+opening connections and translating its driver's errors into `dbq.errors`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from dbq.errors import InvalidConnection
 
 DEFAULT_PORTS = {"postgres": 5432, "sqlserver": 1433, "cassandra": 9042}
 DEFAULT_DRIVERS = {"postgres": "PostgreSQL Unicode", "sqlserver": "ODBC Driver 18 for SQL Server"}
@@ -22,10 +27,6 @@ _SCHEMES = {
     "sqlserver": "sqlserver",
     "cassandra": "cassandra",
 }
-
-
-class InvalidConnection(ValueError):
-    """The Secret or URL is incomplete or malformed; the message names the key to fix."""
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,3 @@ def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True
         password=values.get("password", ""),
         driver=values.get("driver", ""),
     )
-
-
-def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
-    """(SQLSTATE, message) of an ODBC driver error, the password masked out of the message."""
-    state = str(e.args[0]) if e.args else ""
-    text = str(e.args[1] if len(e.args) > 1 else e)
-    if settings.password:
-        text = text.replace(settings.password, "***")
-    return state, text.strip()

@@ -1,4 +1,4 @@
-"""Cassandra sessions from ConnectionSettings, and driver errors turned into condition reasons.
+"""Cassandra sessions from ConnectionSettings, and driver errors translated into `dbq.errors`.
 
 Reads and writes use LOCAL_QUORUM (one replica on a one-node cluster), lightweight transactions
 LOCAL_SERIAL: a pipe's lease and the queue's watermark need linearizable updates, messages do not.
@@ -16,8 +16,8 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, N
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
-from dbq.backends.base import AuthenticationFailed, BackendError, DatabaseUnreachable, InvalidSpec
 from dbq.connection import ConnectionSettings
+from dbq.errors import AuthenticationFailed, DatabaseError, DatabaseUnreachable, DbqError, InvalidSpec
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 12.0
@@ -62,9 +62,11 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         raise translate(e, settings) from None
 
 
-def translate(e: Exception, settings: ConnectionSettings) -> BackendError:
+def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
     """A condition reason for a driver error; driver messages carry no credentials, but the
     password is masked anyway in case one echoes it."""
+    if isinstance(e, DbqError):
+        return e
     text = str(e)
     if settings.password:
         text = text.replace(settings.password, "***")
@@ -76,5 +78,5 @@ def translate(e: Exception, settings: ConnectionSettings) -> BackendError:
     if isinstance(e, NoHostAvailable | OSError):
         return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
     if isinstance(e, DriverException):
-        return BackendError(f"{settings.endpoint}: {text[:400]}")
-    return BackendError(f"{settings.endpoint}: {type(e).__name__}: {text[:400]}")
+        return DatabaseError(f"{settings.endpoint}: {text[:400]}")
+    return DatabaseError(f"{settings.endpoint}: {type(e).__name__}: {text[:400]}")

@@ -1,0 +1,81 @@
+"""The Queue's status as pydantic models: what the controller writes, field for field.
+
+The CRD's status schema is generated from `QueueStatus` (`dbq.api.crd`), so `kubectl explain
+queue.status` describes every field. The controller builds these models and writes their
+`wire()` form; it writes no status field that is not declared here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dbq.api.models import Model
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class StatsStatus(Model):
+    """The latest measurement, with rolling rates (written when a figure changes, or every 5 min)."""
+
+    depth: int = Field(description="Messages ready to be taken.")
+    in_flight: int = Field(description="Messages leased and not yet acknowledged.")
+    pushed: int = Field(description="Messages pushed since the queue was created.")
+    popped: int = Field(description="Messages popped (at-most-once) since creation.")
+    acquired: int = Field(description="Messages acquired (leased) since creation.")
+    expired: int = Field(description="Messages that expired unread since creation.")
+    push_rate: float = Field(description="Pushes per second over the rate window.")
+    pop_rate: float = Field(description="Pops and acquires per second over the rate window.")
+    oldest_message_age_seconds: float = Field(description="Age of the oldest ready message.")
+    measured_at: str = Field(description="When the figures were measured (UTC).")
+
+
+class CleanupStatus(Model):
+    last_run: str = Field(description="When cleanup last ran (UTC).")
+    last_result: dict[str, int] = Field(description="What the last run repaired or removed, by kind.")
+    repaired_total: int = Field(default=0, description="Repairs since the queue was created.")
+    last_repair_at: str | None = Field(default=None, description="When something was last repaired.")
+
+
+class MaintenanceStatus(Model):
+    """The planned window, and the result of the last run once one ran."""
+
+    next_run: str = Field(description="The next maintenance window (UTC).")
+    cron: str = Field(description="The schedule the window was planned from.")
+    last_run: str | None = None
+    result: Literal["Succeeded", "NotNeeded", "Skipped", "Failed"] | None = None
+    message: str | None = None
+    actions: list[str] | None = None
+    before: dict[str, float] | None = Field(default=None, description="Measured figures before the run.")
+    after: dict[str, float] | None = Field(default=None, description="Measured figures after the run.")
+    duration_seconds: float | None = None
+
+
+class ScheduleStatus(Model):
+    """Every schedule and threshold in words (`kubectl describe queue`)."""
+
+    statistics: str
+    cleanup: str
+    maintenance: str
+
+
+class QueueStatus(Model):
+    observed_generation: int | None = None
+    schema_version: int | None = Field(default=None, description="Version of the objects dbq created.")
+    queue_name: str | None = Field(default=None, description="Name of the queue's database objects.")
+    endpoint: str | None = Field(
+        default=None, description="host:port/database of the queue, never credentials."
+    )
+    conditions: list[Condition] | None = None
+    stats: StatsStatus | None = None
+    cleanup: CleanupStatus | None = None
+    maintenance: MaintenanceStatus | None = None
+    schedule: ScheduleStatus | None = None

@@ -1,0 +1,31 @@
+"""The `dbq` command: one module per command group.
+
+- `operator`: `dbq run` (the operator) and `dbq crd`;
+- `apply`: `dbq apply`, the operator's reconcile straight against a database;
+- `data`: `dbq push`, `dbq pop`, `dbq stats` on a queue;
+- `dev`: `dbq dev up|down|status`, the local stack.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def main() -> None:
+    """dbq: database-backed message queues, managed declaratively."""
+
+
+def _register() -> None:
+    from dbq.cli import apply, data, dev, operator
+
+    for group in (operator, apply, data, dev):
+        for command in group.COMMANDS:
+            main.add_command(command)
+
+
+_register()
+
+
+if __name__ == "__main__":
+    main()

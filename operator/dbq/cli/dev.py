@@ -1,0 +1,69 @@
+"""`dbq dev up|down|status`: the local stack (Kubernetes API server, PostgreSQL, Cassandra)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from dbq.cli.output import console
+
+if TYPE_CHECKING:
+    from dbq.devstack import Stack
+
+
+@click.group()
+def dev() -> None:
+    """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback)."""
+
+
+_component = click.argument("components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra"]))
+
+
+@dev.command("up")
+@_component
+def dev_up(components: tuple[str, ...]) -> None:
+    """Start the stack (or the named components); idempotent."""
+    from dbq.devstack import COMPONENTS, Stack, StackError
+
+    stack = Stack()
+    try:
+        stack.up(components or COMPONENTS)
+    except StackError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        sys.exit(1)
+    _print_status(stack)
+    console.print(f"\nPoint kubectl at it:  export KUBECONFIG={stack.kube.kubeconfig}")
+
+
+@dev.command("down")
+@_component
+def dev_down(components: tuple[str, ...]) -> None:
+    """Stop what `dbq dev up` started (by pid); data stays for the next `up`."""
+    from dbq.devstack import COMPONENTS, Stack
+
+    Stack().down(components or COMPONENTS)
+
+
+@dev.command("status")
+def dev_status() -> None:
+    """Show where each component listens and whether it is ready."""
+    from dbq.devstack import Stack
+
+    stack = Stack()
+    if not _print_status(stack):
+        sys.exit(3)
+
+
+def _print_status(stack: Stack) -> bool:
+    table = Table("component", "ready", "endpoint")
+    rows = stack.status()
+    for name, ready, where in rows:
+        table.add_row(name, "[green]yes[/green]" if ready else "[red]no[/red]", where)
+    console.print(table)
+    return all(ready for _, ready, _ in rows)
+
+
+COMMANDS = (dev,)

@@ -1,0 +1,51 @@
+"""`dbq run` (the operator against a cluster) and `dbq crd`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+def crd() -> None:
+    """Print the Queue CRD generated from the API models."""
+    from dbq.api.crd import crd_yaml
+
+    click.echo(crd_yaml(), nl=False)
+
+
+@click.command()
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch only these namespaces.")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Watch the whole cluster (default without -n).")
+@click.option(
+    "--liveness", default="http://0.0.0.0:8080/healthz", show_default=True, help="Liveness endpoint."
+)
+@click.option(
+    "--metrics-port", default=9090, show_default=True, type=int, help="Prometheus port; 0 disables."
+)
+@click.option("--verbose", "-v", is_flag=True)
+def run(
+    namespaces: tuple[str, ...], all_namespaces: bool, liveness: str, metrics_port: int, verbose: bool
+) -> None:
+    """Run the operator against the cluster in KUBECONFIG (or in-cluster)."""
+    import logging
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    import dbq.controller.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    if metrics_port:
+        start_http_server(metrics_port)
+    kopf.run(
+        standalone=True,
+        clusterwide=all_namespaces or not namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness or None,
+    )
+
+
+COMMANDS = (crd, run)

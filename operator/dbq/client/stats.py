@@ -1,0 +1,30 @@
+"""One measurement of a queue, the same figures for every design.
+
+The client returns it (`Queue.stats()`), the operator records it in the history table, exports
+it to Prometheus and writes it to `status.stats` (`dbq.api.status.StatsStatus`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth: int  # ready to be taken
+    in_flight: int  # leased, not yet acknowledged
+    pushed: int  # totals since the queue was created
+    popped: int
+    acquired: int
+    expired: int
+    oldest_age_seconds: float  # of the oldest ready message; 0 when none
+
+    @property
+    def taken(self) -> int:
+        """Messages handed out: popped (at-most-once) and acquired (leased)."""
+        return self.popped + self.acquired
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

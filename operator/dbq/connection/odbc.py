@@ -1,0 +1,56 @@
+"""ODBC connections (PostgreSQL through psqlODBC, SQL Server through its driver), and driver
+errors translated into `dbq.errors` with the password masked. The twin of `cassandra.py`."""
+
+from __future__ import annotations
+
+import pyodbc
+
+from dbq.connection import ConnectionSettings
+from dbq.errors import (
+    AuthenticationFailed,
+    DatabaseError,
+    DatabaseUnreachable,
+    MessageTooLarge,
+)
+
+CONNECT_TIMEOUT_S = 5
+# Deadlock, serialization failure: the statement was rolled back whole and may be run again.
+RETRY_STATES = frozenset({"40P01", "40001"})
+# A body over the ring's messageBytes, refused by the routine (PostgreSQL raises 22001).
+TOO_LARGE_STATE = "22001"
+
+
+def connect(settings: ConnectionSettings) -> pyodbc.Connection:
+    """A connection in autocommit mode: each routine call is one transaction, the only round
+    trip of the call; DDL plans and maintenance open their own transactions."""
+    try:
+        return pyodbc.connect(settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
+    except pyodbc.Error as e:
+        raise translate(e, settings) from None
+
+
+def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
+    """(SQLSTATE, message) of an ODBC driver error, the password masked out of the message."""
+    state = str(e.args[0]) if e.args else ""
+    text = str(e.args[1] if len(e.args) > 1 else e)
+    if settings.password:
+        text = text.replace(settings.password, "***")
+    return state, text.strip()
+
+
+def translate(e: Exception, settings: ConnectionSettings) -> DatabaseError | MessageTooLarge:
+    """The error of the family that says what happened; the message keeps no credentials."""
+    state, text = driver_error(e, settings)
+    if state == TOO_LARGE_STATE or "larger than ring.messageBytes" in text:
+        return MessageTooLarge(text[:300])
+    if "password authentication failed" in text or state in ("28000", "28P01"):
+        return AuthenticationFailed(
+            f"{settings.endpoint}: authentication failed for user {settings.username!r}"
+        )
+    if (
+        state in ("08001", "08006", "08S01", "HYT00")
+        or "could not connect" in text
+        or "Connection refused" in text
+    ):
+        return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
+    return DatabaseError(f"{settings.endpoint}: {text[:400]}")

@@ -1,0 +1,107 @@
+"""The pipes design's data-plane contract: every CQL statement a client runs on a queue, and the
+schema version. Provisioning (`dbq.backends.cassandra.cql`) creates the tables they run on.
+
+Identifiers come from `QueueNames` (validated) and are double-quoted; every value is a bind
+marker of a prepared statement. The tables are described in `dbq.backends.cassandra.cql`.
+"""
+
+from __future__ import annotations
+
+from dbq.names import QueueNames
+from dbq.names import pg_quote as quote
+
+PIPES_SCHEMA_VERSION = 1
+BUCKET = 0  # the pipes table's single partition
+
+
+class PipesStatements:
+    """The statements of one queue; attributes are CQL text ready to prepare."""
+
+    def __init__(self, names: QueueNames) -> None:
+        self.names = names
+        ks = quote(names.schema)
+        self.keyspace = ks
+        self.meta = f"{ks}.{quote(names.meta)}"
+        self.history = f"{ks}.{quote(names.history)}"
+        self.pipes = f"{ks}.{quote(names.pipes)}"
+        self.state = f"{ks}.{quote(names.pipe_state)}"
+        self.waiting = f"{ks}.{quote(names.waiting)}"
+        self.pending = f"{ks}.{quote(names.pending)}"
+        m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
+        counters = "pushed, requeued, popped, acquired, expired"
+
+        # --- pusher --------------------------------------------------------------------------
+        self.add_pipe = (
+            f"INSERT INTO {p} (bucket, pipe, pusher, status, changed) VALUES ({BUCKET}, ?, ?, 'active', ?)"
+        )
+        self.open_pipe = (
+            f"INSERT INTO {st} (pipe, pusher, created, finished, lease_until, {counters})"
+            " VALUES (?, ?, ?, false, 0, 0, 0, 0, 0, 0)"
+        )
+        self.push = f"INSERT INTO {w} (pipe, msg, id, body, attempts, expires) VALUES (?, ?, ?, ?, ?, ?)"
+        self.count_pushes = f"UPDATE {st} SET pushed = ?, requeued = ? WHERE pipe = ?"
+        self.finish_pipe = f"UPDATE {st} SET finished = true WHERE pipe = ?"
+        self.set_status = f"UPDATE {p} SET status = ?, changed = ? WHERE bucket = {BUCKET} AND pipe = ?"
+
+        # --- popper ----------------------------------------------------------------------------
+        self.list_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET} AND pipe > ?"
+        self.list_all_pipes = f"SELECT pipe, status FROM {p} WHERE bucket = {BUCKET}"
+        self.pipe_state = (
+            "SELECT toUnixTimestamp(created), finished, owner, toUnixTimestamp(lease_until), cursor,"
+            f" {counters} FROM {st} WHERE pipe = ?"
+        )
+        self.claim = f"UPDATE {st} SET owner = ?, lease_until = ? WHERE pipe = ? IF lease_until = ?"
+        self.renew = f"UPDATE {st} SET lease_until = ? WHERE pipe = ? IF owner = ?"
+        self.release = f"UPDATE {st} SET lease_until = 0 WHERE pipe = ? IF owner = ?"
+        take_cols = "msg, id, body, attempts, toUnixTimestamp(expires)"
+        self.read_after = f"SELECT {take_cols} FROM {w} WHERE pipe = ? AND msg > ? LIMIT ?"
+        self.read_head = f"SELECT {take_cols} FROM {w} WHERE pipe = ? LIMIT ?"
+        self.delete_after = f"DELETE FROM {w} WHERE pipe = ? AND msg > ? AND msg <= ?"
+        self.delete_head = f"DELETE FROM {w} WHERE pipe = ? AND msg <= ?"
+        self.count_takes = f"UPDATE {st} SET cursor = ?, popped = ?, acquired = ?, expired = ? WHERE pipe = ?"
+        self.lease_message = (
+            f"INSERT INTO {d} (pipe, msg, id, body, attempts, expires, deadline, lease)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+
+        # --- ack / nack / rollback ---------------------------------------------------------
+        self.leases_of = f"SELECT msg, toUnixTimestamp(deadline), lease FROM {d} WHERE pipe = ? AND msg IN ?"
+        self.ack = f"DELETE FROM {d} WHERE pipe = ? AND msg = ?"
+        self.defer = f"UPDATE {d} SET deadline = ?, lease = ? WHERE pipe = ? AND msg = ? IF lease = ?"
+        self.pending_of = (
+            "SELECT msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(deadline) FROM"
+            f" {d} WHERE pipe = ?"
+        )
+        self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
+        self.head_id = f"SELECT id FROM {w} WHERE pipe = ? AND msg > ? LIMIT 1"
+        self.head_id_first = f"SELECT id FROM {w} WHERE pipe = ? LIMIT 1"
+
+        # --- queue row: settings, retirement, maintenance lock -----------------------------
+        retired = ", ".join(f"retired_{c}" for c in (*counters.split(", "), "pipes"))
+        self.read_meta = (
+            f"SELECT design, schema_version, max_pushes_per_pipe, max_push_time_ms, watermark, {retired}"
+            f" FROM {m} WHERE queue = ?"
+        )
+        self.retire = (
+            f"UPDATE {m} SET watermark = ?, "
+            + ", ".join(f"{c} = ?" for c in retired.split(", "))
+            + " WHERE queue = ? IF watermark = ?"
+        )
+        self.drop_state = f"DELETE FROM {st} WHERE pipe = ?"
+        self.drop_waiting = f"DELETE FROM {w} WHERE pipe = ?"
+        self.drop_pending = f"DELETE FROM {d} WHERE pipe = ?"
+        self.drop_pipe_rows = f"DELETE FROM {p} WHERE bucket = {BUCKET} AND pipe <= ?"
+        self.lock_state = f"SELECT maintainer, toUnixTimestamp(maintainer_until) FROM {m} WHERE queue = ?"
+        self.lock = (
+            f"UPDATE {m} SET maintainer = ?, maintainer_until = ? WHERE queue = ? IF maintainer_until = ?"
+        )
+        self.unlock = f"UPDATE {m} SET maintainer_until = 0 WHERE queue = ? IF maintainer = ?"
+
+        # --- statistics history: timed by the operator's clock, kept for the retention (TTL) ---
+        sample_cols = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"
+        self.record_sample = f"INSERT INTO {self.history} (queue, at, {sample_cols}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+        self.sample_since = (
+            f"SELECT toUnixTimestamp(at), pushed, popped, acquired FROM {self.history}"
+            " WHERE queue = ? AND at >= ? ORDER BY at ASC LIMIT 1"
+        )
+        self.forget_history = f"DELETE FROM {self.history} WHERE queue = ?"

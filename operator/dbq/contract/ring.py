@@ -1,0 +1,90 @@
+"""The ring's data-plane contract: the routines a client calls, their arguments, the packed
+answer format and the schema version. Provisioning creates routines that keep it; the client
+calls them by it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dbq.names import QUOTE, QueueNames
+
+# Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
+# provisioning then re-creates the routines and records the new version, and a client refuses a
+# queue of another version.
+RING_SCHEMA_VERSION = 5
+
+# The routines a client calls, with their parameter markers; the same in every dialect.
+CALL_ARGS = {
+    "push": "?, ?",
+    "push_many": "?, ?, ?",
+    "take": "?, ?",
+    "pop": "?",
+    "pop_many": "?, ?",
+    "release": "?",
+    "ack": "?, ?",
+    "ack_many": "?, ?",
+    "nack": "?, ?, ?",
+    "repair": "?",
+    "void_holes": "?",
+    "stats": "",
+}
+# PostgreSQL routines that answer with a row of several columns (the others with one value).
+SET_RETURNING = frozenset({"repair", "void_holes", "stats"})
+
+# take, pop and pop_many answer with packed records, so a call returns one value whatever it
+# took (no per-row or per-column work in the driver): status (1 byte), id (8), lease (8, 0 for
+# none), attempts (4), body length (4), then the body; integers big-endian, as both PostgreSQL's
+# int*send() and SQL Server's CAST(... AS binary(n)) write them. A dialect may answer with
+# several rows of records; the client reads them as one stream.
+RECORD = struct.Struct(">bqqii")
+Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
+# Record statuses: a message; the queue is empty; position `id` was drawn but its message is not
+# written yet (call take(id) until it arrives, or release it); the position is gone (draw again).
+MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class RingTarget:
+    """What a ring queue is declared to be: its names, slots and largest body."""
+
+    names: QueueNames
+    size: int
+    message_bytes: int
+
+
+def records(blob: bytes) -> Iterator[Record]:
+    """(status, id, lease, attempts, body) of each packed record in `blob`."""
+    view = memoryview(blob)
+    at, end = 0, len(blob)
+    while at < end:
+        status, msg_id, lease, attempts, length = RECORD.unpack_from(view, at)
+        at += RECORD.size
+        yield status, msg_id, lease, attempts, bytes(view[at : at + length])
+        at += length
+
+
+def call_statement(backend: str, names: QueueNames, verb: str) -> str:
+    """The statement that calls routine `verb` of the queue: one batch, one round trip, one
+    transaction (on SQL Server XACT_ABORT rolls it all back on any error, as a PostgreSQL
+    function call does)."""
+    quote = QUOTE[backend]
+    routine = f"{quote(names.schema)}.{quote(names.routine(verb))}"
+    args = CALL_ARGS[verb]
+    if backend == "sqlserver":
+        return f"SET XACT_ABORT ON; BEGIN TRAN; EXEC {routine} {args}; COMMIT TRAN;".replace(" ;", ";")
+    if verb in SET_RETURNING:
+        return f"SELECT * FROM {routine}({args})"
+    return f"SELECT {routine}({args})"  # one value: a plain call skips the function scan
+
+
+def recorded_query(backend: str, names: QueueNames) -> str:
+    """schema_version, ring_size, message_bytes of a queue, from its metadata row (parameter:
+    the queue's name)."""
+    quote = QUOTE[backend]
+    return (
+        f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
+        " WHERE queue = ?"
+    )

@@ -1,0 +1,76 @@
+"""Every Kubernetes API call dbq makes outside kopf's own watching: credentials, the current
+namespace, a Queue resource and its Secret.
+
+Errors come back in dbq's family: a missing object is None (for Secrets) or `QueueNotFound`
+(for Queues), any other refusal `KubernetesUnavailable`, with the namespace and name looked at.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from dbq.api.models import GROUP, PLURAL, VERSION
+from dbq.errors import KubernetesUnavailable, QueueNotFound
+
+
+def load_config() -> None:
+    """In-cluster credentials when running in a pod, else the user's kubeconfig."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def current_namespace() -> str:
+    """The namespace of the kubeconfig's current context (or the pod's), else "default"."""
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or "default"
+    except OSError:
+        pass
+    try:
+        _, context = config.list_kube_config_contexts()
+        return str(context.get("context", {}).get("namespace") or "default")
+    except config.ConfigException:
+        return "default"
+
+
+def _failed(e: ApiException, what: str) -> KubernetesUnavailable:
+    return KubernetesUnavailable(f"cannot read {what}: HTTP {e.status} {e.reason or ''}".rstrip())
+
+
+class Kube:
+    """The API calls, on one API client (the default configuration's when none is given)."""
+
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        if api_client is None:
+            load_config()
+            api_client = client.ApiClient()
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret's base64 `data`, or None when it does not exist."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"Secret {namespace}/{name}") from None
+        return dict(secret.data or {})
+
+    def get_queue(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                raise QueueNotFound(
+                    f"no Queue {name} in namespace {namespace}: `kubectl get queues -A` lists them;"
+                    " pass -n NAMESPACE, or --url to name the database"
+                ) from None
+            raise _failed(e, f"Queue {namespace}/{name}") from None
+        return cast(dict[str, Any], found)
