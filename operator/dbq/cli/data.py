@@ -19,8 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dbq.client import AnyQueue, Message, PipeMessage, Queue, connect, connect_resource
-from dbq.client.rates import RateMeter
+from dbq.client import AnyQueue, Message, PipeMessage, Queue, RateMeter, connect, connect_resource
 from dbq.errors import DbqError
 from dbq.kube import current_namespace
 

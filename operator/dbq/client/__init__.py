@@ -16,6 +16,7 @@ from dbq import kube
 from dbq.api.durations import seconds
 from dbq.api.models import queue_name
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
+from dbq.client.rates import RateMeter
 from dbq.client.ring import Message, Queue, RepairResult
 from dbq.client.stats import QueueStats
 from dbq.connection import ConnectionSettings, from_url
@@ -45,6 +46,7 @@ __all__ = [
     "QueueNotFound",
     "QueueStats",
     "QueueUnavailable",
+    "RateMeter",
     "RepairResult",
     "connect",
     "connect_resource",
