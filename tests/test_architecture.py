@@ -98,7 +98,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def within(module: str, prefix: str) -> bool:
     """Whether `module` is `prefix` or inside it ("dbq." is everything of dbq)."""
-    return module.startswith(prefix) if prefix.endswith(".") else module == prefix or module.startswith(prefix + ".")
+    return (
+        module.startswith(prefix)
+        if prefix.endswith(".")
+        else module == prefix or module.startswith(prefix + ".")
+    )
 
 
 def layer_of(module: str) -> str | None:
