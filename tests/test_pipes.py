@@ -25,12 +25,12 @@ from dbq.backends.cassandra.plan import (
     TableOptions,
     plan_pipes,
 )
-from dbq.client import LeaseLost, MessageTooLarge, PipesQueue, QueueError, QueueNotFound, connect
+from dbq.client import PipesQueue, QueueError, QueueNotFound, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.names import QueueNames
-from tests.workers import finish, read_logs, start
+from tests.workers import read_logs, start
 
 KEYSPACE = f"dbq_pipes_{uuid.uuid4().hex[:6]}"
 
@@ -263,77 +263,6 @@ def test_pipes_are_served_oldest_first_mostly_fifo(make_queue, cass_url):
     ]
 
 
-def test_acquire_ack_nack_and_lease_expiry_with_repair(make_queue):
-    q = make_queue()
-    q.push_many([b"one", b"two", b"three"])
-    m1 = q.acquire(visibility=30)
-    assert m1 is not None and (m1.body, m1.attempts) == (b"one", 1)
-    m1.ack()
-    with pytest.raises(LeaseLost):
-        m1.ack()  # acknowledged already: nothing is leased any more
-    m2 = q.acquire()
-    assert m2 is not None and m2.body == b"two"
-    m2.nack()  # back at once, same id, one more attempt
-    m3 = q.acquire(visibility=1)
-    assert m3 is not None and m3.body == b"three"
-    s = q.stats()
-    assert (s.in_flight, s.requeued, s.depth) == (1, 1, 1)
-    again = q.acquire()
-    assert again is not None and (again.id, again.body, again.attempts) == (m2.id, b"two", 2)
-    again.ack()
-    time.sleep(1.0 + pipes_module.SKEW_S + 0.2)
-    with pytest.raises(LeaseLost) as lost:
-        m3.ack()
-    assert lost.value.messages == [m3]
-    assert q.repair().rolled_back == 1
-    assert q.repair().rolled_back == 0  # idempotent
-    back = q.acquire()
-    assert back is not None and (back.id, back.body, back.attempts) == (m3.id, b"three", 2)
-    back.nack(delay=1.5)  # deferred: repair puts it back once the delay passed
-    assert q.repair().rolled_back == 0 and q.acquire(timeout=0.2) is None
-    time.sleep(1.5 + pipes_module.SKEW_S + 0.2)
-    assert q.repair().rolled_back == 1
-    last = q.acquire()
-    assert last is not None and (last.body, last.attempts) == (b"three", 3)
-    last.ack()
-    s = q.stats()
-    assert (s.pushed, s.depth, s.in_flight, s.requeued) == (3, 0, 0, 3)
-
-
-def test_ack_many_reports_exactly_the_expired_leases(make_queue):
-    q = make_queue()
-    q.push_many(bodies("x", 6))
-    short = q.acquire_many(3, visibility=1)
-    long = q.acquire_many(3, visibility=30)
-    time.sleep(1.0 + pipes_module.SKEW_S)
-    with pytest.raises(LeaseLost) as e:
-        q.ack_many(short + long)
-    assert sorted(m.body for m in e.value.messages) == bodies("x", 3)
-    assert q.stats().in_flight == 3  # the expired three wait for repair; the others are acked
-
-
-def test_ttl_expires_messages_and_counts_them(make_queue):
-    q = make_queue()
-    q.push_many([b"old", b"older"], ttl=0.5)
-    q.push(b"fresh")
-    time.sleep(0.7)
-    assert drain(q) == [b"fresh"]
-    s = q.stats()
-    assert (s.expired, s.popped, s.depth) == (2, 1, 0)
-
-
-def test_popped_messages_cannot_be_acked_and_oversize_is_refused(make_queue):
-    q = make_queue()
-    q.push(b"a")
-    m = q.pop()
-    assert m is not None
-    with pytest.raises(QueueError, match="at-most-once"):
-        m.ack()
-    with pytest.raises(MessageTooLarge, match="store large payloads elsewhere"):
-        q.push_many([b"ok", b"x" * (pipes_module.MAX_BODY_BYTES + 1)])
-    assert q.stats().pushed == 1  # the batch with the oversize body stored nothing
-
-
 def test_drained_pipes_are_retired_and_totals_survive(make_queue):
     q = make_queue(max_pushes=10)
     q.push_many(bodies("r", 45))
@@ -346,61 +275,7 @@ def test_drained_pipes_are_retired_and_totals_survive(make_queue):
     assert q.repair().retired_pipes == 0
 
 
-def test_one_queue_object_shared_by_threads(make_queue):
-    q = make_queue(max_pushes=50)
-    got: list[bytes] = []
-    lock = threading.Lock()
-
-    def push(t: int) -> None:
-        for i in range(100):
-            q.push(b"%d-%d" % (t, i))
-
-    def pop() -> None:
-        idle = 0
-        while idle < 5:
-            batch = q.pop_many(10, timeout=0.1)
-            idle = 0 if batch else idle + 1
-            with lock:
-                got.extend(m.body for m in batch)
-
-    threads = [threading.Thread(target=push, args=(t,)) for t in range(4)]
-    threads += [threading.Thread(target=pop) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(100))
-
-
 # --- conservation and killed clients -----------------------------------------------------------
-
-
-@pytest.mark.parametrize("mode", ["amo", "leased"])
-def test_conservation_4_pushers_4_poppers_50k_messages(make_queue, cass_url, tmp_path, mode):
-    q = make_queue(max_pushes=500)
-    stop = tmp_path / "stop"
-    logs = [tmp_path / f"w{i}.log" for i in range(9)]
-    pushers = [
-        start("push", q, cass_url, logs[i], "--prefix", f"p{i}", "--count", "12500", "--batch", "40")
-        for i in range(4)
-    ]
-    poppers = [
-        start("pop", q, cass_url, logs[4 + i], "--mode", mode, "--batch", "40", "--stop", str(stop))
-        for i in range(4)
-    ]
-    repairer = start("repair", q, cass_url, logs[8], "--stop", str(stop))  # retires pipes meanwhile
-    finish(pushers)
-    stop.touch()
-    finish([*poppers, repairer])
-    seen = read_logs(logs)
-    delivered = seen["G"] if mode == "amo" else seen["A"]
-    assert sum(seen["P"].values()) == 50_000 and len(seen["P"]) == 50_000
-    assert delivered == seen["P"]  # the multiset delivered equals the multiset pushed
-    s = q.stats()
-    assert (s.pushed, s.popped + s.acquired - s.requeued, s.depth, s.in_flight) == (50_000, 50_000, 0, 0)
-    retired = sum(1 for line in logs[8].read_text().splitlines() if "retired_pipes=0" not in line)
-    print(f"repair passes that retired pipes: {retired}; stats: {s.retired_pipes} pipes retired")
-    assert s.retired_pipes > 0
 
 
 def test_popper_killed_holding_pending_messages_gets_them_delivered_again(make_queue, cass_url, tmp_path):

@@ -25,7 +25,3 @@ def _register() -> None:
 
 
 _register()
-
-
-if __name__ == "__main__":
-    main()

@@ -412,6 +412,8 @@ class PipesQueue:
 
     def _check_sizes(self, bodies: list[bytes]) -> None:
         for body in bodies:
+            if not isinstance(body, bytes | bytearray | memoryview):
+                raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
             if len(body) > MAX_BODY_BYTES:
                 raise MessageTooLarge(
                     f"a body of {len(body)} bytes is larger than {MAX_BODY_BYTES} bytes, the most a pipes"
@@ -426,8 +428,9 @@ class PipesQueue:
         self, bodies: Iterable[bytes], *, timeout: float | None = None, ttl: float | None = None
     ) -> list[uuid.UUID]:
         """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order."""
-        batch = [bytes(b) for b in bodies]
+        batch = list(bodies)
         self._check_sizes(batch)
+        batch = [bytes(b) for b in batch]
         seconds = self.ttl if ttl is None else ttl
         expiry = now_ms() + int(seconds * 1000) if seconds > 0 else None
         return self._write(batch, expires=[expiry] * len(batch) if expiry else None)
