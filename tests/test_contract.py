@@ -9,7 +9,6 @@ in both delivery modes. Design-specific behaviour is tested beside each design
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -24,9 +23,9 @@ from dbq.backends import open_backend
 from dbq.client import AnyQueue, LeaseLost, MessageTooLarge, PipesQueue, Queue, QueueError, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
+from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.workers import finish, read_logs, start
 
-MSSQL_DSN = os.environ.get("DBQ_MSSQL_DSN", "")
 SCHEMA = f"contract_{secrets.token_hex(3)}"
 
 

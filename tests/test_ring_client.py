@@ -23,10 +23,10 @@ from dbq.client import MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFo
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget, call_statement
 from dbq.names import QueueNames
+from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.workers import finish, read_logs, start
 
 SCHEMA = "ringq"
-MSSQL_DSN = os.environ.get("DBQ_MSSQL_DSN", "")
 MakeQueue = Callable[..., Queue]
 
 

@@ -88,6 +88,37 @@ def test_tasks_run_when_their_interval_is_due():
     assert upkeep.due(100.0, 15, 115.0)
 
 
+def test_a_tick_with_nothing_due_opens_neither_the_secret_nor_the_database():
+    spec = spec_for("postgres", "s")
+    wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
+    memory = upkeep.Memory(stats_at=100.0, cleanup_at=100.0, stats_written_at=100.0)
+    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, wall))
+    status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
+
+    def never() -> Any:
+        raise AssertionError("the backend was opened on a tick with nothing due")
+
+    due = upkeep.what_is_due(spec, status, memory, now=101.0, wall=wall)
+    assert (due.stats, due.cleanup, due.maintenance, due.touches_database) == (False, False, "wait", False)
+    done = upkeep.run_upkeep("ns", "q", spec, status, never, memory, now=101.0, wall=wall)
+    assert set(done.status) == {"schedule"} and not done.events  # the schedule in words, once
+    later = upkeep.run_upkeep("ns", "q", spec, {**status, **done.status}, never, memory, now=102.0, wall=wall)
+    assert later.status == {} and later.events == []
+    assert upkeep.what_is_due(spec, status, memory, now=100.0 + 5.0, wall=wall).touches_database
+
+
+def test_operator_settings_come_from_the_environment_and_bad_ones_are_named():
+    from dbq.errors import InvalidSpec
+    from dbq.settings import OperatorSettings
+
+    s = OperatorSettings.from_env({"DBQ_UPKEEP_TICK": "2", "DBQ_TIMEZONE": "Europe/Paris"})
+    assert (s.upkeep_tick_s, s.drift_interval_s, s.workers, s.zone().key) == (2.0, 60.0, 8, "Europe/Paris")
+    with pytest.raises(InvalidSpec, match="DBQ_WORKERS a whole number"):
+        OperatorSettings.from_env({"DBQ_WORKERS": "many"})
+    with pytest.raises(InvalidSpec, match="DBQ_TIMEZONE 'Mars/Olympus' is not a time zone"):
+        OperatorSettings.from_env({"DBQ_TIMEZONE": "Mars/Olympus"})
+
+
 # --- against the databases ----------------------------------------------------------------------
 
 
