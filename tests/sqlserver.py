@@ -15,5 +15,7 @@ def on_sqlserver(param: str) -> object:
     """A fixture parameter that runs only against the SQL Server DBQ_MSSQL_DSN names."""
     return pytest.param(
         param,
-        marks=pytest.mark.skipif(not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here"),
+        marks=pytest.mark.skipif(
+            not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here"
+        ),
     )

@@ -57,12 +57,7 @@ def _ring(url: str, name: str) -> Design:
     params=[
         "ring-postgres",
         "pipes-cassandra",
-        pytest.param(
-            "ring-sqlserver",
-            marks=pytest.mark.skipif(
-                not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here"
-            ),
-        ),
+        on_sqlserver("ring-sqlserver"),
     ],
 )
 def design(request) -> Iterator[Design]:

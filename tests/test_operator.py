@@ -323,7 +323,7 @@ def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):
     popped = dbq("pop", "cli-q", "-c", "5")
     assert popped.stdout.split() == ["one", "two"]
     missing = dbq("stats", "no-such-q")
-    assert missing.returncode == 1 and "cannot read Queue no-such-q: 404" in missing.stderr
+    assert missing.returncode == 1 and f"no Queue no-such-q in namespace {cluster.ns}" in missing.stderr
     orphan, _ = fresh("cli-nosecret-q", connection={"secretRef": {"name": "no-such-secret"}})
     cluster.create(orphan)
     no_secret = dbq("stats", "cli-nosecret-q")

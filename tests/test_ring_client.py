@@ -55,12 +55,7 @@ def queues(url: str) -> Iterator[MakeQueue]:
 @pytest.fixture(
     params=[
         "postgres",
-        pytest.param(
-            "sqlserver",
-            marks=pytest.mark.skipif(
-                not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here"
-            ),
-        ),
+        on_sqlserver("sqlserver"),
     ]
 )
 def make_queue(request) -> Iterator[MakeQueue]:

@@ -297,10 +297,9 @@ def test_cron_schedules_in_words_and_windows_in_the_operator_time_zone(monkeypat
     assert action == "plan" and upkeep.stamp(replanned) == "2026-06-02T02:30:00Z"
     words = upkeep.describe(spec, first)
     assert (
-        "at 03:00 every day (Europe/Paris" in words["maintenance"]
-        and "dead rows pass 20%" in words["maintenance"]
+        "at 03:00 every day (Europe/Paris" in words.maintenance and "dead rows pass 20%" in words.maintenance
     )
-    assert words["cleanup"].startswith("every 5s")
+    assert words.cleanup.startswith("every 5s")
 
 
 def ring_with_dead_rows(postgres, size: int = 2000) -> tuple[str, QueueSpec, Any]:

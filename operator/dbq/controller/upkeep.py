@@ -248,7 +248,9 @@ def run_upkeep(
         next_run = parse_stamp(out.status["maintenance"]["nextRun"])
     elif todo.maintenance == "plan":
         planned = {"nextRun": stamp(next_run), "cron": spec.reindex.schedule}
-        out.status["maintenance"] = {**(status.get("maintenance") or {}), **planned}
+        out.status["maintenance"] = MaintenanceStatus.model_validate(
+            {**(status.get("maintenance") or {}), **planned}
+        ).wire()
     schedule = describe(spec, next_run).wire()
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
