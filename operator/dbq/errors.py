@@ -111,7 +111,9 @@ class MessageTooLarge(DbqError):
 
 
 class LeaseLost(DbqError):
-    """ack/nack came after the lease expired: the message is (or will be) delivered again.
+    """ack/nack found no lease: it expired (its visibility timeout passed, whether or not a
+    repair has run since), so the message is or will be delivered again; or the message was
+    acknowledged already. Either way the call changed nothing.
 
     `messages` are the ones whose lease was lost (for ack_many, the others were acknowledged).
     """
@@ -121,3 +123,19 @@ class LeaseLost(DbqError):
     def __init__(self, message: str, messages: list[Any] | None = None) -> None:
         super().__init__(message)
         self.messages = messages or []
+
+    @classmethod
+    def of_acks(cls, lost: list[Any], total: int) -> LeaseLost:
+        return cls(
+            f"{len(lost)} of {total} acks found no lease: it expired, and the message is delivered again,"
+            " or the message was acknowledged already (raise spec.timeouts.visibility if work takes longer)",
+            lost,
+        )
+
+    @classmethod
+    def of_nack(cls, message: Any) -> LeaseLost:
+        return cls(
+            f"message {message.id}: nack found no lease: it expired, and the message is delivered again,"
+            " or the message was acknowledged already",
+            [message],
+        )

@@ -422,10 +422,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE v_n bigint;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
-  UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease
+  -- A lease past its visibility timeout is lost, whether or not a repair has run since.
+  UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   IF NOT FOUND THEN
-    DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease
+    DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
     RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
@@ -440,12 +441,12 @@ BEGIN
   -- ran is seen by the second, which takes a fresh snapshot.
   WITH acked AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-    WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease
+    WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id)
   SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
   WITH acked AS (
     DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
-    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.msg_id <> ALL (v_done)
+    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
   PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_done);
@@ -458,13 +459,13 @@ DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * i
 BEGIN
   WITH moved AS (
     UPDATE "shopq"."orders_ring" SET state = 0
-    WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease
+    WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
     RETURNING msg_id, attempts, pushed_at, expires_at, body)
   INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_visible, m.expires_at, m.body FROM moved m;
   IF NOT FOUND THEN
     UPDATE "shopq"."orders_spill" SET state = 1, lease = 0, visible_at = v_visible
-    WHERE msg_id = p_id AND state = 2 AND lease = p_lease;
+    WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
 END $fn$
@@ -569,7 +570,7 @@ END $fn$
 -- step record_version
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes)
-VALUES ('orders', 'ring', 5, 1000, 300)
+VALUES ('orders', 'ring', 6, 1000, 300)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
   message_bytes = EXCLUDED.message_bytes, updated_at = now()
 

@@ -427,9 +427,9 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease;
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id AND state = 2 AND lease = @lease;
+    DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SELECT 1 AS o_ok; END;
   ELSE SELECT 0 AS o_ok;
 END
@@ -444,10 +444,10 @@ AS BEGIN
   SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
-  FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
+  FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   -- A separate statement: a lease moved to the spill table meanwhile is seen here.
   DELETE s OUTPUT deleted.msg_id INTO @done
-  FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
+  FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @c -= 1; END;
@@ -462,9 +462,9 @@ AS BEGIN
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @visible, deleted.expires_at, deleted.body
   INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease;
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    UPDATE [shopq].[orders_spill] SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease;
+    UPDATE [shopq].[orders_spill] SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
 END
 
@@ -555,10 +555,10 @@ END
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 5, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 6, message_bytes = 300,
   updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 5, 1000, 300);
+  VALUES (s.queue, N'ring', 6, 1000, 300);
 
 -- teardown
 

@@ -653,20 +653,16 @@ class PipesQueue:
         for pipe, ms in by_pipe.items():
             self._batch((self.cql.ack, (pipe, m.key)) for m in ms)
         if lost:
-            raise LeaseLost(
-                f"{len(lost)} of {len(batch)} acks came after the lease expired: those messages are"
-                " delivered again (raise spec.timeouts.visibility if work takes longer)",
-                lost,
-            )
+            raise LeaseLost.of_acks(lost, len(batch))
 
     def _nack(self, m: PipeMessage, delay: float) -> None:
         ok, _ = self._check_leases([m])
         if not ok:
-            raise LeaseLost(f"message {m.id}: its lease expired before nack; it is delivered again", [m])
+            raise LeaseLost.of_nack(m)
         if delay > 0:
             until = now_ms() + int(delay * 1000)
             if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
-                raise LeaseLost(f"message {m.id}: its lease expired before nack; it is delivered again", [m])
+                raise LeaseLost.of_nack(m)
             return
         self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
 

@@ -84,7 +84,7 @@ class Message:
         """Give it back: delivered again after `delay` seconds."""
         queue = self._leased()
         if int(queue._call("nack", self.id, self.lease, int(delay * 1000))[0][0]) != 1:
-            raise LeaseLost(f"message {self.id}: its lease expired before nack; it is delivered again")
+            raise LeaseLost.of_nack(self)
 
     def _leased(self) -> Queue:
         if self.lease is None or self._queue is None:
@@ -365,11 +365,7 @@ class Queue:
             acked = {int(v) for v in text.split(",")} if text else set()
         lost = [m for m in batch if m.id not in acked]
         if lost:
-            raise LeaseLost(
-                f"{len(lost)} of {len(batch)} acks came after the lease expired: those messages are"
-                " delivered again (raise spec.timeouts.visibility if work takes longer)",
-                lost,
-            )
+            raise LeaseLost.of_acks(lost, len(batch))
 
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:

@@ -331,9 +331,9 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint;
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease;
+  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease;
+    DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SELECT 1 AS o_ok; END;
   ELSE SELECT 0 AS o_ok;
 END
@@ -348,10 +348,10 @@ AS BEGIN
   SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
-  FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease;
+  FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   -- A separate statement: a lease moved to the spill table meanwhile is seen here.
   DELETE s OUTPUT deleted.msg_id INTO @done
-  FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease
+  FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @c -= 1; END;
@@ -366,9 +366,9 @@ AS BEGIN
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @visible, deleted.expires_at, deleted.body
   INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease;
+  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    UPDATE {spill} SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease;
+    UPDATE {spill} SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
 END
 --;;
