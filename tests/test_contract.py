@@ -20,7 +20,16 @@ import pytest
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
-from dbq.client import AnyQueue, LeaseLost, MessageTooLarge, PipesQueue, Queue, QueueError, connect
+from dbq.client import (
+    AnyQueue,
+    LeaseLost,
+    MessageTooLarge,
+    PipesQueue,
+    Queue,
+    QueueError,
+    QueueNotFound,
+    connect,
+)
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
@@ -303,3 +312,52 @@ def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode):
         assert s.popped == n
     if isinstance(q, PipesQueue):
         assert s.retired_pipes > 0  # the repairer retired drained pipes meanwhile
+
+
+def test_bad_arguments_are_refused_by_name_and_change_nothing(make_queue, design):
+    q = make_queue()
+    q.push(b"kept")
+    refused = {
+        "timeout": [
+            lambda: q.pop(timeout=-1),
+            lambda: q.acquire(timeout=-0.5),
+            lambda: q.push_many([b"x"], timeout=-1),
+        ],
+        "visibility": [lambda: q.acquire(visibility=0), lambda: q.acquire_many(2, visibility=-3)],
+        "ttl": [lambda: q.push(b"x", ttl=-1)],
+        "n": [lambda: q.pop_many(0), lambda: q.acquire_many(-2)],
+    }
+    for name, calls in refused.items():
+        for call in calls:
+            with pytest.raises(ValueError, match=rf"^{name} must be"):
+                call()
+    s = q.stats()
+    assert (s.pushed, s.depth, s.popped, s.acquired) == (1, 1, 0, 0)
+    m = q.acquire()
+    assert m is not None
+    with pytest.raises(ValueError, match=r"^delay must be"):
+        m.nack(delay=-1)
+    m.ack()
+    with pytest.raises(ValueError, match=r"^visibility must be"):
+        connect(design.url, q.names.queue, schema=SCHEMA, visibility=-1)
+
+
+def test_a_queue_is_reached_by_its_resource_name_and_a_missing_one_is_named(make_queue, design):
+    q = make_queue()
+    q.push(b"one name")
+    # The Queue resource's metadata.name (with '-') names the same queue as its objects' name.
+    with connect(design.url, q.names.queue.replace("_", "-"), schema=SCHEMA) as same:
+        m = same.pop()
+        assert m is not None and m.body == b"one name"
+    endpoint = from_url(design.url).endpoint
+    password = from_url(design.url).password
+    for queue, schema in (("nope", SCHEMA), ("nope", "no_such_schema")):
+        with pytest.raises(
+            QueueNotFound, match=f"queue nope is not provisioned in (schema|keyspace) {schema}"
+        ) as e:
+            connect(design.url, queue, schema=schema)
+        assert endpoint in str(e.value) and (not password or password not in str(e.value))
+    with pytest.raises(
+        ValueError, match=r"queue name 'Orders\.EU' is not a safe identifier.*such as 'orders_eu'"
+    ):
+        connect(design.url, "Orders.EU", schema=SCHEMA)

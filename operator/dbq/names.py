@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN
+from dbq.api.models import DERIVABLE_NAME_PATTERN, IDENTIFIER_HINT, IDENTIFIER_PATTERN
 from dbq.errors import UnsafeName
 
 _IDENT = re.compile(IDENTIFIER_PATTERN)
@@ -23,8 +23,27 @@ COUNTERS = ("pushed", "popped", "acquired", "expired")
 
 def check_identifier(value: str, field: str) -> str:
     if not isinstance(value, str) or not _IDENT.fullmatch(value):
-        raise UnsafeName(f"{field} {value!r} is not a safe identifier: {IDENTIFIER_HINT}")
+        raise UnsafeName(
+            f"{field} {value!r} is not a safe identifier: {IDENTIFIER_HINT} (such as {nearest_identifier(value)!r})"
+        )
     return value
+
+
+def nearest_identifier(value: object) -> str:
+    """The safe identifier closest to `value`, for error messages: lower case, anything else
+    than letters and digits as '_', a letter first, at most 40 characters."""
+    text = re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")
+    if not text or not text[0].isalpha():
+        text = f"q_{text}".rstrip("_")
+    return text[:40].rstrip("_")
+
+
+def queue_identifier(name: str) -> str:
+    """The name of a queue's database objects, given either that name (`orders_eu`) or the Queue
+    resource's metadata.name (`orders-eu`), which maps to it as the operator maps it."""
+    if isinstance(name, str) and re.fullmatch(DERIVABLE_NAME_PATTERN, name):
+        return name.replace("-", "_")
+    return check_identifier(name, "queue name")
 
 
 @dataclass(frozen=True)

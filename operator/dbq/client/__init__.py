@@ -28,7 +28,7 @@ from dbq.errors import (
     QueueNotFound,
     QueueUnavailable,
 )
-from dbq.names import QueueNames
+from dbq.names import QueueNames, queue_identifier
 from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
@@ -59,7 +59,7 @@ PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl")
 
 
 def connect(url: str, queue: str, *, schema: str | None = None, **options: Any) -> AnyQueue:
-    """A client for `queue` at `url`: postgresql://user:pass@host:port/db or mssql://... (a ring;
+    """A client for `queue` (its name, or its Queue resource's metadata.name) at `url`: postgresql://user:pass@host:port/db or mssql://... (a ring;
     `?driver=...` picks the ODBC driver), or cassandra://[user:pass@]host1,host2:9042[?dc=...]
     (pipes; `schema` is the keyspace). Options: visibility, push_timeout, pop_timeout, ttl
     (seconds); for rings also pool_size and hole_grace."""
@@ -98,7 +98,7 @@ def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options:
 
 
 def _open(settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any]) -> AnyQueue:
-    names = QueueNames(schema=schema, queue=queue)
+    names = QueueNames(schema=schema, queue=queue_identifier(queue))
     if settings.backend == "cassandra":
         return PipesQueue(settings, names, **{k: v for k, v in options.items() if k in PIPES_OPTIONS})
     return Queue(settings, names, **options)

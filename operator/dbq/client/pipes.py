@@ -38,7 +38,7 @@ from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
 from dbq.client.stats import QueueStats
-from dbq.client.waiting import Deadline
+from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
@@ -194,10 +194,11 @@ class PipesQueue:
             raise QueueError(f"{settings.backend} has no pipes queues: connect with a cassandra:// url")
         self.settings = settings
         self.names = names
-        self.visibility = visibility
-        self.push_timeout = push_timeout  # pipes never turn a writer away; kept for symmetry
-        self.pop_timeout = pop_timeout
-        self.ttl = ttl
+        self.visibility = seconds_arg(visibility, "visibility", 0.0, positive=True)
+        # Pipes never turn a writer away; kept for symmetry with the ring.
+        self.push_timeout = seconds_arg(push_timeout, "push_timeout", 0.0)
+        self.pop_timeout = seconds_arg(pop_timeout, "pop_timeout", 0.0)
+        self.ttl = seconds_arg(ttl, "ttl", 0.0)
         self.cql = PipesStatements(names)
         self._cluster: Cluster | None = None
         if session is None:
@@ -422,7 +423,7 @@ class PipesQueue:
 
     def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> uuid.UUID:
         """Store one message; its id (a time UUID). Never waits: a pipe has no size limit."""
-        return self.push_many([body], ttl=ttl)[0]
+        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
 
     def push_many(
         self, bodies: Iterable[bytes], *, timeout: float | None = None, ttl: float | None = None
@@ -431,7 +432,8 @@ class PipesQueue:
         batch = list(bodies)
         self._check_sizes(batch)
         batch = [bytes(b) for b in batch]
-        seconds = self.ttl if ttl is None else ttl
+        seconds_arg(timeout, "timeout", self.push_timeout)
+        seconds = seconds_arg(ttl, "ttl", self.ttl)
         expiry = now_ms() + int(seconds * 1000) if seconds > 0 else None
         return self._write(batch, expires=[expiry] * len(batch) if expiry else None)
 
@@ -446,18 +448,17 @@ class PipesQueue:
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> PipeMessage | None:
         """At-least-once: ack() within `visibility` s, or the message is delivered again."""
-        got = self._take(1, timeout, self.visibility if visibility is None else visibility)
+        got = self._take(1, timeout, seconds_arg(visibility, "visibility", self.visibility, positive=True))
         return got[0] if got else None
 
     def acquire_many(
         self, n: int, timeout: float | None = None, visibility: float | None = None
     ) -> list[PipeMessage]:
-        return self._take(n, timeout, self.visibility if visibility is None else visibility)
+        return self._take(n, timeout, seconds_arg(visibility, "visibility", self.visibility, positive=True))
 
     def _take(self, n: int, timeout: float | None, visibility: float | None) -> list[PipeMessage]:
-        if n < 1:
-            return []
-        deadline = Deadline(self.pop_timeout if timeout is None else timeout)
+        count_arg(n, "n")
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
         while True:
             lease = self._working_lease()
             if lease is not None:
@@ -656,6 +657,7 @@ class PipesQueue:
             raise LeaseLost.of_acks(lost, len(batch))
 
     def _nack(self, m: PipeMessage, delay: float) -> None:
+        delay = seconds_arg(delay, "delay", 0.0)
         ok, _ = self._check_leases([m])
         if not ok:
             raise LeaseLost.of_nack(m)

@@ -15,7 +15,7 @@ from typing import Any
 import pyodbc
 
 from dbq.client.stats import QueueStats
-from dbq.client.waiting import Deadline
+from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.ring import (
     CALL_ARGS,
@@ -83,7 +83,8 @@ class Message:
     def nack(self, delay: float = 0.0) -> None:
         """Give it back: delivered again after `delay` seconds."""
         queue = self._leased()
-        if int(queue._call("nack", self.id, self.lease, int(delay * 1000))[0][0]) != 1:
+        delay_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
+        if int(queue._call("nack", self.id, self.lease, delay_ms)[0][0]) != 1:
             raise LeaseLost.of_nack(self)
 
     def _leased(self) -> Queue:
@@ -111,20 +112,30 @@ class Queue:
             )
         self.settings = settings
         self.names = names
-        self.visibility = visibility
-        self.push_timeout = push_timeout
-        self.pop_timeout = pop_timeout
-        self.ttl = ttl
-        self.hole_grace = hole_grace
+        self.visibility = seconds_arg(visibility, "visibility", 0.0, positive=True)
+        self.push_timeout = seconds_arg(push_timeout, "push_timeout", 0.0)
+        self.pop_timeout = seconds_arg(pop_timeout, "pop_timeout", 0.0)
+        self.ttl = seconds_arg(ttl, "ttl", 0.0)
+        self.hole_grace = seconds_arg(hole_grace, "hole_grace", 0.0)
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+            raise ValueError(f"pool_size must be a whole number >= 0, not {pool_size!r}")
         self.pool_size = pool_size  # idle connections kept for reuse
         self._idle: list[_Session] = []
-        with self._cursor() as cur:
-            row = cur.execute(recorded_query(settings.backend, names), names.queue).fetchone()
+        not_found = QueueNotFound(
+            f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
+            " apply a Queue resource for it, or pass the schema it lives in"
+        )
+        session = self._checkout()
+        try:
+            row = session.cursor("").execute(recorded_query(settings.backend, names), names.queue).fetchone()
+        except pyodbc.Error as e:
+            session.conn.close()
+            if odbc.driver_error(e, settings)[0] in odbc.UNDEFINED_OBJECT_STATES:  # no schema, no table
+                raise not_found from None
+            raise self._translate(e) from None
+        self._checkin(session)
         if row is None:
-            raise QueueNotFound(
-                f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
-                " apply a Queue resource for it, or pass the schema it lives in"
-            )
+            raise not_found
         version, size, message_bytes = (int(v) for v in row)
         if version != RING_SCHEMA_VERSION:
             raise QueueError(
@@ -218,11 +229,12 @@ class Queue:
             )
 
     def _ttl_ms(self, ttl: float | None) -> int:
-        return int((self.ttl if ttl is None else ttl) * 1000)
+        return int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
 
     def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> int:
         """Store one message; its id. Waits while the ring is full, then raises QueueFull."""
         self._check_size(body)
+        seconds_arg(timeout, "timeout", self.push_timeout)
         msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
         if msg_id > 0:
             return msg_id
@@ -236,7 +248,7 @@ class Queue:
             self._check_size(body)
         ids: list[int | None] = [None] * len(bodies)
         todo = list(range(len(bodies)))
-        deadline = Deadline(self.push_timeout if timeout is None else timeout)
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
         ttl_ms = self._ttl_ms(ttl)
         while todo:
             got = self._push_once([bytes(bodies[i]) for i in todo], ttl_ms)
@@ -278,6 +290,7 @@ class Queue:
         return self._pop_one(self._lease_ms(visibility), timeout)
 
     def _pop_one(self, lease_ms: int, timeout: float | None) -> Message | None:
+        timeout = seconds_arg(timeout, "timeout", self.pop_timeout)
         first = self._records("pop", lease_ms)
         if first[0][0] == MESSAGE:  # the common case, without the waiting machinery
             return self._message(first[0])
@@ -290,7 +303,7 @@ class Queue:
         return self._take(n, timeout, lease_ms=self._lease_ms(visibility))
 
     def _lease_ms(self, visibility: float | None) -> int:
-        lease_ms = int((self.visibility if visibility is None else visibility) * 1000)
+        lease_ms = int(seconds_arg(visibility, "visibility", self.visibility, positive=True) * 1000)
         if lease_ms < 1:
             raise ValueError("visibility must be positive: it is how long the consumer may hold a message")
         return lease_ms
@@ -304,9 +317,8 @@ class Queue:
         self, n: int, timeout: float | None, lease_ms: int, first: list[Record] | None = None
     ) -> list[Message]:
         """Pop/acquire up to n, waiting up to the timeout; `first` is a pop answer already fetched."""
-        if n < 1:
-            raise ValueError(f"n must be at least 1, not {n}")
-        deadline = Deadline(self.pop_timeout if timeout is None else timeout)
+        count_arg(n, "n")
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
         while True:
             if first is not None:
                 rows, first = first, None
@@ -379,7 +391,8 @@ class Queue:
 
         Idempotent and safe while clients work; the operator's cleanup runs it on schedule.
         """
-        row = self._call("repair", int(orphan_grace * 1000))[0]
-        holes = int(self._call("void_holes", int(orphan_grace * 1000))[0][0] or 0)
+        grace_ms = int(seconds_arg(orphan_grace, "orphan_grace", 5.0) * 1000)
+        row = self._call("repair", grace_ms)[0]
+        holes = int(self._call("void_holes", grace_ms)[0][0] or 0)
         leases, orphans, expired, purged = (int(v) for v in row)
         return RepairResult(leases, orphans, expired, purged, holes)

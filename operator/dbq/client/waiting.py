@@ -35,3 +35,21 @@ class Deadline:
     def restart(self) -> None:
         """Progress was made: the next wait spins again (the deadline stays)."""
         self.tries = 0
+
+
+def seconds_arg(value: float | None, name: str, default: float, *, positive: bool = False) -> float:
+    """A duration argument in seconds, `default` when None. Anything else than a number >= 0
+    (> 0 with `positive`) is refused, naming the argument, before anything is done."""
+    if value is None:
+        return default
+    bad = isinstance(value, bool) or not isinstance(value, int | float) or value != value  # NaN
+    if bad or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a number of seconds {bound}, not {value!r}")
+    return float(value)
+
+
+def count_arg(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
+    return value

@@ -16,6 +16,9 @@ from dbq.errors import (
 CONNECT_TIMEOUT_S = 5
 # Deadlock, serialization failure: the statement was rolled back whole and may be run again.
 RETRY_STATES = frozenset({"40P01", "40001"})
+# The object named does not exist: PostgreSQL (undefined table, schema), SQL Server (invalid
+# object name).
+UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
 # A body over the ring's messageBytes, refused by the routine (PostgreSQL raises 22001).
 TOO_LARGE_STATE = "22001"
 
