@@ -34,6 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 G, V, P = "dbq.dev", "v1alpha1", "queues"
 
 
+def log_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -137,9 +142,11 @@ def main() -> None:
         rss = rss_mib(op.pid)
 
         time.sleep(5)
-        w0, t0 = api_writes(stack), time.monotonic()
+        w0, lines0, t0 = api_writes(stack), log_lines(log.name), time.monotonic()
         time.sleep(args.steady)
-        steady = (api_writes(stack) - w0) / (time.monotonic() - t0) * 60
+        minutes = (time.monotonic() - t0) / 60
+        steady = (api_writes(stack) - w0) / minutes
+        log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = args.queues + args.singles
         rss_after = rss_mib(op.pid)
 
@@ -153,6 +160,7 @@ def main() -> None:
         )
         print(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
               f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
+        print(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
         print(f"mean apply-to-Ready, one queue at a time: {statistics.mean(singles):.3f}s per single queue")
     finally:
         for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:

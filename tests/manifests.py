@@ -67,7 +67,21 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("upper-case-schema", with_path(queue(), "spec.connection.schema", "Queues"), "schema"),
     ("dotted-name-without-queue-name", queue(name="orders.v2"), "set spec.queueName"),
-    ("cron-garbage", with_path(queue(), "spec.reindex.schedule", "every night"), "spec.reindex.schedule"),
+    ("cron-garbage", with_path(queue(), "spec.reindex.schedule", "every night"), "write five fields"),
+    (
+        "cron-minute-61",
+        with_path(queue(), "spec.reindex.schedule", "61 3 * * *"),
+        "the minute field must be 0-59",
+    ),
+    (
+        "cron-hour-25",
+        with_path(queue(), "spec.reindex.schedule", "0 25 * * *"),
+        "the hour field must be 0-23",
+    ),
+    ("cron-day-32", with_path(queue(), "spec.reindex.schedule", "0 3 32 * *"), "the day-of-month field"),
+    ("cron-month-13", with_path(queue(), "spec.reindex.schedule", "0 3 * 13 *"), "the month field"),
+    ("cron-weekday-9", with_path(queue(), "spec.reindex.schedule", "0 3 * * 9"), "the day-of-week field"),
+    ("cron-unknown-macro", with_path(queue(), "spec.reindex.schedule", "@often"), "a macro is one of"),
     ("missing-connection", {**queue(), "spec": {"backend": "postgres", "design": "ring"}}, "connection"),
     (
         "secret-name-injection",

@@ -48,10 +48,13 @@ def test_models_refuse_what_admission_refuses(case, doc, words):
         QueueResource.model_validate(doc)
 
 
-def test_cron_is_checked_beyond_its_shape():
-    # Passes the CRD's pattern (five fields) but is no schedule: the operator reports InvalidSpec.
-    with pytest.raises(ValidationError, match="not a cron schedule"):
-        QueueSpec.model_validate({**queue()["spec"], "reindex": {"schedule": "99 99 * * *"}})
+def test_cron_fields_are_checked_and_named():
+    with pytest.raises(ValidationError, match="the minute field '61' of '61 25 \\* \\* \\*' must be 0-59"):
+        QueueSpec.model_validate({**queue()["spec"], "reindex": {"schedule": "61 25 * * *"}})
+    with pytest.raises(ValidationError, match="has 4 fields, not five"):
+        QueueSpec.model_validate({**queue()["spec"], "reindex": {"schedule": "0 3 * *"}})
+    for good in ("*/15 * * * *", "0 3 * * MON-FRI", "0,30 8-18/2 * jan,jul *", "@daily", "0 3 L * *"):
+        assert QueueSpec.model_validate({**queue()["spec"], "reindex": {"schedule": good}})
 
 
 def test_queue_name_derivation():

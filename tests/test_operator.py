@@ -84,8 +84,11 @@ def test_apply_becomes_ready_with_the_declared_ring(env, kube):
         and status["queueName"] == "ready_q"
     )
     assert cluster.condition("ready-q", "Provisioned")["status"] == "True"
-    reasons = {e.reason for e in cluster.events("ready-q")}
-    assert {"Provisioned", "Ready"} <= reasons
+    spec = cluster.get("ready-q")["spec"]  # defaults of shared settings, none of another design's
+    assert "pipes" not in spec and spec["timeouts"]["visibility"] == "30s" and spec["ring"]["size"] == 256
+    events = {e.reason: e.message for e in cluster.events("ready-q")}
+    assert {"Provisioned", "Ready"} <= set(events)
+    assert "created the ring table" in events["Provisioned"] and "does not exist" not in events["Provisioned"]
     printed = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "dbq", "ready-q"],
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
     assert "postgres" in printed and "ring" in printed and "True" in printed
@@ -136,7 +139,6 @@ def test_bad_manifest_is_refused_at_admission(env, case, doc, words):
         ("closed-port", "closed-port", {}, "DatabaseUnreachable"),
         ("foreign-url-scheme", "mysql-url", {}, "InvalidSecret"),
         ("secret-without-password", "no-password", {}, "InvalidSecret"),
-        ("impossible-cron", None, {"reindex": {"schedule": "99 99 * * *"}}, "InvalidSpec"),
     ],
 )
 def test_bad_runtime_input_is_not_ready_with_a_precise_reason(env, case, secret, patch, reason):
@@ -304,6 +306,16 @@ def test_secrets_never_reach_status_events_or_logs(env):
     everything += [e.message or "" for e in cluster.core.list_namespaced_event(cluster.ns).items]
     everything.append(operator.log_text())
     assert all(password not in text for text in everything)
+
+
+def test_routine_success_is_not_logged_at_info(env):
+    """Timers run every few seconds per queue; only state changes reach the INFO log."""
+    cluster, operator, _ = env
+    assert cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", cluster.ns, "queues")["items"]
+    time.sleep(12)  # two upkeep ticks of every queue in the namespace
+    log = operator.log_text()
+    assert "Handler 'apply_queue' succeeded" in log  # state changes are still there
+    assert "Timer 'upkeep_tick' succeeded" not in log and "Timer 'drift' succeeded" not in log
 
 
 def test_cli_and_client_reach_a_queue_by_its_resource(env, kube):

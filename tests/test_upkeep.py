@@ -82,6 +82,19 @@ def test_statistics_reach_the_prometheus_gauges():
     assert REGISTRY.get_sample_value("dbq_queue_depth", labels) is None
 
 
+def test_cleanup_status_is_refreshed_by_its_own_heartbeat():
+    quiet = {"expiredLeases": 0, "orphans": 0}
+    previous = {"lastRun": "2026-01-01T00:00:00Z"}
+    assert upkeep.cleanup_worth_writing(quiet, {}, last_write=0.0, now=5.0)  # nothing written yet
+    assert not upkeep.cleanup_worth_writing(quiet, previous, last_write=100.0, now=160.0)
+    assert upkeep.cleanup_worth_writing(
+        quiet, previous, last_write=100.0, now=100.0 + upkeep.STATS_HEARTBEAT_S
+    )
+    assert upkeep.cleanup_worth_writing({"orphans": 1}, previous, last_write=100.0, now=101.0)
+    # After an operator restart the memory is empty: the first run writes.
+    assert upkeep.cleanup_worth_writing(quiet, previous, last_write=0.0, now=3.0)
+
+
 def test_tasks_run_when_their_interval_is_due():
     assert upkeep.due(0.0, 15, 3.0)  # never ran (or the operator restarted)
     assert not upkeep.due(100.0, 15, 110.0)

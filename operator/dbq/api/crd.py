@@ -20,6 +20,10 @@ _KEEP = {
 }  # fmt: skip
 
 
+# Settings of one design: not defaulted, or every queue would show the other designs' settings.
+DESIGN_SECTIONS = ("ring", "pipes")
+
+
 def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -> Any:
     if isinstance(node, list):
         return [_structural(n, defs, objects_default) for n in node]
@@ -54,6 +58,8 @@ def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -
     # (and `kubectl get -o yaml` shows) the effective settings. (Not in status: what is absent
     # there has not happened yet.)
     for name, prop in out.get("properties", {}).items() if objects_default else ():
+        if name in DESIGN_SECTIONS:
+            continue
         if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
             prop.setdefault("default", {})
     if "const" in node:

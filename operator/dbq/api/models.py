@@ -31,10 +31,69 @@ IDENTIFIER_HINT = (
 # metadata.name doubles as the queue name when spec.queueName is absent ('-' becomes '_').
 DERIVABLE_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-CRON_PATTERN = (
-    r"^(@(yearly|annually|monthly|weekly|daily|hourly)"
-    r"|[0-9*,/-]+\s+[0-9*,/-]+\s+[0-9*,/?LW-]+\s+[0-9A-Za-z*,/-]+\s+[0-9A-Za-z*,/?L#-]+)$"
+# Cron schedules: five fields (or a macro), each a list of '*', a value or a range, with an
+# optional step. The same patterns make the API server's admission rules (CEL) and the models'
+# validation, so both name the field that is wrong.
+CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@hourly")
+CRON_HINT = "e.g. '0 3 * * *' (minute hour day-of-month month day-of-week) or @daily"
+
+
+def _cron_field(value: str, extras: str = "") -> str:
+    item = rf"(\*|({value})(-({value}))?)(/[0-9]{{1,2}})?" + (f"|{extras}" if extras else "")
+    return rf"^({item})(,({item}))*$"
+
+
+_DAY = r"0?[1-9]|[12][0-9]|3[01]"
+_MONTHS = "jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec"
+_WEEKDAYS = "sun|mon|tue|wed|thu|fri|sat"
+CRON_FIELDS = (  # name, what it takes, pattern
+    ("minute", "0-59", _cron_field(r"[0-5]?[0-9]")),
+    ("hour", "0-23", _cron_field(r"[01]?[0-9]|2[0-3]")),
+    ("day-of-month", "1-31 (or L, ?, nW)", _cron_field(_DAY, rf"\?|L|LW|({_DAY})W")),
+    ("month", "1-12 or jan-dec", _cron_field(rf"0?[1-9]|1[0-2]|(?i:{_MONTHS})")),
+    (
+        "day-of-week",
+        "0-7 or sun-sat (or ?, L, nL, n#k)",
+        _cron_field(rf"[0-7]|(?i:{_WEEKDAYS})", r"\?|L|[0-7]L|[0-7]#[1-5]"),
+    ),
 )
+
+
+def cron_problem(value: str) -> str | None:
+    """What is wrong with a cron schedule, naming the field; None when nothing is."""
+    if value.startswith("@"):
+        return (
+            None
+            if value in CRON_MACROS
+            else f"{value!r} is not a cron macro: use one of {', '.join(CRON_MACROS)}"
+        )
+    fields = value.split()
+    if len(fields) != 5:
+        return f"{value!r} has {len(fields)} fields, not five: {CRON_HINT}"
+    for (name, takes, pattern), field in zip(CRON_FIELDS, fields, strict=True):
+        if not re.fullmatch(pattern, field):
+            return f"the {name} field {field!r} of {value!r} must be {takes}, '*', a range a-b, a step */n or a list: {CRON_HINT}"
+    return None
+
+
+def _cron_rules() -> list[dict[str, str]]:
+    """The checks of `cron_problem` as CEL rules, for the API server."""
+    fields = "self.split(' ').filter(f, f != '')"
+    rules = [
+        {"rule": f"!self.startsWith('@') || self in [{', '.join(repr(m) for m in CRON_MACROS)}]",
+         "message": f"spec.reindex.schedule: a macro is one of {', '.join(CRON_MACROS)}"},
+        {"rule": f"self.startsWith('@') || {fields}.size() == 5",
+         "message": f"spec.reindex.schedule: write five fields, {CRON_HINT}"},
+    ]  # fmt: skip
+    for i, (name, takes, pattern) in enumerate(CRON_FIELDS):
+        cel_pattern = pattern.replace("\\", "\\\\")
+        rules.append({
+            "rule": f"self.startsWith('@') || {fields}.size() != 5 || {fields}[{i}].matches('{cel_pattern}')",
+            "message": f"spec.reindex.schedule: the {name} field must be {takes}, '*', a range a-b, a step */n"
+            f" or a list: {CRON_HINT}",
+        })  # fmt: skip
+    return rules
+
 
 # backend -> designs it offers
 DESIGNS: dict[str, tuple[str, ...]] = {
@@ -188,7 +247,9 @@ class Threshold(Model):
 
 
 class Reindex(Model):
-    schedule: Annotated[str, Field(pattern=CRON_PATTERN)] = Field(
+    schedule: Annotated[
+        str, Field(max_length=100, json_schema_extra={"x-kubernetes-validations": _cron_rules()})
+    ] = Field(
         default="0 3 * * *", description="Cron schedule of the maintenance window (operator's time zone)."
     )
     threshold: Threshold = Field(default_factory=Threshold)
@@ -197,8 +258,11 @@ class Reindex(Model):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, value: str) -> str:
-        if not croniter.is_valid(value):
-            raise ValueError(f"{value!r} is not a cron schedule: write five fields, e.g. '0 3 * * *'")
+        problem = cron_problem(value)
+        if problem is None and not croniter.is_valid(value):
+            problem = f"{value!r} is not a schedule cron can run: {CRON_HINT}"
+        if problem:
+            raise ValueError(problem)
         return value
 
 

@@ -16,10 +16,14 @@ from dbq.client import QueueStats
 
 class Step(Protocol):
     """One idempotent provisioning action of a plan. Each design has its own step type, whose
-    `action` its dialect renders through a mapping; `why` is shown in Events and `dbq apply`."""
+    `action` its dialect renders through a mapping. `why` says what the plan found (dry runs, drift
+    Events); `done` what applying it did (Provisioned and Repaired Events, `dbq apply`)."""
 
     @property
     def why(self) -> str: ...
+
+    @property
+    def done(self) -> str: ...
 
 
 @dataclass

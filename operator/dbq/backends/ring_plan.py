@@ -33,13 +33,32 @@ class RingAction(StrEnum):
     RECORD_VERSION = "record_version"
 
 
+DONE = {
+    RingAction.CREATE_SCHEMA: "created the schema",
+    RingAction.CREATE_META: "created the metadata table",
+    RingAction.CREATE_RING: "created the ring table",
+    RingAction.FILL_RING: "filled the ring's slots",
+    RingAction.CREATE_SEQUENCES: "created the position and total sequences",
+    RingAction.RESET_POSITIONS: "levelled the push and pop positions",
+    RingAction.CREATE_SIDE_TABLES: "created the spill and gap tables",
+    RingAction.CREATE_HISTORY: "created the statistics history table",
+    RingAction.CREATE_ROUTINES: "created the routines",
+    RingAction.RECORD_VERSION: "recorded the schema version and settings",
+}
+
+
 @dataclass(frozen=True)
 class RingStep:
     action: RingAction
-    why: str
+    why: str  # what the plan found
 
     def __str__(self) -> str:
         return str(self.action)
+
+    @property
+    def done(self) -> str:
+        """What applying it did, in words (Events, `dbq apply`)."""
+        return DONE[self.action]
 
 
 @dataclass(frozen=True)

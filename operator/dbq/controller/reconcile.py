@@ -78,9 +78,9 @@ def reconcile(
         spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
         # One observe and plan, under the queue's lock: apply returns what it had to do.
         result = backend.apply()
-        out.steps = [s.why for s in result.steps]
+        out.steps = [s.done for s in result.steps]
         if result.steps and drift_check:
-            why = "; ".join(out.steps)
+            why = "; ".join(s.why for s in result.steps)
             out.events.append(Event("Warning", "Drift", f"database objects differed from the spec: {why}"))
         if result.steps:
             verb = "Repaired" if drift_check else "Provisioned"

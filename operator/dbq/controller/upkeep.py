@@ -94,6 +94,7 @@ class Memory:
     stats_at: float = 0.0  # monotonic
     cleanup_at: float = 0.0
     stats_written_at: float = 0.0
+    cleanup_written_at: float = 0.0
 
 
 @dataclass
@@ -143,6 +144,14 @@ def worth_writing(old: dict[str, Any] | None, new: dict[str, Any], last_write: f
     return aged or {k: v for k, v in old.items() if k not in ignore} != {
         k: v for k, v in new.items() if k not in ignore
     }
+
+
+def cleanup_worth_writing(
+    counts: dict[str, int], previous: dict[str, Any], last_write: float, now: float
+) -> bool:
+    """Something was repaired or housekept, or nothing was written yet, or the heartbeat is due:
+    so status.cleanup.lastRun is at most STATS_HEARTBEAT_S old, without an API write per run."""
+    return any(counts.values()) or not previous or last_write == 0.0 or now - last_write >= STATS_HEARTBEAT_S
 
 
 def cleanup_message(counts: dict[str, int]) -> str:
@@ -278,9 +287,9 @@ def run_upkeep(
             repaired_total=int(previous.get("repairedTotal") or 0) + sum(repaired.values()),
             last_repair_at=at if repaired else previous.get("lastRepairAt"),
         )
-        # Written when something was repaired or housekept, or as the stats heartbeat is.
-        if any(counts.values()) or not previous or now - memory.stats_written_at >= STATS_HEARTBEAT_S:
+        if cleanup_worth_writing(counts, previous, memory.cleanup_written_at, now):
             out.status["cleanup"] = cleanup.wire()
+            memory.cleanup_written_at = now
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
     return out

@@ -39,6 +39,17 @@ class PipesStep:
     def __str__(self) -> str:
         return f"{self.action}:{self.table}" if self.table else str(self.action)
 
+    @property
+    def done(self) -> str:
+        """What applying it did, in words (Events, `dbq apply`)."""
+        return {
+            PipesAction.CREATE_KEYSPACE: "created the keyspace",
+            PipesAction.ALTER_KEYSPACE: "changed the keyspace's replication: run `nodetool repair --full` on every node",
+            PipesAction.CREATE_TABLE: f"created table {self.table}",
+            PipesAction.TUNE_TABLE: f"reset compaction and gc_grace_seconds of table {self.table}",
+            PipesAction.RECORD_SETTINGS: "recorded the schema version and settings",
+        }[self.action]
+
 
 @dataclass(frozen=True)
 class TableOptions:
