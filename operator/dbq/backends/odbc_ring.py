@@ -101,14 +101,16 @@ class OdbcRing:
 
     @contextmanager
     def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:
-        """One transaction holding this queue's advisory lock: a crash leaves nothing half-made,
-        and two operators never change one queue at once."""
+        """One transaction holding the schema's advisory lock: a crash leaves nothing half-made,
+        and two operators (or two handlers of one) never change one schema at once. The lock is
+        the schema's, not the queue's: queues share the schema, its metadata and history tables,
+        and the last one to go drops the schema."""
         with self._errors():
             conn = self.conn
             conn.autocommit = False
             try:
                 cur = conn.cursor()
-                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}.{self.names.queue}")
+                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}")
                 yield cur
                 conn.commit()
             except BaseException:

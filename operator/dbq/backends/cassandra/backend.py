@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,18 @@ from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
+
+# Provisioning and teardown of one keyspace, one at a time in this process: queues share the
+# keyspace and its metadata and history tables, and the last one to go drops the keyspace.
+# (Cassandra has no lock to take across processes; every step is idempotent DDL, so a second
+# operator process racing this one converges on the next reconcile.)
+_KEYSPACE_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_KEYSPACE_LOCKS_GUARD = threading.Lock()
+
+
+def keyspace_lock(settings: ConnectionSettings, keyspace: str) -> threading.Lock:
+    with _KEYSPACE_LOCKS_GUARD:
+        return _KEYSPACE_LOCKS.setdefault((settings.endpoint, keyspace), threading.Lock())
 
 
 class CassandraPipes:
@@ -104,10 +117,11 @@ class CassandraPipes:
         return statements[step.action](), values
 
     def apply(self) -> ApplyResult:
-        steps = self.plan(self.observe())
-        for step in steps:
-            statement, values = self.render(step)
-            self._run(statement, *values)
+        with keyspace_lock(self.settings, self.names.schema):
+            steps = self.plan(self.observe())
+            for step in steps:
+                statement, values = self.render(step)
+                self._run(statement, *values)
         return ApplyResult(steps=steps, schema_version=PIPES_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
@@ -156,6 +170,10 @@ class CassandraPipes:
         return Earlier((now - int(at)) / 1000, int(pushed), int(popped) + int(acquired))
 
     def teardown(self) -> None:
+        with keyspace_lock(self.settings, self.names.schema):
+            self._teardown()
+
+    def _teardown(self) -> None:
         observed = self.observe()
         if not observed.keyspace_exists:
             return
