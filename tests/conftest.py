@@ -83,11 +83,12 @@ class PgDatabase:
 def postgres(stack: LocalStack) -> Iterator[PgDatabase]:
     stack.need("postgres")
     name = f"dbq_test_{secrets.token_hex(4)}"
-    admin = pyodbc.connect(stack.postgres.odbc(), autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
+    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
     yield PgDatabase(name=name, url=stack.postgres.url(name), odbc=stack.postgres.odbc(name))
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    # A new connection: the fault tests restart the server meanwhile.
+    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

@@ -104,7 +104,7 @@ def test_tasks_run_when_their_interval_is_due():
 def test_a_tick_with_nothing_due_opens_neither_the_secret_nor_the_database():
     spec = spec_for("postgres", "s")
     wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
-    memory = upkeep.Memory(stats_at=100.0, cleanup_at=100.0, stats_written_at=100.0)
+    memory = upkeep.Memory(stats_at=100.0, cleanup_at=100.0, stats_written_at=100.0, answered_at=100.0)
     window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, wall))
     status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
 
@@ -118,6 +118,10 @@ def test_a_tick_with_nothing_due_opens_neither_the_secret_nor_the_database():
     later = upkeep.run_upkeep("ns", "q", spec, {**status, **done.status}, never, memory, now=102.0, wall=wall)
     assert later.status == {} and later.events == []
     assert upkeep.what_is_due(spec, status, memory, now=100.0 + 5.0, wall=wall).touches_database
+    # With longer intervals, the database is still asked every HEALTH_INTERVAL_S whether it answers.
+    slow = spec_for("postgres", "s", stats={"interval": "1m"}, cleanup={"interval": "1m"})
+    check = upkeep.what_is_due(slow, status, memory, now=100.0 + upkeep.HEALTH_INTERVAL_S, wall=wall)
+    assert (check.stats, check.cleanup, check.health) == (False, False, True)
 
 
 def test_operator_settings_come_from_the_environment_and_bad_ones_are_named():

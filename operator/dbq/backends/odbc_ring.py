@@ -130,6 +130,11 @@ class OdbcRing:
         return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Whether the database answers (raises DatabaseUnreachable, AuthenticationFailed...)."""
+        with self._errors():
+            self.conn.cursor().execute("SELECT 1").fetchval()
+
     def depth(self) -> Depth:
         with self._errors():
             ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()

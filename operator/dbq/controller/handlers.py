@@ -16,6 +16,7 @@ from dbq.controller.reconcile import (
     Event,
     delete,
     lazy_backend,
+    not_ready,
     reconcile,
     status_changes,
 )
@@ -133,10 +134,16 @@ def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
     try:
         with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
             done = upkeep.run_upkeep(namespace, name, parse_spec(dict(spec)), dict(status), backend, memory)
-    except DbqError as e:
-        log.warning("upkeep of %s/%s failed: %s: %s", namespace, name, e.reason, e)  # drift reports it
+    except DbqError as e:  # Ready=False at once, one Warning when that changes
+        failed = not_ready(status.get("conditions"), e, meta.get("generation"))
+        if failed.events:
+            log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)
+        metrics.set_ready(namespace, name, False)
+        _write(body, status, patch, failed.status, failed.events)
         return
     _write(body, status, patch, done.status, done.events)
+    if done.answered and not cond.is_true(status.get("conditions"), cond.READY):
+        _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)  # the database is back
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

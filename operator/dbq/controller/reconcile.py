@@ -105,16 +105,8 @@ def reconcile(
         ).wire()
         metrics.reconciled(ok=True, seconds=time.monotonic() - started)
     except DbqError as e:
-        out.error = e
-        conditions = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
-        if not cond.is_true(old, cond.PROVISIONED):  # objects made earlier stay provisioned
-            conditions = cond.set_condition(conditions, cond.PROVISIONED, False, e.reason, str(e), generation)
-        out.status = QueueStatus.model_validate(
-            {"conditions": conditions, "observedGeneration": generation}
-        ).wire()
-        previous = cond.condition(old, cond.READY) or {}
-        if previous.get("reason") != e.reason or previous.get("message") != str(e):
-            out.events.append(Event("Warning", e.reason, str(e)))
+        failed = not_ready(conditions, e, generation)
+        out.error, out.status, out.events = e, failed.status, out.events + failed.events
         metrics.reconciled(ok=False, seconds=time.monotonic() - started, reason=e.reason)
     finally:
         if backend is not None:
@@ -124,6 +116,23 @@ def reconcile(
     if ready_before != ready_now and ready_now == "True":
         out.events.append(Event("Normal", "Ready", "queue is ready"))
     metrics.set_ready(namespace, name, ready_now == "True")
+    return out
+
+
+def not_ready(conditions: list[dict[str, Any]] | None, e: DbqError, generation: int | None) -> Outcome:
+    """Ready=False with the error's reason (Provisioned too, for a queue never provisioned), and
+    a Warning Event when Ready turns False or its reason changes. A changed message alone is
+    written to the condition without an Event, so an outage is one Event, not one per retry."""
+    new = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
+    if not cond.is_true(conditions, cond.PROVISIONED):  # objects made earlier stay provisioned
+        new = cond.set_condition(new, cond.PROVISIONED, False, e.reason, str(e), generation)
+    out = Outcome(
+        status=QueueStatus.model_validate({"conditions": new, "observedGeneration": generation}).wire()
+    )
+    previous = cond.condition(conditions, cond.READY) or {}
+    if previous.get("status") != "False" or previous.get("reason") != e.reason:
+        out.events.append(Event("Warning", e.reason, str(e)))
+    out.error = e
     return out
 
 

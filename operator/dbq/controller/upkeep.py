@@ -30,6 +30,9 @@ from dbq.settings import time_zone
 
 # status.stats is rewritten when a figure changed, or at least this often (a heartbeat).
 STATS_HEARTBEAT_S = 300.0
+# How often the database is asked whether it answers, when no other task talked to it: so Ready
+# turns False within a tick or two of an outage, and True again as soon as it ends.
+HEALTH_INTERVAL_S = 5.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
 REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack")
 
@@ -93,6 +96,7 @@ class Memory:
 
     stats_at: float = 0.0  # monotonic
     cleanup_at: float = 0.0
+    answered_at: float = 0.0  # when the database last answered
     stats_written_at: float = 0.0
     cleanup_written_at: float = 0.0
 
@@ -101,6 +105,7 @@ class Memory:
 class Upkeep:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    answered: bool = False  # the database answered this tick
 
 
 def due(last: float, interval_s: float, now: float) -> bool:
@@ -181,22 +186,21 @@ class Due:
 
     stats: bool
     cleanup: bool
+    health: bool  # nothing else talks to the database, and it was not asked for a while
     maintenance: Task
     window: datetime  # the planned maintenance window
 
     @property
     def touches_database(self) -> bool:
-        return self.stats or self.cleanup or self.maintenance == "run"
+        return self.stats or self.cleanup or self.health or self.maintenance == "run"
 
 
 def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> Due:
     maintenance, window = maintenance_due(spec, status, wall)
-    return Due(
-        stats=due(memory.stats_at, seconds(spec.stats.interval), now),
-        cleanup=due(memory.cleanup_at, seconds(spec.cleanup.interval), now),
-        maintenance=maintenance,
-        window=window,
-    )
+    stats = due(memory.stats_at, seconds(spec.stats.interval), now)
+    cleanup = due(memory.cleanup_at, seconds(spec.cleanup.interval), now)
+    quiet = not (stats or cleanup or maintenance == "run")
+    return Due(stats, cleanup, quiet and due(memory.answered_at, HEALTH_INTERVAL_S, now), maintenance, window)
 
 
 def maintenance_status(
@@ -260,6 +264,8 @@ def run_upkeep(
         out.status["maintenance"] = MaintenanceStatus.model_validate(
             {**(status.get("maintenance") or {}), **planned}
         ).wire()
+    if todo.health:
+        backend().ping()
     schedule = describe(spec, next_run).wire()
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
@@ -292,4 +298,7 @@ def run_upkeep(
             memory.cleanup_written_at = now
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
+    if todo.touches_database:
+        memory.answered_at = now
+        out.answered = True
     return out

@@ -131,6 +131,10 @@ class CassandraPipes:
             self._queue = PipesQueue.over(self.session, self.settings, self.names)
         return self._queue
 
+    def ping(self) -> None:
+        """Whether the cluster answers at the queue's consistency (a read of the queue's row)."""
+        self._run(self.cql.recorded, self.names.queue)
+
     def depth(self) -> Depth:
         stats = self._client().stats()
         return Depth(depth=stats.depth, in_flight=stats.in_flight)
