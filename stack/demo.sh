@@ -27,5 +27,15 @@ fi
 kubectl apply -f "$repo/manifests/examples/queue-postgres.yaml"
 kubectl -n shop wait --for=condition=Ready queue/orders --timeout=120s
 kubectl get queues -A
-echo
-echo "export KUBECONFIG=$KUBECONFIG   # to use kubectl against the local API server"
+cat <<EOT
+
+The queue shop/orders is Ready. Try next (after the two exports):
+  export KUBECONFIG=$KUBECONFIG PATH=$venv/bin:\$PATH
+  dbq push orders -n shop hello world          # prints the ids
+  dbq pop orders -n shop -c 10                 # at-most-once: prints the bodies
+  dbq stats orders -n shop --watch 5           # depth, totals and rates every 5 s (Ctrl-C stops)
+  kubectl -n shop describe queue orders        # conditions, schedules in words, statistics
+  kubectl -n shop get events --field-selector involvedObject.name=orders
+  python -c 'from dbq.client import connect_resource; q = connect_resource("orders", "shop"); print(q.stats())'
+The operator logs to $state/operator.log and serves metrics on http://127.0.0.1:19090/.
+EOT
