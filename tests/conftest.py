@@ -105,6 +105,13 @@ def cassandra(stack: LocalStack) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def cassandra3(stack: LocalStack) -> Any:
+    """The three-node Cassandra cluster on 127.0.0.2-4 (started when a test asks for it)."""
+    stack.need("cassandra3")
+    return stack.cassandra3
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local-mode SparkSession on Java 17 (pyspark starts its own JVM)."""
     import os

@@ -7,7 +7,10 @@
 
 Each line of LOG is written (and flushed to the kernel) right after the database answered:
 `P <body>` an acknowledged push, `G <body>` a delivery (pop returned, or acquire returned),
-`A <body>` an acknowledged ack. A process killed at any point loses at most the line of the call
+`A <body>` an acknowledged ack, `N <body>` a nack, `L <body>` an ack refused (lease lost).
+With --tolerate-outages a call that failed (the database unreachable for a while) is logged and
+the worker goes on, as an application would: `F <body>` a push that failed (stored or not),
+`X <body>` an ack or nack that failed (applied or not). A process killed at any point loses at most the line of the call
 it was in.
 """
 
@@ -18,9 +21,9 @@ import os
 import random
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
-from dbq.client import AnyQueue, LeaseLost, Queue, connect
+from dbq.client import AnyQueue, LeaseLost, Queue, QueueUnavailable, connect
 
 
 def main() -> None:
@@ -40,6 +43,7 @@ def main() -> None:
     p.add_argument(
         "--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting"
     )
+    p.add_argument("--tolerate-outages", action="store_true", help="log failed calls and go on")
     a = p.parse_args()
     q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
     # Line-buffered: each line reaches the kernel as it is written.
@@ -49,44 +53,71 @@ def main() -> None:
 
 def work(a: argparse.Namespace, q: AnyQueue, log: TextIO) -> None:
     rng = random.Random(os.getpid())
+    tolerated = (QueueUnavailable,) if a.tolerate_outages else ()
+
+    def failed(kind: str, bodies: list[bytes]) -> None:
+        log.write("".join(f"{kind} {b.decode()}\n" for b in bodies))
+        time.sleep(0.2)
+
     if a.role == "push":
         n = 0
         while n < a.count:
             k = min(rng.randint(1, a.batch), a.count - n)
             bodies = [f"{a.prefix}-{n + i}".encode() for i in range(k)]
-            q.push(bodies[0]) if k == 1 else q.push_many(bodies)
-            log.write("".join(f"P {b.decode()}\n" for b in bodies))
             n += k
+            try:
+                q.push(bodies[0]) if k == 1 else q.push_many(bodies)
+            except tolerated:
+                failed("F", bodies)
+                continue
+            log.write("".join(f"P {b.decode()}\n" for b in bodies))
     elif a.role == "pop":
         idle = 0
         while idle < a.idle_exits:
             k = rng.randint(1, a.batch)
-            if a.mode == "amo":
-                got = q.pop_many(k) if k > 1 else [m for m in [q.pop()] if m]
-            else:
-                got = (
-                    q.acquire_many(k, visibility=a.visibility)
-                    if k > 1
-                    else [m for m in [q.acquire(visibility=a.visibility)] if m]
-                )
+            try:
+                if a.mode == "amo":
+                    got = q.pop_many(k) if k > 1 else [m for m in [q.pop()] if m]
+                else:
+                    got = (
+                        q.acquire_many(k, visibility=a.visibility)
+                        if k > 1
+                        else [m for m in [q.acquire(visibility=a.visibility)] if m]
+                    )
+            except tolerated:
+                failed("E", [])
+                continue
             if got:
                 log.write("".join(f"G {m.body.decode()}\n" for m in got))
             if a.mode == "leased" and got:
                 time.sleep(a.ack_delay)
                 if rng.random() < 0.02:
-                    got[0].nack()  # given back: delivered again, maybe to another consumer
+                    try:
+                        got[0].nack()  # given back: delivered again, maybe to another consumer
+                        log.write(f"N {got[0].body.decode()}\n")
+                    except tolerated:
+                        failed("X", [got[0].body])
                     got = got[1:]
-                lost: list[object] = []
+                lost: list[Any] = []  # not acknowledged
+                refused: list[Any] = []  # of those, refused for a lost lease
                 try:
                     q.ack_many(got)
                 except LeaseLost as e:
-                    lost = e.messages
+                    lost = refused = e.messages
+                except tolerated:
+                    failed("X", [m.body for m in got])
+                    lost = list(got)
                 log.write("".join(f"A {m.body.decode()}\n" for m in got if m not in lost))
+                log.write("".join(f"L {m.body.decode()}\n" for m in refused))
             stopping = bool(a.stop) and os.path.exists(a.stop)
             idle = idle + 1 if stopping and not got else 0
     else:
         while not (a.stop and os.path.exists(a.stop)):
-            r = q.repair(orphan_grace=0.0) if isinstance(q, Queue) else q.repair()
+            try:
+                r = q.repair(orphan_grace=0.0) if isinstance(q, Queue) else q.repair()
+            except tolerated:
+                failed("E", [])
+                continue
             log.write(f"R {r}\n")
             time.sleep(0.01)
 

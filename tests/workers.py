@@ -20,8 +20,9 @@ def start(role: str, q: Any, url: str, log: Path, *args: str) -> subprocess.Pope
 
 
 def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
-    """Acknowledged pushes (P), deliveries (G) and acks (A), each a multiset of bodies."""
-    seen: dict[str, Counter[str]] = {"P": Counter(), "G": Counter(), "A": Counter()}
+    """Each kind of line (see tests/queue_worker.py: P pushes, G deliveries, A acks, N nacks,
+    L lost leases, F failed pushes, X failed acks) as a multiset of bodies."""
+    seen: dict[str, Counter[str]] = {kind: Counter() for kind in "PGANLFX"}
     for log in logs:
         if log.exists():
             for line in log.read_text().splitlines():

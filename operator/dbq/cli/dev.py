@@ -19,7 +19,9 @@ def dev() -> None:
     """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback)."""
 
 
-_component = click.argument("components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra"]))
+_component = click.argument(
+    "components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra", "cassandra3"])
+)
 
 
 @dev.command("up")
@@ -42,9 +44,9 @@ def dev_up(components: tuple[str, ...]) -> None:
 @_component
 def dev_down(components: tuple[str, ...]) -> None:
     """Stop what `dbq dev up` started (by pid); data stays for the next `up`."""
-    from dbq.devstack import COMPONENTS, Stack
+    from dbq.devstack import COMPONENTS, OPTIONAL, Stack
 
-    Stack().down(components or COMPONENTS)
+    Stack().down(components or COMPONENTS + OPTIONAL)
 
 
 @dev.command("status")
@@ -58,12 +60,16 @@ def dev_status() -> None:
 
 
 def _print_status(stack: Stack) -> bool:
+    """The table of components; whether every default one is ready (optional ones may be down)."""
+    from dbq.devstack import OPTIONAL
+
     table = Table("component", "ready", "endpoint")
     rows = stack.status()
     for name, ready, where in rows:
-        table.add_row(name, "[green]yes[/green]" if ready else "[red]no[/red]", where)
+        shown = "[green]yes[/green]" if ready else ("no (optional)" if name in OPTIONAL else "[red]no[/red]")
+        table.add_row(name, shown, where)
     console.print(table)
-    return all(ready for _, ready, _ in rows)
+    return all(ready for name, ready, _ in rows if name not in OPTIONAL)
 
 
 COMMANDS = (dev,)

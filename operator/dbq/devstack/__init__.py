@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dbq.devstack.base import Paths, StackError
-from dbq.devstack.cassandra import Cassandra
+from dbq.devstack.cassandra import Cassandra, CassandraCluster
 from dbq.devstack.kube import Kube
 from dbq.devstack.postgres import Postgres
 
-__all__ = ["COMPONENTS", "Cassandra", "Kube", "Paths", "Postgres", "Stack", "StackError"]
+__all__ = ["COMPONENTS", "OPTIONAL", "Cassandra", "CassandraCluster", "Kube", "Paths", "Postgres", "Stack", "StackError"]
 
-COMPONENTS = ("kube", "postgres", "cassandra")
+COMPONENTS = ("kube", "postgres", "cassandra")  # what `dbq dev up` starts without arguments
+OPTIONAL = ("cassandra3",)  # started when named: `dbq dev up cassandra3`
+Component = Kube | Postgres | Cassandra | CassandraCluster
 
 
 @dataclass
@@ -26,11 +28,12 @@ class Stack:
         self.kube = Kube(self.paths)
         self.postgres = Postgres(self.paths)
         self.cassandra = Cassandra(self.paths)
+        self.cassandra3 = CassandraCluster(self.paths)
 
-    def component(self, name: str) -> Kube | Postgres | Cassandra:
-        if name not in COMPONENTS:
-            raise StackError(f"unknown component {name!r}; choose from {', '.join(COMPONENTS)}")
-        value: Kube | Postgres | Cassandra = getattr(self, name)
+    def component(self, name: str) -> Component:
+        if name not in COMPONENTS + OPTIONAL:
+            raise StackError(f"unknown component {name!r}; choose from {', '.join(COMPONENTS + OPTIONAL)}")
+        value: Component = getattr(self, name)
         return value
 
     def up(self, names: tuple[str, ...] = COMPONENTS) -> None:
@@ -44,4 +47,4 @@ class Stack:
             self.component(name).stop()
 
     def status(self) -> list[tuple[str, bool, str]]:
-        return [(n, self.component(n).ready(), self.component(n).describe()) for n in COMPONENTS]
+        return [(n, self.component(n).ready(), self.component(n).describe()) for n in COMPONENTS + OPTIONAL]

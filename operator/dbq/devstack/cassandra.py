@@ -1,5 +1,7 @@
-"""A single Cassandra node on loopback, run from the Maven Central jars that
-stack/bootstrap.sh resolves with `mvn dependency:copy-dependencies`."""
+"""Cassandra on loopback, run from the Maven Central jars that stack/bootstrap.sh resolves with
+`mvn dependency:copy-dependencies`: one node (`cassandra`, 127.0.0.1) for most tests, and a
+three-node cluster (`cassandra3`, 127.0.0.2-4, its own cluster name) for replication and fault
+tests. Every node listens on its own address with the same ports."""
 
 from __future__ import annotations
 
@@ -62,13 +64,20 @@ def _java() -> str:
     return found
 
 
-class Cassandra:
-    name = "cassandra"
+class CassandraNode:
+    """One node: `name` is its state directory, `address` the loopback address it listens on."""
 
-    def __init__(self, paths: Paths) -> None:
-        self.proc = ManagedProcess(
-            "cassandra", paths.state, marker="org.apache.cassandra.service.CassandraDaemon"
-        )
+    def __init__(
+        self, paths: Paths, name: str = "cassandra", address: str = "127.0.0.1", *,
+        cluster: str = "dbq-local", seed: str = "127.0.0.1", heap: str = "768m",
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.address = address
+        self.cluster = cluster
+        self.seed = seed
+        self.heap = os.environ.get("DBQ_CASSANDRA_HEAP", heap)
+        # The marker names the node's own config, so one node's pid is never taken for another's.
+        self.proc = ManagedProcess(name, paths.state, marker=f"-Dcassandra.storagedir={paths.state / name} ")
         self.lib = paths.cache / f"cassandra-{CASSANDRA_VERSION}" / "lib"
 
     @property
@@ -77,7 +86,7 @@ class Cassandra:
 
     @property
     def contact(self) -> tuple[str, int]:
-        return ("127.0.0.1", CQL_PORT)
+        return (self.address, CQL_PORT)
 
     def _write_config(self) -> Path:
         d = self.dir
@@ -86,7 +95,7 @@ class Cassandra:
         conf = d / "conf"
         conf.mkdir(exist_ok=True)
         (conf / "cassandra.yaml").write_text(
-            f"""cluster_name: dbq-local
+            f"""cluster_name: {self.cluster}
 num_tokens: 16
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
 data_file_directories: [{d / "data"}]
@@ -100,9 +109,10 @@ commitlog_segment_size: 16MiB
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "127.0.0.1:{STORAGE_PORT}"
-listen_address: 127.0.0.1
-rpc_address: 127.0.0.1
+      - seeds: "{self.seed}:{STORAGE_PORT}"
+listen_address: {self.address}
+rpc_address: {self.address}
+auto_bootstrap: false
 storage_port: {STORAGE_PORT}
 native_transport_port: {CQL_PORT}
 start_native_transport: true
@@ -133,12 +143,11 @@ auto_snapshot: false
             if not (self.lib / f"cassandra-all-{CASSANDRA_VERSION}.jar").exists():
                 raise StackError(f"{self.lib} is missing: run `bash stack/bootstrap.sh`")
             conf = self._write_config()
-            heap = os.environ.get("DBQ_CASSANDRA_HEAP", "768m")
             self.proc.start(
                 [
                     _java(),
-                    f"-Xms{heap}",
-                    f"-Xmx{heap}",
+                    f"-Xms{self.heap}",
+                    f"-Xmx{self.heap}",
                     "-Xss512k",
                     "-XX:+UseG1GC",
                     "-XX:+ExitOnOutOfMemoryError",
@@ -161,7 +170,7 @@ auto_snapshot: false
         wait_until(
             self._cql_answers,
             timeout=240,
-            what="cassandra",
+            what=self.name,
             log=self.proc.log,
             alive=self.proc.running,
         )
@@ -176,9 +185,12 @@ auto_snapshot: false
         """Ready means a CQL query answers through cassandra-driver, not just an open port."""
         if not port_open(*self.contact):
             return False
-        from cassandra.cluster import Cluster, NoHostAvailable
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+        from cassandra.policies import WhiteListRoundRobinPolicy
 
-        cluster = Cluster([self.contact[0]], port=self.contact[1], connect_timeout=3)
+        only_this = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([self.address]))
+        cluster = Cluster([self.address], port=CQL_PORT, connect_timeout=3, protocol_version=4,
+                          execution_profiles={EXEC_PROFILE_DEFAULT: only_this})  # fmt: skip
         try:
             session = cluster.connect()
             return session.execute("SELECT release_version FROM system.local").one() is not None
@@ -188,4 +200,44 @@ auto_snapshot: false
             cluster.shutdown()
 
     def describe(self) -> str:
-        return f"CQL 127.0.0.1:{CQL_PORT} (Cassandra {CASSANDRA_VERSION})"
+        return f"CQL {self.address}:{CQL_PORT} (Cassandra {CASSANDRA_VERSION})"
+
+
+Cassandra = CassandraNode  # the one-node component: `cassandra`, on 127.0.0.1
+
+
+class CassandraCluster:
+    """Three nodes on 127.0.0.2-4 with small heaps, started one after the other (an empty
+    cluster, so no node streams data when it joins)."""
+
+    name = "cassandra3"
+
+    def __init__(self, paths: Paths) -> None:
+        addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+        self.nodes = [
+            CassandraNode(paths, f"cassandra3-{i + 1}", address, cluster="dbq-local-3", seed=addresses[0], heap="512m")
+            for i, address in enumerate(addresses)
+        ]
+
+    @property
+    def hosts(self) -> str:
+        """The contact points, as a cassandra:// url writes them."""
+        return ",".join(n.address for n in self.nodes)
+
+    @property
+    def contact(self) -> tuple[str, int]:
+        return (self.nodes[0].address, CQL_PORT)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+    def ready(self) -> bool:
+        return all(n.ready() for n in self.nodes)
+
+    def describe(self) -> str:
+        return f"CQL {self.hosts} port {CQL_PORT} (3 nodes, Cassandra {CASSANDRA_VERSION})"
