@@ -270,6 +270,17 @@ class PipesQueue:
         except Exception as e:
             raise self._error(e) from None
 
+    def _cas_batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]]) -> bool:
+        """Run conditional statements on one partition of one table as one lightweight
+        transaction; whether every condition held (then all applied, else none)."""
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        for text, params in parts:
+            batch.add(self._statement(text), params)
+        try:
+            return bool(self.session.execute(batch).was_applied)
+        except Exception as e:
+            raise self._error(e) from None
+
     def _batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]], logged: bool = False) -> None:
         batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
         for text, params in parts:
@@ -652,7 +663,10 @@ class PipesQueue:
         for m in ok:
             by_pipe.setdefault(m.pipe, []).append(m)
         for pipe, ms in by_pipe.items():
-            self._batch((self.cql.ack, (pipe, m.key)) for m in ms)
+            # One conditional batch per pipe (one partition of one table): all of them, or, when
+            # a rollback took one over meanwhile, none, and then each on its own.
+            if not self._cas_batch((self.cql.settle, (pipe, m.key, m.lease)) for m in ms):
+                lost += [m for m in ms if not self._cas(self.cql.settle, pipe, m.key, m.lease)]
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 
@@ -666,6 +680,8 @@ class PipesQueue:
             if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
             return
+        if not self._cas(self.cql.take_over, uuid.uuid4(), m.pipe, m.key, m.lease):
+            raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
         self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
 
     # --- repair and statistics ------------------------------------------------------------
@@ -722,18 +738,24 @@ class PipesQueue:
             until = now_ms() + int(PIPE_LEASE_S * 1000)
             if not self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
                 return 0
+        taken: list[Any] = []
         try:
-            self._write(
-                [bytes(r[2]) for r in overdue],
-                ids=[r[1] for r in overdue],
-                attempts=[int(r[3] or 0) for r in overdue],
-                expires=[r[4] for r in overdue],
-                also=[(self.cql.ack, (state.pipe, r[0])) for r in overdue],
-            )
+            # Take each lease over first: an ack that lands meanwhile wins, and then the message
+            # is not pushed again.
+            token = uuid.uuid4()
+            taken = [r for r in overdue if self._cas(self.cql.take_over, token, state.pipe, r[0], r[6])]
+            if taken:
+                self._write(
+                    [bytes(r[2]) for r in taken],
+                    ids=[r[1] for r in taken],
+                    attempts=[int(r[3] or 0) for r in taken],
+                    expires=[r[4] for r in taken],
+                    also=[(self.cql.ack, (state.pipe, r[0])) for r in taken],
+                )
         finally:
             if owner is not None:
                 self._cas(self.cql.release, state.pipe, owner)
-        return len(overdue)
+        return len(taken)
 
     def _retire(self, meta: list[Any], states: list[_State]) -> int:
         """Move the totals of drained head pipes into the queue row, then drop their partitions."""

@@ -13,7 +13,17 @@ from dbq.devstack.cassandra import Cassandra, CassandraCluster
 from dbq.devstack.kube import Kube
 from dbq.devstack.postgres import Postgres
 
-__all__ = ["COMPONENTS", "OPTIONAL", "Cassandra", "CassandraCluster", "Kube", "Paths", "Postgres", "Stack", "StackError"]
+__all__ = [
+    "COMPONENTS",
+    "OPTIONAL",
+    "Cassandra",
+    "CassandraCluster",
+    "Kube",
+    "Paths",
+    "Postgres",
+    "Stack",
+    "StackError",
+]
 
 COMPONENTS = ("kube", "postgres", "cassandra")  # what `dbq dev up` starts without arguments
 OPTIONAL = ("cassandra3",)  # started when named: `dbq dev up cassandra3`

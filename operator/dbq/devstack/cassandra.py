@@ -215,7 +215,9 @@ class CassandraCluster:
     def __init__(self, paths: Paths) -> None:
         addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
         self.nodes = [
-            CassandraNode(paths, f"cassandra3-{i + 1}", address, cluster="dbq-local-3", seed=addresses[0], heap="512m")
+            CassandraNode(
+                paths, f"cassandra3-{i + 1}", address, cluster="dbq-local-3", seed=addresses[0], heap="512m"
+            )
             for i, address in enumerate(addresses)
         ]
 
