@@ -104,11 +104,16 @@ def cassandra(stack: LocalStack) -> Iterator[Any]:
     cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
-def cassandra3(stack: LocalStack) -> Any:
-    """The three-node Cassandra cluster on 127.0.0.2-4 (started when a test asks for it)."""
+@pytest.fixture(scope="module")
+def cassandra3(stack: LocalStack) -> Iterator[Any]:
+    """The three-node Cassandra cluster on 127.0.0.2-4, started for the module that asks for it
+    and stopped after it (three JVMs would slow every later test on two cores)."""
+    started = not stack.cassandra3.ready()
     stack.need("cassandra3")
-    return stack.cassandra3
+    yield stack.cassandra3
+    if started:
+        stack.cassandra3.stop()
+        stack.started.remove("cassandra3")
 
 
 @pytest.fixture(scope="session")
