@@ -51,6 +51,10 @@ SKEW_S = 1.0  # clocks of clients and nodes agree within this
 # A pipe past maxPushTime + this is finished, whatever its pusher says: longer than a request
 # can take, so a write sent before maxPushTime has landed by then.
 FINISH_GRACE_S = 15.0
+# A rollback (or nack) that took a lease over and then failed to push the message again is
+# retried only after this long: its logged batch may still be applied by Cassandra's batchlog
+# replay, and pushing again before that would leave two copies.
+RETAKE_AFTER_S = 60.0
 MAX_BODY_BYTES = 1 << 20
 BATCH_MAX_MESSAGES = 500
 BATCH_MAX_BYTES = 4 << 20
@@ -269,6 +273,10 @@ class PipesQueue:
             return bool(self.session.execute(self._statement(text), params).was_applied)
         except Exception as e:
             raise self._error(e) from None
+
+    @staticmethod
+    def _retake_at() -> int:
+        return now_ms() + int(RETAKE_AFTER_S * 1000)
 
     def _cas_batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]]) -> bool:
         """Run conditional statements on one partition of one table as one lightweight
@@ -617,7 +625,15 @@ class PipesQueue:
                 )
                 for r in live
             ]
-        self._batch(parts)
+        try:
+            self._batch(parts)
+        except QueueError:
+            # The batch may have been applied all the same (a timeout): this thread's copy of the
+            # pipe's cursor and counters is no longer known to be right. Drop the lease; whoever
+            # claims the pipe next reads them again (what was taken and not delivered is pending
+            # and rolled back after its deadline, or popped: at most once).
+            self._set_lease(None)
+            raise
         s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
         return [
             PipeMessage(
@@ -680,7 +696,7 @@ class PipesQueue:
             if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
             return
-        if not self._cas(self.cql.take_over, uuid.uuid4(), m.pipe, m.key, m.lease):
+        if not self._cas(self.cql.take_over, uuid.uuid4(), self._retake_at(), m.pipe, m.key, m.lease):
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
         self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
 
@@ -743,7 +759,10 @@ class PipesQueue:
             # Take each lease over first: an ack that lands meanwhile wins, and then the message
             # is not pushed again.
             token = uuid.uuid4()
-            taken = [r for r in overdue if self._cas(self.cql.take_over, token, state.pipe, r[0], r[6])]
+            retake = self._retake_at()
+            taken = [
+                r for r in overdue if self._cas(self.cql.take_over, token, retake, state.pipe, r[0], r[6])
+            ]
             if taken:
                 self._write(
                     [bytes(r[2]) for r in taken],

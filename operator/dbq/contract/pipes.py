@@ -70,7 +70,7 @@ class PipesStatements:
         # The lease of a pending row changes hands only through these two lightweight
         # transactions, so an ack and a rollback (or nack) of one message never both succeed.
         self.settle = f"DELETE FROM {d} WHERE pipe = ? AND msg = ? IF lease = ?"
-        self.take_over = f"UPDATE {d} SET lease = ? WHERE pipe = ? AND msg = ? IF lease = ?"
+        self.take_over = f"UPDATE {d} SET lease = ?, deadline = ? WHERE pipe = ? AND msg = ? IF lease = ?"
         self.defer = f"UPDATE {d} SET deadline = ?, lease = ? WHERE pipe = ? AND msg = ? IF lease = ?"
         self.pending_of = (
             "SELECT msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(deadline), lease FROM"

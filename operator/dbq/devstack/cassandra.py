@@ -69,13 +69,16 @@ class CassandraNode:
 
     def __init__(
         self, paths: Paths, name: str = "cassandra", address: str = "127.0.0.1", *,
-        cluster: str = "dbq-local", seed: str = "127.0.0.1", heap: str = "768m",
+        cluster: str = "dbq-local", seed: str = "127.0.0.1", heap: str = "768m", ring_delay_ms: int = 100,
     ) -> None:  # fmt: skip
         self.name = name
         self.address = address
         self.cluster = cluster
         self.seed = seed
         self.heap = os.environ.get("DBQ_CASSANDRA_HEAP", heap)
+        # How long gossip waits for peers. A lone node has none, so 100 ms; a node of a cluster
+        # that restarts must hear from its peers within it ("Unable to gossip with any peers").
+        self.ring_delay_ms = ring_delay_ms
         # The marker names the node's own config, so one node's pid is never taken for another's.
         self.proc = ManagedProcess(name, paths.state, marker=f"-Dcassandra.storagedir={paths.state / name} ")
         self.lib = paths.cache / f"cassandra-{CASSANDRA_VERSION}" / "lib"
@@ -159,7 +162,7 @@ auto_snapshot: false
                     f"-Dcassandra.storagedir={self.dir}",
                     f"-Dcassandra.logdir={self.dir}",
                     "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-                    "-Dcassandra.ring_delay_ms=100",
+                    f"-Dcassandra.ring_delay_ms={self.ring_delay_ms}",
                     "-Dcassandra.superuser_setup_delay_ms=0",
                     *_JAVA17_OPENS,
                     "-cp",
@@ -216,7 +219,13 @@ class CassandraCluster:
         addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
         self.nodes = [
             CassandraNode(
-                paths, f"cassandra3-{i + 1}", address, cluster="dbq-local-3", seed=addresses[0], heap="512m"
+                paths,
+                f"cassandra3-{i + 1}",
+                address,
+                cluster="dbq-local-3",
+                seed=addresses[0],
+                heap="512m",
+                ring_delay_ms=10_000,
             )
             for i, address in enumerate(addresses)
         ]
