@@ -29,7 +29,7 @@ kubectl -n shop wait --for=condition=Ready queue/orders --timeout=120s
 kubectl get queues -A
 cat <<EOT
 
-The queue shop/orders is Ready. Try next (after the two exports):
+The queue shop/orders is Ready. Try next (after the export):
   export KUBECONFIG=$KUBECONFIG PATH=$venv/bin:\$PATH
   dbq push orders -n shop hello world          # prints the ids
   dbq pop orders -n shop -c 10                 # at-most-once: prints the bodies
