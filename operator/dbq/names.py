@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dbq.api.models import DERIVABLE_NAME_PATTERN, IDENTIFIER_HINT, IDENTIFIER_PATTERN
+from dbq.api.models import IDENTIFIER_HINT, IDENTIFIER_PATTERN, derived_queue_name
 from dbq.errors import UnsafeName
 
 _IDENT = re.compile(IDENTIFIER_PATTERN)
@@ -41,9 +41,7 @@ def nearest_identifier(value: object) -> str:
 def queue_identifier(name: str) -> str:
     """The name of a queue's database objects, given either that name (`orders_eu`) or the Queue
     resource's metadata.name (`orders-eu`), which maps to it as the operator maps it."""
-    if isinstance(name, str) and re.fullmatch(DERIVABLE_NAME_PATTERN, name):
-        return name.replace("-", "_")
-    return check_identifier(name, "queue name")
+    return derived_queue_name(name) or check_identifier(name, "queue name")
 
 
 @dataclass(frozen=True)

@@ -347,15 +347,23 @@ ROOT_RULES = [
 ]
 
 
+def derived_queue_name(metadata_name: str) -> str | None:
+    """The queue name a Queue's metadata.name stands for ('-' as '_'); None if it stands for none."""
+    if isinstance(metadata_name, str) and re.fullmatch(DERIVABLE_NAME_PATTERN, metadata_name):
+        return metadata_name.replace("-", "_")
+    return None
+
+
 def queue_name(metadata_name: str, spec: QueueSpec) -> str:
     """The name of the queue's database objects."""
     if spec.queue_name:
         return spec.queue_name
-    if not re.fullmatch(DERIVABLE_NAME_PATTERN, metadata_name):
+    derived = derived_queue_name(metadata_name)
+    if derived is None:
         raise ValueError(
             f"metadata.name {metadata_name!r} cannot be used as a queue name: set spec.queueName ({IDENTIFIER_HINT})"
         )
-    return metadata_name.replace("-", "_")
+    return derived
 
 
 class QueueResource(Model):

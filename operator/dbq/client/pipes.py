@@ -278,25 +278,21 @@ class PipesQueue:
     def _retake_at() -> int:
         return now_ms() + int(RETAKE_AFTER_S * 1000)
 
-    def _cas_batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]]) -> bool:
-        """Run conditional statements on one partition of one table as one lightweight
-        transaction; whether every condition held (then all applied, else none)."""
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        for text, params in parts:
-            batch.add(self._statement(text), params)
-        try:
-            return bool(self.session.execute(batch).was_applied)
-        except Exception as e:
-            raise self._error(e) from None
-
-    def _batch(self, parts: Iterable[tuple[str, tuple[Any, ...]]], logged: bool = False) -> None:
+    def _batch(
+        self, parts: Iterable[tuple[str, tuple[Any, ...]]], logged: bool = False, conditional: bool = False
+    ) -> bool:
+        """Run statements as one batch; whether it applied. That is always so without
+        conditions. A conditional batch (a lightweight transaction on one partition of one table,
+        logged) applies whole when every condition holds, else not at all."""
+        logged = logged or conditional
         batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
         for text, params in parts:
             batch.add(self._statement(text), params)
         try:
-            self.session.execute(batch)
+            result = self.session.execute(batch)
         except Exception as e:
             raise self._error(e) from None
+        return bool(result.was_applied) if conditional else True
 
     def _many(self, text: str, params: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
         """Run one statement for many parameter tuples concurrently; rows per tuple, in order."""
@@ -681,7 +677,7 @@ class PipesQueue:
         for pipe, ms in by_pipe.items():
             # One conditional batch per pipe (one partition of one table): all of them, or, when
             # a rollback took one over meanwhile, none, and then each on its own.
-            if not self._cas_batch((self.cql.settle, (pipe, m.key, m.lease)) for m in ms):
+            if not self._batch(((self.cql.settle, (pipe, m.key, m.lease)) for m in ms), conditional=True):
                 lost += [m for m in ms if not self._cas(self.cql.settle, pipe, m.key, m.lease)]
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
