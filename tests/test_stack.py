@@ -150,6 +150,10 @@ def test_managed_process_stops_only_its_own_pid(tmp_path):
     """`down` kills by pid file and checks the command line, so a recycled pid is left alone."""
     mine = ManagedProcess("sleeper", tmp_path, marker="dbq-marker-sleep")
     pid = mine.start([sys.executable, "-c", "import time; time.sleep(60)", "dbq-marker-sleep"])
+    # Until the child has exec'd, /proc/PID/cmdline is still its parent's (without the marker).
+    deadline = time.monotonic() + 5
+    while mine.pid() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert mine.pid() == pid
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
