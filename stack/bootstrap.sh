@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything dbq's local stack and tests need, idempotently; fast when already done.
-#   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl
+#   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl, Lua 5.1 (Argo CD's health
+#           check), mmdebstrap and buildah (the operator image, stack/image.sh)
 #   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
 #   Go:     kube-apiserver and etcd built from Go modules   (stack/build-kube.sh)
+#           helm, kubeconform, helm-unittest, kstatus        (stack/build-tools.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
 set -euo pipefail
@@ -16,7 +18,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "Debian packages"
 need=()
-for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl; do
+for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -42,6 +44,9 @@ fi
 
 step "kube-apiserver and etcd (Go modules)"
 bash "$here/build-kube.sh"
+
+step "helm, kubeconform, helm-unittest, kstatus (Go modules)"
+bash "$here/build-tools.sh"
 
 step "Cassandra $CASSANDRA_VERSION (Maven Central)"
 lib=$cache/cassandra-$CASSANDRA_VERSION/lib

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
@@ -443,3 +443,57 @@ def test_statistics_and_cleanup_are_published_on_schedule(env, kube):
     stats = wait_for(lambda: (s := published()) and s["depth"] == 30 and s, 20, "depth still 30")
     with connect(postgres.url, "upkeep_q", schema=schema) as q:
         assert len(q.pop_many(100, timeout=0.5)) + len(q.pop_many(100, timeout=0.5)) == 30  # none lost
+
+
+def kstatus(obj: dict) -> str:
+    """What the kstatus library (Flux's and kpt's readiness reader) says of one object."""
+    tool = os.path.join(os.environ.get("DBQ_CACHE", os.path.expanduser("~/.cache/dbq")), "bin", "kstatus")
+    done = subprocess.run([tool], input=json.dumps(obj), capture_output=True, text=True, check=True)
+    return str(json.loads(done.stdout)["status"])
+
+
+def test_gitops_tools_read_in_progress_then_current_and_failed(env, kube):
+    """kstatus conventions: Ready=Unknown and Reconciling=True written at first sight (InProgress),
+    Ready=True alone once provisioned (Current), Stalled=True for an error waiting cannot heal
+    (Failed), Reconciling=True for one it can (InProgress); observedGeneration always written."""
+    cluster, _, _ = env
+    doc, schema = fresh("seen-q")
+    created = cluster.create(doc)
+    versions: list[dict] = []
+    stream = watch.Watch().stream(
+        cluster.custom.list_namespaced_custom_object, "dbq.dev", "v1alpha1", cluster.ns, "queues",
+        field_selector="metadata.name=seen-q", resource_version=created["metadata"]["resourceVersion"],
+        timeout_seconds=60,
+    )  # fmt: skip
+    for event in stream:
+        obj = event["object"]
+        if obj.get("status", {}).get("conditions"):
+            versions.append(obj)
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in obj.get("status", {}).get("conditions", [])
+        ):
+            break
+    first, last = versions[0], versions[-1]
+    assert {c["type"]: c["status"] for c in first["status"]["conditions"]} == {
+        "Ready": "Unknown",
+        "Reconciling": "True",
+    }
+    assert first["status"]["observedGeneration"] == 1
+    assert kstatus(first) == "InProgress" and kstatus(last) == "Current"
+    assert {c["type"] for c in last["status"]["conditions"]} == {"Ready", "Provisioned", "Degraded"}
+
+    # The same queue name and schema with another ring size: ConflictingObjects, which no wait heals.
+    clash = queue("clash-q", ring={"size": 128}, queueName="seen_q")
+    clash["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema}
+    cluster.create(clash)
+    stalled = cluster.wait_condition("clash-q", "Stalled", "True", reason="ConflictingObjects")
+    assert "64 slots" in stalled["message"] and cluster.condition("clash-q", "Reconciling") == {}
+    assert kstatus(cluster.get("clash-q")) == "Failed"
+
+    # A Secret that does not exist yet heals by waiting: InProgress, not Failed.
+    later, _ = fresh("later-q")
+    later["spec"]["connection"]["secretRef"]["name"] = "not-yet"
+    cluster.create(later)
+    cluster.wait_condition("later-q", "Reconciling", "True", reason="SecretNotFound")
+    assert cluster.condition("later-q", "Stalled") == {} and kstatus(cluster.get("later-q")) == "InProgress"

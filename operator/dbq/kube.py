@@ -1,5 +1,6 @@
 """Every Kubernetes API call dbq makes outside kopf's own watching: credentials, the current
-namespace, a Queue resource and its Secret.
+namespace, a Queue resource and its Secret, and the one status write that cannot wait for the
+end of a kopf handler (a Queue's first conditions).
 
 Errors come back in dbq's family: a missing object is None (for Secrets) or `QueueNotFound`
 (for Queues), any other refusal `KubernetesUnavailable`, with the namespace and name looked at.
@@ -38,8 +39,8 @@ def current_namespace() -> str:
         return "default"
 
 
-def _failed(e: ApiException, what: str) -> KubernetesUnavailable:
-    return KubernetesUnavailable(f"cannot read {what}: HTTP {e.status} {e.reason or ''}".rstrip())
+def _failed(e: ApiException, what: str, verb: str = "read") -> KubernetesUnavailable:
+    return KubernetesUnavailable(f"cannot {verb} {what}: HTTP {e.status} {e.reason or ''}".rstrip())
 
 
 class Kube:
@@ -74,3 +75,12 @@ class Kube:
                 ) from None
             raise _failed(e, f"Queue {namespace}/{name}") from None
         return cast(dict[str, Any], found)
+
+    def patch_queue_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A JSON merge patch of the Queue's status subresource."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+            )
+        except ApiException as e:
+            raise _failed(e, f"the status of Queue {namespace}/{name}", verb="write") from None

@@ -4,6 +4,7 @@ what they return. Kubernetes reads go through `dbq.kube`, settings come from `db
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -32,11 +33,15 @@ log = logging.getLogger("dbq")
 _kube: Kube | None = None
 
 
-def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
+def kube() -> Kube:
     global _kube
     if _kube is None:
         _kube = Kube()
-    return _kube.read_secret(namespace, name)
+    return _kube
+
+
+def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
+    return kube().read_secret(namespace, name)
 
 
 def backoff(retry: int) -> float:
@@ -67,7 +72,7 @@ def probe_api(**_: Any) -> str:
     return "ok"
 
 
-def _write(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, changes: dict[str, Any],
+def _write(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch, changes: dict[str, Any],
            events: list[Event]) -> None:  # fmt: skip
     for key, value in status_changes(dict(status), changes).items():
         patch.status[key] = value
@@ -82,14 +87,22 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
             status.get("conditions"), cond.PAUSED, True, "Paused",
             f"annotation {PAUSED}=true: dbq leaves this queue alone", meta.get("generation"),
         )  # fmt: skip
-        _write(body, status, patch, {"conditions": conditions}, [])
+        _write(
+            body, status, patch, {"conditions": conditions, "observedGeneration": meta.get("generation")}, []
+        )
         return
+    current = dict(status)
+    first = None if drift_check else cond.reconciling(status.get("conditions"), meta.get("generation"))
+    if first is not None:  # written now, not when the handler ends: GitOps tools wait on it
+        seen = {"conditions": first, "observedGeneration": meta.get("generation")}
+        kube().patch_queue_status(meta["namespace"], meta["name"], seen)
+        current.update(seen)
     outcome = reconcile(
-        meta["name"], meta["namespace"], dict(spec), meta.get("generation"), dict(status), read_secret,
+        meta["name"], meta["namespace"], dict(spec), meta.get("generation"), current, read_secret,
         drift_check=drift_check,
     )  # fmt: skip
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
-    _write(body, status, patch, outcome.status, outcome.events)
+    _write(body, current, patch, outcome.status, outcome.events)
     if outcome.error is not None and not drift_check:  # the drift timer comes back by itself
         raise kopf.TemporaryError(str(outcome.error), delay=backoff(retry))
 

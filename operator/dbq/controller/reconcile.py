@@ -94,6 +94,7 @@ def reconcile(
         conditions = cond.set_condition(
             conditions, cond.DEGRADED, False, degraded_reason, "database objects match the spec", generation
         )
+        conditions = cond.settled(conditions)
         out.status = QueueStatus.model_validate(
             {
                 "conditions": conditions,
@@ -120,12 +121,13 @@ def reconcile(
 
 
 def not_ready(conditions: list[dict[str, Any]] | None, e: DbqError, generation: int | None) -> Outcome:
-    """Ready=False with the error's reason (Provisioned too, for a queue never provisioned), and
-    a Warning Event when Ready turns False or its reason changes. A changed message alone is
+    """Ready=False with the error's reason (Provisioned too, for a queue never provisioned),
+    Reconciling or Stalled by whether waiting heals it, and a Warning Event when Ready turns False or its reason changes. A changed message alone is
     written to the condition without an Event, so an outage is one Event, not one per retry."""
     new = cond.set_condition(conditions, cond.READY, False, e.reason, str(e), generation)
     if not cond.is_true(conditions, cond.PROVISIONED):  # objects made earlier stay provisioned
         new = cond.set_condition(new, cond.PROVISIONED, False, e.reason, str(e), generation)
+    new = cond.settled(new, e)
     out = Outcome(
         status=QueueStatus.model_validate({"conditions": new, "observedGeneration": generation}).wire()
     )
