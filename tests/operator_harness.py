@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from dbq.devstack.kube import OPERATOR_USER
+from stack.render_manifests import render
 
 ROOT = Path(__file__).resolve().parent.parent
 G, V, P = "dbq.dev", "v1alpha1", "queues"
@@ -149,13 +150,11 @@ class Cluster:
 
 
 def apply_rbac(kubectl_config: str, namespace: str) -> None:
-    """The namespaced RBAC manifest from manifests/, retargeted at the test namespace."""
-    docs = list(yaml.safe_load_all((ROOT / "manifests" / "rbac" / "namespaced.yaml").read_text()))
-    for doc in docs:
-        if doc["kind"] in ("Role", "RoleBinding"):
-            doc["metadata"]["namespace"] = namespace
+    """The chart's namespaced RBAC for `namespace`, exactly as `helm install` would create it."""
+    docs = render("--set", f"watchNamespaces={{{namespace}}}", show_only=("rbac.yaml",), plain=False)
     subprocess.run(
         ["kubectl", "--kubeconfig", kubectl_config, "apply", "-f", "-"],
         input=yaml.safe_dump_all(docs), text=True, check=True, capture_output=True,
     )  # fmt: skip
-    assert OPERATOR_USER.endswith(":dbq-system:dbq-operator")
+    subjects = {s["namespace"] + ":" + s["name"] for d in docs for s in d.get("subjects", [])}
+    assert subjects == {OPERATOR_USER.removeprefix("system:serviceaccount:")}, subjects
