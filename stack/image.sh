@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the operator image on this machine, which reaches no image registry: a Debian bookworm
+# base image made from Debian's packages by mmdebstrap (python3, python3-venv, apt), then the
+# top-level Dockerfile built by buildah against it (--build-arg BASE=...). Prints the image's
+# name and size. Idempotent: the base is made once; the image is rebuilt only when its inputs
+# (Dockerfile, constraints.txt, pyproject.toml, operator/dbq) changed.
+#
+#   bash stack/image.sh          build (or find) the image
+#   bash stack/image.sh --lock   rewrite constraints.txt from a fresh resolution of pyproject.toml
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cache=${DBQ_CACHE:-$HOME/.cache/dbq}
+export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml")
+base=localhost/dbq-base:bookworm
+image=localhost/dbq-operator:$version
+
+if [[ ${1:-} == --lock ]]; then
+  venv=$(mktemp -d)
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q "$repo"
+  { echo "# The operator image's pinned dependencies (Dockerfile: pip install -c constraints.txt)."
+    echo "# Regenerate with: bash stack/image.sh --lock"
+    "$venv/bin/pip" freeze --exclude dbq-operator; } > "$repo/constraints.txt"
+  rm -rf "$venv"; echo "wrote constraints.txt"; exit 0
+fi
+
+if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
+  echo "image: making $base with mmdebstrap"
+  work=$(mktemp -d "$cache/base.XXXX")
+  mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    bookworm "$work/rootfs.tar" http://deb.debian.org/debian
+  ctr=$(buildah from scratch)
+  tar -C "$(buildah mount "$ctr")" -xf "$work/rootfs.tar"
+  buildah umount "$ctr" >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd /bin/bash --label org.opencontainers.image.description="Debian bookworm with python3, by mmdebstrap" "$ctr"
+  buildah commit --quiet --rm "$ctr" "$base" >/dev/null
+  rm -rf "$work"
+fi
+
+inputs=$(cd "$repo" && git ls-files -s Dockerfile .dockerignore constraints.txt pyproject.toml README.md operator/dbq \
+  | sha256sum | cut -c1-16)
+if [[ $(buildah inspect --type image --format '{{index .ImageAnnotations "dev.dbq.inputs"}}' "$image" 2>/dev/null) == "$inputs" ]]; then
+  echo "image: $image is up to date"
+else
+  echo "image: building $image from the Dockerfile (BASE=$base)"
+  source_url=$(git -C "$repo" remote get-url origin 2>/dev/null || true)
+  # Build steps see the host's CA bundle and pip settings: where egress goes through a TLS proxy
+  # with its own CA (as on this machine), pip inside the build trusts what pip outside trusts.
+  trust=()
+  for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do [[ -f $f ]] && trust+=(--volume "$f:$f:ro"); done
+  buildah build --quiet --pull=false --network=host --layers=false "${trust[@]}" \
+    --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg SOURCE="$source_url" \
+    --annotation dev.dbq.inputs="$inputs" -t "$image" "$repo" >/dev/null
+  buildah rmi --prune >/dev/null 2>&1 || true
+fi
+buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$image"
