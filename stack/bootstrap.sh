@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything dbq's local stack and tests need, idempotently; fast when already done.
 #   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl, Lua 5.1 (Argo CD's health
-#           check), mmdebstrap and buildah (the operator image, stack/image.sh)
+#           check), mmdebstrap, buildah and runc (the operator image: stack/image.sh, test_image.py)
 #   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
 #   Go:     kube-apiserver and etcd built from Go modules   (stack/build-kube.sh)
 #           helm, kubeconform, helm-unittest, kstatus        (stack/build-tools.sh)
@@ -18,7 +18,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "Debian packages"
 need=()
-for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah; do
+for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

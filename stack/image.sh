@@ -27,10 +27,13 @@ fi
 if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   echo "image: making $base with mmdebstrap"
   work=$(mktemp -d "$cache/base.XXXX")
+  # merged /usr by mmdebstrap's hook, not by the usrmerge package (which pulls in perl, ~50 MB)
   mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-    bookworm "$work/rootfs.tar" http://deb.debian.org/debian
+    bookworm "$work/rootfs.tar" http://deb.debian.org/debian > "$work/mmdebstrap.log" 2>&1 \
+    || { tail -40 "$work/mmdebstrap.log"; exit 1; }
   ctr=$(buildah from scratch)
   tar -C "$(buildah mount "$ctr")" -xf "$work/rootfs.tar"
   buildah umount "$ctr" >/dev/null
