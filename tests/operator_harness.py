@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -112,6 +113,19 @@ class Cluster:
             if e.status != 404:
                 raise
 
+    def names(self) -> list[str]:
+        return [
+            i["metadata"]["name"]
+            for i in self.custom.list_namespaced_custom_object(G, V, self.ns, P)["items"]
+        ]
+
+    def force_delete_all(self, timeout: float) -> None:
+        """Delete every Queue with the force-delete annotation; the operator must finish each."""
+        for name in self.names():
+            self.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
+            self.delete(name)
+        wait_for(lambda: not self.names(), timeout, "queues deleted by the operator")
+
     def exists(self, name: str) -> bool:
         try:
             self.get(name)
@@ -147,6 +161,23 @@ class Cluster:
             if e.status != 409:
                 raise
             self.core.replace_namespaced_secret(name, self.ns, body)
+
+
+def operator_namespace(kube: Any, postgres: Any, prefix: str) -> Cluster:
+    """A new namespace with the CRD, the chart's namespaced RBAC and the Secret `orders-db` for
+    the test database: where an operator under test is pointed."""
+    ns = f"{prefix}-{secrets.token_hex(3)}"
+    kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
+    subprocess.run(
+        [*kubectl, "apply", "-f", str(ROOT / "crds" / "queue.yaml")], check=True, capture_output=True
+    )
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/queues.dbq.dev", "--timeout=60s"],
+                   check=True, capture_output=True)  # fmt: skip
+    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    apply_rbac(kube.kubeconfig, ns)
+    cluster = Cluster(kube.api, ns)
+    cluster.secret("orders-db", {"url": postgres.url})
+    return cluster
 
 
 def apply_rbac(kubectl_config: str, namespace: str) -> None:

@@ -14,35 +14,23 @@ import pytest
 from kubernetes import client
 
 from dbq.client import connect
-from tests.operator_harness import Cluster, Operator, apply_rbac, wait_for
-from tests.test_operator import ROOT, fresh
+from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
+from tests.test_operator import fresh
 
 DETECT_S = 10.0  # Ready must follow the database within this, each way
 
 
 @pytest.fixture(scope="module")
 def faults(kube, postgres, stack, tmp_path_factory) -> Iterator[tuple[Cluster, Operator, Any]]:
-    import subprocess
-
-    ns = f"dbq-faults-{secrets.token_hex(3)}"
-    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "apply", "-f", str(ROOT / "crds" / "queue.yaml")],
-                   check=True, capture_output=True)  # fmt: skip
-    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    apply_rbac(kube.kubeconfig, ns)
-    cluster = Cluster(kube.api, ns)
-    cluster.secret("orders-db", {"url": postgres.url})
-    operator = Operator(kube, ns, tmp_path_factory.mktemp("faults") / "operator.log", drift_interval=60)
+    cluster = operator_namespace(kube, postgres, "dbq-faults")
+    operator = Operator(
+        kube, cluster.ns, tmp_path_factory.mktemp("faults") / "operator.log", drift_interval=60
+    )
     operator.start()
     yield cluster, operator, postgres
-    for item in cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"]:
-        cluster.patch(
-            item["metadata"]["name"], {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}}
-        )
-        cluster.delete(item["metadata"]["name"])
-    wait_for(lambda: not cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"],
-             60, "queues deleted")  # fmt: skip
+    cluster.force_delete_all(60)
     operator.stop()
-    client.CoreV1Api(kube.api).delete_namespace(ns)
+    client.CoreV1Api(kube.api).delete_namespace(cluster.ns)
 
 
 def events(cluster: Cluster, name: str, reason: str, since: float) -> list[Any]:

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from stack.render_manifests import package_version
 from tests.manifests import queue
-from tests.operator_harness import ROOT, Cluster, apply_rbac, free_port, wait_for
+from tests.operator_harness import ROOT, Cluster, free_port, operator_namespace
 
 IMAGE = f"localhost/dbq-operator:{package_version()}"
 
@@ -124,27 +123,16 @@ class Container:
 def container_env(
     kube, postgres, image, tmp_path
 ) -> Iterator[tuple[Cluster, Container, dict[str, int], str]]:
-    ns = f"dbq-image-{secrets.token_hex(3)}"
-    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "apply", "-f", str(ROOT / "crds" / "queue.yaml")],
-                   check=True, capture_output=True)  # fmt: skip
-    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    apply_rbac(kube.kubeconfig, ns)
-    cluster = Cluster(kube.api, ns)
-    cluster.secret("orders-db", {"url": postgres.url})
+    cluster = operator_namespace(kube, postgres, "dbq-image")
+    ns = cluster.ns
     ports = {"health": free_port(), "metrics": free_port()}
     args = ["run", f"--namespace={ns}", f"--liveness=http://127.0.0.1:{ports['health']}/healthz",
             f"--metrics-port={ports['metrics']}"]  # fmt: skip
     kubeconfig = standalone_kubeconfig(Path(kube.operator_kubeconfig), tmp_path / "kubeconfig")
     container = Container(image, args, kubeconfig, tmp_path)
     yield cluster, container, ports, ns
-    for item in cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"]:
-        cluster.patch(
-            item["metadata"]["name"], {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}}
-        )
-        cluster.delete(item["metadata"]["name"])
     try:
-        wait_for(lambda: not cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"],
-                 60, "queues deleted by the operator in the image")  # fmt: skip
+        cluster.force_delete_all(60)
     finally:
         container.stop()
 

@@ -10,35 +10,22 @@ import sys
 import time
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
 from tests.manifests import REFUSED_AT_ADMISSION, queue
-from tests.operator_harness import ROOT, Cluster, Operator, apply_rbac, wait_for
+from tests.operator_harness import Operator, operator_namespace, wait_for
 
 
 @pytest.fixture(scope="module")
 def env(kube, postgres, tmp_path_factory):
     """A namespace with the CRD, the namespaced RBAC, a Secret for the test database, and the operator."""
-    ns = f"dbq-e2e-{secrets.token_hex(3)}"
-    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "apply", "-f", str(ROOT / "crds" / "queue.yaml")],
-                   check=True, capture_output=True)  # fmt: skip
-    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "wait", "--for=condition=Established",
-                    "crd/queues.dbq.dev", "--timeout=60s"], check=True, capture_output=True)  # fmt: skip
-    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    apply_rbac(kube.kubeconfig, ns)
-    cluster = Cluster(kube.api, ns)
-    cluster.secret("orders-db", {"url": postgres.url})
-    operator = Operator(kube, ns, tmp_path_factory.mktemp("operator") / "operator.log")
+    cluster = operator_namespace(kube, postgres, "dbq-e2e")
+    operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("operator") / "operator.log")
     operator.start()
     yield cluster, operator, postgres
-    for item in cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"]:
-        name = item["metadata"]["name"]
-        cluster.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
-        cluster.delete(name)
-    wait_for(lambda: not cluster.custom.list_namespaced_custom_object("dbq.dev", "v1alpha1", ns, "queues")["items"],
-             180, "queues deleted")  # fmt: skip
+    cluster.force_delete_all(180)
     operator.stop()
 
 
