@@ -8,6 +8,7 @@ Components this session started are stopped at its end; ones already running are
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,8 @@ def spark() -> Iterator[Any]:
     import os
 
     os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+    # Python workers (data sources, UDFs) start this interpreter, not `python3` from PATH.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     try:

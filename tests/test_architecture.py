@@ -24,9 +24,10 @@ FORBIDDEN = {
     "dbq.settings": ("dbq.client", "dbq.backends", "dbq.controller", "dbq.cli"),
     "dbq.resource": ("dbq.client", "dbq.backends", "dbq.controller", "dbq.cli"),
     "dbq.kube": ("dbq.client", "dbq.backends", "dbq.controller", "dbq.cli"),
-    "dbq.client": ("dbq.backends", "dbq.controller", "dbq.cli", "dbq.devstack"),
-    "dbq.backends": ("dbq.controller", "dbq.cli", "dbq.devstack"),
-    "dbq.controller": ("dbq.cli", "dbq.devstack"),
+    "dbq.client": ("dbq.backends", "dbq.controller", "dbq.cli", "dbq.devstack", "dbq.spark"),
+    "dbq.backends": ("dbq.controller", "dbq.cli", "dbq.devstack", "dbq.spark"),
+    "dbq.controller": ("dbq.cli", "dbq.devstack", "dbq.spark"),
+    "dbq.spark": ("dbq.backends", "dbq.controller", "dbq.cli", "dbq.devstack"),
 }
 
 

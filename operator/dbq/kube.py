@@ -76,6 +76,23 @@ class Kube:
             raise _failed(e, f"Queue {namespace}/{name}") from None
         return cast(dict[str, Any], found)
 
+    def list_queues(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+        """The Queues of one namespace, or of every namespace these credentials may list."""
+        try:
+            if namespace:
+                found = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, label_selector=label_selector
+                )
+            else:
+                found = self.custom.list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, label_selector=label_selector
+                )
+        except ApiException as e:
+            raise _failed(
+                e, f"the Queues of {f'namespace {namespace}' if namespace else 'every namespace'}"
+            ) from None
+        return list(cast(dict[str, Any], found)["items"])
+
     def patch_queue_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A JSON merge patch of the Queue's status subresource."""
         try:

@@ -18,7 +18,7 @@ from dbq.api.models import queue_name
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
 from dbq.client.ring import Message, Queue, RepairResult
-from dbq.client.stats import QueueStats
+from dbq.client.stats import HistorySample, QueueStats
 from dbq.connection import ConnectionSettings, from_url
 from dbq.errors import (
     LeaseLost,
@@ -33,6 +33,7 @@ from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
     "AnyQueue",
+    "HistorySample",
     "LeaseLost",
     "Message",
     "MessageTooLarge",

@@ -32,12 +32,13 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
-from dbq.client.stats import QueueStats
+from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
@@ -786,6 +787,11 @@ class PipesQueue:
         self._many(self.cql.drop_pending, [(s.pipe,) for s in states])
         self._x(self.cql.drop_pipe_rows, last)
         return len(states)
+
+    def history(self, since: datetime, until: datetime) -> list[HistorySample]:
+        """The operator's statistics samples of this queue taken in [since, until), oldest first."""
+        rows = self._x(self.cql.history_range, self.names.queue, since, until)
+        return [HistorySample.of_row(row[0] / 1000.0, row[1:]) for row in rows]
 
     def stats(self) -> PipesStats:
         """Totals, depth, in-flight and oldest age, summed over pipes without any lock; exact

@@ -10,11 +10,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pyodbc
 
-from dbq.client.stats import QueueStats
+from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.ring import (
@@ -24,6 +25,8 @@ from dbq.contract.ring import (
     RING_SCHEMA_VERSION,
     Record,
     call_statement,
+    history_bound,
+    history_query,
     recorded_query,
     records,
 )
@@ -384,6 +387,15 @@ class Queue:
         row = self._call("stats")[0]
         depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in row[:6])
         return QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(row[6] or 0.0))
+
+    def history(self, since: datetime, until: datetime) -> list[HistorySample]:
+        """The operator's statistics samples of this queue taken in [since, until), oldest first."""
+        bounds = (history_bound(self.settings.backend, since), history_bound(self.settings.backend, until))
+        with self._cursor() as cur:
+            rows = cur.execute(
+                history_query(self.settings.backend, self.names), self.names.queue, *bounds
+            ).fetchall()
+        return [HistorySample.of_row(row[0], row[1:]) for row in rows]
 
     def repair(self, orphan_grace: float = 5.0) -> RepairResult:
         """Roll back expired leases, rescue orphans drawn over `orphan_grace` s ago, void holes

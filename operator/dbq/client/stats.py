@@ -7,7 +7,9 @@ it to Prometheus and writes it to `status.stats` (`dbq.api.status.StatsStatus`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -28,3 +30,18 @@ class QueueStats:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class HistorySample:
+    """One row of the queue's statistics history (`dbq_stats_history`): when the operator took
+    the measurement (UTC) and what it measured."""
+
+    at: datetime
+    stats: QueueStats
+
+    @classmethod
+    def of_row(cls, at_unix_seconds: float, figures: Sequence[Any]) -> HistorySample:
+        depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in figures[:6])
+        stats = QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0))
+        return cls(datetime.fromtimestamp(float(at_unix_seconds), UTC), stats)

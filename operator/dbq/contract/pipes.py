@@ -109,3 +109,7 @@ class PipesStatements:
             " WHERE queue = ? AND at >= ? ORDER BY at ASC LIMIT 1"
         )
         self.forget_history = f"DELETE FROM {self.history} WHERE queue = ?"
+        self.history_range = (
+            f"SELECT toUnixTimestamp(at), {sample_cols} FROM {self.history}"
+            " WHERE queue = ? AND at >= ? AND at < ? ORDER BY at ASC"
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from dbq.names import QUOTE, QueueNames
 
@@ -88,3 +89,28 @@ def recorded_query(backend: str, names: QueueNames) -> str:
         f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
         " WHERE queue = ?"
     )
+
+
+HISTORY_COLUMNS = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"
+
+
+def history_query(backend: str, names: QueueNames) -> str:
+    """The queue's statistics samples taken in [since, until), oldest first (parameters: the
+    queue's name, then since and until as `history_bound` writes them): the sample's time in
+    Unix seconds, then QueueStats' figures in order."""
+    table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.history)}"
+    if backend == "sqlserver":  # datetime2 holds UTC (SYSUTCDATETIME)
+        return (
+            f"SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, {HISTORY_COLUMNS} FROM {table}"
+            " WHERE queue = ? AND at >= CAST(? AS datetime2(3)) AND at < CAST(? AS datetime2(3)) ORDER BY at"
+        )
+    return (
+        f"SELECT extract(epoch FROM at)::float8, {HISTORY_COLUMNS} FROM {table}"
+        " WHERE queue = ? AND at >= CAST(? AS timestamptz) AND at < CAST(? AS timestamptz) ORDER BY at"
+    )
+
+
+def history_bound(backend: str, when: datetime) -> str:
+    """A time as `history_query` reads it: ISO 8601 in UTC (with its offset for PostgreSQL)."""
+    utc = when.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds")
+    return utc if backend == "sqlserver" else utc + "+00:00"

@@ -1,0 +1,23 @@
+"""dbq on Spark, through pyspark's Python Data Source API (`pip install dbq-operator[spark]`).
+
+    from dbq.spark import register
+    register(spark)
+    spark.read.format("dbq-queues").load()                       # the Queues and their status
+    spark.read.format("dbq-stats").option("since", "24h").load()  # their statistics history
+
+Each source documents its schema and options in its class docstring (`dbq.spark.status`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dbq.spark.status import QueuesSource, StatsSource
+
+SOURCES = (QueuesSource, StatsSource)
+
+
+def register(spark: Any) -> None:
+    """Register every dbq data source with the SparkSession `spark`."""
+    for source in SOURCES:
+        spark.dataSource.register(source)

@@ -1,0 +1,61 @@
+"""Reading a data source's options: every option a source accepts is declared, and a bad or
+unknown one is refused with an error naming it and the fix (a `DbqError`, reason InvalidSpec)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from dbq.api.durations import parse_duration
+from dbq.errors import InvalidSpec
+
+
+class Options:
+    """The options given to one source, checked against the ones it declares."""
+
+    def __init__(self, source: str, given: Mapping[str, str], known: Mapping[str, str]) -> None:
+        self.source = source
+        self.known = known  # option -> what it is, for the error messages
+        lowered = {k.lower(): k for k in known}
+        self.values: dict[str, str] = {}
+        for key, value in given.items():
+            if key.lower() == "path":  # Spark passes load()'s argument as `path`
+                continue
+            if key.lower() not in lowered:
+                names = ", ".join(sorted(known))
+                raise InvalidSpec(f"{source}: unknown option {key!r}: the options are {names}")
+            self.values[lowered[key.lower()]] = str(value)
+
+    def text(self, name: str, default: str = "") -> str:
+        return self.values.get(name, default)
+
+    def names(self, name: str) -> list[str]:
+        """A comma-separated list, blanks dropped."""
+        return [part.strip() for part in self.text(name).split(",") if part.strip()]
+
+    def count(self, name: str, default: int, *, minimum: int = 1) -> int:
+        raw = self.values.get(name)
+        if raw is None:
+            return default
+        if not re.fullmatch(r"[0-9]+", raw.strip()) or int(raw) < minimum:
+            raise InvalidSpec(f"{self.source}: option {name}={raw!r}: write a whole number >= {minimum}")
+        return int(raw)
+
+    def time(self, name: str, default: datetime, now: datetime) -> datetime:
+        """An ISO 8601 time (UTC unless it says otherwise), or a duration before `now` ("24h")."""
+        raw = self.values.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            return now - parse_duration(raw)
+        except ValueError:
+            pass
+        try:
+            when = datetime.fromisoformat(raw)
+        except ValueError:
+            raise InvalidSpec(
+                f"{self.source}: option {name}={raw!r}: write an ISO 8601 time such as"
+                " 2026-11-23T08:00:00Z, or a duration before now such as 24h or 90m"
+            ) from None
+        return when if when.tzinfo else when.replace(tzinfo=UTC)

@@ -1,0 +1,186 @@
+"""`dbq-queues` and `dbq-stats`: the status of the Queues dbq manages and their statistics
+history, as batch DataFrames.
+
+Both read the Kubernetes API with the job's credentials: the in-cluster service account in a
+pod, else the kubeconfig (`KUBECONFIG`). `dbq-stats` then reads each queue's own database with
+the Secret the Queue names, so those credentials need `get` on those Secrets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from dbq.client import connect_resource
+from dbq.errors import InvalidSpec
+from dbq.kube import Kube, current_namespace
+from dbq.resource import parse_spec
+from dbq.spark.options import Options
+
+QUEUES_SCHEMA = (
+    "namespace string, name string, backend string, design string, ready boolean, reason string,"
+    " message string, generation long, observed_generation long, ready_since timestamp,"
+    " depth long, in_flight long, pushed long, popped long, acquired long, expired long,"
+    " push_rate double, pop_rate double, oldest_message_age_seconds double, measured_at timestamp,"
+    " last_cleanup timestamp, last_cleanup_result string,"
+    " last_maintenance timestamp, last_maintenance_result string, last_maintenance_message string"
+)
+STATS_SCHEMA = (
+    "namespace string, name string, backend string, design string, at timestamp,"
+    " depth long, in_flight long, pushed long, popped long, acquired long, expired long,"
+    " oldest_message_age_seconds double"
+)
+SELECT_OPTIONS = {
+    "kubeconfig": "path of a kubeconfig (default: the pod's service account, else KUBECONFIG)",
+    "namespace": "the namespace to read (default: every namespace for dbq-queues, the current one for dbq-stats)",
+    "labelSelector": "a Kubernetes label selector, such as team=shop",
+}
+
+STATS_OPTIONS = {
+    **SELECT_OPTIONS,
+    "queues": "comma-separated Queue names (default: every Queue of the namespace)",
+    "since": "start of the range: ISO 8601 or a duration before now (default 24h)",
+    "until": "end of the range, excluded: ISO 8601 or a duration before now (default now)",
+    "partitions": "time slices read in parallel per queue (default 4)",
+}
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def queue_row(item: dict[str, Any]) -> tuple[Any, ...]:
+    """One `dbq-queues` row from a Queue resource, in QUEUES_SCHEMA's order."""
+    meta, spec, status = item["metadata"], item.get("spec") or {}, item.get("status") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    stats = status.get("stats") or {}
+    cleanup = status.get("cleanup") or {}
+    maintenance = status.get("maintenance") or {}
+    figures = ("depth", "inFlight", "pushed", "popped", "acquired", "expired")
+    return (
+        meta["namespace"], meta["name"], spec.get("backend"), spec.get("design"),
+        ready.get("status") == "True", ready.get("reason"), ready.get("message"),
+        meta.get("generation"), status.get("observedGeneration"),
+        _time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None,
+        *(stats.get(k) for k in figures),
+        stats.get("pushRate"), stats.get("popRate"), stats.get("oldestMessageAgeSeconds"),
+        _time(stats.get("measuredAt")),
+        _time(cleanup.get("lastRun")),
+        json.dumps(cleanup["lastResult"], sort_keys=True) if "lastResult" in cleanup else None,
+        _time(maintenance.get("lastRun")), maintenance.get("result"), maintenance.get("message"),
+    )  # fmt: skip
+
+
+class QueuesSource(DataSource):
+    """`spark.read.format("dbq-queues").load()`: one row per Queue resource the job's credentials
+    can see, from its status (conditions, latest statistics, last cleanup and maintenance).
+
+    Options: `namespace` (default: every namespace), `labelSelector`.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "dbq-queues"
+
+    def schema(self) -> str:
+        return QUEUES_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return QueuesReader(Options(self.name(), self.options, SELECT_OPTIONS))
+
+
+def kube_for(kubeconfig: str) -> Kube:
+    """The Kubernetes API with the source's credentials (opened where the reader runs)."""
+    if not kubeconfig:
+        return Kube()
+    from kubernetes import config
+
+    return Kube(config.new_client_from_config(config_file=kubeconfig))
+
+
+class QueuesReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        self.kubeconfig = options.text("kubeconfig")
+        self.namespace = options.text("namespace") or None
+        self.selector = options.text("labelSelector")
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        for item in kube_for(self.kubeconfig).list_queues(self.namespace, self.selector):
+            yield queue_row(item)
+
+
+class StatsPartition(InputPartition):
+    """One queue's samples over one slice of the time range."""
+
+    def __init__(self, resource: dict[str, Any], since: datetime, until: datetime) -> None:
+        super().__init__((resource["metadata"]["namespace"], resource["metadata"]["name"]))
+        self.resource, self.since, self.until = resource, since, until
+
+
+class StatsSource(DataSource):
+    """`spark.read.format("dbq-stats").load()`: the statistics history (`dbq_stats_history`) of
+    queues, read from each queue's own database with the Secret its Queue names; one row per
+    sample the operator recorded.
+
+    Options: `namespace` (default: the current one), `queues` (comma-separated Queue names;
+    default: every Queue of the namespace), `labelSelector`, `since` and `until` (ISO 8601 times,
+    or durations before now such as 24h; default the last 24 hours), `partitions` (time slices
+    read in parallel per queue; default 4).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "dbq-stats"
+
+    def schema(self) -> str:
+        return STATS_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StatsReader(Options(self.name(), self.options, STATS_OPTIONS))
+
+
+class StatsReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        now = datetime.now(UTC)
+        self.kubeconfig = options.text("kubeconfig")
+        self.namespace = options.text("namespace") or current_namespace()
+        self.selector = options.text("labelSelector")
+        self.queues = options.names("queues")
+        self.since = options.time("since", now - timedelta(hours=24), now)
+        self.until = options.time("until", now, now)
+        self.slices = options.count("partitions", 4)
+        if self.since >= self.until:
+            raise InvalidSpec(
+                f"dbq-stats: since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
+            )
+
+    def partitions(self) -> list[InputPartition]:
+        kube = kube_for(self.kubeconfig)
+        if self.queues:
+            resources = [kube.get_queue(self.namespace, name) for name in self.queues]
+        else:
+            resources = kube.list_queues(self.namespace, self.selector)
+        step = (self.until - self.since) / self.slices
+        return [
+            StatsPartition(resource, self.since + i * step, self.until if i == self.slices - 1 else self.since + (i + 1) * step)
+            for resource in resources
+            for i in range(self.slices)
+        ]  # fmt: skip
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, StatsPartition)
+        meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
+        api = kube_for(self.kubeconfig).api_client
+        with connect_resource(meta["name"], meta["namespace"], api_client=api) as queue:
+            samples = queue.history(partition.since, partition.until)
+        for sample in samples:
+            s = sample.stats
+            yield (
+                meta["namespace"], meta["name"], spec.backend, spec.design, sample.at,
+                s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds,
+            )  # fmt: skip

@@ -1,0 +1,132 @@
+"""`dbq-queues` and `dbq-stats` on local Spark, after a known workload on three queues (two
+rings on PostgreSQL, pipes on Cassandra) reconciled and measured by the real operator."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dbq.client import connect
+from dbq.errors import InvalidSpec
+from dbq.spark import register
+from tests.manifests import queue
+from tests.operator_harness import Operator, operator_namespace, wait_for
+
+# name -> (pushed, popped) of the workload
+WORKLOAD = {"ring-a": (30, 10), "ring-b": (5, 0), "pipes-c": (20, 5)}
+
+
+@pytest.fixture(scope="module")
+def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
+    cluster = operator_namespace(kube, postgres, "dbq-spark")
+    host, port = stack.cassandra.contact
+    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    schema, keyspace = f"spark_{secrets.token_hex(3)}", f"spark_{secrets.token_hex(3)}"
+    every_5s = {"stats": {"interval": "5s"}}
+    for name in ("ring-a", "ring-b"):
+        doc = queue(name, **every_5s)
+        doc["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema}
+        cluster.create(doc)
+    doc = queue("pipes-c", backend="cassandra", design="pipes",
+                connection={"secretRef": {"name": "events-db"}, "schema": keyspace}, **every_5s)  # fmt: skip
+    del doc["spec"]["ring"]
+    cluster.create(doc)
+    operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("spark") / "operator.log")
+    operator.start()
+    for name in WORKLOAD:
+        cluster.wait_condition(name, "Ready", "True", timeout=90)
+    urls = {"ring-a": postgres.url, "ring-b": postgres.url, "pipes-c": f"cassandra://{host}:{port}"}
+    for name, (pushed, popped) in WORKLOAD.items():
+        where = keyspace if name == "pipes-c" else schema
+        with connect(urls[name], name.replace("-", "_"), schema=where) as q:
+            q.push_many([b"m%d" % i for i in range(pushed)])
+            taken = 0
+            while taken < popped:
+                taken += len(q.pop_many(popped - taken))
+
+    def measured() -> bool:
+        stats = {n: cluster.get(n).get("status", {}).get("stats") or {} for n in WORKLOAD}
+        return all((s.get("pushed"), s.get("popped")) == WORKLOAD[n] for n, s in stats.items())
+
+    wait_for(measured, 60, "status.stats with the workload's totals")
+    time.sleep(6)  # one more sample in the history
+    register(spark)
+    yield cluster, kube, schema, keyspace, postgres, cassandra
+    cluster.force_delete_all(120)
+    operator.stop()
+
+
+def test_dbq_queues_is_the_status_of_every_queue(fleet, spark):
+    cluster, kube, *_ = fleet
+    df = (
+        spark.read.format("dbq-queues")
+        .option("kubeconfig", kube.kubeconfig)
+        .option("namespace", cluster.ns)
+        .load()
+    )
+    rows = {r["name"]: r for r in df.collect()}
+    assert set(rows) == set(WORKLOAD)
+    for name, (pushed, popped) in WORKLOAD.items():
+        row, status = rows[name], cluster.get(name)["status"]
+        assert row["ready"] is True and row["reason"] == "Provisioned" and row["namespace"] == cluster.ns
+        assert (row["pushed"], row["popped"], row["depth"]) == (pushed, popped, pushed - popped)
+        assert row["observed_generation"] == row["generation"] == 1 and row["ready_since"] is not None
+        assert row["measured_at"] is not None and row["push_rate"] == status["stats"]["pushRate"]
+    assert rows["pipes-c"]["design"] == "pipes" and rows["ring-a"]["backend"] == "postgres"
+    everywhere = spark.read.format("dbq-queues").option("kubeconfig", kube.kubeconfig).load()
+    assert everywhere.filter(f"namespace = '{cluster.ns}'").count() == 3  # every namespace by default
+
+
+def test_dbq_stats_has_one_row_per_history_sample(fleet, spark):
+    cluster, kube, schema, keyspace, postgres, cassandra = fleet
+    until = datetime.now(UTC)
+    since = until - timedelta(hours=1)
+    df = (
+        spark.read.format("dbq-stats")
+        .option("kubeconfig", kube.kubeconfig)
+        .option("namespace", cluster.ns)
+        .option("since", since.isoformat())
+        .option("until", until.isoformat())
+        .option("partitions", "3")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 9  # 3 queues x 3 time slices
+    rows = df.collect()
+    cur = postgres.connect().cursor()
+    truth = {
+        name: cur.execute(
+            f'SELECT count(*) FROM "{schema}".dbq_stats_history WHERE queue = ? AND at >= ? AND at < ?',
+            name.replace("-", "_"), since.replace(tzinfo=None), until.replace(tzinfo=None),
+        ).fetchval()
+        for name in ("ring-a", "ring-b")
+    }  # fmt: skip
+    truth["pipes-c"] = cassandra.execute(
+        f'SELECT count(*) FROM "{keyspace}".dbq_stats_history WHERE queue = %s AND at >= %s AND at < %s',
+        ("pipes_c", since, until),
+    ).one()[0]
+    counts = {name: sum(1 for r in rows if r["name"] == name) for name in WORKLOAD}
+    assert counts == truth and all(n >= 2 for n in counts.values()), (counts, truth)
+    for name, (pushed, popped) in WORKLOAD.items():
+        last = max((r for r in rows if r["name"] == name), key=lambda r: r["at"])
+        assert (last["pushed"], last["popped"], last["depth"]) == (pushed, popped, pushed - popped)
+
+
+def test_a_bad_option_is_refused_by_name(fleet, spark):
+    _, kube, *_ = fleet
+    with pytest.raises(Exception, match="unknown option 'sinse'"):
+        spark.read.format("dbq-stats").option("kubeconfig", kube.kubeconfig).option(
+            "sinse", "1h"
+        ).load().collect()
+    with pytest.raises(Exception, match="option partitions='0'"):
+        spark.read.format("dbq-stats").option("kubeconfig", kube.kubeconfig).option(
+            "partitions", "0"
+        ).load().collect()
+    with pytest.raises(InvalidSpec, match="write an ISO 8601 time"):
+        from dbq.spark.options import Options
+
+        Options("dbq-stats", {"since": "yesterday"}, {"since": ""}).time(
+            "since", datetime.now(UTC), datetime.now(UTC)
+        )
