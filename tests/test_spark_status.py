@@ -73,7 +73,7 @@ def test_dbq_queues_is_the_status_of_every_queue(fleet, spark):
         row, status = rows[name], cluster.get(name)["status"]
         assert row["ready"] is True and row["reason"] == "Provisioned" and row["namespace"] == cluster.ns
         assert (row["pushed"], row["popped"], row["depth"]) == (pushed, popped, pushed - popped)
-        assert row["observed_generation"] == row["generation"] == 1 and row["ready_since"] is not None
+        assert row["observed_generation"] == row["generation"] == 1 and row["ready_changed_at"] is not None
         assert row["measured_at"] is not None and row["push_rate"] == status["stats"]["pushRate"]
     assert rows["pipes-c"]["design"] == "pipes" and rows["ring-a"]["backend"] == "postgres"
     everywhere = spark.read.format("dbq-queues").option("kubeconfig", kube.kubeconfig).load()

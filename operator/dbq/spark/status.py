@@ -24,7 +24,7 @@ from dbq.spark.options import Options
 
 QUEUES_SCHEMA = (
     "namespace string, name string, backend string, design string, ready boolean, reason string,"
-    " message string, generation long, observed_generation long, ready_since timestamp,"
+    " message string, generation long, observed_generation long, ready_changed_at timestamp,"
     " depth long, in_flight long, pushed long, popped long, acquired long, expired long,"
     " push_rate double, pop_rate double, oldest_message_age_seconds double, measured_at timestamp,"
     " last_cleanup timestamp, last_cleanup_result string,"
@@ -54,6 +54,11 @@ def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
+def provisioned(item: dict[str, Any]) -> bool:
+    conditions = (item.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Provisioned" and c.get("status") == "True" for c in conditions)
+
+
 def queue_row(item: dict[str, Any]) -> tuple[Any, ...]:
     """One `dbq-queues` row from a Queue resource, in QUEUES_SCHEMA's order."""
     meta, spec, status = item["metadata"], item.get("spec") or {}, item.get("status") or {}
@@ -66,7 +71,7 @@ def queue_row(item: dict[str, Any]) -> tuple[Any, ...]:
         meta["namespace"], meta["name"], spec.get("backend"), spec.get("design"),
         ready.get("status") == "True", ready.get("reason"), ready.get("message"),
         meta.get("generation"), status.get("observedGeneration"),
-        _time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None,
+        _time(ready.get("lastTransitionTime")),
         *(stats.get(k) for k in figures),
         stats.get("pushRate"), stats.get("popRate"), stats.get("oldestMessageAgeSeconds"),
         _time(stats.get("measuredAt")),
@@ -125,7 +130,8 @@ class StatsPartition(InputPartition):
 class StatsSource(DataSource):
     """`spark.read.format("dbq-stats").load()`: the statistics history (`dbq_stats_history`) of
     queues, read from each queue's own database with the Secret its Queue names; one row per
-    sample the operator recorded.
+    sample the operator recorded. Queues never provisioned (no history yet) are left out; a
+    provisioned queue whose database does not answer fails the read.
 
     Options: `namespace` (default: the current one), `queues` (comma-separated Queue names;
     default: every Queue of the namespace), `labelSelector`, `since` and `until` (ISO 8601 times,
@@ -165,6 +171,7 @@ class StatsReader(DataSourceReader):
             resources = [kube.get_queue(self.namespace, name) for name in self.queues]
         else:
             resources = kube.list_queues(self.namespace, self.selector)
+        resources = [r for r in resources if provisioned(r)]  # the others have no history yet
         step = (self.until - self.since) / self.slices
         return [
             StatsPartition(resource, self.since + i * step, self.until if i == self.slices - 1 else self.since + (i + 1) * step)
