@@ -54,6 +54,11 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
+    @classmethod
+    def for_kubeconfig(cls, path: str = "") -> Kube:
+        """With the credentials of the kubeconfig at `path`; with the default ones when empty."""
+        return cls(config.new_client_from_config(config_file=path) if path else None)
+
     def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret's base64 `data`, or None when it does not exist."""
         try:

@@ -99,15 +99,6 @@ class QueuesSource(DataSource):
         return QueuesReader(Options(self.name(), self.options, SELECT_OPTIONS))
 
 
-def kube_for(kubeconfig: str) -> Kube:
-    """The Kubernetes API with the source's credentials (opened where the reader runs)."""
-    if not kubeconfig:
-        return Kube()
-    from kubernetes import config
-
-    return Kube(config.new_client_from_config(config_file=kubeconfig))
-
-
 class QueuesReader(DataSourceReader):
     def __init__(self, options: Options) -> None:
         self.kubeconfig = options.text("kubeconfig")
@@ -115,7 +106,7 @@ class QueuesReader(DataSourceReader):
         self.selector = options.text("labelSelector")
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        for item in kube_for(self.kubeconfig).list_queues(self.namespace, self.selector):
+        for item in Kube.for_kubeconfig(self.kubeconfig).list_queues(self.namespace, self.selector):
             yield queue_row(item)
 
 
@@ -166,7 +157,7 @@ class StatsReader(DataSourceReader):
             )
 
     def partitions(self) -> list[InputPartition]:
-        kube = kube_for(self.kubeconfig)
+        kube = Kube.for_kubeconfig(self.kubeconfig)
         if self.queues:
             resources = [kube.get_queue(self.namespace, name) for name in self.queues]
         else:
@@ -182,7 +173,7 @@ class StatsReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, StatsPartition)
         meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
-        api = kube_for(self.kubeconfig).api_client
+        api = Kube.for_kubeconfig(self.kubeconfig).api_client
         with connect_resource(meta["name"], meta["namespace"], api_client=api) as queue:
             samples = queue.history(partition.since, partition.until)
         for sample in samples:
