@@ -27,7 +27,7 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     schema, keyspace = f"spark_{secrets.token_hex(3)}", f"spark_{secrets.token_hex(3)}"
     every_5s = {"stats": {"interval": "5s"}}
     for name in ("ring-a", "ring-b"):
-        doc = queue(name, **every_5s)
+        doc = queue(name, ring={"size": 2048}, **every_5s)
         doc["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema}
         cluster.create(doc)
     doc = queue("pipes-c", backend="cassandra", design="pipes",
@@ -130,3 +130,39 @@ def test_a_bad_option_is_refused_by_name(fleet, spark):
         Options("dbq-stats", {"since": "yesterday"}, {"since": ""}).time(
             "since", datetime.now(UTC), datetime.now(UTC)
         )
+
+
+def test_dbq_drains_at_most_limit_messages_each_once(fleet, spark, stack, postgres):
+    """Last in this module: it empties the queues the tests above measured."""
+    cluster, kube, schema, keyspace, *_ = fleet
+    host, port = stack.cassandra.contact
+    with connect(postgres.url, "ring_b", schema=schema) as q:
+        q.push_many([b"r%d" % i for i in range(1000)])  # after the workload's 5
+    with connect(f"cassandra://{host}:{port}", "pipes_c", schema=keyspace) as q:
+        q.push_many([b"p%d" % i for i in range(300)])  # after the workload's 15
+
+    def drain(name: str, limit: int, partitions: int) -> list:
+        reader = (
+            spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
+        )
+        df = (
+            reader.option("queue", name)
+            .option("limit", str(limit))
+            .option("partitions", str(partitions))
+            .load()
+        )
+        assert df.rdd.getNumPartitions() == partitions
+        return df.collect()
+
+    first, rest = drain("ring-b", 600, 3), drain("ring-b", 10_000, 2)
+    ids = [r["id"] for r in first + rest]
+    assert len(first) == 600 and len(rest) == 405 and len(set(ids)) == 1005
+    assert {bytes(r["body"]) for r in first + rest} >= {b"r%d" % i for i in range(1000)}
+    pipes = drain("pipes-c", 1000, 2)
+    assert len(pipes) == len({r["id"] for r in pipes}) == 315
+    with connect(postgres.url, "ring_b", schema=schema) as q:
+        assert q.stats().depth == 0
+    with pytest.raises(Exception, match="option limit is required"):
+        spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option(
+            "queue", "ring-b"
+        ).load().collect()

@@ -4,17 +4,19 @@
     register(spark)
     spark.read.format("dbq-queues").load()                       # the Queues and their status
     spark.read.format("dbq-stats").option("since", "24h").load()  # their statistics history
+    spark.read.format("dbq").option("queue", "orders").option("limit", "1000").load()  # drain
 
-Each source documents its schema and options in its class docstring (`dbq.spark.status`).
+Each source documents its schema and options in its class docstring (`dbq.spark.status`, `dbq.spark.queue`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dbq.spark.queue import QueueSource
 from dbq.spark.status import QueuesSource, StatsSource
 
-SOURCES = (QueuesSource, StatsSource)
+SOURCES = (QueuesSource, StatsSource, QueueSource)
 
 
 def register(spark: Any) -> None:
