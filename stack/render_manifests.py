@@ -11,7 +11,6 @@ The tests run the check, and run the operator with the RBAC `render()` gives.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,22 +19,21 @@ from typing import Any
 
 import yaml
 
+from dbq.devstack.base import Paths
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "dbq-operator"
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "dbq-system"
 HEADER = "# Rendered from charts/dbq-operator by stack/render_manifests.py: edit the chart, not this file.\n"
 HELM_ONLY_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
-
-
-def helm() -> str:
-    return os.path.join(os.environ.get("DBQ_CACHE", os.path.expanduser("~/.cache/dbq")), "bin", "helm")
+BIN = Paths.from_env().cache / "bin"  # helm, kubeconform, untt, kstatus (stack/build-tools.sh)
 
 
 def render(*args: str, show_only: tuple[str, ...] = (), plain: bool = True) -> list[dict[str, Any]]:
     """`helm template` of the chart as release dbq-operator in dbq-system; `plain` drops the
     labels that say Helm manages the objects."""
-    command = [helm(), "template", "dbq-operator", str(CHART), "--namespace", NAMESPACE, *args]
+    command = [str(BIN / "helm"), "template", "dbq-operator", str(CHART), "--namespace", NAMESPACE, *args]
     for template in show_only:
         command += ["--show-only", f"templates/{template}"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout

@@ -14,6 +14,7 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
+from stack.render_manifests import BIN
 from tests.manifests import REFUSED_AT_ADMISSION, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
@@ -434,8 +435,9 @@ def test_statistics_and_cleanup_are_published_on_schedule(env, kube):
 
 def kstatus(obj: dict) -> str:
     """What the kstatus library (Flux's and kpt's readiness reader) says of one object."""
-    tool = os.path.join(os.environ.get("DBQ_CACHE", os.path.expanduser("~/.cache/dbq")), "bin", "kstatus")
-    done = subprocess.run([tool], input=json.dumps(obj), capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [str(BIN / "kstatus")], input=json.dumps(obj), capture_output=True, text=True, check=True
+    )
     return str(json.loads(done.stdout)["status"])
 
 

@@ -6,7 +6,6 @@ the real local API server; the rendered manifests and the chart's README up to d
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,9 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from stack.render_manifests import CHART, ROOT, stale
+from stack.render_manifests import BIN, CHART, ROOT, stale
 
-BIN = Path(os.environ.get("DBQ_CACHE", os.path.expanduser("~/.cache/dbq"))) / "bin"
 KUBE_SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.33.0-local-strict"
 PROMETHEUS_CRDS = BIN.parent / "prometheus-operator-crds"
 CHART_VALUES = {
