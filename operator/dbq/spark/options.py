@@ -1,11 +1,16 @@
-"""Reading a data source's options: every option a source accepts is declared, and a bad or
-unknown one is refused with an error naming it and the fix (a `DbqError`, reason InvalidSpec)."""
+"""What every dbq data source shares: its name, schema and options declared on the class
+(`Source`), and the options read through `Options`, which refuses a bad or unknown one with an
+error naming it and the fix (a `DbqError`, reason InvalidSpec)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import ClassVar
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
 
 from dbq.api.durations import parse_duration
 from dbq.errors import InvalidSpec
@@ -59,3 +64,30 @@ class Options:
                 " 2026-11-23T08:00:00Z, or a duration before now such as 24h or 90m"
             ) from None
         return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+class SourceReader(DataSourceReader):
+    """A dbq source's reader (abstract, as DataSourceReader is): made from the checked options."""
+
+    def __init__(self, options: Options) -> None:
+        """Each reader reads the options it declared."""
+
+
+class Source(DataSource):
+    """A dbq data source: NAME (the format), SCHEMA, OPTIONS (option -> what it is) and READER
+    (made from the options, checked against OPTIONS) declared by each subclass."""
+
+    NAME: ClassVar[str]
+    SCHEMA: ClassVar[str]
+    OPTIONS: ClassVar[Mapping[str, str]]
+    READER: ClassVar[type[SourceReader]]
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.NAME
+
+    def schema(self) -> str:
+        return self.SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return self.READER(Options(self.NAME, self.options, self.OPTIONS))

@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import InputPartition
 
 from dbq.client import connect_resource
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
-from dbq.spark.options import Options
+from dbq.spark.options import Options, Source, SourceReader
 
 QUEUE_SCHEMA = "namespace string, queue string, id string, body binary, attempts int"
 QUEUE_OPTIONS = {
@@ -36,21 +35,7 @@ QUEUE_OPTIONS = {
 }
 
 
-class QueueSource(DataSource):
-    """`spark.read.format("dbq")`: see the module docstring for the options and the guarantee."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "dbq"
-
-    def schema(self) -> str:
-        return QUEUE_SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return DrainReader(Options(self.name(), self.options, QUEUE_OPTIONS))
-
-
-class DrainReader(DataSourceReader):
+class DrainReader(SourceReader):
     def __init__(self, options: Options) -> None:
         self.queue = options.text("queue")
         if not self.queue:
@@ -81,3 +66,12 @@ class DrainReader(DataSourceReader):
                 wanted -= len(messages)
                 for m in messages:
                     yield self.namespace, self.queue, str(m.id), m.body, m.attempts
+
+
+class QueueSource(Source):
+    """`spark.read.format("dbq")`: see the module docstring for the options and the guarantee."""
+
+    NAME = "dbq"
+    SCHEMA = QUEUE_SCHEMA
+    OPTIONS = QUEUE_OPTIONS
+    READER = DrainReader

@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import InputPartition
 
 from dbq.client import connect_resource
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.resource import parse_spec
-from dbq.spark.options import Options
+from dbq.spark.options import Options, Source, SourceReader
 
 QUEUES_SCHEMA = (
     "namespace string, name string, backend string, design string, ready boolean, reason string,"
@@ -81,25 +80,7 @@ def queue_row(item: dict[str, Any]) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-class QueuesSource(DataSource):
-    """`spark.read.format("dbq-queues").load()`: one row per Queue resource the job's credentials
-    can see, from its status (conditions, latest statistics, last cleanup and maintenance).
-
-    Options: `namespace` (default: every namespace), `labelSelector`.
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "dbq-queues"
-
-    def schema(self) -> str:
-        return QUEUES_SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return QueuesReader(Options(self.name(), self.options, SELECT_OPTIONS))
-
-
-class QueuesReader(DataSourceReader):
+class QueuesReader(SourceReader):
     def __init__(self, options: Options) -> None:
         self.kubeconfig = options.text("kubeconfig")
         self.namespace = options.text("namespace") or None
@@ -110,6 +91,19 @@ class QueuesReader(DataSourceReader):
             yield queue_row(item)
 
 
+class QueuesSource(Source):
+    """`spark.read.format("dbq-queues").load()`: one row per Queue resource the job's credentials
+    can see, from its status (conditions, latest statistics, last cleanup and maintenance).
+
+    Options: `namespace` (default: every namespace), `labelSelector`.
+    """
+
+    NAME = "dbq-queues"
+    SCHEMA = QUEUES_SCHEMA
+    OPTIONS = SELECT_OPTIONS
+    READER = QueuesReader
+
+
 class StatsPartition(InputPartition):
     """One queue's samples over one slice of the time range."""
 
@@ -118,30 +112,7 @@ class StatsPartition(InputPartition):
         self.resource, self.since, self.until = resource, since, until
 
 
-class StatsSource(DataSource):
-    """`spark.read.format("dbq-stats").load()`: the statistics history (`dbq_stats_history`) of
-    queues, read from each queue's own database with the Secret its Queue names; one row per
-    sample the operator recorded. Queues never provisioned (no history yet) are left out; a
-    provisioned queue whose database does not answer fails the read.
-
-    Options: `namespace` (default: the current one), `queues` (comma-separated Queue names;
-    default: every Queue of the namespace), `labelSelector`, `since` and `until` (ISO 8601 times,
-    or durations before now such as 24h; default the last 24 hours), `partitions` (time slices
-    read in parallel per queue; default 4).
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "dbq-stats"
-
-    def schema(self) -> str:
-        return STATS_SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return StatsReader(Options(self.name(), self.options, STATS_OPTIONS))
-
-
-class StatsReader(DataSourceReader):
+class StatsReader(SourceReader):
     def __init__(self, options: Options) -> None:
         now = datetime.now(UTC)
         self.kubeconfig = options.text("kubeconfig")
@@ -182,3 +153,21 @@ class StatsReader(DataSourceReader):
                 meta["namespace"], meta["name"], spec.backend, spec.design, sample.at,
                 s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds,
             )  # fmt: skip
+
+
+class StatsSource(Source):
+    """`spark.read.format("dbq-stats").load()`: the statistics history (`dbq_stats_history`) of
+    queues, read from each queue's own database with the Secret its Queue names; one row per
+    sample the operator recorded. Queues never provisioned (no history yet) are left out; a
+    provisioned queue whose database does not answer fails the read.
+
+    Options: `namespace` (default: the current one), `queues` (comma-separated Queue names;
+    default: every Queue of the namespace), `labelSelector`, `since` and `until` (ISO 8601 times,
+    or durations before now such as 24h; default the last 24 hours), `partitions` (time slices
+    read in parallel per queue; default 4).
+    """
+
+    NAME = "dbq-stats"
+    SCHEMA = STATS_SCHEMA
+    OPTIONS = STATS_OPTIONS
+    READER = StatsReader
