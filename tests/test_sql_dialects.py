@@ -13,7 +13,8 @@ from sqlfluff.core import FluffConfig, Linter
 from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import Observed, RingAction, RingStep, plan_ring
 from dbq.backends.sqlserver.sql import MsRing
-from dbq.contract.ring import RingTarget, call_statement
+from dbq.contract.ring import RingTarget, call_statement, history_query, peek_query
+from dbq.contract.staging import StagingStatements
 from dbq.errors import UnsafeName
 from dbq.names import QueueNames, ms_quote
 
@@ -46,6 +47,18 @@ def render(ring: PgRing | MsRing) -> list[str]:
     out += ["-- teardown", *ring.drop(), *ring.drop_schema_if_unused()]
     backend = "postgres" if isinstance(ring, PgRing) else "sqlserver"
     out += ["-- calls", *(call_statement(backend, ring.t.names, v) for v in CALLS)]
+    staging = StagingStatements(backend, ring.t.names)
+    out += [
+        "-- client reads",
+        peek_query(backend, ring.t.names),
+        history_query(backend, ring.t.names),
+        "-- staging (dbq.spark)",
+        staging.insert_many(2),
+        staging.rows,
+        staging.last,
+        staging.delete_upto,
+        staging.delete_stage,
+    ]
     out += [
         "-- observe",
         ring.OBSERVE_SCHEMA,

@@ -96,8 +96,14 @@ class QueueNames:
         return self._(f"n_{total}")
 
     @property
+    def staged(self) -> str:
+        """Messages on their way between the queue and a Spark job (`dbq.spark`), keyed by
+        (stage, seq): a streaming read's offsets, a write's rows before it is published."""
+        return self._("staged")
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap)
+        return (self.ring, self.spill, self.gap, self.staged)
 
     @property
     def pipes(self) -> str:
@@ -118,6 +124,11 @@ class QueueNames:
     def pending(self) -> str:
         """Cassandra: leased messages waiting for ack/nack, one partition per pipe."""
         return self._("pending")
+
+    @property
+    def pipes_tables(self) -> tuple[str, ...]:
+        """Cassandra: the tables of one pipes queue."""
+        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged)
 
     @property
     def sequences(self) -> tuple[str, ...]:

@@ -69,6 +69,14 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
   reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at timestamptz NOT NULL DEFAULT now())
 
+CREATE TABLE IF NOT EXISTS "shopq"."orders_staged" (
+  stage text NOT NULL,
+  seq bigint NOT NULL,
+  id text NOT NULL,
+  body bytea NOT NULL,
+  attempts int NOT NULL,
+  PRIMARY KEY (stage, seq))
+
 -- step create_history
 
 CREATE TABLE IF NOT EXISTS "shopq"."dbq_stats_history" (
@@ -608,6 +616,8 @@ DROP TABLE IF EXISTS "shopq"."orders_spill"
 
 DROP TABLE IF EXISTS "shopq"."orders_gap"
 
+DROP TABLE IF EXISTS "shopq"."orders_staged"
+
 DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_pop_seq"
@@ -652,6 +662,24 @@ SELECT * FROM "shopq"."orders_void_holes"(?)
 
 SELECT * FROM "shopq"."orders_stats"()
 
+-- client reads
+
+SELECT msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
+
+SELECT extract(epoch FROM at)::float8, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM "shopq"."dbq_stats_history" WHERE queue = ? AND at >= CAST(? AS timestamptz) AND at < CAST(? AS timestamptz) ORDER BY at
+
+-- staging (dbq.spark)
+
+INSERT INTO "shopq"."orders_staged" (stage, seq, id, body, attempts) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)
+
+SELECT seq, id, body, attempts FROM "shopq"."orders_staged" WHERE stage = ? AND seq > ? AND seq <= ? ORDER BY seq
+
+SELECT max(seq) FROM "shopq"."orders_staged" WHERE stage = ? AND seq > ?
+
+DELETE FROM "shopq"."orders_staged" WHERE stage = ? AND seq <= ?
+
+DELETE FROM "shopq"."orders_staged" WHERE stage = ?
+
 -- observe
 
 SELECT count(*) FROM pg_namespace WHERE nspname = ?
@@ -672,9 +700,9 @@ SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "s
 
 -- maintenance
 
-SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap')
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged')
 
-SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap')
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged')
 
 SELECT 1
 

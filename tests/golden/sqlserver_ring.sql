@@ -85,6 +85,15 @@ CREATE TABLE [shopq].[orders_gap] (
   reason varchar(8) NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
+IF OBJECT_ID(N'[shopq].[orders_staged]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_staged] (
+  stage nvarchar(200) NOT NULL,
+  seq bigint NOT NULL,
+  id nvarchar(64) NOT NULL,
+  body varbinary(max) NOT NULL,
+  attempts int NOT NULL,
+  PRIMARY KEY CLUSTERED (stage, seq))
+
 -- step create_history
 
 IF OBJECT_ID(N'[shopq].[dbq_stats_history]', N'U') IS NULL
@@ -598,6 +607,8 @@ DROP TABLE IF EXISTS [shopq].[orders_spill]
 
 DROP TABLE IF EXISTS [shopq].[orders_gap]
 
+DROP TABLE IF EXISTS [shopq].[orders_staged]
+
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_pop_seq]
@@ -644,6 +655,24 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_void_holes] ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_stats]; COMMIT TRAN;
 
+-- client reads
+
+SELECT TOP (?) msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
+
+SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM [shopq].[dbq_stats_history] WHERE queue = ? AND at >= CAST(? AS datetime2(3)) AND at < CAST(? AS datetime2(3)) ORDER BY at
+
+-- staging (dbq.spark)
+
+INSERT INTO [shopq].[orders_staged] (stage, seq, id, body, attempts) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)
+
+SELECT seq, id, body, attempts FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ? AND seq <= ? ORDER BY seq
+
+SELECT max(seq) FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ?
+
+DELETE FROM [shopq].[orders_staged] WHERE stage = ? AND seq <= ?
+
+DELETE FROM [shopq].[orders_staged] WHERE stage = ?
+
 -- observe
 
 SELECT COUNT(*) FROM sys.schemas WHERE name = ?
@@ -666,7 +695,7 @@ SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, p
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 

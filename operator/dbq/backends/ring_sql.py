@@ -67,6 +67,7 @@ class RingSqlBase:
         self.ring = f"{s}.{quote(n.ring)}"
         self.spill = f"{s}.{quote(n.spill)}"
         self.gap = f"{s}.{quote(n.gap)}"
+        self.staged = f"{s}.{quote(n.staged)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
@@ -159,7 +160,7 @@ class RingSqlBase:
 
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
-        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap)]
+        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap, self.staged)]
         stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in self.sequences]
         stmts.append(f"DELETE FROM {self.meta} WHERE queue = {self.literal(self.t.names.queue)}")
         stmts.append(f"DELETE FROM {self.history} WHERE queue = {self.literal(self.t.names.queue)}")

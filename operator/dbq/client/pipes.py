@@ -645,6 +645,31 @@ class PipesQueue:
             for r in live
         ]
 
+    def peek(self, n: int) -> list[PipeMessage]:
+        """Up to n waiting messages, oldest pipe first and in push order within a pipe, none
+        taken or leased: a snapshot for looking, while pushes and takes go on."""
+        count_arg(n, "n")
+        found: list[PipeMessage] = []
+        pipes = [p for p, status in self._live_pipes() if status != "drained"]
+        for start in range(0, len(pipes), STATE_READ_WINDOW):
+            for s in self._states(pipes[start : start + STATE_READ_WINDOW]):
+                if s is None or len(found) >= n:
+                    continue
+                want = n - len(found)
+                if s.cursor is None:
+                    rows = self._x(self.cql.read_head, s.pipe, want)
+                else:
+                    rows = self._x(self.cql.read_after, s.pipe, s.cursor, want)
+                at = now_ms()
+                found += [
+                    PipeMessage(
+                        id=r[1], body=bytes(r[2]), attempts=int(r[3] or 0), lease=None, pipe=s.pipe, key=r[0]
+                    )
+                    for r in rows
+                    if r[4] is None or r[4] > at
+                ]
+        return found
+
     # --- ack / nack -----------------------------------------------------------------------
     def _check_leases(self, messages: list[PipeMessage]) -> tuple[list[PipeMessage], list[PipeMessage]]:
         """(still leased with time to spare, lost) among `messages`."""

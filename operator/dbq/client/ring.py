@@ -27,6 +27,7 @@ from dbq.contract.ring import (
     call_statement,
     history_bound,
     history_query,
+    peek_query,
     recorded_query,
     records,
 )
@@ -160,6 +161,24 @@ class Queue:
         except pyodbc.Error as e:
             session.conn.close()
             raise self._translate(e) from None
+        self._checkin(session)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[pyodbc.Cursor]:
+        """A cursor whose statements commit together when the block ends (roll back if it raises)."""
+        session = self._checkout()
+        conn = session.conn
+        try:
+            conn.autocommit = False
+            yield conn.cursor()
+            conn.commit()
+            conn.autocommit = True
+        except pyodbc.Error as e:
+            conn.close()
+            raise self._translate(e) from None
+        except BaseException:
+            conn.close()
+            raise
         self._checkin(session)
 
     def _checkout(self) -> _Session:
@@ -381,6 +400,14 @@ class Queue:
         lost = [m for m in batch if m.id not in acked]
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
+
+    def peek(self, n: int) -> list[Message]:
+        """Up to n waiting messages in id order, none taken or leased: a snapshot for looking,
+        while pushes and takes go on."""
+        count_arg(n, "n")
+        with self._cursor() as cur:
+            rows = cur.execute(peek_query(self.settings.backend, self.names), n).fetchall()
+        return [Message(id=int(r[0]), body=bytes(r[1]), attempts=int(r[2]), lease=None) for r in rows]
 
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:

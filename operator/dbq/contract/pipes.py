@@ -27,6 +27,7 @@ class PipesStatements:
         self.state = f"{ks}.{quote(names.pipe_state)}"
         self.waiting = f"{ks}.{quote(names.waiting)}"
         self.pending = f"{ks}.{quote(names.pending)}"
+        self.staged = f"{ks}.{quote(names.staged)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 

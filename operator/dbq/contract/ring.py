@@ -91,6 +91,21 @@ def recorded_query(backend: str, names: QueueNames) -> str:
     )
 
 
+def peek_query(backend: str, names: QueueNames) -> str:
+    """Waiting messages (written, visible, not expired, not leased) in id order, read without
+    taking them: msg_id, body, attempts (parameter: how many)."""
+    quote = QUOTE[backend]
+    now = "SYSUTCDATETIME()" if backend == "sqlserver" else "now()"
+    waiting = " UNION ALL ".join(
+        f"SELECT msg_id, body, attempts FROM {quote(names.schema)}.{quote(table)} WHERE state = 1"
+        f" AND (visible_at IS NULL OR visible_at <= {now}) AND (expires_at IS NULL OR expires_at > {now})"
+        for table in (names.ring, names.spill)
+    )
+    if backend == "sqlserver":
+        return f"SELECT TOP (?) msg_id, body, attempts FROM ({waiting}) w ORDER BY msg_id"
+    return f"SELECT msg_id, body, attempts FROM ({waiting}) w ORDER BY msg_id LIMIT ?"
+
+
 HISTORY_COLUMNS = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"
 
 

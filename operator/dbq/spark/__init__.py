@@ -4,7 +4,9 @@
     register(spark)
     spark.read.format("dbq-queues").load()                       # the Queues and their status
     spark.read.format("dbq-stats").option("since", "24h").load()  # their statistics history
-    spark.read.format("dbq").option("queue", "orders").option("limit", "1000").load()  # drain
+    spark.read.format("dbq").option("queue", "orders").load()       # peek at waiting messages
+    spark.readStream.format("dbq").option("queue", "orders").load() # consume, at least once
+    df.write.format("dbq").option("queue", "orders").mode("append").save()  # push rows' body
 
 Each source documents its schema and options in its class docstring (`dbq.spark.status`, `dbq.spark.queue`).
 """

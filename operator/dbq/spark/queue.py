@@ -1,77 +1,353 @@
-"""`dbq`: a queue itself as a DataFrame (batch drain, every design).
+"""`dbq`: a queue itself as a DataFrame, read and written, on every design.
 
-`spark.read.format("dbq").option("queue", "orders").option("limit", "10000").load()` takes at
-most `limit` messages off the Queue resource `orders`, split over `partitions` tasks, each one
-consumer popping in batches of `batch`.
+Batch read, `spark.read.format("dbq").option("queue", "orders")`:
+- `mode=peek` (the default): a snapshot of at most `limit` waiting messages (default 10000),
+  nothing removed or leased. One task.
+- `mode=drain`: takes at most `limit` messages (required) off the queue, split over `partitions`
+  tasks, each one consumer popping `batch` at a time. At most once: a message is removed when a
+  task pops it (a batch read has no later point at which Spark confirms its output is durable),
+  so if a task fails after popping, those messages are lost and Spark's retry pops other ones.
 
-Delivery guarantee of a batch drain: at most once. A message is removed from the queue when a
-task pops it (a batch read has no later point at which Spark confirms the output is durable), so
-if a task fails after popping, the messages it had popped are lost; Spark's retry pops other
-ones. Use it to empty a queue into a table where that is acceptable; the streaming read, which
-removes messages only when Spark commits a micro-batch, is the at-least-once way (not built yet).
+Streaming read, `spark.readStream.format("dbq").option("queue", "orders")`: at least once, none
+lost. Each micro-batch's offsets are planned on the driver by moving messages off the queue
+into the queue's staging table (`<queue>_staged`, stage `read:<stream>`, one seq per message):
+acquire a batch, store it, ack it. An offset range (after, upto] is thereby a fixed set of rows
+that tasks, retried tasks and a restarted query read identically; the rows go only in the
+reader's `commit`, which Spark calls once the batch's output is durable (it lags a batch). A
+restarted query replays the batches its checkpoint did not commit, and first hands out any rows
+staged beyond its checkpoint before taking new ones. A message is delivered twice only if the
+driver dies between storing a batch and acking it: the lease runs out (spec.timeouts.visibility)
+and the message comes again. `maxMessagesPerTrigger` (default 10000) bounds a micro-batch; under
+`Trigger.AvailableNow` a batch takes what is waiting. Two queries reading one queue at once need
+different `stream` names.
+
+Write, `df.write.format("dbq").option("queue", "orders").mode("append").save()` and
+`df.writeStream.format("dbq")...`: each row's `body` (binary, or a string sent as UTF-8) becomes
+a message. A task stores its rows in the staging table under its own random tag; the driver's
+commit pushes exactly the tags of the tasks that succeeded (push_many, `batch` at a time) and
+drops the stage, so a failed or retried task pushes nothing twice. A streaming write records
+each published micro-batch (stage `published:<sink>`, seq = batch id): a batch replayed after a
+restart is not pushed again. It needs a `sink` name, unique among the queries writing to the
+queue. A crash of the driver inside the commit, between pushing and recording, duplicates that
+batch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import InputPartition
+from pyspark.sql.datasource import (
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import BinaryType, StringType, StructType
 
-from dbq.client import connect_resource
+from dbq.client import AnyQueue, LeaseLost, connect_resource
+from dbq.client.staging import Staged, staging_of
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.spark.options import Options, Source, SourceReader
+
+log = logging.getLogger(__name__)
 
 QUEUE_SCHEMA = "namespace string, queue string, id string, body binary, attempts int"
 QUEUE_OPTIONS = {
     "queue": "the Queue resource's name (required)",
     "namespace": "its namespace (default: the current one)",
     "kubeconfig": "path of a kubeconfig (default: the pod's service account, else KUBECONFIG)",
-    "mode": "drain: take messages off the queue (at most once); the only batch mode",
-    "limit": "at most this many messages in all (required for drain)",
-    "partitions": "tasks that pop at once, each one consumer (default 2)",
-    "batch": "messages per pop_many call (default 500)",
+    "mode": "batch read: peek (default; nothing removed) or drain (at most once)",
+    "limit": "batch read: at most this many messages (peek default 10000; required for drain)",
+    "partitions": "tasks at once: drain consumers, or streaming tasks per micro-batch (default 2)",
+    "batch": "messages per pop_many, acquire_many or push_many call (default 500)",
+    "stream": "streaming read: this query's stage name (default 'default'; one per concurrent query)",
+    "maxMessagesPerTrigger": "streaming read: at most this many messages per micro-batch (default 10000)",
+    "sink": "streaming write: a name unique among the queries writing to the queue (required)",
 }
+PEEK_LIMIT = 10_000
+MAX_PER_TRIGGER = 10_000
+READ_PAGE = 5_000  # staged rows fetched at once by a streaming task
+PUBLISHED_KEPT = 100  # published micro-batch ids remembered per sink
 
 
-class DrainReader(SourceReader):
+class QueueOptions:
+    """The options every part of the `dbq` source reads: which queue, and how to reach it."""
+
     def __init__(self, options: Options) -> None:
+        self.options = options
         self.queue = options.text("queue")
         if not self.queue:
             raise InvalidSpec('dbq: option queue is required: .option("queue", "<Queue resource name>")')
-        mode = options.text("mode", "drain")
-        if mode != "drain":
-            raise InvalidSpec(f"dbq: option mode={mode!r}: a batch read supports mode=drain only")
-        if "limit" not in options.values:
-            raise InvalidSpec('dbq: option limit is required for mode=drain: .option("limit", "10000")')
-        self.limit = options.count("limit", 0)
-        self.tasks = options.count("partitions", 2)
-        self.batch = options.count("batch", 500)
         self.namespace = options.text("namespace") or current_namespace()
         self.kubeconfig = options.text("kubeconfig")
+        self.tasks = options.count("partitions", 2)
+        self.batch = options.count("batch", 500)
+
+    def connect(self) -> AnyQueue:
+        """A client of the queue; called where it is used (driver, or each task: they run from a
+        pickled copy, so connections are opened there)."""
+        api = Kube.for_kubeconfig(self.kubeconfig).api_client
+        return connect_resource(self.queue, self.namespace, api_client=api)
+
+    def row(self, msg_id: object, body: bytes, attempts: int) -> tuple[Any, ...]:
+        return self.namespace, self.queue, str(msg_id), body, attempts
+
+
+# --- batch read -----------------------------------------------------------------------------
+class BatchReader(SourceReader):
+    def __init__(self, options: Options) -> None:
+        self.q = QueueOptions(options)
+        self.mode = options.text("mode", "peek")
+        if self.mode == "drain":
+            if "limit" not in options.values:
+                raise InvalidSpec('dbq: option limit is required for mode=drain: .option("limit", "10000")')
+            self.limit = options.count("limit", 0)
+        elif self.mode == "peek":
+            self.limit = options.count("limit", PEEK_LIMIT)
+        else:
+            raise InvalidSpec(f"dbq: option mode={self.mode!r}: write mode=peek or mode=drain")
 
     def partitions(self) -> list[InputPartition]:
-        share, extra = divmod(self.limit, self.tasks)
-        return [InputPartition(share + (1 if i < extra else 0)) for i in range(self.tasks)]
+        if self.mode == "peek":
+            return [InputPartition(self.limit)]
+        share, extra = divmod(self.limit, self.q.tasks)
+        return [InputPartition(share + (1 if i < extra else 0)) for i in range(self.q.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         wanted: int = partition.value
-        api = Kube.for_kubeconfig(self.kubeconfig).api_client
-        with connect_resource(self.queue, self.namespace, api_client=api) as queue:
+        with self.q.connect() as queue:
+            if self.mode == "peek":
+                for m in queue.peek(wanted):
+                    yield self.q.row(m.id, m.body, m.attempts)
+                return
             while wanted > 0:
-                messages = queue.pop_many(min(self.batch, wanted), timeout=1.0)
+                messages = queue.pop_many(min(self.q.batch, wanted), timeout=1.0)
                 if not messages:
                     return  # the queue stayed empty for a second
                 wanted -= len(messages)
                 for m in messages:
-                    yield self.namespace, self.queue, str(m.id), m.body, m.attempts
+                    yield self.q.row(m.id, m.body, m.attempts)
+
+
+# --- streaming read -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeqRange(InputPartition):
+    """Staged rows after < seq <= upto."""
+
+    after: int
+    upto: int
+
+
+class StreamReader(DataSourceStreamReader):
+    def __init__(self, options: Options) -> None:
+        self.q = QueueOptions(options)
+        if "mode" in options.values or "limit" in options.values:
+            raise InvalidSpec(
+                "dbq: options mode and limit are for batch reads: a stream takes maxMessagesPerTrigger"
+            )
+        self.stage = f"read:{options.text('stream', 'default')}"
+        self.per_trigger = options.count("maxMessagesPerTrigger", MAX_PER_TRIGGER)
+        self._queue: AnyQueue | None = None  # the driver's client, opened on first use
+
+    def _driver_queue(self) -> AnyQueue:
+        if self._queue is None:
+            self._queue = self.q.connect()
+        return self._queue
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"seq": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.per_trigger)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        after = int(start["seq"])
+        staging = staging_of(self._driver_queue())
+        left = staging.last(self.stage, after)
+        if left is not None:  # staged by a run that died before Spark logged the offset
+            return {"seq": left}
+        if isinstance(limit, ReadMaxRows):
+            cap: int | None = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            cap = None
+        else:
+            raise InvalidSpec(
+                f"dbq: read limit {type(limit).__name__} is not supported: use maxMessagesPerTrigger"
+            )
+        return {"seq": self._stage(after, cap)}
+
+    def _stage(self, after: int, cap: int | None) -> int:
+        """Move up to `cap` messages (all that wait if None) into the stage; the last seq."""
+        queue = self._driver_queue()
+        staging = staging_of(queue)
+        seq = after
+        while cap is None or seq - after < cap:
+            want = self.q.batch if cap is None else min(self.q.batch, cap - (seq - after))
+            messages: list[Any] = queue.acquire_many(want, timeout=0)
+            if not messages:
+                break
+            staging.put(
+                self.stage,
+                [Staged(seq + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)],
+            )
+            try:
+                queue.ack_many(messages)
+            except LeaseLost as e:  # staged all the same: they will come again (at least once)
+                log.warning("dbq stream %s: %s", self.stage, e)
+            seq += len(messages)
+        return seq
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        first, last = int(start["seq"]), int(end["seq"])
+        step = max(1, -(-(last - first) // self.q.tasks))
+        return [SeqRange(a, min(a + step, last)) for a in range(first, last, step)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, SeqRange)
+        with self.q.connect() as queue:
+            staging = staging_of(queue)
+            for after in range(partition.after, partition.upto, READ_PAGE):
+                for r in staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)):
+                    yield self.q.row(r.id, r.body, r.attempts)
+
+    def commit(self, end: dict[str, int]) -> None:
+        staging_of(self._driver_queue()).drop(self.stage, upto=int(end["seq"]))
+
+    def stop(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+
+# --- write ----------------------------------------------------------------------------------
+@dataclass
+class StagedRows(WriterCommitMessage):
+    """What a successful task stored: seq = tag << 32 | row number, rows 1..count."""
+
+    tag: int
+    count: int
+
+
+def body_field(schema: StructType) -> int:
+    """The position of the `body` column, which must be binary or string."""
+    for i, f in enumerate(schema.fields):
+        if f.name == "body":
+            if not isinstance(f.dataType, BinaryType | StringType):
+                raise InvalidSpec(
+                    f"dbq: column body is {f.dataType.simpleString()}: cast it to binary or string"
+                )
+            return i
+    raise InvalidSpec(
+        f"dbq: a written DataFrame needs a column body (binary or string); it has {schema.names}"
+    )
+
+
+class QueueWriter(DataSourceWriter):
+    """Stage in the tasks, publish in the driver's commit."""
+
+    def __init__(self, options: Options, schema: StructType) -> None:
+        self.q = QueueOptions(options)
+        self.body = body_field(schema)
+        self.stage = f"write:{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[Any]) -> StagedRows:
+        tag = uuid.uuid4().int >> 97  # 31 bits: this attempt's rows are tag << 32 | 1, 2, ...
+        count = 0
+        with self.q.connect() as queue:
+            staging = staging_of(queue)
+            chunk: list[Staged] = []
+            for row in iterator:
+                value = row[self.body]
+                body = value.encode() if isinstance(value, str) else bytes(value)
+                count += 1
+                chunk.append(Staged(tag << 32 | count, "", body, 0))
+                if len(chunk) == self.q.batch:
+                    staging.put(self.stage, chunk)
+                    chunk = []
+            if chunk:
+                staging.put(self.stage, chunk)
+        return StagedRows(tag, count)
+
+    def publish(self, queue: AnyQueue, messages: list[WriterCommitMessage | None]) -> int:
+        """Push the rows of the tasks that succeeded, in order; drop the stage. How many."""
+        staging = staging_of(queue)
+        pushed = 0
+        for m in messages:
+            if not isinstance(m, StagedRows):
+                continue  # a task that failed reports nothing; its rows go with the stage
+            base = m.tag << 32
+            for after in range(base, base + m.count, self.q.batch):
+                rows = staging.rows(self.stage, after, min(after + self.q.batch, base + m.count))
+                queue.push_many([r.body for r in rows])
+                pushed += len(rows)
+        staging.drop(self.stage)
+        return pushed
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        with self.q.connect() as queue:
+            self.publish(queue, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        with contextlib.suppress(Exception), self.q.connect() as queue:  # else rows stay staged
+            staging_of(queue).drop(self.stage)
+
+
+class QueueStreamWriter(QueueWriter, DataSourceStreamWriter):
+    """A write per micro-batch; a batch already published (a replay after restart) is skipped."""
+
+    def __init__(self, options: Options, schema: StructType) -> None:
+        super().__init__(options, schema)
+        sink = options.text("sink")
+        if not sink:
+            raise InvalidSpec(
+                'dbq: a streaming write needs option sink: .option("sink", "<name unique per query>")'
+            )
+        self.published = f"published:{sink}"
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        with self.q.connect() as queue:
+            staging = staging_of(queue)
+            if staging.rows(self.published, batchId - 1, batchId):
+                staging.drop(self.stage)
+                log.info("dbq sink %s: batch %d was published before: skipped", self.published, batchId)
+                return
+            self.publish(queue, messages)
+            staging.put(self.published, [Staged(batchId, "", b"", 0)])
+            staging.drop(self.published, upto=batchId - PUBLISHED_KEPT)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        super().abort(messages)
 
 
 class QueueSource(Source):
-    """`spark.read.format("dbq")`: see the module docstring for the options and the guarantee."""
+    """`format("dbq")`: read (peek, drain, stream) and write (batch, stream) a queue; see the
+    module docstring for the options and each one's delivery guarantee."""
 
     NAME = "dbq"
     SCHEMA = QUEUE_SCHEMA
     OPTIONS = QUEUE_OPTIONS
-    READER = DrainReader
+    READER = BatchReader
+
+    def _options(self) -> Options:
+        return Options(self.NAME, self.options, self.OPTIONS)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(self._options())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise InvalidSpec('dbq: a queue is only appended to: write with .mode("append")')
+        return QueueWriter(self._options(), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise InvalidSpec('dbq: a queue is only appended to: write with outputMode("append")')
+        return QueueStreamWriter(self._options(), schema)

@@ -181,13 +181,13 @@ class CassandraPipes:
         observed = self.observe()
         if not observed.keyspace_exists:
             return
-        for table in self.cql.queue_tables:
+        for table in self.names.pipes_tables:
             self._run(self.cql.drop_table(table))
         if self.names.meta in observed.tables:
             self._run(self.cql.forget, self.names.queue)
             if self.names.history in observed.tables:
                 self._run(self.cql.forget_history, self.names.queue)
             others = self._run(self.cql.queues_in_keyspace)
-            leftover = set(observed.tables) - {self.names.meta, self.names.history, *self.cql.queue_tables}
+            leftover = set(observed.tables) - {self.names.meta, self.names.history, *self.names.pipes_tables}
             if not others and not leftover:
                 self._run(self.cql.drop_keyspace())

@@ -135,6 +135,10 @@ class PipesCql(PipesStatements):
     deadline timestamp, lease uuid,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
+            self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
+    stage text, seq bigint, id text, body blob, attempts int,
+    PRIMARY KEY ((stage), seq)
+) WITH CLUSTERING ORDER BY (seq ASC) AND {TABLE_OPTIONS}""",
         }[table]
 
     def tune_table(self, table: str) -> str:
@@ -146,7 +150,3 @@ class PipesCql(PipesStatements):
 
     def drop_keyspace(self) -> str:
         return f"DROP KEYSPACE IF EXISTS {self.keyspace}"
-
-    @property
-    def queue_tables(self) -> tuple[str, ...]:
-        return (self.names.pipes, self.names.pipe_state, self.names.waiting, self.names.pending)

@@ -102,7 +102,7 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     if n.history not in observed.tables:
         why = f"statistics history table {n.schema}.{n.history} does not exist"
         steps.append(PipesStep(PipesAction.CREATE_TABLE, why, n.history))
-    for table in (n.pipes, n.pipe_state, n.waiting, n.pending):
+    for table in n.pipes_tables:
         options = observed.tables.get(table)
         if options is None:
             steps.append(

@@ -112,6 +112,13 @@ ON CONFLICT (slot) DO NOTHING"""
   pos bigint PRIMARY KEY,
   reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at timestamptz NOT NULL DEFAULT now())""",
+            f"""CREATE TABLE IF NOT EXISTS {self.staged} (
+  stage text NOT NULL,
+  seq bigint NOT NULL,
+  id text NOT NULL,
+  body bytea NOT NULL,
+  attempts int NOT NULL,
+  PRIMARY KEY (stage, seq))""",
         ]
 
     def create_history(self) -> list[str]:

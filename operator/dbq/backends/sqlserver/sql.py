@@ -138,6 +138,14 @@ CREATE TABLE {self.gap} (
   pos bigint NOT NULL PRIMARY KEY CLUSTERED,
   reason varchar(8) NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())""",
+            f"""{self._object_missing(self.staged, "U")}
+CREATE TABLE {self.staged} (
+  stage nvarchar(200) NOT NULL,
+  seq bigint NOT NULL,
+  id nvarchar(64) NOT NULL,
+  body varbinary(max) NOT NULL,
+  attempts int NOT NULL,
+  PRIMARY KEY CLUSTERED (stage, seq))""",
         ]
 
     def create_history(self) -> list[str]:
