@@ -384,3 +384,19 @@ def test_cli_stats_watch_prints_rates_while_messages_flow(make_queue, cass_url):
     lines = [json.loads(line) for line in out.output.splitlines() if line.startswith("{")]
     assert len(lines) == 4 and lines[0]["pushRate"] == 0.0
     assert lines[-1]["pushed"] > lines[0]["pushed"] and 10 < lines[-1]["pushRate"] < 150
+
+
+def test_a_large_rollback_goes_in_batches_cassandra_accepts(make_queue, cass_url):
+    """500 leases past their deadline come back: rows and the pending rows they replace go in
+    logged batches under Cassandra's batch_size_fail_threshold (a single one was refused)."""
+    q = make_queue(max_pushes=1000)
+    q.push_many(bodies("big", 500))
+    held = q.acquire_many(500, visibility=1)
+    assert len(held) == 500
+    other = connect(cass_url, q.names.queue, schema=KEYSPACE, pop_timeout=0.2)
+    try:
+        time.sleep(pipes_module.PIPE_LEASE_S + pipes_module.SKEW_S + 0.2)
+        assert other.repair().rolled_back == 500
+        assert sorted(drain(other)) == sorted(bodies("big", 500))
+    finally:
+        other.close()

@@ -163,6 +163,6 @@ def test_dbq_drains_at_most_limit_messages_each_once(fleet, spark, stack, postgr
     with connect(postgres.url, "ring_b", schema=schema) as q:
         assert q.stats().depth == 0
     with pytest.raises(Exception, match="option limit is required"):
-        spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option(
-            "queue", "ring-b"
+        spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("queue", "ring-b").option(
+            "mode", "drain"
         ).load().collect()

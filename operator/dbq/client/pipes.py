@@ -59,6 +59,8 @@ RETAKE_AFTER_S = 60.0
 MAX_BODY_BYTES = 1 << 20
 BATCH_MAX_MESSAGES = 500
 BATCH_MAX_BYTES = 4 << 20
+LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows they replace)
+LOGGED_MAX_BYTES = 24 << 10
 MOVE_SCAN_S = 0.05
 STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 
@@ -372,14 +374,18 @@ class PipesQueue:
         except QueueError:
             pass  # poppers treat it as finished after maxPushTime anyway
 
-    def _chunks(self, bodies: list[bytes], room: int) -> int:
-        """How many of `bodies` go in the next batch."""
+    def _chunks(self, bodies: list[bytes], room: int, logged: bool = False) -> int:
+        """How many of `bodies` go in the next batch. A logged batch spans partitions, and
+        Cassandra refuses one past batch_size_fail_threshold (50 KiB by default): it stays small."""
+        most, most_bytes = (
+            (LOGGED_MAX_MESSAGES, LOGGED_MAX_BYTES) if logged else (BATCH_MAX_MESSAGES, BATCH_MAX_BYTES)
+        )
         total = 0
-        for i, body in enumerate(bodies[: min(room, BATCH_MAX_MESSAGES)]):
+        for i, body in enumerate(bodies[: min(room, most)]):
             total += len(body)
-            if total > BATCH_MAX_BYTES and i > 0:
+            if total > most_bytes and i > 0:
                 return i
-        return min(room, BATCH_MAX_MESSAGES, len(bodies))
+        return min(room, most, len(bodies))
 
     def _write(
         self,
@@ -396,7 +402,7 @@ class PipesQueue:
         out: list[uuid.UUID] = []
         i = 0
         while i < len(bodies):
-            n = self._chunks(bodies[i:], self._push_room(pusher))
+            n = self._chunks(bodies[i:], self._push_room(pusher), logged=bool(also))
             keys = [uuid.uuid1() for _ in range(n)]
             new_ids = ids[i : i + n] if ids else keys
             pushed = pusher.pushed + (0 if ids else n)
@@ -481,8 +487,10 @@ class PipesQueue:
                 got = self._take_from(lease, n, visibility)
                 if got:
                     return got
-                if (self._lease() is not lease or self._move_from(lease)) and deadline.remaining > 0:
-                    continue  # that pipe is done, or another has messages: try at once
+                if self._lease() is not lease:
+                    continue  # that pipe is done: on to the next at once, whatever the timeout
+                if self._move_from(lease) and deadline.remaining > 0:
+                    continue  # another pipe has messages: try it at once
             if not deadline.wait():
                 return []
 

@@ -156,6 +156,9 @@ class StreamReader(DataSourceStreamReader):
         self.stage = f"read:{options.text('stream', 'default')}"
         self.per_trigger = options.count("maxMessagesPerTrigger", MAX_PER_TRIGGER)
         self._queue: AnyQueue | None = None  # the driver's client, opened on first use
+        # Staged rows up to here are gone. commit(end) drops a batch's rows only when the next
+        # batch is planned; a query stopped before that drops them when it starts again.
+        self._dropped_upto = -1
 
     def _driver_queue(self) -> AnyQueue:
         if self._queue is None:
@@ -171,6 +174,9 @@ class StreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         after = int(start["seq"])
         staging = staging_of(self._driver_queue())
+        if after > self._dropped_upto:  # Spark asks for batch N+1 once batch N is durable
+            staging.drop(self.stage, upto=after)
+            self._dropped_upto = after
         left = staging.last(self.stage, after)
         if left is not None:  # staged by a run that died before Spark logged the offset
             return {"seq": left}
@@ -219,7 +225,8 @@ class StreamReader(DataSourceStreamReader):
                     yield self.q.row(r.id, r.body, r.attempts)
 
     def commit(self, end: dict[str, int]) -> None:
-        staging_of(self._driver_queue()).drop(self.stage, upto=int(end["seq"]))
+        self._dropped_upto = int(end["seq"])
+        staging_of(self._driver_queue()).drop(self.stage, upto=self._dropped_upto)
 
     def stop(self) -> None:
         if self._queue is not None:

@@ -1,0 +1,239 @@
+"""The `dbq` source read and written by real Spark jobs: peek, a streaming read whose driver is
+killed twice (ring: 100,000 messages, pipes: 20,000), a batch write with a failed task, and a
+streaming write replayed after a restart. Queues provisioned by the real operator."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dbq.client import connect
+from dbq.client.staging import staging_of
+from dbq.errors import InvalidSpec
+from dbq.spark import register
+from dbq.spark.options import Options
+from dbq.spark.queue import QUEUE_OPTIONS, QueueStreamWriter, StreamReader
+from tests.manifests import queue
+from tests.operator_harness import Operator, operator_namespace, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = {
+    "timeouts": {"visibility": "5s", "popWait": "0s"},
+    "cleanup": {"interval": "5s"},
+}
+PER_TRIGGER = 5_000
+
+
+@pytest.fixture(scope="module")
+def queues(kube, postgres, cassandra, stack, spark, tmp_path_factory):
+    cluster = operator_namespace(kube, postgres, "dbq-sparkq")
+    host, port = stack.cassandra.contact
+    cassandra_url = f"cassandra://{host}:{port}"
+    cluster.secret("events-db", {"url": cassandra_url})
+    schema, keyspace = f"sq_{secrets.token_hex(3)}", f"sq_{secrets.token_hex(3)}"
+    for name in ("stream-ring", "write-ring"):
+        doc = queue(name, ring={"size": 16384, "messageBytes": 64}, **QUICK)
+        doc["spec"]["connection"]["schema"] = schema
+        cluster.create(doc)
+    doc = queue("stream-pipes", backend="cassandra", design="pipes",
+                connection={"secretRef": {"name": "events-db"}, "schema": keyspace}, **QUICK)  # fmt: skip
+    del doc["spec"]["ring"]
+    cluster.create(doc)
+    operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("sparkq") / "operator.log")
+    operator.start()
+    for name in ("stream-ring", "write-ring", "stream-pipes"):
+        cluster.wait_condition(name, "Ready", "True", timeout=90)
+    register(spark)
+    clients = {
+        "stream-ring": lambda: connect(postgres.url, "stream_ring", schema=schema),
+        "write-ring": lambda: connect(postgres.url, "write_ring", schema=schema),
+        "stream-pipes": lambda: connect(cassandra_url, "stream_pipes", schema=keyspace),
+    }
+    yield cluster, kube, clients, (postgres, schema)
+    cluster.force_delete_all(120)
+    operator.stop()
+
+
+def job(*args: str, log: Path) -> subprocess.Popen:
+    """A Spark job in a process group of its own (Python driver and its JVM), logging to `log`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.spark_jobs", *args],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def batches_with_data(log: Path) -> int:
+    return sum(
+        1 for line in log.read_text().splitlines() if line.startswith("batch ") and not line.endswith(" 0")
+    )
+
+
+def consume_with_kills(cluster, kube, name: str, tmp: Path, kills: int = 2) -> list:
+    """Stream `name` into Parquet; SIGKILL the driver after 2 batches with data, `kills` times,
+    restarting from the checkpoint; then let it run until the queue stays empty."""
+    common = ["consume", "--kubeconfig", kube.kubeconfig, "--namespace", cluster.ns, "--queue", name,
+              "--sink", str(tmp / "sink"), "--checkpoint", str(tmp / "checkpoint"),
+              "--per-trigger", str(PER_TRIGGER), "--idle-exit", "25"]  # fmt: skip
+    for run in range(kills):
+        log = tmp / f"run{run}.log"
+        proc = job(*common, log=log)
+        try:
+            wait_for(
+                lambda p=proc, f=log: batches_with_data(f) >= 2 or p.poll() is not None, 180, "two batches"
+            )
+            assert proc.poll() is None, log.read_text()[-3000:]
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        print(f"run {run}: killed after {batches_with_data(log)} batches with data")
+    log = tmp / "final.log"
+    proc = job(*common, log=log)
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    return [(bytes(r["body"]), r["id"]) for r in _read_parquet(tmp / "sink")]
+
+
+def _read_parquet(path: Path) -> list:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate().read.parquet(str(path)).collect()
+
+
+def check_consumed(rows: list, bodies: set[bytes], client, kills: int) -> None:
+    got = [body for body, _ in rows]
+    duplicates = len(got) - len(set(got))
+    print(f"{len(got)} rows in the sink, {len(set(got))} distinct, {duplicates} duplicates")
+    assert set(got) == bodies, f"lost: {len(bodies - set(got))}"
+    assert duplicates <= kills * PER_TRIGGER  # only from the kills: at most a batch in flight each
+    with client() as q:
+        stats = q.stats()
+        assert (stats.depth, stats.in_flight) == (0, 0), stats
+        # The last batch's rows went when the query next asked for data, the batch being durable.
+        assert staging_of(q).last("read:default") is None
+
+
+def test_a_streaming_read_survives_two_driver_kills_on_a_ring(queues, tmp_path):
+    cluster, kube, clients, _ = queues
+    total = 100_000
+    bodies = {b"s%06d" % i for i in range(total)}
+
+    def feed() -> None:  # the ring holds 16384: pushes wait for room while the stream consumes
+        with clients["stream-ring"]() as q:
+            ordered = sorted(bodies)
+            for start in range(0, total, 1000):
+                q.push_many(ordered[start : start + 1000], timeout=300)
+
+    pusher = threading.Thread(target=feed)
+    pusher.start()
+    try:
+        rows = consume_with_kills(cluster, kube, "stream-ring", tmp_path)
+    finally:
+        pusher.join()
+    check_consumed(rows, bodies, clients["stream-ring"], kills=2)
+
+
+def test_a_streaming_read_survives_two_driver_kills_on_pipes(queues, tmp_path):
+    cluster, kube, clients, _ = queues
+    bodies = {b"p%05d" % i for i in range(20_000)}
+    with clients["stream-pipes"]() as q:
+        ordered = sorted(bodies)
+        for start in range(0, len(ordered), 500):
+            q.push_many(ordered[start : start + 500])
+    rows = consume_with_kills(cluster, kube, "stream-pipes", tmp_path)
+    check_consumed(rows, bodies, clients["stream-pipes"], kills=2)
+
+
+def test_peek_reads_waiting_messages_and_takes_none(queues, spark):
+    cluster, kube, clients, _ = queues
+    for name, n in (("write-ring", 30), ("stream-pipes", 25)):
+        with clients[name]() as q:
+            q.push_many([b"k%d" % i for i in range(n)])
+            leased = q.acquire_many(5, visibility=60)
+        df = (
+            spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
+            .option("queue", name).option("limit", "100").load()
+        )  # fmt: skip
+        rows = df.collect()
+        waiting = {b"k%d" % i for i in range(n)} - {m.body for m in leased}
+        assert {bytes(r["body"]) for r in rows} == waiting and len(rows) == n - 5
+        assert len(spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option(
+            "namespace", cluster.ns).option("queue", name).option("limit", "7").load().collect()) == 7  # fmt: skip
+        with clients[name]() as q:
+            assert q.stats().depth == n - 5  # nothing taken by peeking
+            q.ack_many(leased)
+            taken = 0
+            while taken < n - 5:
+                taken += len(q.pop_many(n))
+
+
+def test_a_batch_write_with_a_failed_task_pushes_each_row_once(queues, tmp_path):
+    cluster, kube, clients, (postgres, schema) = queues
+    log = tmp_path / "write.log"
+    proc = job("write", "--kubeconfig", kube.kubeconfig, "--namespace", cluster.ns, "--queue", "write-ring",
+               "--rows", "100000", "--partitions", "4", "--fail-once", str(tmp_path / "failed"), log=log)  # fmt: skip
+    # The ring holds 16384: drain while the job's commit pushes.
+    got: list[bytes] = []
+    with clients["write-ring"]() as q:
+        while proc.poll() is None or q.stats().depth:
+            got += [m.body for m in q.pop_many(1000, timeout=0.5)]
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert (tmp_path / "failed").exists()  # the failure was injected
+    assert "injected task failure" in log.read_text()
+    assert len(got) == 100_000 and set(got) == {b"w%d" % n for n in range(100_000)}
+    with clients["write-ring"]() as q:
+        assert q.stats().pushed == 100_000
+    staged = (
+        postgres.connect().cursor().execute(f'SELECT count(*) FROM "{schema}".write_ring_staged').fetchval()
+    )
+    assert staged == 0  # the failed attempt's rows went with the stage
+
+
+def test_a_replayed_streaming_batch_is_not_pushed_twice(queues):
+    """The sink's commit for one batch id, made twice (a replay after a restart), pushes once;
+    a task attempt that reported nothing is never pushed."""
+    cluster, kube, clients, _ = queues
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    options = {
+        "kubeconfig": kube.kubeconfig,
+        "namespace": cluster.ns,
+        "queue": "write-ring",
+        "sink": "replay",
+    }
+    schema = StructType([StructField("body", BinaryType())])
+    writer = QueueStreamWriter(Options("dbq", options, QUEUE_OPTIONS), schema)
+    for _replay in range(2):
+        done = writer.write(iter([(b"b7-%d" % i,) for i in range(300)]))
+        writer.write(iter([(b"lost-attempt",)]))  # a failed attempt: its message never arrives
+        writer.commit([done, None], batchId=7)
+    with clients["write-ring"]() as q:
+        got = [m.body for m in q.pop_many(1000, timeout=1)]
+    assert sorted(got) == sorted(b"b7-%d" % i for i in range(300))
+    with pytest.raises(Exception, match="option sink"):
+        QueueStreamWriter(Options("dbq", {**options, "sink": ""}, QUEUE_OPTIONS), schema)
+
+
+def test_bad_options_are_refused_by_name(queues, spark):
+    cluster, kube, *_ = queues
+    base = spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
+    with pytest.raises(Exception, match="option mode='tail'"):
+        base.option("queue", "write-ring").option("mode", "tail").load().collect()
+    with pytest.raises(InvalidSpec, match="unknown option 'maxBytesPerTrigger'"):
+        StreamReader(Options("dbq", {"queue": "write-ring", "maxBytesPerTrigger": "1m"}, QUEUE_OPTIONS))
+    with pytest.raises(InvalidSpec, match="options mode and limit are for batch reads"):
+        StreamReader(Options("dbq", {"queue": "write-ring", "limit": "10"}, QUEUE_OPTIONS))
+    df = spark.createDataFrame([(1,)], "body int")
+    with pytest.raises(Exception, match="cast it to binary or string"):
+        df.write.format("dbq").option("kubeconfig", kube.kubeconfig).option("queue", "write-ring").mode(
+            "append"
+        ).save()
+    with pytest.raises(Exception, match='mode\\("append"\\)'):
+        spark.createDataFrame([(b"x",)], "body binary").write.format("dbq").option(
+            "queue", "write-ring"
+        ).mode("overwrite").save()
