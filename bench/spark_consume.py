@@ -1,0 +1,205 @@
+"""Consuming a ring queue (PostgreSQL) from Spark, against the plain client in the same run.
+
+Three ways to take the same backlog of messages off the queue, at the same parallelism N:
+1. baseline: N threads of the client calling pop_many(batch);
+2. Spark batch drain (`mode=drain`, N partitions) into the noop sink;
+3. Spark streaming read (N tasks a micro-batch) into the noop sink, until all is processed.
+Then the latency of the stream from push to sink: a pusher sends a steady rate of messages whose
+body carries their push time, and the sink (foreachBatch, on the driver) notes when each arrives.
+
+    ~/.cache/dbq/venv/bin/python -m bench.spark_consume --messages 100000 --parallelism 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import struct
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyodbc
+from kubernetes import config
+
+from dbq.client import connect
+from dbq.devstack import Stack
+from dbq.devstack.kube import OPERATOR_USER
+from tests.manifests import queue
+from tests.operator_harness import Operator, operator_namespace
+
+BODY = 100  # bytes a message
+
+
+def push_backlog(q: Any, n: int) -> None:
+    filler = b"x" * (BODY - 8)
+    for start in range(0, n, 1000):
+        q.push_many([struct.pack(">q", i) + filler for i in range(start, min(n, start + 1000))], timeout=60)
+
+
+def pop_many_rate(q: Any, n: int, threads: int, batch: int) -> float:
+    taken, lock = [0], threading.Lock()
+
+    def consume() -> None:
+        while True:
+            with lock:
+                if taken[0] >= n:
+                    return
+            got = len(q.pop_many(batch, timeout=1.0))
+            with lock:
+                taken[0] += got
+            if not got:
+                return
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(consume) for _ in range(threads)]:
+            f.result()
+    elapsed = time.perf_counter() - started
+    assert taken[0] == n, taken
+    return n / elapsed
+
+
+def spark_session(parallelism: int) -> Any:
+    os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from dbq.spark import register
+
+    spark = (
+        SparkSession.builder.master(f"local[{parallelism}]")
+        .appName("dbq-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(parallelism))
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--per-trigger", type=int, default=20_000)
+    parser.add_argument(
+        "--latency-rate", type=int, default=1_000, help="messages/s pushed for the latency run"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    opts = parser.parse_args()
+    n, par = opts.messages, opts.parallelism
+
+    stack = Stack()
+    stack.up(("kube", "postgres"))
+    kube = SimpleNamespace(
+        kubeconfig=str(stack.kube.kubeconfig),
+        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
+        api=config.new_client_from_config(config_file=str(stack.kube.kubeconfig)),
+    )
+    dbname = f"dbq_bench_{secrets.token_hex(3)}"
+    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{dbname}"')
+    postgres = SimpleNamespace(url=stack.postgres.url(dbname))
+    cluster = operator_namespace(kube, postgres, "dbq-bench-spark")
+    cluster.create(queue("bench-q", ring={"size": 131072, "messageBytes": 128}, timeouts={"popWait": "0s"}))
+    work = Path(f"/tmp/dbq-bench-spark-{secrets.token_hex(3)}")
+    work.mkdir()
+    operator = Operator(kube, cluster.ns, work / "operator.log")
+    operator.start()
+    results: dict[str, float] = {}
+    try:
+        cluster.wait_condition("bench-q", "Ready", "True", timeout=120)
+        q = connect(postgres.url, "bench_q", schema="shopq", pop_timeout=0)
+        spark = spark_session(par)
+        source = lambda reader: (  # noqa: E731
+            reader.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
+            .option("queue", "bench-q").option("partitions", str(par)).option("batch", str(opts.batch))
+        )  # fmt: skip
+
+        push_backlog(q, n)
+        results["client pop_many"] = pop_many_rate(q, n, par, opts.batch)
+
+        push_backlog(q, n)
+        started = time.perf_counter()
+        source(spark.read).option("mode", "drain").option("limit", str(n)).load().write.format("noop").mode(
+            "overwrite"
+        ).save()
+        results["Spark batch drain"] = n / (time.perf_counter() - started)
+        assert q.stats().depth == 0
+
+        push_backlog(q, n)
+        stream = source(spark.readStream).option("maxMessagesPerTrigger", str(opts.per_trigger)).load()
+        started = time.perf_counter()
+        query = (
+            stream.writeStream.format("noop")
+            .option("checkpointLocation", str(work / "throughput"))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
+        while q.stats().depth > 0:
+            time.sleep(0.05)
+        query.processAllAvailable()
+        results["Spark streaming read"] = n / (time.perf_counter() - started)
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        query.stop()
+        assert rows == n, rows
+
+        latencies: list[float] = []
+
+        def note(batch: Any, _batch_id: int) -> None:
+            now = time.time()
+            latencies.extend(now - struct.unpack(">d", bytes(r["body"])[:8])[0] for r in batch.collect())
+
+        query = (
+            source(spark.readStream).load().writeStream.foreachBatch(note)
+            .option("checkpointLocation", str(work / "latency")).trigger(processingTime="0 seconds").start()
+        )  # fmt: skip
+        time.sleep(5)  # the query is up
+        sent = int(opts.latency_rate * opts.latency_seconds)
+        start = time.monotonic()
+        for i in range(sent):
+            wait = start + i / opts.latency_rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            q.push(struct.pack(">d", time.time()) + b"x" * (BODY - 8))
+        deadline = time.monotonic() + 60
+        while len(latencies) < sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        query.stop()
+        q.close()
+        spark.stop()
+    finally:
+        cluster.force_delete_all(120)
+        operator.stop()
+        with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+    base = results["client pop_many"]
+    print(f"ring on PostgreSQL, {n} messages of {BODY} bytes, parallelism {par}, batch {opts.batch}")
+    for label, rate in results.items():
+        print(f"  {label:22s} {rate:9.0f} msg/s   {rate / base:5.2f} x client pop_many")
+    print(f"  (streaming: maxMessagesPerTrigger {opts.per_trigger}; target >= 0.50 x client pop_many)")
+    assert len(latencies) == sent, f"{len(latencies)} of {sent} arrived"
+    ms = sorted(v * 1000 for v in latencies)
+    print(
+        f"streaming latency, push to sink, {sent} messages at {opts.latency_rate}/s:"
+        f" p50 {statistics.median(ms):.0f} ms   p95 {ms[int(len(ms) * 0.95)]:.0f} ms   max {ms[-1]:.0f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
