@@ -2,6 +2,7 @@
 
 Three ways to take the same backlog of messages off the queue, at the same parallelism N:
 1. baseline: N threads of the client calling pop_many(batch);
+(each after a warm-up Spark job: a session's first job costs about 12 s here, timed in none)
 2. Spark batch drain (`mode=drain`, N partitions) into the noop sink;
 3. Spark streaming read (N tasks a micro-batch) into the noop sink, until all is processed.
 Then the latency of the stream from push to sink: a pusher sends a steady rate of messages whose
@@ -128,6 +129,13 @@ def main() -> int:
             reader.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
             .option("queue", "bench-q").option("partitions", str(par)).option("batch", str(opts.batch))
         )  # fmt: skip
+
+        # Warm up: the first Spark job of a session starts the JVM's code paths and the Python
+        # workers (about 12 s here); the client's baseline is timed warm too.
+        push_backlog(q, 1000)
+        source(spark.read).option("mode", "drain").option("limit", "1000").load().write.format("noop").mode(
+            "overwrite"
+        ).save()
 
         push_backlog(q, n)
         results["client pop_many"] = pop_many_rate(q, n, par, opts.batch)

@@ -19,6 +19,7 @@ from dbq.client.pipes import PipesQueue
 from dbq.client.ring import Queue
 from dbq.contract.staging import StagingStatements
 
+PACKED_ROWS_PER_INSERT = 2000  # PostgreSQL
 SQL_ROWS_PER_INSERT = 400  # 5 parameters a row: SQL Server takes at most 2100 parameters
 CQL_IN_FLIGHT = 128  # concurrent inserts on Cassandra
 
@@ -71,6 +72,20 @@ class SqlStaging(Staging):
 
     def put(self, stage: str, rows: Sequence[Staged]) -> None:
         with self.queue._transaction() as cur:  # all or nothing
+            if self.queue.settings.backend == "postgres":
+                packed = self.sql.insert_packed()
+                for start in range(0, len(rows), PACKED_ROWS_PER_INSERT):
+                    chunk = rows[start : start + PACKED_ROWS_PER_INSERT]
+                    cur.execute(
+                        packed,
+                        stage,
+                        b"".join(r.body for r in chunk),
+                        ",".join(str(r.seq) for r in chunk),
+                        ",".join(r.id for r in chunk),
+                        ",".join(str(r.attempts) for r in chunk),
+                        ",".join(str(len(r.body)) for r in chunk),
+                    )
+                return
             for start in range(0, len(rows), SQL_ROWS_PER_INSERT):
                 chunk = rows[start : start + SQL_ROWS_PER_INSERT]
                 cur.execute(self.sql.insert_many(len(chunk)), *(v for r in chunk for v in r.params(stage)))

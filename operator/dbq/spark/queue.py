@@ -37,10 +37,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
@@ -60,6 +62,7 @@ from dbq.spark.options import Options, Source, SourceReader
 log = logging.getLogger(__name__)
 
 QUEUE_SCHEMA = "namespace string, queue string, id string, body binary, attempts int"
+ARROW_NAMES = ["namespace", "queue", "id", "body", "attempts"]
 QUEUE_OPTIONS = {
     "queue": "the Queue resource's name (required)",
     "namespace": "its namespace (default: the current one)",
@@ -97,8 +100,20 @@ class QueueOptions:
         api = Kube.for_kubeconfig(self.kubeconfig).api_client
         return connect_resource(self.queue, self.namespace, api_client=api)
 
-    def row(self, msg_id: object, body: bytes, attempts: int) -> tuple[Any, ...]:
-        return self.namespace, self.queue, str(msg_id), body, attempts
+    def rows(self, messages: Sequence[Any]) -> pa.RecordBatch:
+        """Messages (client messages or staged rows) as rows of QUEUE_SCHEMA: an Arrow batch,
+        which Spark takes many times faster than tuples."""
+        n = len(messages)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.namespace] * n, pa.string()),
+                pa.array([self.queue] * n, pa.string()),
+                pa.array([str(m.id) for m in messages], pa.string()),
+                pa.array([m.body for m in messages], pa.binary()),
+                pa.array([m.attempts for m in messages], pa.int32()),
+            ],
+            names=ARROW_NAMES,
+        )
 
 
 # --- batch read -----------------------------------------------------------------------------
@@ -121,20 +136,18 @@ class BatchReader(SourceReader):
         share, extra = divmod(self.limit, self.q.tasks)
         return [InputPartition(share + (1 if i < extra else 0)) for i in range(self.q.tasks)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         wanted: int = partition.value
         with self.q.connect() as queue:
             if self.mode == "peek":
-                for m in queue.peek(wanted):
-                    yield self.q.row(m.id, m.body, m.attempts)
+                yield self.q.rows(queue.peek(wanted))
                 return
             while wanted > 0:
-                messages = queue.pop_many(min(self.q.batch, wanted), timeout=1.0)
+                messages: Sequence[Any] = queue.pop_many(min(self.q.batch, wanted), timeout=1.0)
                 if not messages:
                     return  # the queue stayed empty for a second
                 wanted -= len(messages)
-                for m in messages:
-                    yield self.q.row(m.id, m.body, m.attempts)
+                yield self.q.rows(messages)
 
 
 # --- streaming read -------------------------------------------------------------------------
@@ -191,38 +204,45 @@ class StreamReader(DataSourceStreamReader):
         return {"seq": self._stage(after, cap)}
 
     def _stage(self, after: int, cap: int | None) -> int:
-        """Move up to `cap` messages (all that wait if None) into the stage; the last seq."""
+        """Move up to `cap` messages (all that wait if None) into the stage; the last seq. While
+        one batch is stored and acked (a thread of its own), the next is acquired."""
         queue = self._driver_queue()
-        staging = staging_of(queue)
         seq = after
-        while cap is None or seq - after < cap:
-            want = self.q.batch if cap is None else min(self.q.batch, cap - (seq - after))
-            messages: list[Any] = queue.acquire_many(want, timeout=0)
-            if not messages:
-                break
-            staging.put(
-                self.stage,
-                [Staged(seq + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)],
-            )
-            try:
-                queue.ack_many(messages)
-            except LeaseLost as e:  # staged all the same: they will come again (at least once)
-                log.warning("dbq stream %s: %s", self.stage, e)
-            seq += len(messages)
+        with ThreadPoolExecutor(1) as keeper:
+            kept: Future[None] | None = None
+            while cap is None or seq - after < cap:
+                want = self.q.batch if cap is None else min(self.q.batch, cap - (seq - after))
+                messages: list[Any] = queue.acquire_many(want, timeout=0)
+                if not messages:
+                    break
+                rows = [Staged(seq + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)]
+                if kept is not None:
+                    kept.result()
+                kept = keeper.submit(self._keep, queue, rows, messages)
+                seq += len(messages)
+            if kept is not None:
+                kept.result()
         return seq
+
+    def _keep(self, queue: AnyQueue, rows: list[Staged], messages: list[Any]) -> None:
+        """Store acquired messages in the stage, then ack them."""
+        staging_of(queue).put(self.stage, rows)
+        try:
+            queue.ack_many(messages)
+        except LeaseLost as e:  # staged all the same: they will come again (at least once)
+            log.warning("dbq stream %s: %s", self.stage, e)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         first, last = int(start["seq"]), int(end["seq"])
         step = max(1, -(-(last - first) // self.q.tasks))
         return [SeqRange(a, min(a + step, last)) for a in range(first, last, step)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SeqRange)
         with self.q.connect() as queue:
             staging = staging_of(queue)
             for after in range(partition.after, partition.upto, READ_PAGE):
-                for r in staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)):
-                    yield self.q.row(r.id, r.body, r.attempts)
+                yield self.q.rows(staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)))
 
     def commit(self, end: dict[str, int]) -> None:
         self._dropped_upto = int(end["seq"])
