@@ -363,6 +363,7 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
         "events_q_state",
         "events_q_waiting",
         "events_q_pending",
+        "events_q_staged",
     }
     cassandra.execute(f'DROP TABLE "{keyspace}".events_q_pending')
     wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")

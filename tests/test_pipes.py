@@ -49,7 +49,15 @@ def complete(**changes: Any) -> PipesObserved:
         replication=dict(TARGET.replication),
         tables={
             t: GOOD
-            for t in ("dbq_queues", "dbq_stats_history", "q_pipes", "q_state", "q_waiting", "q_pending")
+            for t in (
+                "dbq_queues",
+                "dbq_stats_history",
+                "q_pipes",
+                "q_state",
+                "q_waiting",
+                "q_pending",
+                "q_staged",
+            )
         },
         recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
     )
@@ -69,6 +77,7 @@ def test_plan_from_nothing_creates_everything_in_order():
         "create_table:q_state",
         "create_table:q_waiting",
         "create_table:q_pending",
+        "create_table:q_staged",
         "record_settings",
     ]
 
