@@ -147,6 +147,7 @@ def test_dbq_drains_at_most_limit_messages_each_once(fleet, spark, stack, postgr
         )
         df = (
             reader.option("queue", name)
+            .option("mode", "drain")
             .option("limit", str(limit))
             .option("partitions", str(partitions))
             .load()
