@@ -411,9 +411,7 @@ class Queue:
 
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:
-        row = self._call("stats")[0]
-        depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in row[:6])
-        return QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(row[6] or 0.0))
+        return QueueStats.of_row(self._call("stats")[0])
 
     def history(self, since: datetime, until: datetime) -> list[HistorySample]:
         """The operator's statistics samples of this queue taken in [since, until), oldest first."""

@@ -31,6 +31,12 @@ class QueueStats:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def of_row(cls, figures: Sequence[Any]) -> QueueStats:
+        """From a row of depth, in_flight, pushed, popped, acquired, expired, oldest_age_s."""
+        depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in figures[:6])
+        return cls(depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0))
+
 
 @dataclass(frozen=True)
 class HistorySample:
@@ -42,6 +48,4 @@ class HistorySample:
 
     @classmethod
     def of_row(cls, at_unix_seconds: float, figures: Sequence[Any]) -> HistorySample:
-        depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in figures[:6])
-        stats = QueueStats(depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0))
-        return cls(datetime.fromtimestamp(float(at_unix_seconds), UTC), stats)
+        return cls(datetime.fromtimestamp(float(at_unix_seconds), UTC), QueueStats.of_row(figures))
