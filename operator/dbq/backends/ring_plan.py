@@ -115,7 +115,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         # The sequences outlived the ring (dropped behind our back): the messages are gone, so
         # positions restart level, or poppers would wait on positions nobody will write.
         step(RingAction.RESET_POSITIONS, "ring re-created while its sequences remained")
-    missing_tables = [t for t in (n.spill, n.gap, n.staged) if t not in observed.tables]
+    missing_tables = [t for t in n.tables if t != n.ring and t not in observed.tables]
     if missing_tables:
         step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
     if n.history not in observed.tables:

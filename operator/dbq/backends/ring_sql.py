@@ -160,7 +160,7 @@ class RingSqlBase:
 
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
-        stmts += [f"DROP TABLE IF EXISTS {t}" for t in (self.ring, self.spill, self.gap, self.staged)]
+        stmts += [f"DROP TABLE IF EXISTS {self.schema}.{self.quote(t)}" for t in self.t.names.tables]
         stmts += [f"DROP SEQUENCE IF EXISTS {s}" for s in self.sequences]
         stmts.append(f"DELETE FROM {self.meta} WHERE queue = {self.literal(self.t.names.queue)}")
         stmts.append(f"DELETE FROM {self.history} WHERE queue = {self.literal(self.t.names.queue)}")
