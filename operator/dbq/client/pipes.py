@@ -661,7 +661,9 @@ class PipesQueue:
         pipes = [p for p, status in self._live_pipes() if status != "drained"]
         for start in range(0, len(pipes), STATE_READ_WINDOW):
             for s in self._states(pipes[start : start + STATE_READ_WINDOW]):
-                if s is None or len(found) >= n:
+                if len(found) >= n:
+                    return found
+                if s is None:
                     continue
                 want = n - len(found)
                 if s.cursor is None:

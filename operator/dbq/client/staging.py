@@ -98,7 +98,8 @@ class SqlStaging(Staging):
 
 class CqlStaging(Staging):
     """Cassandra has no transaction across rows: a put that fails half-way leaves some rows
-    staged; callers treat a stage as complete only once they have recorded its end."""
+    staged. A streaming read hands them out on restart; their messages, never acked, also come
+    again after their lease (at least once)."""
 
     def __init__(self, queue: PipesQueue) -> None:
         super().__init__(StagingStatements("cassandra", queue.names))
