@@ -89,5 +89,8 @@ class Source(DataSource):
     def schema(self) -> str:
         return self.SCHEMA
 
+    def checked_options(self) -> Options:
+        return Options(self.NAME, self.options, self.OPTIONS)
+
     def reader(self, schema: StructType) -> DataSourceReader:
-        return self.READER(Options(self.NAME, self.options, self.OPTIONS))
+        return self.READER(self.checked_options())

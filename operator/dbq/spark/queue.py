@@ -85,7 +85,6 @@ class QueueOptions:
     """The options every part of the `dbq` source reads: which queue, and how to reach it."""
 
     def __init__(self, options: Options) -> None:
-        self.options = options
         self.queue = options.text("queue")
         if not self.queue:
             raise InvalidSpec('dbq: option queue is required: .option("queue", "<Queue resource name>")')
@@ -303,10 +302,9 @@ class QueueWriter(DataSourceWriter):
                 staging.put(self.stage, chunk)
         return StagedRows(tag, count)
 
-    def publish(self, queue: AnyQueue, messages: list[WriterCommitMessage | None]) -> int:
-        """Push the rows of the tasks that succeeded, in order; drop the stage. How many."""
+    def publish(self, queue: AnyQueue, messages: list[WriterCommitMessage | None]) -> None:
+        """Push the rows of the tasks that succeeded, in order; drop the stage."""
         staging = staging_of(queue)
-        pushed = 0
         for m in messages:
             if not isinstance(m, StagedRows):
                 continue  # a task that failed reports nothing; its rows go with the stage
@@ -314,9 +312,7 @@ class QueueWriter(DataSourceWriter):
             for after in range(base, base + m.count, self.q.batch):
                 rows = staging.rows(self.stage, after, min(after + self.q.batch, base + m.count))
                 queue.push_many([r.body for r in rows])
-                pushed += len(rows)
         staging.drop(self.stage)
-        return pushed
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         with self.q.connect() as queue:
@@ -363,18 +359,15 @@ class QueueSource(Source):
     OPTIONS = QUEUE_OPTIONS
     READER = BatchReader
 
-    def _options(self) -> Options:
-        return Options(self.NAME, self.options, self.OPTIONS)
-
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(self._options())
+        return StreamReader(self.checked_options())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise InvalidSpec('dbq: a queue is only appended to: write with .mode("append")')
-        return QueueWriter(self._options(), schema)
+        return QueueWriter(self.checked_options(), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         if overwrite:
             raise InvalidSpec('dbq: a queue is only appended to: write with outputMode("append")')
-        return QueueStreamWriter(self._options(), schema)
+        return QueueStreamWriter(self.checked_options(), schema)
