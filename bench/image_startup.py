@@ -20,19 +20,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-import pyodbc
-from kubernetes import client, config
+from kubernetes import client
 
 from dbq.devstack import Stack
-from dbq.devstack.kube import OPERATOR_USER
+from tests.local import KubeHandle, PgDatabase, kube_handle, scratch_database
 from tests.manifests import queue
 from tests.operator_harness import ROOT, Operator, free_port, operator_namespace
 from tests.test_image import IMAGE, Container, buildah, standalone_kubeconfig
 
 
-def one_round(kube: SimpleNamespace, postgres: SimpleNamespace, image: dict, in_image: bool) -> float:
+def one_round(kube: KubeHandle, postgres: PgDatabase, image: dict, in_image: bool) -> float:
     cluster = operator_namespace(kube, postgres, "dbq-bench-image")
     doc = queue("start-q", ring={"size": 64})
     doc["spec"]["connection"] = {
@@ -72,23 +70,12 @@ def main() -> int:
     )
     size_line = built.stdout.strip().splitlines()[-1]
     image = json.loads(buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"]
-    kube = SimpleNamespace(
-        kubeconfig=str(stack.kube.kubeconfig),
-        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
-        api=config.new_client_from_config(config_file=str(stack.kube.kubeconfig)),
-    )
-    name = f"dbq_bench_{secrets.token_hex(3)}"
-    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    postgres = SimpleNamespace(url=stack.postgres.url(name))
-    try:
-        times = {"virtualenv (baseline)": [], "image under runc": []}
+    kube = kube_handle(stack)
+    times: dict[str, list[float]] = {"virtualenv (baseline)": [], "image under runc": []}
+    with scratch_database(stack, "dbq_bench") as postgres:
         for _ in range(opts.rounds):  # alternate, so drift on the machine hits both alike
             times["virtualenv (baseline)"].append(one_round(kube, postgres, image, in_image=False))
             times["image under runc"].append(one_round(kube, postgres, image, in_image=True))
-    finally:
-        with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"image: {size_line}   (target: under 250 MB)")
     print(f"start of the operator to Queue Ready, {opts.rounds} rounds each:")
     for label, values in times.items():

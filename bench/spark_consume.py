@@ -14,7 +14,6 @@ body carries their push time, and the sink (foreachBatch, on the driver) notes w
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import statistics
 import struct
@@ -23,15 +22,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-
-import pyodbc
-from kubernetes import config
 
 from dbq.client import connect
 from dbq.devstack import Stack
-from dbq.devstack.kube import OPERATOR_USER
+from tests.local import KubeHandle, PgDatabase, kube_handle, local_spark, scratch_database
 from tests.manifests import queue
 from tests.operator_harness import Operator, operator_namespace
 
@@ -68,52 +63,19 @@ def pop_many_rate(q: Any, n: int, threads: int, batch: int) -> float:
 
 
 def spark_session(parallelism: int) -> Any:
-    os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     from dbq.spark import register
 
-    spark = (
-        SparkSession.builder.master(f"local[{parallelism}]")
-        .appName("dbq-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(parallelism))
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    spark = local_spark(f"local[{parallelism}]", "dbq-bench", shuffle_partitions=parallelism)
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--per-trigger", type=int, default=20_000)
-    parser.add_argument(
-        "--latency-rate", type=int, default=1_000, help="messages/s pushed for the latency run"
-    )
-    parser.add_argument("--latency-seconds", type=float, default=20.0)
-    opts = parser.parse_args()
+def measure(
+    kube: KubeHandle, postgres: PgDatabase, opts: argparse.Namespace
+) -> tuple[dict[str, float], list[float], int]:
+    """The three rates and the latency samples, on a Queue the operator provisions in `postgres`."""
     n, par = opts.messages, opts.parallelism
-
-    stack = Stack()
-    stack.up(("kube", "postgres"))
-    kube = SimpleNamespace(
-        kubeconfig=str(stack.kube.kubeconfig),
-        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
-        api=config.new_client_from_config(config_file=str(stack.kube.kubeconfig)),
-    )
-    dbname = f"dbq_bench_{secrets.token_hex(3)}"
-    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{dbname}"')
-    postgres = SimpleNamespace(url=stack.postgres.url(dbname))
     cluster = operator_namespace(kube, postgres, "dbq-bench-spark")
     cluster.create(queue("bench-q", ring={"size": 131072, "messageBytes": 128}, timeouts={"popWait": "0s"}))
     work = Path(f"/tmp/dbq-bench-spark-{secrets.token_hex(3)}")
@@ -192,8 +154,29 @@ def main() -> int:
     finally:
         cluster.force_delete_all(120)
         operator.stop()
-        with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    return results, latencies, sent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--per-trigger", type=int, default=20_000)
+    parser.add_argument(
+        "--latency-rate", type=int, default=1_000, help="messages/s pushed for the latency run"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    opts = parser.parse_args()
+    n, par = opts.messages, opts.parallelism
+
+    stack = Stack()
+    stack.up(("kube", "postgres"))
+    kube = kube_handle(stack)
+    with scratch_database(stack, "dbq_bench") as postgres:
+        results, latencies, sent = measure(kube, postgres, opts)
 
     base = results["client pop_many"]
     print(f"ring on PostgreSQL, {n} messages of {BODY} bytes, parallelism {par}, batch {opts.batch}")

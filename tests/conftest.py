@@ -7,16 +7,13 @@ Components this session started are stopped at its end; ones already running are
 
 from __future__ import annotations
 
-import secrets
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import pyodbc
 import pytest
 
 from dbq.devstack import Stack, StackError
+from tests.local import KubeHandle, PgDatabase, kube_handle, local_spark, scratch_database
 
 
 class LocalStack(Stack):
@@ -45,51 +42,18 @@ def stack() -> Iterator[LocalStack]:
     stack.down(tuple(stack.started))
 
 
-@dataclass
-class KubeHandle:
-    kubeconfig: str
-    operator_kubeconfig: str  # authenticates as the operator's RBAC identity
-    api: Any  # kubernetes.client.ApiClient (admin)
-
-
 @pytest.fixture(scope="session")
 def kube(stack: LocalStack) -> KubeHandle:
     stack.need("kube")
-    from kubernetes import client, config
-
-    api = config.new_client_from_config(config_file=str(stack.kube.kubeconfig))
-    client.VersionApi(api).get_code()
-    from dbq.devstack.kube import OPERATOR_USER
-
-    return KubeHandle(
-        kubeconfig=str(stack.kube.kubeconfig),
-        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
-        api=api,
-    )
-
-
-@dataclass
-class PgDatabase:
-    """A fresh database on the local PostgreSQL, dropped at the end of the session."""
-
-    name: str
-    url: str
-    odbc: str
-
-    def connect(self, autocommit: bool = True) -> pyodbc.Connection:
-        return pyodbc.connect(self.odbc, autocommit=autocommit)
+    return kube_handle(stack)
 
 
 @pytest.fixture(scope="session")
 def postgres(stack: LocalStack) -> Iterator[PgDatabase]:
+    """A fresh database on the local PostgreSQL, dropped at the end of the session."""
     stack.need("postgres")
-    name = f"dbq_test_{secrets.token_hex(4)}"
-    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield PgDatabase(name=name, url=stack.postgres.url(name), odbc=stack.postgres.odbc(name))
-    # A new connection: the fault tests restart the server meanwhile.
-    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(stack, "dbq_test") as database:
+        yield database
 
 
 @pytest.fixture(scope="session")
@@ -120,23 +84,8 @@ def cassandra3(stack: LocalStack) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local-mode SparkSession on Java 17 (pyspark starts its own JVM)."""
-    import os
-
-    os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    # Python workers (data sources, UDFs) start this interpreter, not `python3` from PATH.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     try:
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("dbq-tests")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
+        session = local_spark("local[2]", "dbq-tests", shuffle_partitions=4)
     except Exception as e:  # the JVM failed to start: say why, never skip
         pytest.fail(f"Spark could not start: {e}", pytrace=False)
     yield session

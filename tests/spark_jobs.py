@@ -8,29 +8,17 @@ python -m tests.spark_jobs write --kubeconfig K --namespace N --queue Q --rows 1
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.local import local_spark
+
 
 def session(master: str) -> Any:
-    os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     from dbq.spark import register
 
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("dbq-test-job")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    spark = local_spark(master, "dbq-test-job", shuffle_partitions=2)
     register(spark)
     return spark
 

@@ -1,0 +1,82 @@
+"""Handles on the local stack's components, for the test fixtures (`conftest.py`), the Spark
+jobs the tests start (`spark_jobs.py`) and the benchmarks (`bench/`)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyodbc
+
+from dbq.devstack import Stack
+
+
+@dataclass
+class KubeHandle:
+    kubeconfig: str
+    operator_kubeconfig: str  # authenticates as the operator's RBAC identity
+    api: Any  # kubernetes.client.ApiClient (admin)
+
+
+def kube_handle(stack: Stack) -> KubeHandle:
+    """The running API server's admin client and kubeconfigs (checked with a version call)."""
+    from kubernetes import client, config
+
+    from dbq.devstack.kube import OPERATOR_USER
+
+    api = config.new_client_from_config(config_file=str(stack.kube.kubeconfig))
+    client.VersionApi(api).get_code()
+    return KubeHandle(
+        kubeconfig=str(stack.kube.kubeconfig),
+        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
+        api=api,
+    )
+
+
+@dataclass
+class PgDatabase:
+    """A fresh database on the local PostgreSQL."""
+
+    name: str
+    url: str
+    odbc: str
+
+    def connect(self, autocommit: bool = True) -> pyodbc.Connection:
+        return pyodbc.connect(self.odbc, autocommit=autocommit)
+
+
+@contextmanager
+def scratch_database(stack: Stack, prefix: str) -> Iterator[PgDatabase]:
+    """A new database on the running PostgreSQL, dropped when the block ends."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PgDatabase(name=name, url=stack.postgres.url(name), odbc=stack.postgres.odbc(name))
+    finally:
+        # A new connection: the fault tests restart the server meanwhile.
+        with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def local_spark(master: str, app: str, shuffle_partitions: int) -> Any:
+    """A local-mode SparkSession on Java 17 whose Python workers run this interpreter (with dbq
+    and pyarrow), not `python3` from PATH."""
+    os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
