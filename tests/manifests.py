@@ -18,6 +18,14 @@ def queue(name: str = "orders", **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "dbq.dev/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": base}
 
 
+def pipes_queue(name: str, keyspace: str, secret: str = "events-db", **spec: Any) -> dict[str, Any]:
+    """A pipes Queue on Cassandra in `keyspace`, reached with the Secret `secret`."""
+    doc = queue(name, backend="cassandra", design="pipes",
+                connection={"secretRef": {"name": secret}, "schema": keyspace}, **spec)  # fmt: skip
+    del doc["spec"]["ring"]
+    return doc
+
+
 def with_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     node = doc

@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
 from stack.render_manifests import BIN
-from tests.manifests import REFUSED_AT_ADMISSION, queue
+from tests.manifests import REFUSED_AT_ADMISSION, pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
 
@@ -343,11 +343,7 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
     host, port = stack.cassandra.contact
     cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
     keyspace = f"e2e_{secrets.token_hex(4)}"
-    doc = queue("events-q", backend="cassandra", design="pipes", ring=None,
-                connection={"secretRef": {"name": "events-db"}, "schema": keyspace},
-                pipes={"maxPushesPerPipe": 50})  # fmt: skip
-    del doc["spec"]["ring"]
-    cluster.create(doc)
+    cluster.create(pipes_queue("events-q", keyspace, pipes={"maxPushesPerPipe": 50}))
     cluster.wait_condition("events-q", "Ready", "True", timeout=90)
 
     def tables() -> set[str]:

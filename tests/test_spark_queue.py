@@ -20,7 +20,7 @@ from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.options import Options
 from dbq.spark.queue import QUEUE_OPTIONS, QueueStreamWriter, StreamReader
-from tests.manifests import queue
+from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +42,7 @@ def queues(kube, postgres, cassandra, stack, spark, tmp_path_factory):
         doc = queue(name, ring={"size": 16384, "messageBytes": 64}, **QUICK)
         doc["spec"]["connection"]["schema"] = schema
         cluster.create(doc)
-    doc = queue("stream-pipes", backend="cassandra", design="pipes",
-                connection={"secretRef": {"name": "events-db"}, "schema": keyspace}, **QUICK)  # fmt: skip
-    del doc["spec"]["ring"]
-    cluster.create(doc)
+    cluster.create(pipes_queue("stream-pipes", keyspace, **QUICK))
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("sparkq") / "operator.log")
     operator.start()
     for name in ("stream-ring", "write-ring", "stream-pipes"):

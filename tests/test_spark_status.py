@@ -12,7 +12,7 @@ import pytest
 from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
-from tests.manifests import queue
+from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
 # name -> (pushed, popped) of the workload
@@ -30,10 +30,7 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
         doc = queue(name, ring={"size": 2048}, **every_5s)
         doc["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema}
         cluster.create(doc)
-    doc = queue("pipes-c", backend="cassandra", design="pipes",
-                connection={"secretRef": {"name": "events-db"}, "schema": keyspace}, **every_5s)  # fmt: skip
-    del doc["spec"]["ring"]
-    cluster.create(doc)
+    cluster.create(pipes_queue("pipes-c", keyspace, **every_5s))
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("spark") / "operator.log")
     operator.start()
     for name in WORKLOAD:
