@@ -25,7 +25,8 @@ from tests.operator_harness import Operator, operator_namespace, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {
-    "timeouts": {"visibility": "5s", "popWait": "0s"},
+    # stalledAfter: a driver killed inside a ring move leaves its messages as orphans until then
+    "timeouts": {"visibility": "5s", "popWait": "0s", "stalledAfter": "10s"},
     "cleanup": {"interval": "5s"},
 }
 PER_TRIGGER = 5_000

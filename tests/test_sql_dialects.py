@@ -57,6 +57,7 @@ def render(ring: PgRing | MsRing) -> list[str]:
         staging.rows,
         staging.last,
         staging.delete_upto,
+        staging.delete_after,
         staging.delete_stage,
     ]
     out += [

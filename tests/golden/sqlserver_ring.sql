@@ -671,6 +671,8 @@ SELECT max(seq) FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ?
 
 DELETE FROM [shopq].[orders_staged] WHERE stage = ? AND seq <= ?
 
+DELETE FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ?
+
 DELETE FROM [shopq].[orders_staged] WHERE stage = ?
 
 -- observe

@@ -324,6 +324,30 @@ class Queue:
     ) -> list[Message]:
         return self._take(n, timeout, lease_ms=self._lease_ms(visibility))
 
+    def pop_many_in(self, cur: pyodbc.Cursor, n: int) -> list[Message]:
+        """Pop up to n waiting messages inside the caller's transaction (`_transaction()`),
+        without waiting for more: they leave the queue only if it commits. Should it roll back,
+        or its process die, the messages stay; their spent positions make them orphans, which
+        repair delivers again (the popped total, a sequence, counts them once more). A drawn
+        position whose message is still being written is waited for, as `pop_many` does."""
+        count_arg(n, "n")
+        found = list(
+            records(b"".join(r[0] for r in cur.execute(self._statements["pop_many"], n, 0).fetchall()))
+        )
+        messages = [self._message(r) for r in found if r[0] == MESSAGE]
+        since = time.monotonic()
+        for position in (r[1] for r in found if r[0] == NOT_WRITTEN):
+            while True:
+                record = next(records(cur.execute(self._statements["take"], position, 0).fetchall()[0][0]))
+                if record[0] == MESSAGE:
+                    messages.append(self._message(record))
+                elif record[0] == NOT_WRITTEN and time.monotonic() - since < self.hole_grace:
+                    continue
+                elif record[0] == NOT_WRITTEN:  # its pusher died: whoever finds it later delivers it
+                    cur.execute(self._statements["release"], str(position)).fetchall()
+                break
+        return messages
+
     def _lease_ms(self, visibility: float | None) -> int:
         lease_ms = int(seconds_arg(visibility, "visibility", self.visibility, positive=True) * 1000)
         if lease_ms < 1:

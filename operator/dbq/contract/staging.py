@@ -20,6 +20,7 @@ class StagingStatements:
         )
         self.last = f"SELECT max(seq) FROM {t} WHERE stage = ? AND seq > ?"
         self.delete_upto = f"DELETE FROM {t} WHERE stage = ? AND seq <= ?"
+        self.delete_after = f"DELETE FROM {t} WHERE stage = ? AND seq > ?"
         self.delete_stage = f"DELETE FROM {t} WHERE stage = ?"
 
     def insert_packed(self) -> str:

@@ -10,14 +10,22 @@ Batch read, `spark.read.format("dbq").option("queue", "orders")`:
 
 Streaming read, `spark.readStream.format("dbq").option("queue", "orders")`: at least once, none
 lost. Each micro-batch's offsets are planned on the driver by moving messages off the queue
-into the queue's staging table (`<queue>_staged`, stage `read:<stream>`, one seq per message):
-acquire a batch, store it, ack it. An offset range (after, upto] is thereby a fixed set of rows
-that tasks, retried tasks and a restarted query read identically; the rows go only in the
-reader's `commit`, which Spark calls once the batch's output is durable (it lags a batch). A
-restarted query replays the batches its checkpoint did not commit, and first hands out any rows
-staged beyond its checkpoint before taking new ones. A message is delivered twice only if the
-driver dies between storing a batch and acking it: the lease runs out (spec.timeouts.visibility)
-and the message comes again. `maxMessagesPerTrigger` (default 10000) bounds a micro-batch; under
+into the queue's staging table (`<queue>_staged`, stage `read:<stream>`, one seq per message),
+`partitions` movers at once, `batch` messages a move:
+- ring: one transaction pops the messages and stores them, so a message is on the queue or
+  staged, never both and never neither. Should the driver die inside a move, the transaction
+  rolls back and its messages come again once repair finds them (spec.timeouts.stalledAfter).
+- pipes: acquire, store, ack. Should the driver die between storing and acking, the leases run
+  out (spec.timeouts.visibility) and those messages come again: delivered twice.
+An offset range (after, upto] is thereby a fixed set of rows that tasks, retried tasks and a
+restarted query read identically; the rows go only in the reader's `commit`, which Spark calls
+once the batch's output is durable (it lags a batch). While Spark runs a batch, the driver
+stages the next one, so the next plan finds it ready; when the query stops, rows staged ahead
+that Spark never got go back onto the queue (as new messages). A restarted query replays the
+batches its checkpoint did not commit, and first hands out any rows staged beyond its
+checkpoint (by a driver that died) before taking new ones. `maxMessagesPerTrigger` (default
+10000) bounds a micro-batch: larger batches spread Spark's fixed cost of a batch (about a
+quarter of a second here) over more messages, smaller ones arrive sooner. Under
 `Trigger.AvailableNow` a batch takes what is waiting. Two queries reading one queue at once need
 different `stream` names.
 
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,7 +62,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from dbq.client import AnyQueue, LeaseLost, connect_resource
+from dbq.client import AnyQueue, connect_resource
 from dbq.client.staging import Staged, staging_of
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
@@ -79,6 +88,7 @@ PEEK_LIMIT = 10_000
 MAX_PER_TRIGGER = 10_000
 READ_PAGE = 5_000  # staged rows fetched at once by a streaming task
 PUBLISHED_KEPT = 100  # published micro-batch ids remembered per sink
+TASK_CLIENTS: dict[tuple[str | None, str, str], AnyQueue] = {}  # see QueueOptions.task_client
 
 
 class QueueOptions:
@@ -98,6 +108,16 @@ class QueueOptions:
         pickled copy, so connections are opened there)."""
         api = Kube.for_kubeconfig(self.kubeconfig).api_client
         return connect_resource(self.queue, self.namespace, api_client=api)
+
+    def task_client(self) -> AnyQueue:
+        """The client a task uses. Spark reuses a Python worker for later tasks, so each worker
+        keeps one client per queue instead of reading the Queue and its Secret, and logging in,
+        every task."""
+        key = (self.kubeconfig, self.namespace, self.queue)
+        client = TASK_CLIENTS.get(key)
+        if client is None:
+            client = TASK_CLIENTS[key] = self.connect()
+        return client
 
     def rows(self, messages: Sequence[Any]) -> pa.RecordBatch:
         """Messages (client messages or staged rows) as rows of QUEUE_SCHEMA: an Arrow batch,
@@ -137,16 +157,16 @@ class BatchReader(SourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         wanted: int = partition.value
-        with self.q.connect() as queue:
-            if self.mode == "peek":
-                yield self.q.rows(queue.peek(wanted))
-                return
-            while wanted > 0:
-                messages: Sequence[Any] = queue.pop_many(min(self.q.batch, wanted), timeout=1.0)
-                if not messages:
-                    return  # the queue stayed empty for a second
-                wanted -= len(messages)
-                yield self.q.rows(messages)
+        queue = self.q.task_client()
+        if self.mode == "peek":
+            yield self.q.rows(queue.peek(wanted))
+            return
+        while wanted > 0:
+            messages: Sequence[Any] = queue.pop_many(min(self.q.batch, wanted), timeout=1.0)
+            if not messages:
+                return  # the queue stayed empty for a second
+            wanted -= len(messages)
+            yield self.q.rows(messages)
 
 
 # --- streaming read -------------------------------------------------------------------------
@@ -171,6 +191,11 @@ class StreamReader(DataSourceStreamReader):
         # Staged rows up to here are gone. commit(end) drops a batch's rows only when the next
         # batch is planned; a query stopped before that drops them when it starts again.
         self._dropped_upto = -1
+        # While Spark runs a batch, the next one is staged (in a thread of its own) beyond the
+        # last offset handed out: latestOffset then finds it ready.
+        self._ahead: Future[int] | None = None
+        self._offered: int | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def _driver_queue(self) -> AnyQueue:
         if self._queue is None:
@@ -185,13 +210,6 @@ class StreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         after = int(start["seq"])
-        staging = staging_of(self._driver_queue())
-        if after > self._dropped_upto:  # Spark asks for batch N+1 once batch N is durable
-            staging.drop(self.stage, upto=after)
-            self._dropped_upto = after
-        left = staging.last(self.stage, after)
-        if left is not None:  # staged by a run that died before Spark logged the offset
-            return {"seq": left}
         if isinstance(limit, ReadMaxRows):
             cap: int | None = limit.max_rows
         elif isinstance(limit, ReadAllAvailable):
@@ -200,36 +218,55 @@ class StreamReader(DataSourceStreamReader):
             raise InvalidSpec(
                 f"dbq: read limit {type(limit).__name__} is not supported: use maxMessagesPerTrigger"
             )
-        return {"seq": self._stage(after, cap)}
+        staging = staging_of(self._driver_queue())
+        if after > self._dropped_upto:  # Spark asks for batch N+1 once batch N is durable
+            staging.drop(self.stage, upto=after)
+            self._dropped_upto = after
+        self._settle()
+        # Rows beyond `after`: staged ahead, or by a run that died before Spark logged them.
+        end = staging.last(self.stage, after) or after
+        if cap is None or end - after < cap:  # top up with what came since
+            end = self._stage(end, None if cap is None else after + cap - end)
+        self._offered = end
+        if cap is not None:
+            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="dbq-stage-ahead")
+            self._ahead = self._pool.submit(self._stage, end, cap)
+        return {"seq": end}
+
+    def _settle(self) -> None:
+        """Wait for the batch being staged ahead, if any."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead.result()
 
     def _stage(self, after: int, cap: int | None) -> int:
-        """Move up to `cap` messages (all that wait if None) into the stage; the last seq. While
-        one batch is stored and acked (a thread of its own), the next is acquired."""
-        queue = self._driver_queue()
-        seq = after
-        with ThreadPoolExecutor(1) as keeper:
-            kept: Future[None] | None = None
-            while cap is None or seq - after < cap:
-                want = self.q.batch if cap is None else min(self.q.batch, cap - (seq - after))
-                messages: list[Any] = queue.acquire_many(want, timeout=0)
-                if not messages:
-                    break
-                rows = [Staged(seq + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)]
-                if kept is not None:
-                    kept.result()
-                kept = keeper.submit(self._keep, queue, rows, messages)
-                seq += len(messages)
-            if kept is not None:
-                kept.result()
-        return seq
+        """Move up to `cap` messages (all that wait if None) into the stage; the last seq staged.
+        `partitions` takers at once, as many as drain consumers, each taking `batch` into a
+        block of seqs it reserved first: a block it does not fill leaves unused seqs, which an
+        offset range simply does not find."""
+        staging = staging_of(self._driver_queue())
+        lock = threading.Lock()
+        reserved, last = [after], [after]
 
-    def _keep(self, queue: AnyQueue, rows: list[Staged], messages: list[Any]) -> None:
-        """Store acquired messages in the stage, then ack them."""
-        staging_of(queue).put(self.stage, rows)
-        try:
-            queue.ack_many(messages)
-        except LeaseLost as e:  # staged all the same: they will come again (at least once)
-            log.warning("dbq stream %s: %s", self.stage, e)
+        def taker() -> None:
+            while True:
+                with lock:
+                    want = self.q.batch if cap is None else min(self.q.batch, after + cap - reserved[0])
+                    if want <= 0:
+                        return
+                    first = reserved[0]
+                    reserved[0] += want
+                got = staging.take(self.stage, first, want)
+                if got:
+                    with lock:
+                        last[0] = max(last[0], first + got)
+                if got < want:
+                    return  # the queue is empty, for now
+
+        with ThreadPoolExecutor(self.q.tasks) as pool:
+            for f in [pool.submit(taker) for _ in range(self.q.tasks)]:
+                f.result()
+        return last[0]
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         first, last = int(start["seq"]), int(end["seq"])
@@ -238,19 +275,27 @@ class StreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SeqRange)
-        with self.q.connect() as queue:
-            staging = staging_of(queue)
-            for after in range(partition.after, partition.upto, READ_PAGE):
-                yield self.q.rows(staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)))
+        staging = staging_of(self.q.task_client())
+        for after in range(partition.after, partition.upto, READ_PAGE):
+            yield self.q.rows(staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)))
 
     def commit(self, end: dict[str, int]) -> None:
         self._dropped_upto = int(end["seq"])
         staging_of(self._driver_queue()).drop(self.stage, upto=self._dropped_upto)
 
     def stop(self) -> None:
-        if self._queue is not None:
-            self._queue.close()
-            self._queue = None
+        """The rows staged ahead, which Spark never got, go back to the queue; rows it got stay
+        for a restarted query."""
+        try:
+            self._settle()
+            if self._offered is not None:
+                staging_of(self._driver_queue()).give_back(self.stage, after=self._offered)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+            if self._queue is not None:
+                self._queue.close()
+                self._queue = None
 
 
 # --- write ----------------------------------------------------------------------------------
@@ -287,19 +332,18 @@ class QueueWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> StagedRows:
         tag = uuid.uuid4().int >> 97  # 31 bits: this attempt's rows are tag << 32 | 1, 2, ...
         count = 0
-        with self.q.connect() as queue:
-            staging = staging_of(queue)
-            chunk: list[Staged] = []
-            for row in iterator:
-                value = row[self.body]
-                body = value.encode() if isinstance(value, str) else bytes(value)
-                count += 1
-                chunk.append(Staged(tag << 32 | count, "", body, 0))
-                if len(chunk) == self.q.batch:
-                    staging.put(self.stage, chunk)
-                    chunk = []
-            if chunk:
+        staging = staging_of(self.q.task_client())
+        chunk: list[Staged] = []
+        for row in iterator:
+            value = row[self.body]
+            body = value.encode() if isinstance(value, str) else bytes(value)
+            count += 1
+            chunk.append(Staged(tag << 32 | count, "", body, 0))
+            if len(chunk) == self.q.batch:
                 staging.put(self.stage, chunk)
+                chunk = []
+        if chunk:
+            staging.put(self.stage, chunk)
         return StagedRows(tag, count)
 
     def publish(self, queue: AnyQueue, messages: list[WriterCommitMessage | None]) -> None:
