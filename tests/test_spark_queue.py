@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from dbq.client import connect
 from dbq.client.staging import staging_of
@@ -217,6 +218,54 @@ def test_a_replayed_streaming_batch_is_not_pushed_twice(queues):
     assert sorted(got) == sorted(b"b7-%d" % i for i in range(300))
     with pytest.raises(Exception, match="option sink"):
         QueueStreamWriter(Options("dbq", {**options, "sink": ""}, QUEUE_OPTIONS), schema)
+
+
+@pytest.mark.parametrize("name", ["write-ring", "stream-pipes"])
+def test_a_stopped_stream_gives_back_what_it_staged_ahead(queues, name):
+    """Driven as Spark drives it: the next batch is staged while one runs; at stop, what Spark
+    never got goes back onto the queue, and what it got stays staged for a restart."""
+    cluster, kube, clients, _ = queues
+    options = {"kubeconfig": kube.kubeconfig, "namespace": cluster.ns, "queue": name, "stream": "ahead"}
+    bodies = {b"a%04d" % i for i in range(250)}
+    with clients[name]() as q:
+        q.push_many(sorted(bodies))
+    reader = StreamReader(Options("dbq", {**options, "batch": "40"}, QUEUE_OPTIONS))
+    end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(100))
+    got = [
+        bytes(b)
+        for p in reader.partitions({"seq": 0}, end)
+        for r in reader.read(p)
+        for b in r.column("body").to_pylist()
+    ]
+    assert len(got) == 100 and set(got) <= bodies
+    reader._settle()  # the next batch is staged ahead
+    with clients[name]() as q:
+        ahead = len(staging_of(q).rows("read:ahead", end["seq"], 2**62))
+        assert ahead == 100 and q.stats().depth == 50
+    reader.stop()
+    with clients[name]() as q:
+        assert staging_of(q).rows("read:ahead", end["seq"], 2**62) == []  # given back
+        assert {r.body for r in staging_of(q).rows("read:ahead", 0, end["seq"])} == set(got)  # kept
+        back: list[bytes] = []
+        while len(back) < 150:
+            back += [m.body for m in q.pop_many(150, timeout=1)]
+        assert set(back) == bodies - set(got)
+        staging_of(q).drop("read:ahead")
+
+
+def test_a_ring_move_waits_for_a_position_being_written(queues):
+    """A pusher that has drawn its position but not committed: the move waits for it rather
+    than leaving the message behind until a pop finds the ring empty."""
+    _, _, clients, (postgres, schema) = queues
+    with clients["write-ring"]() as q:
+        conn = postgres.connect()
+        conn.autocommit = False  # the pusher's transaction stays open
+        conn.cursor().execute(f'SELECT "{schema}".write_ring_push(?, 0)', b"late").fetchall()
+        threading.Timer(0.3, conn.commit).start()
+        staged = staging_of(q).take("read:late", 0, 10)
+        assert staged == 1 and [r.body for r in staging_of(q).rows("read:late", 0, 10)] == [b"late"]
+        staging_of(q).drop("read:late")
+        conn.close()
 
 
 def test_bad_options_are_refused_by_name(queues, spark):

@@ -178,6 +178,19 @@ class SeqRange(InputPartition):
     upto: int
 
 
+class _Threads:
+    """The driver's threads: the movers stay the same threads from batch to batch, as a pipes
+    client holds its pipe lease per thread; one more stages a batch ahead."""
+
+    def __init__(self, movers: int) -> None:
+        self.movers = ThreadPoolExecutor(movers, thread_name_prefix="dbq-mover")
+        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="dbq-stage-ahead")
+
+    def shutdown(self) -> None:
+        self.ahead.shutdown()
+        self.movers.shutdown()
+
+
 class StreamReader(DataSourceStreamReader):
     def __init__(self, options: Options) -> None:
         self.q = QueueOptions(options)
@@ -195,7 +208,13 @@ class StreamReader(DataSourceStreamReader):
         # last offset handed out: latestOffset then finds it ready.
         self._ahead: Future[int] | None = None
         self._offered: int | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._threads_made: _Threads | None = None
+
+    @property
+    def _threads(self) -> _Threads:
+        if self._threads_made is None:
+            self._threads_made = _Threads(self.q.tasks)
+        return self._threads_made
 
     def _driver_queue(self) -> AnyQueue:
         if self._queue is None:
@@ -229,8 +248,7 @@ class StreamReader(DataSourceStreamReader):
             end = self._stage(end, None if cap is None else after + cap - end)
         self._offered = end
         if cap is not None:
-            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="dbq-stage-ahead")
-            self._ahead = self._pool.submit(self._stage, end, cap)
+            self._ahead = self._threads.ahead.submit(self._stage, end, cap)
         return {"seq": end}
 
     def _settle(self) -> None:
@@ -241,31 +259,32 @@ class StreamReader(DataSourceStreamReader):
 
     def _stage(self, after: int, cap: int | None) -> int:
         """Move up to `cap` messages (all that wait if None) into the stage; the last seq staged.
-        `partitions` takers at once, as many as drain consumers, each taking `batch` into a
+        `partitions` movers at once, as many as drain consumers, each moving `batch` into a
         block of seqs it reserved first: a block it does not fill leaves unused seqs, which an
         offset range simply does not find."""
         staging = staging_of(self._driver_queue())
         lock = threading.Lock()
         reserved, last = [after], [after]
+        counted = [0]  # messages moved, and asked for by moves under way
 
-        def taker() -> None:
+        def mover() -> None:
             while True:
                 with lock:
-                    want = self.q.batch if cap is None else min(self.q.batch, after + cap - reserved[0])
+                    want = self.q.batch if cap is None else min(self.q.batch, cap - counted[0])
                     if want <= 0:
                         return
                     first = reserved[0]
                     reserved[0] += want
+                    counted[0] += want
                 got = staging.take(self.stage, first, want)
-                if got:
-                    with lock:
-                        last[0] = max(last[0], first + got)
-                if got < want:
+                with lock:
+                    counted[0] -= want - got
+                    last[0] = max(last[0], first + got)
+                if not got:
                     return  # the queue is empty, for now
 
-        with ThreadPoolExecutor(self.q.tasks) as pool:
-            for f in [pool.submit(taker) for _ in range(self.q.tasks)]:
-                f.result()
+        for f in [self._threads.movers.submit(mover) for _ in range(self.q.tasks)]:
+            f.result()
         return last[0]
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
@@ -291,8 +310,8 @@ class StreamReader(DataSourceStreamReader):
             if self._offered is not None:
                 staging_of(self._driver_queue()).give_back(self.stage, after=self._offered)
         finally:
-            if self._pool is not None:
-                self._pool.shutdown()
+            if self._threads_made is not None:
+                self._threads_made.shutdown()
             if self._queue is not None:
                 self._queue.close()
                 self._queue = None
