@@ -251,6 +251,10 @@ def test_a_stopped_stream_gives_back_what_it_staged_ahead(queues, name):
             back += [m.body for m in q.pop_many(150, timeout=1)]
         assert set(back) == bodies - set(got)
         staging_of(q).drop("read:ahead")
+    # On an empty queue the offset stays where it is: Spark runs no batch.
+    idle = StreamReader(Options("dbq", {**options, "stream": "idle", "batch": "10"}, QUEUE_OPTIONS))
+    assert idle.latestOffset({"seq": 7}, ReadMaxRows(100)) == {"seq": 7}
+    idle.stop()
 
 
 def test_a_ring_move_waits_for_a_position_being_written(queues):

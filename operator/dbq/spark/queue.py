@@ -279,7 +279,8 @@ class StreamReader(DataSourceStreamReader):
                 got = staging.take(self.stage, first, want)
                 with lock:
                     counted[0] -= want - got
-                    last[0] = max(last[0], first + got)
+                    if got:
+                        last[0] = max(last[0], first + got)
                 if not got:
                     return  # the queue is empty, for now
 
