@@ -72,9 +72,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
 CREATE TABLE IF NOT EXISTS "shopq"."orders_staged" (
   stage text NOT NULL,
   seq bigint NOT NULL,
-  id text NOT NULL,
-  body bytea NOT NULL,
-  attempts int NOT NULL,
+  first_seq bigint NOT NULL,
+  packed bytea NOT NULL,
   PRIMARY KEY (stage, seq))
 
 -- step create_history
@@ -670,9 +669,9 @@ SELECT extract(epoch FROM at)::float8, depth, in_flight, pushed, popped, acquire
 
 -- staging (dbq.spark)
 
-INSERT INTO "shopq"."orders_staged" (stage, seq, id, body, attempts) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)
+INSERT INTO "shopq"."orders_staged" (stage, seq, first_seq, packed) VALUES (?, ?, ?, ?)
 
-SELECT seq, id, body, attempts FROM "shopq"."orders_staged" WHERE stage = ? AND seq > ? AND seq <= ? ORDER BY seq
+SELECT packed FROM "shopq"."orders_staged" WHERE stage = ? AND seq > ? AND first_seq <= ? ORDER BY seq
 
 SELECT max(seq) FROM "shopq"."orders_staged" WHERE stage = ? AND seq > ?
 

@@ -89,9 +89,8 @@ IF OBJECT_ID(N'[shopq].[orders_staged]', N'U') IS NULL
 CREATE TABLE [shopq].[orders_staged] (
   stage nvarchar(200) NOT NULL,
   seq bigint NOT NULL,
-  id nvarchar(64) NOT NULL,
-  body varbinary(max) NOT NULL,
-  attempts int NOT NULL,
+  first_seq bigint NOT NULL,
+  packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))
 
 -- step create_history
@@ -663,9 +662,9 @@ SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, depth, in_flight, p
 
 -- staging (dbq.spark)
 
-INSERT INTO [shopq].[orders_staged] (stage, seq, id, body, attempts) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)
+INSERT INTO [shopq].[orders_staged] (stage, seq, first_seq, packed) VALUES (?, ?, ?, ?)
 
-SELECT seq, id, body, attempts FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ? AND seq <= ? ORDER BY seq
+SELECT packed FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ? AND first_seq <= ? ORDER BY seq
 
 SELECT max(seq) FROM [shopq].[orders_staged] WHERE stage = ? AND seq > ?
 

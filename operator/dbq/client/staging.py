@@ -1,9 +1,11 @@
-"""A queue's staging area (`<queue>_staged`): rows keyed by (stage, seq) in the queue's own
-database, where messages wait between the queue and a Spark job (`dbq.spark`).
+"""A queue's staging area (`<queue>_staged`) in the queue's own database, where messages wait
+between the queue and a Spark job (`dbq.spark`). Each message has a seq in its stage; messages
+are stored in blocks (one row holds those with seqs first_seq..seq, packed), so a batch costs a
+row, not a row per message.
 
-- A streaming read (stage `read:<stream>`) moves messages off the queue into its stage, one seq
-  per message: an offset range (after, upto] is then a fixed set of rows that any task, and a
-  restarted query, reads again identically, until the query commits it and the rows go.
+- A streaming read (stage `read:<stream>`) moves messages off the queue into its stage: an
+  offset range (after, upto] is then a fixed set of messages that any task, and a restarted
+  query, reads again identically, until the query commits it and the blocks go.
 - A write (stage `write:...`) collects a task's rows before the driver publishes them, so a
   failed task attempt publishes nothing.
 """
@@ -11,8 +13,9 @@ database, where messages wait between the queue and a Spark job (`dbq.spark`).
 from __future__ import annotations
 
 import logging
+import struct
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +26,10 @@ from dbq.errors import LeaseLost
 
 log = logging.getLogger(__name__)
 
-PACKED_ROWS_PER_INSERT = 2000  # PostgreSQL
-SQL_ROWS_PER_INSERT = 400  # 5 parameters a row: SQL Server takes at most 2100 parameters
-CQL_IN_FLIGHT = 128  # concurrent inserts on Cassandra
-GIVE_BACK_BATCH = 500  # messages per push_many when staged rows go back to the queue
+BLOCK_BYTES = 1 << 20  # a block holds messages up to about this many bytes (Cassandra's mutation limit)
+GIVE_BACK_BATCH = 500  # messages per push_many when staged messages go back to the queue
+# A packed message: seq, attempts, id length, body length; then the id (UTF-8) and the body.
+ENTRY = struct.Struct(">qiHI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +39,39 @@ class Staged:
     body: bytes
     attempts: int
 
-    def params(self, stage: str) -> tuple[Any, ...]:
-        return (stage, self.seq, self.id, self.body, self.attempts)
+
+def pack(rows: Sequence[Staged]) -> bytes:
+    parts: list[bytes] = []
+    for r in rows:
+        key = r.id.encode()
+        parts += (ENTRY.pack(r.seq, r.attempts, len(key), len(r.body)), key, r.body)
+    return b"".join(parts)
+
+
+def unpack(packed: bytes, after: int = -(2**63), upto: int = 2**63 - 1) -> Iterator[Staged]:
+    """The messages of a block with after < seq <= upto."""
+    view, at = memoryview(packed), 0
+    while at < len(packed):
+        seq, attempts, key_len, body_len = ENTRY.unpack_from(view, at)
+        at += ENTRY.size
+        if after < seq <= upto:
+            yield Staged(
+                seq,
+                str(view[at : at + key_len], "utf-8"),
+                bytes(view[at + key_len : at + key_len + body_len]),
+                attempts,
+            )
+        at += key_len + body_len
+
+
+def blocks(rows: Sequence[Staged]) -> Iterator[tuple[int, int, bytes]]:
+    """Rows (in seq order) as blocks: (last seq, first seq, packed), each about BLOCK_BYTES at most."""
+    start, size = 0, 0
+    for i, r in enumerate(rows):
+        size += ENTRY.size + len(r.id) + len(r.body)
+        if size >= BLOCK_BYTES or i == len(rows) - 1:
+            yield rows[i].seq, rows[start].seq, pack(rows[start : i + 1])
+            start, size = i + 1, 0
 
 
 class Staging(ABC):
@@ -47,8 +81,9 @@ class Staging(ABC):
 
     @abstractmethod
     def put(self, stage: str, rows: Sequence[Staged]) -> None:
-        """Store rows in `stage`. SQL refuses a seq already there (a second writer of one stage
-        fails); Cassandra overwrites it."""
+        """Store rows (in seq order, above any seq already in `stage`) in `stage`. SQL refuses
+        a block ending on a seq already there (a second writer of one stage fails); Cassandra
+        overwrites it."""
 
     @abstractmethod
     def take(self, stage: str, after: int, n: int) -> int:
@@ -59,9 +94,9 @@ class Staging(ABC):
     def _query(self, statement: str, *params: Any) -> list[Any]: ...
 
     def rows(self, stage: str, after: int, upto: int) -> list[Staged]:
-        """The rows of `stage` with after < seq <= upto, in seq order."""
-        found = self._query(self.sql.rows, stage, after, upto)
-        return [Staged(int(r[0]), str(r[1]), bytes(r[2]), int(r[3])) for r in found]
+        """The messages of `stage` with after < seq <= upto, in seq order."""
+        found = self._query(self.sql.blocks, stage, after, upto)
+        return [m for (packed,) in found for m in unpack(bytes(packed), after, upto)]
 
     def last(self, stage: str, after: int = -1) -> int | None:
         """The highest seq in `stage` above `after`, if any."""
@@ -108,23 +143,8 @@ class SqlStaging(Staging):
         return len(rows)
 
     def _insert(self, cur: Any, stage: str, rows: Sequence[Staged]) -> None:
-        if self.queue.settings.backend == "postgres":
-            packed = self.sql.insert_packed()
-            for start in range(0, len(rows), PACKED_ROWS_PER_INSERT):
-                chunk = rows[start : start + PACKED_ROWS_PER_INSERT]
-                cur.execute(
-                    packed,
-                    stage,
-                    b"".join(r.body for r in chunk),
-                    ",".join(str(r.seq) for r in chunk),
-                    ",".join(r.id for r in chunk),
-                    ",".join(str(r.attempts) for r in chunk),
-                    ",".join(str(len(r.body)) for r in chunk),
-                )
-            return
-        for start in range(0, len(rows), SQL_ROWS_PER_INSERT):
-            chunk = rows[start : start + SQL_ROWS_PER_INSERT]
-            cur.execute(self.sql.insert_many(len(chunk)), *(v for r in chunk for v in r.params(stage)))
+        for last, first, packed in blocks(rows):
+            cur.execute(self.sql.insert, stage, last, first, packed)
 
     def _query(self, statement: str, *params: Any) -> list[Any]:
         with self.queue._cursor() as cur:
@@ -143,8 +163,7 @@ class CqlStaging(Staging):
         super().__init__(StagingStatements("cassandra", queue.names), queue)
 
     def put(self, stage: str, rows: Sequence[Staged]) -> None:
-        for start in range(0, len(rows), CQL_IN_FLIGHT):
-            self.queue._many(self.sql.insert, [r.params(stage) for r in rows[start : start + CQL_IN_FLIGHT]])
+        self.queue._many(self.sql.insert, [(stage, *block) for block in blocks(rows)])
 
     def take(self, stage: str, after: int, n: int) -> int:
         """Acquire, store, then ack: should the process die before the ack, the leases run out

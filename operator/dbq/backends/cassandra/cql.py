@@ -136,7 +136,7 @@ class PipesCql(PipesStatements):
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
-    stage text, seq bigint, id text, body blob, attempts int,
+    stage text, seq bigint, first_seq bigint, packed blob,
     PRIMARY KEY ((stage), seq)
 ) WITH CLUSTERING ORDER BY (seq ASC) AND {TABLE_OPTIONS}""",
         }[table]

@@ -115,9 +115,8 @@ ON CONFLICT (slot) DO NOTHING"""
             f"""CREATE TABLE IF NOT EXISTS {self.staged} (
   stage text NOT NULL,
   seq bigint NOT NULL,
-  id text NOT NULL,
-  body bytea NOT NULL,
-  attempts int NOT NULL,
+  first_seq bigint NOT NULL,
+  packed bytea NOT NULL,
   PRIMARY KEY (stage, seq))""",
         ]
 

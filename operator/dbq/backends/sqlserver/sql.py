@@ -142,9 +142,8 @@ CREATE TABLE {self.gap} (
 CREATE TABLE {self.staged} (
   stage nvarchar(200) NOT NULL,
   seq bigint NOT NULL,
-  id nvarchar(64) NOT NULL,
-  body varbinary(max) NOT NULL,
-  attempts int NOT NULL,
+  first_seq bigint NOT NULL,
+  packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))""",
         ]
 
