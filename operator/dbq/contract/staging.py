@@ -1,7 +1,7 @@
 """The statements on a queue's staging table (`<queue>_staged`), where messages wait between the
 queue and a Spark job. A row is a block of messages: those with seqs first_seq..seq of a stage,
-packed into one value (`dbq.client.staging.pack`), so storing a batch costs one row, not one
-per message. The same text runs on PostgreSQL, SQL Server and Cassandra: only the quoting of the
+packed into one value (an Arrow record batch: `dbq.spark.staging.pack`), so storing a batch
+costs one row, not one per message. The same text runs on PostgreSQL, SQL Server and Cassandra: only the quoting of the
 table differs, and Cassandra filters on first_seq within the stage's partition.
 """
 

@@ -63,10 +63,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from dbq.client import AnyQueue, connect_resource
-from dbq.client.staging import Staged, staging_of
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.spark.options import Options, Source, SourceReader
+from dbq.spark.staging import Staged, staging_of
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,20 @@ class QueueOptions:
         if client is None:
             client = TASK_CLIENTS[key] = self.connect()
         return client
+
+    def staged_rows(self, block: pa.RecordBatch) -> pa.RecordBatch:
+        """A block of staged messages (dbq.spark.staging.BLOCK_SCHEMA) as rows of QUEUE_SCHEMA."""
+        n = block.num_rows
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.namespace] * n, pa.string()),
+                pa.array([self.queue] * n, pa.string()),
+                block.column("id"),
+                block.column("body"),
+                block.column("attempts"),
+            ],
+            names=ARROW_NAMES,
+        )
 
     def rows(self, messages: Sequence[Any]) -> pa.RecordBatch:
         """Messages (client messages or staged rows) as rows of QUEUE_SCHEMA: an Arrow batch,
@@ -297,7 +311,8 @@ class StreamReader(DataSourceStreamReader):
         assert isinstance(partition, SeqRange)
         staging = staging_of(self.q.task_client())
         for after in range(partition.after, partition.upto, READ_PAGE):
-            yield self.q.rows(staging.rows(self.stage, after, min(after + READ_PAGE, partition.upto)))
+            for block in staging.batches(self.stage, after, min(after + READ_PAGE, partition.upto)):
+                yield self.q.staged_rows(block)
 
     def commit(self, end: dict[str, int]) -> None:
         self._dropped_upto = int(end["seq"])

@@ -1,7 +1,8 @@
 """A queue's staging area (`<queue>_staged`) in the queue's own database, where messages wait
-between the queue and a Spark job (`dbq.spark`). Each message has a seq in its stage; messages
-are stored in blocks (one row holds those with seqs first_seq..seq, packed), so a batch costs a
-row, not a row per message.
+between the queue and a Spark job. Each message has a seq in its stage; messages are stored in
+blocks: one row holds those with seqs first_seq..seq as an Arrow record batch (IPC stream
+format), so a batch costs one row to store, and a task reads it as Arrow with no work per
+message.
 
 - A streaming read (stage `read:<stream>`) moves messages off the queue into its stage: an
   offset range (after, upto] is then a fixed set of messages that any task, and a restarted
@@ -13,11 +14,13 @@ row, not a row per message.
 from __future__ import annotations
 
 import logging
-import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbq.client.pipes import PipesQueue
 from dbq.client.ring import Queue
@@ -28,8 +31,9 @@ log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 1 << 20  # a block holds messages up to about this many bytes (Cassandra's mutation limit)
 GIVE_BACK_BATCH = 500  # messages per push_many when staged messages go back to the queue
-# A packed message: seq, attempts, id length, body length; then the id (UTF-8) and the body.
-ENTRY = struct.Struct(">qiHI")
+BLOCK_SCHEMA = pa.schema(
+    [("seq", pa.int64()), ("id", pa.string()), ("body", pa.binary()), ("attempts", pa.int32())]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,34 +45,36 @@ class Staged:
 
 
 def pack(rows: Sequence[Staged]) -> bytes:
-    parts: list[bytes] = []
-    for r in rows:
-        key = r.id.encode()
-        parts += (ENTRY.pack(r.seq, r.attempts, len(key), len(r.body)), key, r.body)
-    return b"".join(parts)
+    """Rows as one block's value: an Arrow IPC stream of one record batch (BLOCK_SCHEMA)."""
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([r.seq for r in rows], pa.int64()),
+            pa.array([r.id for r in rows], pa.string()),
+            pa.array([r.body for r in rows], pa.binary()),
+            pa.array([r.attempts for r in rows], pa.int32()),
+        ],
+        schema=BLOCK_SCHEMA,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, BLOCK_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue())
 
 
-def unpack(packed: bytes, after: int = -(2**63), upto: int = 2**63 - 1) -> Iterator[Staged]:
+def unpack(packed: bytes, after: int, upto: int) -> pa.RecordBatch:
     """The messages of a block with after < seq <= upto."""
-    view, at = memoryview(packed), 0
-    while at < len(packed):
-        seq, attempts, key_len, body_len = ENTRY.unpack_from(view, at)
-        at += ENTRY.size
-        if after < seq <= upto:
-            yield Staged(
-                seq,
-                str(view[at : at + key_len], "utf-8"),
-                bytes(view[at + key_len : at + key_len + body_len]),
-                attempts,
-            )
-        at += key_len + body_len
+    batch = pa.ipc.open_stream(packed).read_next_batch()
+    seqs = batch.column(0)
+    if pc.min(seqs).as_py() > after and pc.max(seqs).as_py() <= upto:
+        return batch
+    return batch.filter(pc.and_(pc.greater(seqs, after), pc.less_equal(seqs, upto)))
 
 
 def blocks(rows: Sequence[Staged]) -> Iterator[tuple[int, int, bytes]]:
     """Rows (in seq order) as blocks: (last seq, first seq, packed), each about BLOCK_BYTES at most."""
     start, size = 0, 0
     for i, r in enumerate(rows):
-        size += ENTRY.size + len(r.id) + len(r.body)
+        size += len(r.id) + len(r.body) + 16
         if size >= BLOCK_BYTES or i == len(rows) - 1:
             yield rows[i].seq, rows[start].seq, pack(rows[start : i + 1])
             start, size = i + 1, 0
@@ -93,10 +99,19 @@ class Staging(ABC):
     @abstractmethod
     def _query(self, statement: str, *params: Any) -> list[Any]: ...
 
+    def batches(self, stage: str, after: int, upto: int) -> Iterator[pa.RecordBatch]:
+        """The messages of `stage` with after < seq <= upto, in seq order, as Arrow batches
+        (BLOCK_SCHEMA)."""
+        for (packed,) in self._query(self.sql.blocks, stage, after, upto):
+            yield unpack(bytes(packed), after, upto)
+
     def rows(self, stage: str, after: int, upto: int) -> list[Staged]:
         """The messages of `stage` with after < seq <= upto, in seq order."""
-        found = self._query(self.sql.blocks, stage, after, upto)
-        return [m for (packed,) in found for m in unpack(bytes(packed), after, upto)]
+        return [
+            Staged(*values)
+            for b in self.batches(stage, after, upto)
+            for values in zip(*b.to_pydict().values(), strict=True)
+        ]
 
     def last(self, stage: str, after: int = -1) -> int | None:
         """The highest seq in `stage` above `after`, if any."""
