@@ -24,8 +24,9 @@ stages the next one, so the next plan finds it ready; when the query stops, rows
 that Spark never got go back onto the queue (as new messages). A restarted query replays the
 batches its checkpoint did not commit, and first hands out any rows staged beyond its
 checkpoint (by a driver that died) before taking new ones. `maxMessagesPerTrigger` (default
-10000) bounds a micro-batch: larger batches spread Spark's fixed cost of a batch (about a
-quarter of a second here) over more messages, smaller ones arrive sooner. Under
+10000) bounds a micro-batch: larger batches spread Spark's fixed cost of a batch (its offset
+and commit logs and its tasks' start: most of a second here) over more messages, smaller ones
+arrive sooner. Under
 `Trigger.AvailableNow` a batch takes what is waiting. Two queries reading one queue at once need
 different `stream` names.
 
