@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -409,3 +410,22 @@ def test_a_large_rollback_goes_in_batches_cassandra_accepts(make_queue, cass_url
         assert sorted(drain(other)) == sorted(bodies("big", 500))
     finally:
         other.close()
+
+
+def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
+    q = make_queue(max_pushes=100_000)
+    bodies = [b"t%02d-%03d" % (t, i) for t in range(32) for i in range(30)]
+
+    def pusher(t: int) -> list[uuid.UUID]:
+        return [q.push(b"t%02d-%03d" % (t, i)) for i in range(30)]
+
+    with ThreadPoolExecutor(32) as pool:
+        ids = [i for f in [pool.submit(pusher, t) for t in range(32)] for i in f.result()]
+    assert len(set(ids)) == len(bodies)
+    assert q._pushes is not None and q._pushes.round_trips < len(bodies) / 2
+    taken: list = []
+    while len(taken) < len(bodies):
+        got = q.pop_many(500, timeout=1)
+        assert got, f"{len(taken)} of {len(bodies)}"
+        taken += got
+    assert sorted(m.body for m in taken) == sorted(bodies) and {m.id for m in taken} == set(ids)

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -312,3 +313,49 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
         f"kills={dict(kills)} terminations={terminations} acknowledged pushes={len(pushed)}"
         f" deliveries={sum(seen['G'].values())} acknowledged pushes never delivered={missing_n}"
     )
+
+
+# --- smart batching ---------------------------------------------------------------------------
+def test_concurrent_single_pushes_share_round_trips_and_each_gets_its_own_id(make_queue):
+    q = make_queue(size=8192, message_bytes=64)
+    bodies = [b"t%02d-%03d" % (t, i) for t in range(64) for i in range(40)]
+
+    def pusher(t: int) -> list[int]:
+        return [q.push(b"t%02d-%03d" % (t, i)) for i in range(40)]
+
+    with ThreadPoolExecutor(64) as pool:
+        ids = [i for f in [pool.submit(pusher, t) for t in range(64)] for i in f.result()]
+    assert len(set(ids)) == len(bodies)
+    assert q._pushes is not None and q._pushes.round_trips < len(bodies) / 2  # shared
+    taken = q.pop_many(len(bodies))
+    assert sorted(m.body for m in taken) == sorted(bodies)
+    assert {m.id for m in taken} == set(ids)  # each caller got its own message's id
+    by_thread: dict[bytes, list[int]] = {}
+    for m in sorted(taken, key=lambda m: m.id):
+        by_thread.setdefault(m.body[:3], []).append(int(m.body[4:]))
+    assert all(seq == sorted(seq) for seq in by_thread.values())  # a thread's pushes keep their order
+
+
+def test_smart_batching_gives_each_caller_its_own_error(make_queue):
+    q = make_queue(size=64, message_bytes=16, push_timeout=0.2)
+    results: list[object] = []
+
+    def push(body: bytes) -> None:
+        try:
+            results.append(q.push(body))
+        except (QueueFull, MessageTooLarge) as e:
+            results.append(e)
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(push, b"x" * 40)] + [pool.submit(push, b"m%03d" % i) for i in range(100)]:
+            f.result()
+    too_large = [r for r in results if isinstance(r, MessageTooLarge)]
+    full = [r for r in results if isinstance(r, QueueFull)]
+    ids = [r for r in results if isinstance(r, int)]
+    assert len(too_large) == 1 and len(ids) == 64 and len(full) == 100 - 64
+    assert sorted(m.id for m in q.pop_many(100)) == sorted(ids)  # stored exactly those
+
+
+def test_smart_batching_can_be_turned_off(make_queue):
+    q = make_queue(smart_batching=False)
+    assert q._pushes is None and q.push(b"a") > 0

@@ -56,7 +56,7 @@ __all__ = [
 
 DEFAULT_SCHEMA = "dbq"
 AnyQueue = Queue | PipesQueue
-PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl")
+PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl", "smart_batching")
 
 
 def connect(url: str, queue: str, *, schema: str | None = None, **options: Any) -> AnyQueue:

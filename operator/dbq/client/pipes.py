@@ -38,6 +38,7 @@ from typing import Any
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
+from dbq.client.coalescing import Coalescer, pushed_each
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
@@ -196,6 +197,7 @@ class PipesQueue:
         pop_timeout: float = 1.0,
         ttl: float = 0.0,
         session: Session | None = None,
+        smart_batching: bool = True,
     ) -> None:
         if settings.backend != "cassandra":
             raise QueueError(f"{settings.backend} has no pipes queues: connect with a cassandra:// url")
@@ -217,6 +219,12 @@ class PipesQueue:
         self._pushers: list[_Pusher] = []
         self._leases: list[_Lease] = []
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
+        # push() calls made at once by several threads share push_many round trips.
+        self._pushes: Coalescer[bytes, uuid.UUID] | None = (
+            Coalescer(lambda bodies: pushed_each(self.push_many, bodies), BATCH_MAX_MESSAGES)
+            if smart_batching
+            else None
+        )
         try:
             meta = self._check_meta()
         except Exception:
@@ -445,6 +453,9 @@ class PipesQueue:
 
     def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> uuid.UUID:
         """Store one message; its id (a time UUID). Never waits: a pipe has no size limit."""
+        if self._pushes is not None and timeout is None and ttl is None:
+            self._check_sizes([body])
+            return self._pushes(bytes(body))
         return self.push_many([body], timeout=timeout, ttl=ttl)[0]
 
     def push_many(

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyodbc
 
+from dbq.client.coalescing import Coalescer, pushed_each
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
@@ -45,6 +46,7 @@ from dbq.names import QueueNames
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
+SMART_BATCH_LIMIT = 500  # at most this many waiting calls share one round trip
 RETRIES = 5  # calls rolled back for a deadlock or a serialization failure, made again
 
 
@@ -109,6 +111,7 @@ class Queue:
         pop_timeout: float = 1.0,
         ttl: float = 0.0,
         hole_grace: float = DEFAULT_HOLE_GRACE_S,
+        smart_batching: bool = True,
     ) -> None:
         if settings.backend not in ("postgres", "sqlserver"):
             raise QueueError(
@@ -148,6 +151,12 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
+        # push() calls made at once by several threads share push_many round trips.
+        self._pushes: Coalescer[bytes, int] | None = (
+            Coalescer(lambda bodies: pushed_each(self.push_many, bodies), SMART_BATCH_LIMIT)
+            if smart_batching
+            else None
+        )
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
 
@@ -256,6 +265,8 @@ class Queue:
     def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> int:
         """Store one message; its id. Waits while the ring is full, then raises QueueFull."""
         self._check_size(body)
+        if self._pushes is not None and timeout is None and ttl is None:
+            return self._pushes(bytes(body))
         seconds_arg(timeout, "timeout", self.push_timeout)
         msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
         if msg_id > 0:
