@@ -29,7 +29,7 @@ def test_calls_made_during_a_round_trip_share_the_next_and_each_gets_its_answer(
         trips.append(items)
         return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
 
-    square = Coalescer(run, limit=4)
+    square = Coalescer(run, limit=4, in_flight=1)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(square, 0)
         time.sleep(0.1)
@@ -61,3 +61,22 @@ def test_a_failed_round_trip_fails_each_of_its_calls_and_the_next_goes_on():
     with pytest.raises(RuntimeError, match="connection lost"):
         upper("a")
     assert upper("b") == "B"
+
+
+def test_up_to_in_flight_round_trips_run_at_once():
+    running, most, lock = [0], [0], threading.Lock()
+
+    def run(items: list[int]) -> list[int]:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return items
+
+    echo = Coalescer(run, limit=100, in_flight=3)
+    with ThreadPoolExecutor(30) as pool:
+        assert list(pool.map(echo, range(300))) == list(range(300))
+    assert most[0] == 3
+    assert echo.round_trips < 300 / 2  # the calls that waited shared round trips

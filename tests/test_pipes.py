@@ -413,7 +413,7 @@ def test_a_large_rollback_goes_in_batches_cassandra_accepts(make_queue, cass_url
 
 
 def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
-    q = make_queue(max_pushes=100_000)
+    q = make_queue(max_pushes=100_000, smart_batching=True)  # off by default on pipes
     bodies = [b"t%02d-%03d" % (t, i) for t in range(32) for i in range(30)]
 
     def pusher(t: int) -> list[uuid.UUID]:

@@ -1,10 +1,10 @@
 """Smart batching: single calls made at once by many threads share round trips.
 
-A caller alone goes at once: no timer, no added latency. While its round trip is in flight,
-the calls that arrive wait together; when it ends, the first of them leads the next round trip
-for all of them (up to `limit`), and the previous leader returns. Each caller gets its own
-result or its own error. A thread's calls keep their order, since each returns before the next
-is made.
+A caller goes at once while fewer than `in_flight` round trips are under way (one by default,
+as in the LMAX Disruptor): no timer, no added latency. Past that, the calls that arrive wait together; when a round trip ends, the
+first of them leads the next one for them all (up to `limit`), and the previous leader returns.
+Each caller gets its own result or its own error. A thread's calls keep their order, since each
+returns before the next is made.
 """
 
 from __future__ import annotations
@@ -21,49 +21,63 @@ Id = TypeVar("Id")
 
 
 class _Call(Generic[Item, Result]):
-    __slots__ = ("done", "error", "item", "lead", "result")
+    __slots__ = ("answered", "error", "handed", "item", "result", "wake")
 
     def __init__(self, item: Item) -> None:
         self.item = item
         self.result: Result | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
-        self.lead = False  # woken to lead the next round trip, not with a result
+        self.answered = False
+        self.handed: list[_Call[Item, Result]] | None = None  # a round trip this caller is to lead
+        self.wake = threading.Event()
 
 
 class Coalescer(Generic[Item, Result]):
     """`run(items)` makes one round trip for several calls and answers, for each item in order,
     its result or the exception that call must raise."""
 
-    def __init__(self, run: Callable[[list[Item]], Sequence[Result | BaseException]], limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, not {limit}")
+    def __init__(
+        self,
+        run: Callable[[list[Item]], Sequence[Result | BaseException]],
+        limit: int,
+        in_flight: int = 1,
+    ) -> None:
+        if limit < 1 or in_flight < 1:
+            raise ValueError(f"limit and in_flight must be at least 1, not {limit} and {in_flight}")
         self._run = run
         self._limit = limit
+        self._in_flight = in_flight
         self._lock = threading.Lock()
         self._waiting: list[_Call[Item, Result]] = []
-        self._busy = False
+        self._leaders = 0
         self.round_trips = 0  # for benchmarks and tests: how many calls of `run`
 
     def __call__(self, item: Item) -> Result:
         call: _Call[Item, Result] = _Call(item)
+        batch = None
         with self._lock:
             self._waiting.append(call)
-            leading = not self._busy
-            self._busy = True
-        if not leading:
-            call.done.wait()
-            leading = call.lead
-        if leading:
-            self._lead()
+            if self._leaders < self._in_flight:
+                self._leaders += 1
+                batch = self._next_batch()
+        while True:
+            if batch is not None:
+                self._lead(batch)
+            if call.answered:
+                break
+            call.wake.wait()
+            call.wake.clear()
+            batch, call.handed = call.handed, None
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[return-value]
 
-    def _lead(self) -> None:
-        with self._lock:
-            batch, self._waiting = self._waiting[: self._limit], self._waiting[self._limit :]
-            self.round_trips += 1
+    def _next_batch(self) -> list[_Call[Item, Result]]:
+        batch, self._waiting = self._waiting[: self._limit], self._waiting[self._limit :]
+        self.round_trips += 1
+        return batch
+
+    def _lead(self, batch: list[_Call[Item, Result]]) -> None:
         try:
             answers: Sequence[Result | BaseException] = self._run([c.item for c in batch])
             if len(answers) != len(batch):
@@ -75,14 +89,16 @@ class Coalescer(Generic[Item, Result]):
                 call.error = answer
             else:
                 call.result = answer
-            call.done.set()
+            call.answered = True
+            call.wake.set()
         with self._lock:
             if not self._waiting:
-                self._busy = False
+                self._leaders -= 1
                 return
-            heir = self._waiting[0]
-        heir.lead = True  # the next round trip is theirs; this caller has its answer
-        heir.done.set()
+            following = self._next_batch()
+        heir = following[0]  # leads the next round trip; this caller has its answer
+        heir.handed = following
+        heir.wake.set()
 
 
 def pushed_each(

@@ -1,7 +1,9 @@
 """Client of a ring queue (PostgreSQL or SQL Server): every operation is one routine call.
 
 Thread-safe: a `Queue` keeps a small pool of connections and each call borrows one, so threads
-may share a Queue; a `Message` may be acked from any thread.
+may share a Queue; a `Message` may be acked from any thread. Smart batching (on unless
+`smart_batching=False`): push() calls made by several threads while a push is in flight share
+the next push_many round trip (`dbq.client.coalescing`); a lone caller goes at once.
 """
 
 from __future__ import annotations
@@ -153,9 +155,7 @@ class Queue:
         self.message_bytes = message_bytes
         # push() calls made at once by several threads share push_many round trips.
         self._pushes: Coalescer[bytes, int] | None = (
-            Coalescer(lambda bodies: pushed_each(self.push_many, bodies), SMART_BATCH_LIMIT)
-            if smart_batching
-            else None
+            Coalescer(self._push_shared, SMART_BATCH_LIMIT) if smart_batching else None
         )
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
@@ -267,6 +267,18 @@ class Queue:
         self._check_size(body)
         if self._pushes is not None and timeout is None and ttl is None:
             return self._pushes(bytes(body))
+        return self._push_one(body, timeout, ttl)
+
+    def _push_shared(self, bodies: list[bytes]) -> list[int | BaseException]:
+        """One round trip for the bodies of several push() calls."""
+        if len(bodies) > 1:
+            return pushed_each(self.push_many, bodies)
+        try:
+            return [self._push_one(bodies[0], None, None)]
+        except QueueFull as e:
+            return [e]
+
+    def _push_one(self, body: bytes, timeout: float | None, ttl: float | None) -> int:
         seconds_arg(timeout, "timeout", self.push_timeout)
         msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
         if msg_id > 0:
