@@ -87,7 +87,7 @@ QUEUE_OPTIONS = {
 }
 PEEK_LIMIT = 10_000
 MAX_PER_TRIGGER = 10_000
-READ_PAGE = 5_000  # staged rows fetched at once by a streaming task
+READ_PAGE = 5_000  # seqs a streaming task reads at once (the blocks that hold them)
 PUBLISHED_KEPT = 100  # published micro-batch ids remembered per sink
 TASK_CLIENTS: dict[tuple[str | None, str, str], AnyQueue] = {}  # see QueueOptions.task_client
 
@@ -120,31 +120,28 @@ class QueueOptions:
             client = TASK_CLIENTS[key] = self.connect()
         return client
 
-    def staged_rows(self, block: pa.RecordBatch) -> pa.RecordBatch:
-        """A block of staged messages (dbq.spark.staging.BLOCK_SCHEMA) as rows of QUEUE_SCHEMA."""
-        n = block.num_rows
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([self.namespace] * n, pa.string()),
-                pa.array([self.queue] * n, pa.string()),
-                block.column("id"),
-                block.column("body"),
-                block.column("attempts"),
-            ],
-            names=ARROW_NAMES,
+    def rows(self, messages: Sequence[Any]) -> pa.RecordBatch:
+        """Client messages as rows of QUEUE_SCHEMA: an Arrow batch, which Spark takes many times
+        faster than tuples."""
+        return self.queue_rows(
+            pa.array([str(m.id) for m in messages], pa.string()),
+            pa.array([m.body for m in messages], pa.binary()),
+            pa.array([m.attempts for m in messages], pa.int32()),
         )
 
-    def rows(self, messages: Sequence[Any]) -> pa.RecordBatch:
-        """Messages (client messages or staged rows) as rows of QUEUE_SCHEMA: an Arrow batch,
-        which Spark takes many times faster than tuples."""
-        n = len(messages)
+    def staged_rows(self, block: pa.RecordBatch) -> pa.RecordBatch:
+        """A block of staged messages (dbq.spark.staging.BLOCK_SCHEMA) as rows of QUEUE_SCHEMA."""
+        return self.queue_rows(block.column("id"), block.column("body"), block.column("attempts"))
+
+    def queue_rows(self, ids: pa.Array, bodies: pa.Array, attempts: pa.Array) -> pa.RecordBatch:
+        n = len(ids)
         return pa.RecordBatch.from_arrays(
             [
                 pa.array([self.namespace] * n, pa.string()),
                 pa.array([self.queue] * n, pa.string()),
-                pa.array([str(m.id) for m in messages], pa.string()),
-                pa.array([m.body for m in messages], pa.binary()),
-                pa.array([m.attempts for m in messages], pa.int32()),
+                ids,
+                bodies,
+                attempts,
             ],
             names=ARROW_NAMES,
         )

@@ -30,6 +30,7 @@ from dbq.errors import LeaseLost
 log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 1 << 20  # a block holds messages up to about this many bytes (Cassandra's mutation limit)
+LAST_SEQ = 2**63 - 1  # no seq is above it
 GIVE_BACK_BATCH = 500  # messages per push_many when staged messages go back to the queue
 BLOCK_SCHEMA = pa.schema(
     [("seq", pa.int64()), ("id", pa.string()), ("body", pa.binary()), ("attempts", pa.int32())]
@@ -42,6 +43,11 @@ class Staged:
     id: str
     body: bytes
     attempts: int
+
+
+def staged(messages: Sequence[Any], after: int) -> list[Staged]:
+    """Client messages as staged rows with seqs after+1, after+2, ..."""
+    return [Staged(after + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)]
 
 
 def pack(rows: Sequence[Staged]) -> bytes:
@@ -121,10 +127,7 @@ class Staging(ABC):
     def give_back(self, stage: str, after: int) -> int:
         """Push the rows of `stage` above seq `after` back onto the queue (as new messages), then
         remove them; how many. A crash in between leaves them in both (at least once)."""
-        last = self.last(stage, after)
-        if last is None:
-            return 0
-        bodies = [r.body for r in self.rows(stage, after, last)]
+        bodies = [r.body for r in self.rows(stage, after, LAST_SEQ)]
         for start in range(0, len(bodies), GIVE_BACK_BATCH):
             self.queue.push_many(bodies[start : start + GIVE_BACK_BATCH])
         self._query(self.sql.delete_after, stage, after)
@@ -153,9 +156,8 @@ class SqlStaging(Staging):
         staged, never both and never neither."""
         with self.queue._transaction() as cur:
             messages = self.queue.pop_many_in(cur, n)
-            rows = [Staged(after + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)]
-            self._insert(cur, stage, rows)
-        return len(rows)
+            self._insert(cur, stage, staged(messages, after))
+        return len(messages)
 
     def _insert(self, cur: Any, stage: str, rows: Sequence[Staged]) -> None:
         for last, first, packed in blocks(rows):
@@ -184,7 +186,7 @@ class CqlStaging(Staging):
         """Acquire, store, then ack: should the process die before the ack, the leases run out
         and the messages come again (at least once)."""
         messages = self.queue.acquire_many(n, timeout=0)
-        self.put(stage, [Staged(after + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)])
+        self.put(stage, staged(messages, after))
         try:
             self.queue.ack_many(messages)
         except LeaseLost as e:  # staged all the same: they will come again (at least once)
