@@ -101,13 +101,15 @@ class Coalescer(Generic[Item, Result]):
         heir.wake.set()
 
 
-def pushed_each(
-    push_many: Callable[[list[bytes]], list[Id]], bodies: list[bytes]
-) -> list[Id | BaseException]:
-    """What each body's caller gets from one push_many: its id, or, for a body the full queue
-    did not take, a QueueFull of its own."""
-    try:
-        return list(push_many(bodies))
-    except QueueFull as e:
-        ids = e.ids + [None] * (len(bodies) - len(e.ids))
-        return [QueueFull(str(e), [None]) if i is None else i for i in ids]
+def push_coalescer(push_many: Callable[[list[bytes]], list[Id]], limit: int) -> Coalescer[bytes, Id]:
+    """Smart batching for push(): one push_many for the bodies of the waiting calls. Each caller
+    gets its id, or, for a body the full queue did not take, a QueueFull of its own."""
+
+    def run(bodies: list[bytes]) -> list[Id | BaseException]:
+        try:
+            return list(push_many(bodies))
+        except QueueFull as e:
+            ids = e.ids + [None] * (len(bodies) - len(e.ids))
+            return [QueueFull(str(e), [None]) if i is None else i for i in ids]
+
+    return Coalescer(run, limit)

@@ -38,7 +38,7 @@ from typing import Any
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
-from dbq.client.coalescing import Coalescer, pushed_each
+from dbq.client.coalescing import Coalescer, push_coalescer
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
@@ -221,9 +221,7 @@ class PipesQueue:
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
         # push() calls made at once by several threads share push_many round trips.
         self._pushes: Coalescer[bytes, uuid.UUID] | None = (
-            Coalescer(lambda bodies: pushed_each(self.push_many, bodies), BATCH_MAX_MESSAGES)
-            if smart_batching
-            else None
+            push_coalescer(self.push_many, BATCH_MAX_MESSAGES) if smart_batching else None
         )
         try:
             meta = self._check_meta()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyodbc
 
-from dbq.client.coalescing import Coalescer, pushed_each
+from dbq.client.coalescing import Coalescer, push_coalescer
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
@@ -155,7 +155,7 @@ class Queue:
         self.message_bytes = message_bytes
         # push() calls made at once by several threads share push_many round trips.
         self._pushes: Coalescer[bytes, int] | None = (
-            Coalescer(self._push_shared, SMART_BATCH_LIMIT) if smart_batching else None
+            push_coalescer(self.push_many, SMART_BATCH_LIMIT) if smart_batching else None
         )
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
@@ -267,18 +267,6 @@ class Queue:
         self._check_size(body)
         if self._pushes is not None and timeout is None and ttl is None:
             return self._pushes(bytes(body))
-        return self._push_one(body, timeout, ttl)
-
-    def _push_shared(self, bodies: list[bytes]) -> list[int | BaseException]:
-        """One round trip for the bodies of several push() calls."""
-        if len(bodies) > 1:
-            return pushed_each(self.push_many, bodies)
-        try:
-            return [self._push_one(bodies[0], None, None)]
-        except QueueFull as e:
-            return [e]
-
-    def _push_one(self, body: bytes, timeout: float | None, ttl: float | None) -> int:
         seconds_arg(timeout, "timeout", self.push_timeout)
         msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
         if msg_id > 0:
