@@ -1,12 +1,17 @@
-"""Smart batching of single push() calls, off and on, beside the commit ceiling of the same run.
+"""Smart batching of single push(), pop(), acquire() and ack() calls, off and on, beside the
+commit ceiling of the same run.
 
-For 1, 4, 16 and 64 threads of one process, each calling push() one message at a time for
---seconds: messages/s and the latency of a call (p50, p99), with smart batching off and on, on a
-ring (PostgreSQL) and on pipes (Cassandra). The ceiling: 16 threads each committing a one-row
-UPDATE of its own row, as fast as they can (PostgreSQL). After each run the queue is drained and
-counted: every id a caller got is a message stored, once.
-
-Only push() coalesces so far (issue 21's first part); pop(), acquire() and ack() do not yet.
+Each run calls one message at a time from threads of one process for --seconds, with smart
+batching off and on (taking turns, each with a client of its own), on a ring (PostgreSQL) and on
+pipes (Cassandra):
+  push      1, 4, 16 and 64 threads calling push()
+  pop       as many calling pop() on a queue filled beforehand
+  push+pop  as many pushers and as many poppers at once: messages delivered end to end
+  leased    16 pushers and 16 consumers calling acquire() then ack()
+messages/s, the latency of a call (p50, p99) and calls a round trip. The ceiling: 16 threads
+each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
+run the queue is drained and counted: every message stored was received once or is drained,
+and none twice.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -18,7 +23,9 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyodbc
@@ -35,6 +42,7 @@ from tests.local import scratch_database
 
 THREADS = (1, 4, 16, 64)
 BODY = b"m" * 100
+PREFILL = 60_000
 
 
 def ceiling(odbc: str, seconds: float, threads: int = 16) -> float:
@@ -57,49 +65,94 @@ def ceiling(odbc: str, seconds: float, threads: int = 16) -> float:
     return sum(counts) / seconds
 
 
-def push_run(q: Any, threads: int, seconds: float) -> tuple[float, float, float, list[Any]]:
-    """messages/s, p50 and p99 of a call (ms), and the ids the callers got."""
-    stop = time.monotonic() + seconds
-    ids: list[list[Any]] = [[] for _ in range(threads)]
-    lat: list[list[float]] = [[] for _ in range(threads)]
+@dataclass
+class Role:
+    """Threads calling `step` until the time is up; what the calls returned (None: nothing) and how long each took."""
 
-    def pusher(i: int) -> None:
+    threads: int
+    step: Callable[[], Any]
+    got: list[Any] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+def run_roles(roles: list[Role], seconds: float) -> float:
+    """Runs the roles' threads at once; the time they took."""
+    stop = time.monotonic() + seconds
+
+    def loop(role: Role) -> None:
+        got, took = [], []
         while time.monotonic() < stop:
             t = time.perf_counter()
-            ids[i].append(q.push(BODY))
-            lat[i].append(time.perf_counter() - t)
+            value = role.step()
+            took.append(time.perf_counter() - t)
+            if value is not None:
+                got.append(value)
+        role.got += got  # list += is atomic under the GIL
+        role.seconds += took
 
     started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(pusher, range(threads)))
-    elapsed = time.monotonic() - started
-    got = [i for part in ids for i in part]
-    ms = sorted(v * 1000 for part in lat for v in part)
-    return len(got) / elapsed, statistics.median(ms), ms[int(len(ms) * 0.99)], got
+    with ThreadPoolExecutor(sum(r.threads for r in roles)) as pool:
+        list(pool.map(loop, [r for r in roles for _ in range(r.threads)]))
+    return time.monotonic() - started
 
 
-def drain_exactly(q: Any, ids: list[Any]) -> None:
+def drain(q: Any) -> list[Any]:
     taken: list[Any] = []
-    while True:
-        got = q.pop_many(500, timeout=0.5)
-        if not got:
-            break
+    while got := q.pop_many(500, timeout=0.5):
         taken += [m.id for m in got]
-    assert len(taken) == len(ids) and set(taken) == set(ids), (len(taken), len(ids))
+    return taken
 
 
-def measure(label: str, make: Any, seconds: float, rows: list[str]) -> None:
+def conserved(stored: list[Any], received: list[Any], drained: list[Any]) -> None:
+    """Every message stored was received once or drained, none twice, nothing else came."""
+    assert len(received) + len(drained) == len(stored), (len(received), len(drained), len(stored))
+    assert set(received) | set(drained) == set(stored)
+
+
+def pop_id(q: Any) -> Any:
+    m = q.pop(timeout=0.05)
+    return None if m is None else m.id
+
+
+def acquire_and_ack(q: Any) -> Any:
+    m = q.acquire(timeout=0.05)
+    if m is None:
+        return None
+    m.ack()
+    return m.id
+
+
+def runs(q: Any, kind: str, threads: int, seconds: float) -> tuple[float, Role, list[Any], list[Any]]:
+    """One run: messages/s, the role whose calls are timed, the ids stored and those received."""
+    prefill = q.push_many([BODY] * PREFILL) if kind == "pop" else []
+    pushers = Role(threads if kind != "leased" else 16, lambda: q.push(BODY))
+    takers = Role(threads, lambda: pop_id(q)) if kind != "leased" else Role(16, lambda: acquire_and_ack(q))
+    roles = {"push": [pushers], "pop": [takers], "push+pop": [pushers, takers], "leased": [pushers, takers]}
+    elapsed = run_roles(roles[kind], seconds)
+    timed = pushers if kind == "push" else takers
+    received = [] if kind == "push" else takers.got
+    return len(timed.got) / elapsed, timed, prefill + pushers.got, received
+
+
+def measure(label: str, make: Callable[[bool], Any], seconds: float, rows: list[str]) -> None:
     """Off and on take turns at each thread count, each with a client of its own, so that what
     the queue has been through (tombstones, vacuum) weighs on both alike."""
-    for threads in THREADS:
+    plan = [(kind, threads) for kind in ("push", "pop", "push+pop") for threads in THREADS] + [("leased", 16)]
+    for kind, threads in plan:
         for smart in (False, True):
             q = make(smart)
-            rate, p50, p99, ids = push_run(q, threads, seconds)
-            drain_exactly(q, ids)
-            trips = q._pushes.round_trips if q._pushes is not None else len(ids)
+            rate, timed, stored, received = runs(q, kind, threads, seconds)
+            conserved(stored, received, drain(q))
+            coalescers = (
+                [q._pushes] if kind == "push" else [q._pops] if "pop" in kind else [q._acquires, q._acks]
+            )
+            trips = sum(c.round_trips for c in coalescers) if smart else 0
+            calls = len(timed.seconds) * (2 if kind == "leased" else 1)
+            ms = sorted(v * 1000 for v in timed.seconds)
             rows.append(
-                f"  {label:5s} {'on ' if smart else 'off'} {threads:3d} threads  {rate:8.0f} msg/s"
-                f"  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms  {len(ids) / max(trips, 1):6.1f} pushes a round trip"
+                f"  {label:5s} {kind:8s} {'on ' if smart else 'off'} {threads:3d} threads  {rate:8.0f} msg/s"
+                f"  p50 {statistics.median(ms):6.2f} ms  p99 {ms[int(len(ms) * 0.99)]:7.2f} ms"
+                f"  {calls / trips if trips else 1.0:6.1f} calls a round trip"
             )
             q.close()
 
@@ -116,9 +169,9 @@ def main() -> int:
     with scratch_database(stack, "dbq_bench_sb") as postgres:
         top = ceiling(postgres.odbc, opts.seconds)
         name = f"q_{secrets.token_hex(3)}"
-        OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 200_000, 128)).apply()
+        OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
         measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
-                                              pool_size=64), opts.seconds, rows)  # fmt: skip
+                                              pool_size=128), opts.seconds, rows)  # fmt: skip
     host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     url = f"cassandra://{host}:{port}"
@@ -137,7 +190,8 @@ def main() -> int:
     finally:
         backend.teardown()
         backend.close()
-    print(f"push() one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes")
+    print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
+          f" pop runs start on {PREFILL} messages; push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
     print("\n".join(rows))
     return 0

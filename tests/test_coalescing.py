@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dbq.client.coalescing import Coalescer
+from dbq.client.coalescing import Coalescer, ack_coalescer, take_coalescer
+from dbq.errors import LeaseLost
 
 
 def test_a_lone_caller_goes_at_once_and_gets_its_own_answer():
@@ -80,3 +81,50 @@ def test_up_to_in_flight_round_trips_run_at_once():
         assert list(pool.map(echo, range(300))) == list(range(300))
     assert most[0] == 3
     assert echo.round_trips < 300 / 2  # the calls that waited shared round trips
+
+
+def test_takes_ask_for_exactly_the_waiting_calls_and_those_left_without_get_none():
+    asked: list[int] = []
+    stock = list(range(5))
+    gate = threading.Event()
+
+    def take(n: int) -> list[int]:
+        if not asked:
+            gate.wait(5)
+        asked.append(n)
+        got, stock[:] = stock[:n], stock[n:]
+        return got
+
+    pop = take_coalescer(take, limit=100)
+    with ThreadPoolExecutor(9) as pool:
+        first = pool.submit(pop, None)
+        time.sleep(0.1)
+        rest = [pool.submit(pop, None) for _ in range(8)]
+        time.sleep(0.2)
+        gate.set()
+        answers = [first.result()] + [f.result() for f in rest]
+    assert asked == [1, 8]  # never more than the calls waiting: no message taken for nobody
+    assert sorted(a for a in answers if a is not None) == [0, 1, 2, 3, 4]
+    assert answers.count(None) == 4
+
+
+def test_each_ack_whose_lease_was_lost_gets_its_own_lease_lost():
+    acked: list[str] = []
+
+    def ack_many(messages: list[str]) -> None:
+        lost = [m for m in messages if m.startswith("late")]
+        acked.extend(m for m in messages if m not in lost)
+        if lost:
+            raise LeaseLost.of_acks(lost, len(messages))
+
+    ack = ack_coalescer(ack_many, limit=100)
+    with ThreadPoolExecutor(8) as pool:
+        futures = {m: pool.submit(ack, m) for m in ["a", "late1", "b", "c", "late2", "d", "e", "f"]}
+    for m, f in futures.items():
+        if m.startswith("late"):
+            with pytest.raises(LeaseLost) as lost:
+                f.result()
+            assert lost.value.messages == [m]
+        else:
+            assert f.result() is None
+    assert sorted(acked) == ["a", "b", "c", "d", "e", "f"]

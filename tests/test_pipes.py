@@ -429,3 +429,25 @@ def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
         assert got, f"{len(taken)} of {len(bodies)}"
         taken += got
     assert sorted(m.body for m in taken) == sorted(bodies) and {m.id for m in taken} == set(ids)
+
+
+def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_queue):
+    q = make_queue(max_pushes=100_000, smart_batching=True, pop_timeout=0.5)
+    bodies = [b"m%04d" % i for i in range(800)]
+    q.push_many(bodies)
+    acked: list[list[bytes]] = [[] for _ in range(16)]
+    calls = [0] * 16
+
+    def consumer(t: int) -> None:
+        while (m := q.acquire()) is not None:
+            calls[t] += 1
+            m.ack()
+            acked[t].append(m.body)
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(consumer, t) for t in range(16)]:
+            f.result()
+    assert sorted(b for part in acked for b in part) == bodies  # each once, none lost
+    assert q._acquires is not None and q._acquires.round_trips < sum(calls) / 2
+    assert q._acks is not None and q._acks.round_trips < len(bodies) / 2
+    assert q.pop(timeout=0) is None and q.stats().in_flight == 0

@@ -10,6 +10,7 @@ import random
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
-from dbq.client import MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
+from dbq.client import LeaseLost, MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget, call_statement
 from dbq.names import QueueNames
@@ -356,6 +357,77 @@ def test_smart_batching_gives_each_caller_its_own_error(make_queue):
     assert sorted(m.id for m in q.pop_many(100)) == sorted(ids)  # stored exactly those
 
 
+def test_concurrent_single_pops_share_round_trips_and_take_no_message_nobody_gets(make_queue):
+    """64 threads each popping one message at a time while 8 push: every message reaches exactly
+    one caller, and the popped total counts exactly the messages callers received."""
+    q = make_queue(size=4096, message_bytes=64, pop_timeout=0)
+    pushed = [b"p%d-%04d" % (t, i) for t in range(8) for i in range(300)]
+    received: list[list[bytes]] = [[] for _ in range(64)]
+    calls = [0] * 64
+    pushing = threading.Event()
+    pushing.set()
+
+    def pusher(t: int) -> None:
+        for i in range(300):
+            q.push(b"p%d-%04d" % (t, i))
+
+    def popper(t: int) -> None:
+        while pushing.is_set() or q.stats().depth:
+            m = q.pop(timeout=0.05)
+            calls[t] += 1
+            if m is not None:
+                received[t].append(m.body)
+
+    with ThreadPoolExecutor(72) as pool:
+        poppers = [pool.submit(popper, t) for t in range(64)]
+        for f in [pool.submit(pusher, t) for t in range(8)]:
+            f.result()
+        pushing.clear()
+        for f in poppers:
+            f.result()
+    got = [b for part in received for b in part]
+    assert sorted(got) == sorted(pushed)  # none lost, none twice
+    stats = q.stats()
+    assert stats.popped == len(pushed) and stats.depth == 0  # none taken that nobody received
+    assert q._pops is not None and q._pops.round_trips < sum(calls) / 2  # shared
+    for part in received:  # a thread receives messages in the ring's order
+        for t in range(8):
+            mine = [b for b in part if b.startswith(b"p%d-" % t)]
+            assert mine == sorted(mine)
+
+
+def test_concurrent_acquires_and_acks_share_round_trips_and_a_lost_lease_is_the_callers_own(make_queue):
+    q = make_queue(size=4096, message_bytes=64, pop_timeout=1, visibility=30)
+    q.push_many([b"m%04d" % i for i in range(1600)])
+    acked: list[list[bytes]] = [[] for _ in range(16)]
+
+    def consumer(t: int) -> None:
+        while (m := q.acquire(timeout=0.2)) is not None:
+            m.ack()
+            acked[t].append(m.body)
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(consumer, t) for t in range(16)]:
+            f.result()
+    got = [b for part in acked for b in part]
+    assert sorted(got) == [b"m%04d" % i for i in range(1600)]
+    stats = q.stats()
+    assert (stats.depth, stats.in_flight, stats.acquired) == (0, 0, 1600)
+    assert q._acquires is not None and q._acquires.round_trips < 1600
+    assert q._acks is not None and q._acks.round_trips < 1600
+    # An ack whose lease expired fails for its caller only, while others' acks in flight stand.
+    q.push_many([b"late", b"ok1", b"ok2"])
+    late = q.acquire(visibility=1)
+    held = [q.acquire(), q.acquire()]
+    time.sleep(1.2)
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(m.ack) for m in [late, *held]]
+    with pytest.raises(LeaseLost) as lost:
+        futures[0].result()
+    assert lost.value.messages == [late]
+    assert [f.result() for f in futures[1:]] == [None, None]
+
+
 def test_smart_batching_can_be_turned_off(make_queue):
     q = make_queue(smart_batching=False)
-    assert q._pushes is None and q.push(b"a") > 0
+    assert q._pushes is None and q._pops is None and q._acks is None and q.push(b"a") > 0

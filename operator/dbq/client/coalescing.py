@@ -13,11 +13,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from dbq.errors import QueueFull
+from dbq.client.waiting import Deadline
+from dbq.errors import LeaseLost, QueueFull
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 Id = TypeVar("Id")
+Taken = TypeVar("Taken")
 
 
 class _Call(Generic[Item, Result]):
@@ -111,5 +113,44 @@ def push_coalescer(push_many: Callable[[list[bytes]], list[Id]], limit: int) -> 
         except QueueFull as e:
             ids = e.ids + [None] * (len(bodies) - len(e.ids))
             return [QueueFull(str(e), [None]) if i is None else i for i in ids]
+
+    return Coalescer(run, limit)
+
+
+def take_coalescer(take: Callable[[int], list[Taken]], limit: int) -> Coalescer[None, Taken | None]:
+    """Smart batching for pop() and acquire(): one `take(k)` for the k waiting calls, which takes
+    at most k messages, so no message is taken that no caller receives (at-most-once holds).
+    The first callers get the messages, in order; a caller left without one gets None."""
+
+    def run(calls: list[None]) -> list[Taken | None]:
+        got: list[Taken | None] = list(take(len(calls)))
+        if len(got) > len(calls):
+            raise AssertionError(f"took {len(got)} messages for {len(calls)} calls")
+        return got + [None] * (len(calls) - len(got))
+
+    return Coalescer(run, limit)
+
+
+def take_one(takes: Coalescer[None, Taken | None], timeout: float) -> Taken | None:
+    """pop() or acquire() through a take coalescer: tried again, spinning then backing off,
+    until a message comes or `timeout` seconds pass (then None)."""
+    deadline = Deadline(timeout)
+    while True:
+        message = takes(None)
+        if message is not None or not deadline.wait():
+            return message
+
+
+def ack_coalescer(ack_many: Callable[[list[Taken]], None], limit: int) -> Coalescer[Taken, None]:
+    """Smart batching for ack(): one ack_many for the messages of the waiting calls. A caller
+    whose lease was lost gets a LeaseLost of its own; the others' acks stand."""
+
+    def run(messages: list[Taken]) -> list[BaseException | None]:
+        try:
+            ack_many(messages)
+        except LeaseLost as e:
+            lost = {id(m) for m in e.messages}
+            return [LeaseLost.of_acks([m], 1) if id(m) in lost else None for m in messages]
+        return [None] * len(messages)
 
     return Coalescer(run, limit)

@@ -38,7 +38,7 @@ from typing import Any
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
-from dbq.client.coalescing import Coalescer, push_coalescer
+from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
@@ -93,7 +93,7 @@ class PipeMessage:
 
     def ack(self) -> None:
         """Done with it: never delivered again. Raises LeaseLost if the lease had expired."""
-        self._leased().ack_many([self])
+        self._leased().ack(self)
 
     def nack(self, delay: float = 0.0) -> None:
         """Give it back: delivered again now, or after `delay` s (at the first repair after it)."""
@@ -218,11 +218,20 @@ class PipesQueue:
         self._threads_lock = threading.Lock()
         self._pushers: list[_Pusher] = []
         self._leases: list[_Lease] = []
+        self._shared_leases: dict[str, _Lease | None] = {}  # of coalesced takes, by kind
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
-        # push() calls made at once by several threads share push_many round trips.
-        self._pushes: Coalescer[bytes, uuid.UUID] | None = (
-            push_coalescer(self.push_many, BATCH_MAX_MESSAGES) if smart_batching else None
-        )
+        # Single calls made at once by several threads share round trips (smart batching).
+        self._pushes: Coalescer[bytes, uuid.UUID] | None = None
+        self._pops: Coalescer[None, PipeMessage | None] | None = None
+        self._acquires: Coalescer[None, PipeMessage | None] | None = None
+        self._acks: Coalescer[PipeMessage, None] | None = None
+        if smart_batching:
+            self._pushes = push_coalescer(self.push_many, BATCH_MAX_MESSAGES)
+            self._pops = take_coalescer(lambda n: self._take_together("pop", n, None), BATCH_MAX_MESSAGES)
+            self._acquires = take_coalescer(
+                lambda n: self._take_together("acquire", n, self.visibility), BATCH_MAX_MESSAGES
+            )
+            self._acks = ack_coalescer(self.ack_many, BATCH_MAX_MESSAGES)
         try:
             meta = self._check_meta()
         except Exception:
@@ -471,6 +480,8 @@ class PipesQueue:
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> PipeMessage | None:
         """At-most-once: the message is gone from the queue when this returns."""
+        if self._pops is not None:
+            return take_one(self._pops, seconds_arg(timeout, "timeout", self.pop_timeout))
         got = self._take(1, timeout, None)
         return got[0] if got else None
 
@@ -479,6 +490,8 @@ class PipesQueue:
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> PipeMessage | None:
         """At-least-once: ack() within `visibility` s, or the message is delivered again."""
+        if self._acquires is not None and visibility is None:
+            return take_one(self._acquires, seconds_arg(timeout, "timeout", self.pop_timeout))
         got = self._take(1, timeout, seconds_arg(visibility, "visibility", self.visibility, positive=True))
         return got[0] if got else None
 
@@ -502,6 +515,17 @@ class PipesQueue:
                     continue  # another pipe has messages: try it at once
             if not deadline.wait():
                 return []
+
+    def _take_together(self, kind: str, n: int, visibility: float | None) -> list[PipeMessage]:
+        """A coalesced take, made by whichever thread leads it: the takes of one kind share a pipe
+        lease of their own, since a pipe has one lessee and the leader changes."""
+        own = self._lease()
+        self._local.lease = self._shared_leases.get(kind)
+        try:
+            return self._take(n, 0, visibility)
+        finally:
+            self._shared_leases[kind] = self._lease()
+            self._local.lease = own
 
     def _lease(self) -> _Lease | None:
         return getattr(self._local, "lease", None)
@@ -708,6 +732,13 @@ class PipesQueue:
         tokens = {(p, r[0]): r[2] for p, found in zip(pipes, rows, strict=True) for r in found}
         ok = [m for m in messages if (m.pipe, m.key) in held and tokens[(m.pipe, m.key)] == m.lease]
         return ok, [m for m in messages if m not in ok]
+
+    def ack(self, message: PipeMessage) -> None:
+        """Acknowledge one leased message (`PipeMessage.ack()`), with the other acks made at once."""
+        if self._acks is not None:
+            self._acks(message)
+        else:
+            self.ack_many([message])
 
     def ack_many(self, messages: Iterable[PipeMessage]) -> None:
         """Acknowledge leased messages. Raises LeaseLost naming those whose lease had expired;

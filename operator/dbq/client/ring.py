@@ -2,14 +2,16 @@
 
 Thread-safe: a `Queue` keeps a small pool of connections and each call borrows one, so threads
 may share a Queue; a `Message` may be acked from any thread. Smart batching (on unless
-`smart_batching=False`): push() calls made by several threads while a push is in flight share
-the next push_many round trip (`dbq.client.coalescing`); a lone caller goes at once.
+`smart_batching=False`): push(), pop(), acquire() and ack() calls made by several threads while
+one of the same kind is in flight share its next round trip (push_many, pop_many or
+acquire_many of exactly as many messages as callers wait, ack_many; `dbq.client.coalescing`);
+a lone caller goes at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,7 +19,7 @@ from typing import Any
 
 import pyodbc
 
-from dbq.client.coalescing import Coalescer, push_coalescer
+from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
@@ -86,7 +88,7 @@ class Message:
 
     def ack(self) -> None:
         """Done with it: it is never delivered again. Raises LeaseLost if the lease had expired."""
-        self._leased().ack_many([self])
+        self._leased().ack(self)
 
     def nack(self, delay: float = 0.0) -> None:
         """Give it back: delivered again after `delay` seconds."""
@@ -153,10 +155,18 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
-        # push() calls made at once by several threads share push_many round trips.
-        self._pushes: Coalescer[bytes, int] | None = (
-            push_coalescer(self.push_many, SMART_BATCH_LIMIT) if smart_batching else None
-        )
+        # Single calls made at once by several threads share round trips (smart batching).
+        self._pushes: Coalescer[bytes, int] | None = None
+        self._pops: Coalescer[None, Message | None] | None = None
+        self._acquires: Coalescer[None, Message | None] | None = None
+        self._acks: Coalescer[Message, None] | None = None
+        if smart_batching:
+            self._pushes = push_coalescer(self.push_many, SMART_BATCH_LIMIT)
+            self._pops = take_coalescer(lambda n: self._take_now(n, 0), SMART_BATCH_LIMIT)
+            self._acquires = take_coalescer(
+                lambda n: self._take_now(n, self._lease_ms(None)), SMART_BATCH_LIMIT
+            )
+            self._acks = ack_coalescer(self.ack_many, SMART_BATCH_LIMIT)
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
 
@@ -313,49 +323,75 @@ class Queue:
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> Message | None:
         """At-most-once: the message is gone from the queue once returned. None if none came in time."""
-        return self._pop_one(0, timeout)
+        return self._take_one(self._pops, 0, timeout)
 
     def pop_many(self, n: int, timeout: float | None = None) -> list[Message]:
         return self._take(n, timeout, lease_ms=0)
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> Message | None:
         """At-least-once: the message is leased for `visibility` seconds; ack() it, or it comes back."""
-        return self._pop_one(self._lease_ms(visibility), timeout)
-
-    def _pop_one(self, lease_ms: int, timeout: float | None) -> Message | None:
-        timeout = seconds_arg(timeout, "timeout", self.pop_timeout)
-        first = self._records("pop", lease_ms)
-        if first[0][0] == MESSAGE:  # the common case, without the waiting machinery
-            return self._message(first[0])
-        got = self._take(1, timeout, lease_ms, first=first)
-        return got[0] if got else None
+        if visibility is None:
+            return self._take_one(self._acquires, self._lease_ms(None), timeout)
+        return self._take_one(None, self._lease_ms(visibility), timeout)
 
     def acquire_many(
         self, n: int, timeout: float | None = None, visibility: float | None = None
     ) -> list[Message]:
         return self._take(n, timeout, lease_ms=self._lease_ms(visibility))
 
+    def _take_one(
+        self, together: Coalescer[None, Message | None] | None, lease_ms: int, timeout: float | None
+    ) -> Message | None:
+        """One message, taken with the other callers waiting at once when `together` is given."""
+        if together is not None:
+            return take_one(together, seconds_arg(timeout, "timeout", self.pop_timeout))
+        got = self._take(1, timeout, lease_ms)
+        return got[0] if got else None
+
+    def _take(self, n: int, timeout: float | None, lease_ms: int) -> list[Message]:
+        """Pop/acquire up to n, waiting up to the timeout for the first."""
+        count_arg(n, "n")
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
+        while True:
+            got = self._take_now(n, lease_ms)
+            if got or not deadline.wait():
+                return got
+
+    def _take_now(self, n: int, lease_ms: int) -> list[Message]:
+        """Up to n messages, with one pop round trip (plus one for each drawn position whose
+        message is still being written)."""
+        found = self._records("pop", lease_ms) if n == 1 else self._records("pop_many", n, lease_ms)
+        return self._messages(found, lease_ms, self._call)
+
     def pop_many_in(self, cur: pyodbc.Cursor, n: int) -> list[Message]:
         """Pop up to n waiting messages inside the caller's transaction (`_transaction()`),
         without waiting for more: they leave the queue only if it commits. Should it roll back,
         or its process die, the messages stay; their spent positions make them orphans, which
-        repair delivers again (the popped total, a sequence, counts them once more). A drawn
-        position whose message is still being written is waited for, as `pop_many` does."""
+        repair delivers again (the popped total, a sequence, counts them once more)."""
         count_arg(n, "n")
-        found = list(
-            records(b"".join(r[0] for r in cur.execute(self._statements["pop_many"], n, 0).fetchall()))
-        )
+
+        def call(verb: str, *args: Any) -> list[Any]:
+            return cur.execute(self._statements[verb], *args).fetchall()
+
+        return self._messages(list(records(b"".join(r[0] for r in call("pop_many", n, 0)))), 0, call)
+
+    def _messages(self, found: list[Record], lease_ms: int, call: Callable[..., list[Any]]) -> list[Message]:
+        """The messages a pop found. A position it drew whose message is still being written (its
+        pusher drew it and has not committed yet) is taken once written, waited for up to
+        `hole_grace`; then its pusher is taken for dead and the position released (whoever finds
+        it later delivers the message, should it come)."""
         messages = [self._message(r) for r in found if r[0] == MESSAGE]
         since = time.monotonic()
         for position in (r[1] for r in found if r[0] == NOT_WRITTEN):
             while True:
-                record = next(records(cur.execute(self._statements["take"], position, 0).fetchall()[0][0]))
+                record = next(records(call("take", position, lease_ms)[0][0]))
                 if record[0] == MESSAGE:
                     messages.append(self._message(record))
                 elif record[0] == NOT_WRITTEN and time.monotonic() - since < self.hole_grace:
+                    time.sleep(0.0005)
                     continue
-                elif record[0] == NOT_WRITTEN:  # its pusher died: whoever finds it later delivers it
-                    cur.execute(self._statements["release"], str(position)).fetchall()
+                elif record[0] == NOT_WRITTEN:
+                    call("release", str(position))
                 break
         return messages
 
@@ -370,51 +406,16 @@ class Queue:
         rows = self._call(verb, *args)
         return list(records(rows[0][0] if len(rows) == 1 else b"".join(r[0] for r in rows)))
 
-    def _take(
-        self, n: int, timeout: float | None, lease_ms: int, first: list[Record] | None = None
-    ) -> list[Message]:
-        """Pop/acquire up to n, waiting up to the timeout; `first` is a pop answer already fetched."""
-        count_arg(n, "n")
-        deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
-        while True:
-            if first is not None:
-                rows, first = first, None
-            else:
-                rows = self._records("pop", lease_ms) if n == 1 else self._records("pop_many", n, lease_ms)
-            messages = [self._message(r) for r in rows if r[0] == MESSAGE]
-            pending = [int(r[1]) for r in rows if r[0] == NOT_WRITTEN]
-            if messages:
-                if pending:
-                    self._release(pending)
-                return messages
-            if pending:
-                self._release(pending[1:])
-                message = self._wait_for(pending[0], lease_ms, deadline)
-                if message is not None:
-                    return [message]
-            if not deadline.wait():
-                return []
-
-    def _wait_for(self, position: int, lease_ms: int, deadline: Deadline) -> Message | None:
-        """Our drawn position's message is on its way: take it when written, or give it up."""
-        since = time.monotonic()
-        while True:
-            row = self._records("take", position, lease_ms)[0]
-            if row[0] == MESSAGE:
-                return self._message(row)
-            if row[0] != NOT_WRITTEN:
-                return None  # gone (expired, repaired, void): draw again
-            if time.monotonic() - since >= self.hole_grace or not deadline.wait():
-                self._release([position])
-                return None
-
-    def _release(self, positions: list[int]) -> None:
-        if positions:
-            self._call("release", ",".join(map(str, positions)))
-
     def _message(self, record: Record) -> Message:
         _, msg_id, lease, attempts, body = record
         return Message(id=msg_id, body=body, attempts=attempts, lease=lease or None, _queue=self)
+
+    def ack(self, message: Message) -> None:
+        """Acknowledge one leased message (`Message.ack()`), with the other acks made at once."""
+        if self._acks is not None:
+            self._acks(message)
+        else:
+            self.ack_many([message])
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge several leased messages in one round trip. Raises LeaseLost, whose
