@@ -177,3 +177,35 @@ def test_push_many_refuses_lengths_that_do_not_match_the_bodies(postgres, schema
         next(records(cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()))[0] == 1
     )  # nothing stored: empty
     backend.teardown()
+
+
+def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres, schema):
+    """Version 7 counts settled leases (stats in O(1): in flight = acquired - settled). A
+    version 6 queue has no such total: the upgrade creates it from the leases held at that
+    moment, and keeps every message."""
+    from dbq.client import connect
+
+    backend = ring(postgres, schema)
+    backend.apply()
+    q = connect(postgres.url, "orders", schema=schema, smart_batching=False)
+    ids = q.push_many([b"m%d" % i for i in range(10)])
+    held = q.acquire_many(4)
+    held[0].ack()
+    cur = backend.conn.cursor()
+    cur.execute(f'DROP SEQUENCE "{schema}".orders_n_settled')  # what version 6 had
+    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 6')
+    assert [str(s) for s in backend.plan(backend.observe())] == [
+        "create_sequences", "seed_settled", "create_routines", "record_version"
+    ]  # fmt: skip
+    backend.apply()
+    q.close()
+    q = connect(postgres.url, "orders", schema=schema, smart_batching=False)
+    stats = q.stats()
+    assert (stats.depth, stats.in_flight, stats.pushed, stats.acquired) == (6, 3, 10, 4)
+    q.ack_many(held[1:])
+    rest = q.pop_many(10)
+    assert sorted(m.id for m in rest + held) == sorted(ids)  # none lost, none twice
+    stats = q.stats()
+    assert (stats.depth, stats.in_flight, stats.popped) == (0, 0, 10)
+    q.close()
+    backend.teardown()

@@ -65,6 +65,16 @@ def test_older_schema_version_is_upgraded():
     assert actions(old) == ["create_routines", "record_version"]
 
 
+def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
+    version_6 = complete(
+        sequences=frozenset(NAMES.sequences) - {NAMES.counter("settled")},
+        recorded=Recorded(schema_version=6, ring_size=1000, message_bytes=300),
+    )
+    assert actions(version_6) == ["create_sequences", "seed_settled", "create_routines", "record_version"]
+    # A ring made anew has no leases to count: its totals start from nothing.
+    assert "seed_settled" not in actions(complete(tables=frozenset(), sequences=frozenset()))
+
+
 def test_resize_is_refused_with_the_way_out():
     with pytest.raises(ConflictingObjects, match="cannot be resized in place"):
         plan_ring(RingTarget(names=NAMES, size=2000, message_bytes=300), complete())

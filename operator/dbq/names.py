@@ -17,8 +17,9 @@ _IDENT = re.compile(IDENTIFIER_PATTERN)
 META_TABLE = "dbq_queues"
 HISTORY_TABLE = "dbq_stats_history"  # statistics samples of every queue in the schema/keyspace
 # Running totals of a ring queue. Each is a sequence: advancing one is not transactional and
-# leaves no row version behind, so a long transaction elsewhere cannot bloat it.
-COUNTERS = ("pushed", "popped", "acquired", "expired")
+# leaves no row version behind, so a long transaction elsewhere cannot bloat it. `settled`
+# counts leases ended (acked, nacked or expired), so in flight = acquired - settled.
+COUNTERS = ("pushed", "popped", "acquired", "expired", "settled")
 
 
 def check_identifier(value: str, field: str) -> str:
@@ -90,7 +91,7 @@ class QueueNames:
         return self._(verb)
 
     def counter(self, total: str) -> str:
-        """A running total (pushed, popped, acquired, expired), kept in a sequence."""
+        """A running total (`COUNTERS`), kept in a sequence."""
         if total not in COUNTERS:
             raise ValueError(f"unknown counter {total!r}")
         return self._(f"n_{total}")

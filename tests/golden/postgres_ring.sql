@@ -46,6 +46,8 @@ CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_acquired" AS bigint MINVALUE 1 S
 
 CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_expired" AS bigint MINVALUE 1 START 1 CACHE 1
 
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_settled" AS bigint MINVALUE 1 START 1 CACHE 1
+
 -- step reset_positions
 
 SELECT setval('"shopq"."orders_pop_seq"', greatest((SELECT last_value FROM "shopq"."orders_push_seq"), (SELECT last_value FROM "shopq"."orders_pop_seq")), true)
@@ -75,6 +77,12 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_staged" (
   first_seq bigint NOT NULL,
   packed bytea NOT NULL,
   PRIMARY KEY (stage, seq))
+
+-- step seed_settled
+
+SELECT setval('"shopq"."orders_n_settled"', greatest(v, 1), v > 0) FROM (SELECT greatest(
+  (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_acquired")
+  - (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 2) - (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 2), 0) AS v) s
 
 -- step create_history
 
@@ -437,6 +445,7 @@ BEGIN
     RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+  IF o_ok = 1 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- the lease ended
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_ack_many"(p_ids text, p_leases text, OUT o_acked text)
@@ -456,7 +465,7 @@ BEGIN
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
-  PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_done);
+  PERFORM nextval('"shopq"."orders_n_popped"'), nextval('"shopq"."orders_n_settled"') FROM unnest(v_done);
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 
@@ -475,6 +484,7 @@ BEGIN
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+  IF o_ok = 1 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
@@ -499,6 +509,7 @@ BEGIN
   WHERE s.msg_id = due.msg_id;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired_leases := o_expired_leases + v_n;
+  PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, o_expired_leases);
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH due AS (
@@ -559,25 +570,37 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)
 LANGUAGE plpgsql STABLE AS $fn$
-DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz; o_oldest timestamptz;
+DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz;
 BEGIN
-  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
-  INTO o_depth, o_in_flight, o_oldest FROM "shopq"."orders_ring";
-  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
-  INTO v_depth, v_flight, v_oldest FROM "shopq"."orders_spill";
-  o_depth := o_depth + v_depth;
-  o_in_flight := o_in_flight + v_flight;
-  o_oldest_age_s := coalesce(extract(epoch FROM clock_timestamp() - least(o_oldest, v_oldest)), 0);
+  -- From the totals, not a count of the ring: the same cost at any size. Messages present are
+  -- those pushed and not yet popped, acknowledged (both counted as popped) or expired; in
+  -- flight are the acquisitions whose lease has not ended (acked, nacked or expired: settled).
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM "shopq"."orders_n_pushed";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM "shopq"."orders_n_popped";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM "shopq"."orders_n_acquired";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM "shopq"."orders_n_expired";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_settled FROM "shopq"."orders_n_settled";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM "shopq"."orders_pop_seq";
+  o_in_flight := greatest(o_acquired - v_settled, 0);
+  o_depth := greatest(o_pushed - o_popped - o_expired - o_in_flight, 0);
+  -- The oldest ready message, from a bounded look at the head: the next 64 positions of
+  -- the ring, the positions whose popper gave up, and the first 64 redeliveries.
+  SELECT min(pushed_at) INTO v_oldest FROM (
+    SELECT r.pushed_at FROM generate_series(v_pos + 1, v_pos + 64) p(pos)
+    JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1
+    UNION ALL
+    SELECT r.pushed_at FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
+    WHERE g.reason = 'skipped'
+    UNION ALL
+    SELECT s.pushed_at FROM (SELECT state, pushed_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s WHERE s.state = 1
+  ) head;
+  o_oldest_age_s := CASE WHEN o_depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0) ELSE 0 END;
 END $fn$
 
 -- step record_version
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes)
-VALUES ('orders', 'ring', 6, 1000, 300)
+VALUES ('orders', 'ring', 7, 1000, 300)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
   message_bytes = EXCLUDED.message_bytes, updated_at = now()
 
@@ -628,6 +651,8 @@ DROP SEQUENCE IF EXISTS "shopq"."orders_n_popped"
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_acquired"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_expired"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_settled"
 
 DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
 

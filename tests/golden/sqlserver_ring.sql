@@ -57,6 +57,9 @@ CREATE SEQUENCE [shopq].[orders_n_acquired] AS bigint START WITH 1 INCREMENT BY 
 IF OBJECT_ID(N'[shopq].[orders_n_expired]', N'SO') IS NULL
 CREATE SEQUENCE [shopq].[orders_n_expired] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
 
+IF OBJECT_ID(N'[shopq].[orders_n_settled]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_settled] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
 -- step reset_positions
 
 DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
@@ -92,6 +95,19 @@ CREATE TABLE [shopq].[orders_staged] (
   first_seq bigint NOT NULL,
   packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))
+
+-- step seed_settled
+
+DECLARE @settled bigint = (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]'))
+  - (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) - (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2);
+IF @settled > 0
+BEGIN
+  DECLARE @sql nvarchar(max) = N'ALTER SEQUENCE [shopq].[orders_n_settled] RESTART WITH ' + CAST(@settled AS nvarchar(20));
+  EXEC sys.sp_executesql @sql;
+  SET @sql = N'DECLARE @n bigint; SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];';
+  EXEC sys.sp_executesql @sql;
+END
 
 -- step create_history
 
@@ -438,7 +454,12 @@ AS BEGIN
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
     DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SELECT 1 AS o_ok; END;
+  IF @@ROWCOUNT = 1
+  BEGIN
+    SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
+    SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
+    SELECT 1 AS o_ok;
+  END;
   ELSE SELECT 0 AS o_ok;
 END
 
@@ -458,7 +479,7 @@ AS BEGIN
   FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   SELECT @c = COUNT(*) FROM @done;
-  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @c -= 1; END;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
 END
 
@@ -473,7 +494,13 @@ AS BEGIN
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
     UPDATE [shopq].[orders_spill] SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
+  IF @@ROWCOUNT = 1
+  BEGIN
+    DECLARE @n bigint;
+    SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
+    SELECT 1 AS o_ok;
+  END;
+  ELSE SELECT 0 AS o_ok;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_repair] @orphan_grace_ms bigint
@@ -493,6 +520,8 @@ AS BEGIN
   SET @leases = @@ROWCOUNT;
   UPDATE [shopq].[orders_spill] WITH (ROWLOCK, READPAST) SET state = 1, lease = 0 WHERE state = 2 AND visible_at < @now;
   SET @leases += @@ROWCOUNT;
+  SET @c = @leases;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
   -- Orphans: ready messages whose pop position was drawn but never claimed.
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
@@ -540,33 +569,47 @@ END
 CREATE OR ALTER PROCEDURE [shopq].[orders_stats]
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @oldest datetime2(3);
-  SELECT @oldest = MIN(pushed_at) FROM (
-    SELECT MIN(pushed_at) AS pushed_at FROM [shopq].[orders_ring] WHERE state = 1
-    UNION ALL SELECT MIN(pushed_at) FROM [shopq].[orders_spill] WHERE state = 1) o;
+  -- From the totals, not a count of the ring (see the PostgreSQL routine).
+  DECLARE @pushed bigint, @popped bigint, @acquired bigint, @expired bigint, @settled bigint, @pos bigint,
+    @in_flight bigint, @depth bigint, @oldest datetime2(3);
   SELECT
-    (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 1) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1) AS o_depth,
-    (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2)
-      AS o_in_flight,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]'))
-      AS o_pushed,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_popped]'))
-      AS o_popped,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]'))
-      AS o_acquired,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_expired]'))
-      AS o_expired,
-    ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) AS o_oldest_age_s;
+    @pushed = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]') THEN v END),
+    @popped = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_popped]') THEN v END),
+    @acquired = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]') THEN v END),
+    @expired = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_expired]') THEN v END),
+    @settled = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_settled]') THEN v END),
+    @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN v END)
+  FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
+    WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_n_pushed]'), OBJECT_ID(N'[shopq].[orders_n_popped]'), OBJECT_ID(N'[shopq].[orders_n_acquired]'),
+      OBJECT_ID(N'[shopq].[orders_n_expired]'), OBJECT_ID(N'[shopq].[orders_n_settled]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s;
+  SET @in_flight = CASE WHEN @acquired > @settled THEN @acquired - @settled ELSE 0 END;
+  SET @depth = @pushed - @popped - @expired - @in_flight;
+  IF @depth < 0 SET @depth = 0;
+  -- The oldest ready message, from a bounded look at the head.
+  SELECT @oldest = MIN(pushed_at) FROM (
+    SELECT r.pushed_at FROM [shopq].[orders_ring] r
+    JOIN (SELECT TOP (64) @pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS pos FROM sys.all_objects) p
+      ON r.slot = p.pos % 1000 AND r.msg_id = p.pos
+    WHERE r.state = 1
+    UNION ALL
+    SELECT r.pushed_at FROM [shopq].[orders_gap] g JOIN [shopq].[orders_ring] r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+    WHERE g.reason = 'skipped' AND r.state = 1
+    UNION ALL
+    SELECT s.pushed_at FROM (SELECT TOP (64) state, pushed_at FROM [shopq].[orders_spill] ORDER BY msg_id) s WHERE s.state = 1) head;
+  SELECT @depth AS o_depth, @in_flight AS o_in_flight, @pushed AS o_pushed, @popped AS o_popped,
+    @acquired AS o_acquired, @expired AS o_expired,
+    CASE WHEN @depth > 0 THEN ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) ELSE 0 END
+      AS o_oldest_age_s;
 END
 
 -- step record_version
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 6, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 7, message_bytes = 300,
   updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 6, 1000, 300);
+  VALUES (s.queue, N'ring', 7, 1000, 300);
 
 -- teardown
 
@@ -619,6 +662,8 @@ DROP SEQUENCE IF EXISTS [shopq].[orders_n_popped]
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_acquired]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_expired]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_settled]
 
 DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
 

@@ -28,6 +28,7 @@ class RingAction(StrEnum):
     CREATE_SEQUENCES = "create_sequences"
     RESET_POSITIONS = "reset_positions"
     CREATE_SIDE_TABLES = "create_side_tables"
+    SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
     RECORD_VERSION = "record_version"
@@ -41,6 +42,7 @@ DONE = {
     RingAction.CREATE_SEQUENCES: "created the position and total sequences",
     RingAction.RESET_POSITIONS: "levelled the push and pop positions",
     RingAction.CREATE_SIDE_TABLES: "created the spill and gap tables",
+    RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
     RingAction.RECORD_VERSION: "recorded the schema version and settings",
@@ -118,6 +120,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     missing_tables = [t for t in n.tables if t != n.ring and t not in observed.tables]
     if missing_tables:
         step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
+    if n.counter("settled") in missing_seqs and not ring_missing:
+        # A queue of schema version 6 or older: its leases held so far were never settled.
+        step(
+            RingAction.SEED_SETTLED, f"total {n.counter('settled')} is new: start it at acquired - in flight"
+        )
     if n.history not in observed.tables:
         step(RingAction.CREATE_HISTORY, f"statistics history table {n.schema}.{n.history} does not exist")
     missing_routines = [r for r in routines if n.routine(r) not in observed.routines]

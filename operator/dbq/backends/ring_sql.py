@@ -19,6 +19,9 @@ from dbq.names import COUNTERS
 # pop in SPILL_SHARE looks there before the ring while the ring has messages, and every pop when
 # it has none: so most pops skip that look, and a redelivery still waits only a few pops.
 SPILL_SHARE = 8
+# stats() finds the oldest ready message among this many positions past the pop position (and
+# as many redeliveries): a bounded look, whatever the ring's size.
+HEAD_LOOK = 64
 # A placeholder in a template: {name}. Nothing else in a template is touched.
 PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -90,6 +93,7 @@ class RingSqlBase:
             RingAction.CREATE_SEQUENCES: self.create_sequences,
             RingAction.RESET_POSITIONS: self.reset_positions,
             RingAction.CREATE_SIDE_TABLES: self.create_side_tables,
+            RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
             RingAction.RECORD_VERSION: self.record_version,
@@ -117,6 +121,9 @@ class RingSqlBase:
     def create_side_tables(self) -> list[str]:
         raise NotImplementedError
 
+    def seed_settled(self) -> list[str]:
+        raise NotImplementedError
+
     def create_history(self) -> list[str]:
         raise NotImplementedError
 
@@ -138,6 +145,7 @@ class RingSqlBase:
             "max_bytes": self.message_bytes,
             "queue": self.t.names.queue,
             "spill_share": SPILL_SHARE,
+            "head_look": HEAD_LOOK,
             **{f"n_{c}": seq for c, seq in self.count.items()},
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }

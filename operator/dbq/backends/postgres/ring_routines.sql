@@ -3,7 +3,7 @@
 -- Rendered by `dbq.backends.ring_sql.render_template`: each {name} is replaced by a quoted,
 -- validated identifier or an integer; nothing else in this file is touched. Placeholders:
 -- {ring} {spill} {gap} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
--- (tables and sequences), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
+-- {n_settled} (tables and sequences), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
@@ -350,6 +350,7 @@ BEGIN
     RETURNING nextval('{n_popped}') INTO v_n;
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+  IF o_ok = 1 THEN PERFORM nextval('{n_settled}'); END IF;  -- the lease ended
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
@@ -369,7 +370,7 @@ BEGIN
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
-  PERFORM nextval('{n_popped}') FROM unnest(v_done);
+  PERFORM nextval('{n_popped}'), nextval('{n_settled}') FROM unnest(v_done);
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 --;;
@@ -388,6 +389,7 @@ BEGIN
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
   END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+  IF o_ok = 1 THEN PERFORM nextval('{n_settled}'); END IF;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
@@ -412,6 +414,7 @@ BEGIN
   WHERE s.msg_id = due.msg_id;
   GET DIAGNOSTICS v_n = ROW_COUNT;
   o_expired_leases := o_expired_leases + v_n;
+  PERFORM nextval('{n_settled}') FROM generate_series(1, o_expired_leases);
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH due AS (
@@ -472,17 +475,29 @@ CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)
 LANGUAGE plpgsql STABLE AS $fn$
-DECLARE v_depth bigint; v_flight bigint; v_oldest timestamptz; o_oldest timestamptz;
+DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz;
 BEGIN
-  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
-  INTO o_depth, o_in_flight, o_oldest FROM {ring};
-  SELECT count(*) FILTER (WHERE state = 1), count(*) FILTER (WHERE state = 2), min(pushed_at) FILTER (WHERE state = 1)
-  INTO v_depth, v_flight, v_oldest FROM {spill};
-  o_depth := o_depth + v_depth;
-  o_in_flight := o_in_flight + v_flight;
-  o_oldest_age_s := coalesce(extract(epoch FROM clock_timestamp() - least(o_oldest, v_oldest)), 0);
+  -- From the totals, not a count of the ring: the same cost at any size. Messages present are
+  -- those pushed and not yet popped, acknowledged (both counted as popped) or expired; in
+  -- flight are the acquisitions whose lease has not ended (acked, nacked or expired: settled).
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM {n_pushed};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM {n_popped};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM {n_acquired};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM {n_expired};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_settled FROM {n_settled};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM {pop_seq};
+  o_in_flight := greatest(o_acquired - v_settled, 0);
+  o_depth := greatest(o_pushed - o_popped - o_expired - o_in_flight, 0);
+  -- The oldest ready message, from a bounded look at the head: the next {head_look} positions of
+  -- the ring, the positions whose popper gave up, and the first {head_look} redeliveries.
+  SELECT min(pushed_at) INTO v_oldest FROM (
+    SELECT r.pushed_at FROM generate_series(v_pos + 1, v_pos + {head_look}) p(pos)
+    JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1
+    UNION ALL
+    SELECT r.pushed_at FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1
+    WHERE g.reason = 'skipped'
+    UNION ALL
+    SELECT s.pushed_at FROM (SELECT state, pushed_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s WHERE s.state = 1
+  ) head;
+  o_oldest_age_s := CASE WHEN o_depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0) ELSE 0 END;
 END $fn$

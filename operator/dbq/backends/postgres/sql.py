@@ -97,6 +97,14 @@ ON CONFLICT (slot) DO NOTHING"""
             f"SELECT setval('{self.push_seq}', (SELECT last_value FROM {self.pop_seq}), true)",
         ]
 
+    def seed_settled(self) -> list[str]:
+        settled, acquired = self.count["settled"], self.count["acquired"]
+        return [
+            f"""SELECT setval('{settled}', greatest(v, 1), v > 0) FROM (SELECT greatest(
+  (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {acquired})
+  - (SELECT count(*) FROM {self.ring} WHERE state = 2) - (SELECT count(*) FROM {self.spill} WHERE state = 2), 0) AS v) s"""
+        ]
+
     def create_side_tables(self) -> list[str]:
         return [
             f"""CREATE TABLE IF NOT EXISTS {self.spill} (

@@ -334,7 +334,12 @@ AS BEGIN
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
     DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 1 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SELECT 1 AS o_ok; END;
+  IF @@ROWCOUNT = 1
+  BEGIN
+    SET @n = NEXT VALUE FOR {n_popped};
+    SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
+    SELECT 1 AS o_ok;
+  END;
   ELSE SELECT 0 AS o_ok;
 END
 --;;
@@ -354,7 +359,7 @@ AS BEGIN
   FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   SELECT @c = COUNT(*) FROM @done;
-  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @c -= 1; END;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
 END
 --;;
@@ -369,7 +374,13 @@ AS BEGIN
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
     UPDATE {spill} SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
+  IF @@ROWCOUNT = 1
+  BEGIN
+    DECLARE @n bigint;
+    SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
+    SELECT 1 AS o_ok;
+  END;
+  ELSE SELECT 0 AS o_ok;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_repair} @orphan_grace_ms bigint
@@ -389,6 +400,8 @@ AS BEGIN
   SET @leases = @@ROWCOUNT;
   UPDATE {spill} WITH (ROWLOCK, READPAST) SET state = 1, lease = 0 WHERE state = 2 AND visible_at < @now;
   SET @leases += @@ROWCOUNT;
+  SET @c = @leases;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;
   -- Orphans: ready messages whose pop position was drawn but never claimed.
   UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
@@ -436,21 +449,35 @@ END
 CREATE OR ALTER PROCEDURE {fn_stats}
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @oldest datetime2(3);
-  SELECT @oldest = MIN(pushed_at) FROM (
-    SELECT MIN(pushed_at) AS pushed_at FROM {ring} WHERE state = 1
-    UNION ALL SELECT MIN(pushed_at) FROM {spill} WHERE state = 1) o;
+  -- From the totals, not a count of the ring (see the PostgreSQL routine).
+  DECLARE @pushed bigint, @popped bigint, @acquired bigint, @expired bigint, @settled bigint, @pos bigint,
+    @in_flight bigint, @depth bigint, @oldest datetime2(3);
   SELECT
-    (SELECT COUNT_BIG(*) FROM {ring} WHERE state = 1) + (SELECT COUNT_BIG(*) FROM {spill} WHERE state = 1) AS o_depth,
-    (SELECT COUNT_BIG(*) FROM {ring} WHERE state = 2) + (SELECT COUNT_BIG(*) FROM {spill} WHERE state = 2)
-      AS o_in_flight,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_pushed}'))
-      AS o_pushed,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_popped}'))
-      AS o_popped,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_acquired}'))
-      AS o_acquired,
-    (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'{n_expired}'))
-      AS o_expired,
-    ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) AS o_oldest_age_s;
+    @pushed = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_pushed}') THEN v END),
+    @popped = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_popped}') THEN v END),
+    @acquired = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_acquired}') THEN v END),
+    @expired = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_expired}') THEN v END),
+    @settled = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_settled}') THEN v END),
+    @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'{pop_seq}') THEN v END)
+  FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
+    WHERE object_id IN (OBJECT_ID(N'{n_pushed}'), OBJECT_ID(N'{n_popped}'), OBJECT_ID(N'{n_acquired}'),
+      OBJECT_ID(N'{n_expired}'), OBJECT_ID(N'{n_settled}'), OBJECT_ID(N'{pop_seq}'))) s;
+  SET @in_flight = CASE WHEN @acquired > @settled THEN @acquired - @settled ELSE 0 END;
+  SET @depth = @pushed - @popped - @expired - @in_flight;
+  IF @depth < 0 SET @depth = 0;
+  -- The oldest ready message, from a bounded look at the head.
+  SELECT @oldest = MIN(pushed_at) FROM (
+    SELECT r.pushed_at FROM {ring} r
+    JOIN (SELECT TOP ({head_look}) @pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS pos FROM sys.all_objects) p
+      ON r.slot = p.pos % {size} AND r.msg_id = p.pos
+    WHERE r.state = 1
+    UNION ALL
+    SELECT r.pushed_at FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+    WHERE g.reason = 'skipped' AND r.state = 1
+    UNION ALL
+    SELECT s.pushed_at FROM (SELECT TOP ({head_look}) state, pushed_at FROM {spill} ORDER BY msg_id) s WHERE s.state = 1) head;
+  SELECT @depth AS o_depth, @in_flight AS o_in_flight, @pushed AS o_pushed, @popped AS o_popped,
+    @acquired AS o_acquired, @expired AS o_expired,
+    CASE WHEN @depth > 0 THEN ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) ELSE 0 END
+      AS o_oldest_age_s;
 END

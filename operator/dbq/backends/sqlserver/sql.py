@@ -121,6 +121,23 @@ DECLARE @sql nvarchar(max) =
 EXEC sys.sp_executesql @sql"""
         ]
 
+    def seed_settled(self) -> list[str]:
+        # ALTER SEQUENCE takes no variables: built from the validated name and an integer. The
+        # NEXT VALUE after the restart makes last_used_value the settled total.
+        settled, acquired = self.count["settled"], self.count["acquired"]
+        return [
+            f"""DECLARE @settled bigint = (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  WHERE object_id = OBJECT_ID(N'{acquired}'))
+  - (SELECT COUNT_BIG(*) FROM {self.ring} WHERE state = 2) - (SELECT COUNT_BIG(*) FROM {self.spill} WHERE state = 2);
+IF @settled > 0
+BEGIN
+  DECLARE @sql nvarchar(max) = N'ALTER SEQUENCE {settled} RESTART WITH ' + CAST(@settled AS nvarchar(20));
+  EXEC sys.sp_executesql @sql;
+  SET @sql = N'DECLARE @n bigint; SET @n = NEXT VALUE FOR {settled};';
+  EXEC sys.sp_executesql @sql;
+END"""
+        ]
+
     def create_side_tables(self) -> list[str]:
         return [
             f"""{self._object_missing(self.spill, "U")}
