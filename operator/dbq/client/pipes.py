@@ -64,6 +64,7 @@ LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows
 LOGGED_MAX_BYTES = 24 << 10
 MOVE_SCAN_S = 0.05
 STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
+READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
 
 
 def now_ms() -> int:
@@ -184,6 +185,9 @@ class _Lease:
     until: float  # monotonic: this thread stops using the lease then
     renew_at: float
     scan_after: float = 0.0  # monotonic: when to look for a pipe with messages again
+    # Rows read past the cursor and not taken yet. Only the lessee takes from its pipe, and its
+    # pusher only appends, so they stay the pipe's next rows while the lease lasts.
+    ahead: list[Any] = field(default_factory=list)
 
 
 class PipesQueue:
@@ -619,11 +623,13 @@ class PipesQueue:
 
     def _take_from(self, lease: _Lease, n: int, visibility: float | None) -> list[PipeMessage]:
         s = lease.state
-        if s.cursor is None:
-            rows = self._x(self.cql.read_head, s.pipe, n)
-        else:
-            rows = self._x(self.cql.read_after, s.pipe, s.cursor, n)
-        found = rows
+        if len(lease.ahead) < n:
+            want = max(n, READ_AHEAD)
+            if s.cursor is None:
+                lease.ahead = self._x(self.cql.read_head, s.pipe, want)
+            else:
+                lease.ahead = self._x(self.cql.read_after, s.pipe, s.cursor, want)
+        found = lease.ahead[:n]
         if not found:
             fresh = self._states([s.pipe])[0]
             if fresh is None:
@@ -673,6 +679,7 @@ class PipesQueue:
             self._set_lease(None)
             raise
         s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
+        del lease.ahead[: len(found)]
         return [
             PipeMessage(
                 id=r[1],
