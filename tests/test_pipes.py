@@ -451,3 +451,21 @@ def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_que
     assert q._acquires is not None and q._acquires.round_trips < sum(calls) / 2
     assert q._acks is not None and q._acks.round_trips < len(bodies) / 2
     assert q.pop(timeout=0) is None and q.stats().in_flight == 0
+
+
+def test_clients_on_one_session_prepare_each_statement_once(make_queue):
+    q = make_queue()
+    q.push(b"first")
+    assert q.pop(timeout=1) is not None
+    prepared: list[str] = []
+    prepare = q.session.prepare
+    q.session.prepare = lambda text, *a, **k: prepared.append(text) or prepare(text, *a, **k)  # counts
+    try:
+        other = PipesQueue.over(q.session, q.settings, q.names)
+        other.push(b"second")
+        got = other.pop(timeout=1)
+        assert got is not None and got.body == b"second"
+        assert prepared == []  # the first client's statements served the second
+        other.close()
+    finally:
+        del q.session.prepare

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -64,6 +65,9 @@ LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows
 LOGGED_MAX_BYTES = 24 << 10
 MOVE_SCAN_S = 0.05
 STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
+# Statements prepared on a session, by text: every client on the session (the operator's, Spark
+# tasks') prepares a statement once.
+_PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = weakref.WeakKeyDictionary()
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
 
 
@@ -217,7 +221,7 @@ class PipesQueue:
         if session is None:
             self._cluster, session = open_session(settings)
         self.session = session
-        self._prepared: dict[str, PreparedStatement] = {}
+        self._prepared = _PREPARED.setdefault(session, {})  # shared by the clients of a session
         self._local = threading.local()
         self._threads_lock = threading.Lock()
         self._pushers: list[_Pusher] = []
