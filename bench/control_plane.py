@@ -1,17 +1,24 @@
 """Control-plane benchmark on the local stack (real API server, real PostgreSQL).
 
 Prints: apply-to-Ready p50/p95 for one queue at a time and for N queues applied together,
-the operator's RSS with N queues, and Kubernetes API writes per queue per minute at steady
-state (the operator must not hot-loop). The baseline in the same run is an idle window before
-any queue exists, so the API's own background writes are not counted against dbq.
+the operator's RSS with N queues, the most connections it held to the database (sampled from
+pg_stat_activity every 0.5 s), and Kubernetes API writes per queue per minute at steady state
+(the operator must not hot-loop). The baseline in the same run is an idle window before any
+queue exists, so the API's own background writes are not counted against dbq.
 
-    ~/.cache/dbq/venv/bin/python bench/control_plane.py --queues 200 --steady 90
+Then a maintenance of one queue that lasts --maintenance seconds: its ring gets dead rows, its
+schedule becomes every minute, and the bench holds a lock its VACUUM waits on. Meanwhile every
+queue's statistics samples (its history table) must keep coming: printed, the gaps between
+consecutive samples of all queues in that time, against the stats interval (15 s).
+
+    ~/.cache/dbq/venv/bin/python bench/control_plane.py --queues 1000 --steady 60
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import re
 import secrets
@@ -19,11 +26,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pyodbc
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -88,10 +97,79 @@ def ready_times(
                 and any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
             ):
                 seen[name] = time.monotonic()
-        time.sleep(0.05)
+        time.sleep(0.05 if len(names) <= 10 else 1.0)  # listing 1,000 queues costs the API server
     if len(seen) < len(names):
         raise SystemExit(f"only {len(seen)} of {len(names)} queues became Ready within {timeout}s")
     return seen
+
+
+class ConnectionCount:
+    """The operator's connections to the database, sampled every 0.5 s: the most per phase."""
+
+    def __init__(self, odbc: str) -> None:
+        self.cur = pyodbc.connect(odbc, autocommit=True).cursor()
+        self.phase = "idle"
+        self.most: dict[str, int] = {}
+        self.exclude: set[int] = set()  # the bench's own
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            pids = [r[0] for r in self.cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()]  # fmt: skip
+            n = len([p for p in pids if p not in self.exclude])
+            self.most[self.phase] = max(self.most.get(self.phase, 0), n)
+
+
+def maintenance_gaps(
+    custom: client.CustomObjectsApi, odbc: str, ns: str, names: list[str], hold_s: float
+) -> tuple[list[float], float, float]:
+    """Holds q-000's maintenance for `hold_s` s; the gaps (s) between consecutive stats samples
+    of every queue in that time, q-000's longest gap, and how long the VACUUM waited."""
+    victim = names[0]
+    schema = f"bench_{victim.replace('-', '_')}"
+    ring = f'"{schema}"."{victim.replace("-", "_")}_ring"'
+    admin = pyodbc.connect(odbc, autocommit=True)
+    admin.execute(f"ALTER TABLE {ring} SET (autovacuum_enabled = false)")
+    for _ in range(3):
+        admin.execute(f"UPDATE {ring} SET attempts = attempts")  # dead rows: 3 per slot
+    holder = pyodbc.connect(odbc, autocommit=False)
+    holder.execute(f"LOCK TABLE {ring} IN SHARE UPDATE EXCLUSIVE MODE")  # VACUUM waits on it
+    time.sleep(2)  # the dead rows reach pg_stat_user_tables
+    patch = {"spec": {"reindex": {"schedule": "* * * * *", "threshold": {"deadTuplePercent": 5}}}}
+    custom.patch_namespaced_custom_object(G, V, ns, P, victim, patch)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        waiting = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'VACUUM%' AND wait_event_type = 'Lock'"
+        ).fetchval()
+        if waiting:
+            break
+        time.sleep(0.5)
+    else:
+        raise SystemExit("the maintenance never started its VACUUM")
+    started = admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval()
+    time.sleep(hold_s)
+    holder.rollback()
+    holder.close()
+    ended = admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval()
+    gaps: list[float] = []
+    victim_gap = 0.0
+    for name in names:
+        queue_schema = f"bench_{name.replace('-', '_')}"
+        ats = [float(r[0]) for r in admin.execute(
+            f'SELECT extract(epoch FROM at) FROM "{queue_schema}".dbq_stats_history WHERE at >= to_timestamp(?)'
+            " - interval '30 seconds' AND at <= to_timestamp(?) ORDER BY at", started, ended).fetchall()]  # fmt: skip
+        inside = [b - a for a, b in itertools.pairwise(ats) if b >= started]
+        inside.append(ended - ats[-1] if ats else ended - started)  # the wait since the last one
+        gaps += inside
+        if name == victim:
+            victim_gap = max(inside)
+    admin.close()
+    return gaps, victim_gap, float(ended - started)
 
 
 def main() -> None:
@@ -99,6 +177,7 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=200)
     ap.add_argument("--singles", type=int, default=10)
     ap.add_argument("--steady", type=float, default=90, help="seconds of steady state to count API writes")
+    ap.add_argument("--maintenance", type=float, default=60, help="seconds one queue's maintenance is held")
     args = ap.parse_args()
 
     stack = Stack()
@@ -119,6 +198,7 @@ def main() -> None:
     env = {**os.environ, "KUBECONFIG": str(stack.kube.kubeconfig)}
     op = subprocess.Popen([sys.executable, "-m", "dbq.cli", "run", "-n", ns, "--metrics-port", "0", "--liveness", ""],
                           env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    connections = ConnectionCount(stack.postgres.odbc())
     try:
         time.sleep(3)
         base_start, t0 = api_writes(stack), time.monotonic()
@@ -133,6 +213,7 @@ def main() -> None:
             singles.append(ready_times(custom, ns, {name}, 60)[name] - start)
 
         names = {f"q-{i:03d}" for i in range(args.queues)}
+        connections.phase = "apply"
         created: dict[str, float] = {}
         for name in sorted(names):
             created[name] = time.monotonic()
@@ -142,6 +223,7 @@ def main() -> None:
         rss = rss_mib(op.pid)
 
         time.sleep(5)
+        connections.phase = "steady"
         w0, lines0, t0 = api_writes(stack), log_lines(log.name), time.monotonic()
         time.sleep(args.steady)
         minutes = (time.monotonic() - t0) / 60
@@ -149,6 +231,11 @@ def main() -> None:
         log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = args.queues + args.singles
         rss_after = rss_mib(op.pid)
+        connections.phase = "maintenance"
+        gaps, victim_gap, held = maintenance_gaps(
+            custom, stack.postgres.odbc(), ns, sorted(names), args.maintenance
+        )
+        rss_maintenance = rss_mib(op.pid)
 
         print(
             f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s  p95 {pct(singles, 0.95):.3f}s"
@@ -161,6 +248,11 @@ def main() -> None:
         print(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
               f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
         print(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
+        print("most connections of the operator to the database: " + ", ".join(
+            f"{phase} {n}" for phase, n in connections.most.items()))  # fmt: skip
+        print(f"stats samples while one queue's maintenance waited {held:.0f} s: gap p50 {pct(gaps, .5):.1f}s"
+              f"  p95 {pct(gaps, .95):.1f}s  max {max(gaps):.1f}s (interval 15 s; target p95 <= 30 s);"
+              f" the maintained queue's longest gap {victim_gap:.1f}s; RSS then {rss_maintenance:.0f} MiB")  # fmt: skip
         print(f"mean apply-to-Ready, one queue at a time: {statistics.mean(singles):.3f}s per single queue")
     finally:
         for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:
@@ -171,6 +263,7 @@ def main() -> None:
             time.sleep(1)
         op.send_signal(signal.SIGTERM)
         op.wait(timeout=30)
+        connections.stop.set()
 
 
 if __name__ == "__main__":

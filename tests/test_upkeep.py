@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -128,9 +129,12 @@ def test_operator_settings_come_from_the_environment_and_bad_ones_are_named():
     from dbq.errors import InvalidSpec
     from dbq.settings import OperatorSettings
 
-    s = OperatorSettings.from_env({"DBQ_UPKEEP_TICK": "2", "DBQ_TIMEZONE": "Europe/Paris"})
+    s = OperatorSettings.from_env(
+        {"DBQ_UPKEEP_TICK": "2", "DBQ_TIMEZONE": "Europe/Paris", "DBQ_DB_CONNECTIONS": "4"}
+    )
     assert (s.upkeep_tick_s, s.drift_interval_s, s.workers, s.zone().key) == (2.0, 60.0, 8, "Europe/Paris")
-    with pytest.raises(InvalidSpec, match="DBQ_WORKERS a whole number"):
+    assert (OperatorSettings().db_connections, s.db_connections) == (10, 4)
+    with pytest.raises(InvalidSpec, match="DBQ_WORKERS and DBQ_DB_CONNECTIONS whole numbers"):
         OperatorSettings.from_env({"DBQ_WORKERS": "many"})
     with pytest.raises(InvalidSpec, match="DBQ_TIMEZONE 'Mars/Olympus' is not a time zone"):
         OperatorSettings.from_env({"DBQ_TIMEZONE": "Mars/Olympus"})
@@ -376,6 +380,41 @@ def test_bloat_past_the_threshold_is_vacuumed_in_the_window_with_before_and_afte
           f" {m['before'][index]:.1f}% -> {m['after'][index]:.1f}% in {m['durationSeconds']} s")  # fmt: skip
     again = upkeep.run_upkeep("ns", name, spec, done.status, lambda: backend, memory, now=3.0, wall=window)
     assert "maintenance" not in again.status  # the next window is tomorrow: not in a loop
+    backend.teardown()
+    backend.close()
+
+
+def test_a_long_maintenance_runs_in_the_background_while_statistics_go_on(postgres):
+    """The operator hands a due maintenance to its background pool: the VACUUM waits here on a
+    lock the test holds, and the queue's statistics are measured meanwhile. The tick after the
+    run ends writes its status and Event."""
+    import pyodbc
+
+    name, spec, backend = ring_with_dead_rows(postgres)
+    wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
+    memory = upkeep.Memory(stats_at=1.0, cleanup_at=1.0)
+    planned = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=1.0, wall=wall)
+    window = upkeep.parse_stamp(planned.status["maintenance"]["nextRun"])
+    status = dict(planned.status)
+    blocker = pyodbc.connect(postgres.odbc, autocommit=False)
+    blocker.execute(f"LOCK TABLE upkeep.{name}_ring IN SHARE UPDATE EXCLUSIVE MODE")  # VACUUM waits
+    with ThreadPoolExecutor(1) as background:
+        started = upkeep.run_upkeep("ns", name, spec, status, lambda: backend, memory, now=2.0, wall=window,
+                                    background=background)  # fmt: skip
+        assert "lastRun" not in started.status.get("maintenance", {}) and memory.maintenance is not None
+        status.update(started.status)
+        measured = upkeep.run_upkeep("ns", name, spec, status, lambda: backend, memory, now=1000.0,
+                                     wall=window, background=background)  # fmt: skip
+        assert measured.status["stats"]["depth"] == 0 and not memory.maintenance.done()
+        status.update(measured.status)
+        blocker.rollback()
+        blocker.close()
+        memory.maintenance.result(timeout=120)
+        done = upkeep.run_upkeep("ns", name, spec, status, lambda: backend, memory, now=1001.0, wall=window,
+                                 background=background)  # fmt: skip
+    m = done.status["maintenance"]
+    assert m["result"] == "Succeeded" and f"vacuum {name}_ring" in m["actions"], m
+    assert any(e.reason == "Maintained" for e in done.events) and memory.maintenance is None
     backend.teardown()
     backend.close()
 

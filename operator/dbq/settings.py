@@ -15,6 +15,7 @@ class OperatorSettings:
     drift_interval_s: float = 60.0  # DBQ_DRIFT_INTERVAL: how often objects are compared with the spec
     upkeep_tick_s: float = 5.0  # DBQ_UPKEEP_TICK: the shortest stats/cleanup interval
     workers: int = 8  # DBQ_WORKERS: handlers that run at once
+    db_connections: int = 10  # DBQ_DB_CONNECTIONS: the most the operator opens to one database
     timezone: str = "UTC"  # DBQ_TIMEZONE: the zone maintenance cron schedules are read in
 
     @classmethod
@@ -25,12 +26,13 @@ class OperatorSettings:
                 drift_interval_s=float(env.get("DBQ_DRIFT_INTERVAL", cls.drift_interval_s)),
                 upkeep_tick_s=float(env.get("DBQ_UPKEEP_TICK", cls.upkeep_tick_s)),
                 workers=int(env.get("DBQ_WORKERS", cls.workers)),
+                db_connections=int(env.get("DBQ_DB_CONNECTIONS", cls.db_connections)),
                 timezone=env.get("DBQ_TIMEZONE", cls.timezone),
             )
         except ValueError as e:
             raise InvalidSpec(
                 f"operator settings: {e}: DBQ_DRIFT_INTERVAL and DBQ_UPKEEP_TICK are seconds,"
-                " DBQ_WORKERS a whole number"
+                " DBQ_WORKERS and DBQ_DB_CONNECTIONS whole numbers"
             ) from None
         settings.zone()  # refuses an unknown time zone now, not at the first window
         return settings

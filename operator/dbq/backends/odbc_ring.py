@@ -25,7 +25,7 @@ from dbq.backends.maintenance import (
 )
 from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
 from dbq.client import Queue, QueueStats
-from dbq.connection import ConnectionSettings
+from dbq.connection import ConnectionSettings, pool
 from dbq.connection.odbc import connect, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, recorded_query
 
@@ -44,24 +44,30 @@ class OdbcRing:
 
     @property
     def conn(self) -> pyodbc.Connection:
+        """The backend's connection: the operator's pool lends it (`dbq.connection.pool`)."""
         if self._conn is None:
-            self._conn = connect(self.settings)
+            lender = pool.shared()
+            self._conn = connect(self.settings) if lender is None else lender.take(self.settings)
         return self._conn
 
-    def close(self) -> None:
+    def close(self, broken: bool = False) -> None:
         if self._queue is not None:
             self._queue.close()
             self._queue = None
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+            conn, self._conn = self._conn, None
+            lender = pool.shared()
+            if lender is None:
+                conn.close()
+            else:
+                lender.give(self.settings, conn, broken)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
         except pyodbc.Error as e:
-            self.close()  # the connection may be broken; the next call reconnects
+            self.close(broken=True)  # the connection may be broken; the next call reconnects
             raise translate(e, self.settings) from None
 
     # --- observe / plan / apply -----------------------------------------------------------
@@ -153,7 +159,7 @@ class OdbcRing:
     def _client(self) -> Queue:
         """One client per backend object (one connection), closed with it."""
         if self._queue is None:
-            self._queue = Queue(self.settings, self.names, pool_size=1)
+            self._queue = Queue(self.settings, self.names, connection=self.conn)
         return self._queue
 
     def measure(self) -> QueueStats:

@@ -116,7 +116,10 @@ class Queue:
         ttl: float = 0.0,
         hole_grace: float = DEFAULT_HOLE_GRACE_S,
         smart_batching: bool = True,
+        connection: pyodbc.Connection | None = None,
     ) -> None:
+        """`connection`: calls go over this one (the operator's, lent by its pool), which
+        close() leaves open."""
         if settings.backend not in ("postgres", "sqlserver"):
             raise QueueError(
                 f"{settings.backend} has no ring queues: connect with a postgresql:// or mssql:// url"
@@ -132,6 +135,10 @@ class Queue:
             raise ValueError(f"pool_size must be a whole number >= 0, not {pool_size!r}")
         self.pool_size = pool_size  # idle connections kept for reuse
         self._idle: list[_Session] = []
+        self._lent = connection
+        if connection is not None:
+            self.pool_size = 1
+            self._idle.append(_Session(connection))
         not_found = QueueNotFound(
             f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
             " apply a Queue resource for it, or pass the schema it lives in"
@@ -250,7 +257,8 @@ class Queue:
                 session = self._idle.pop()
             except IndexError:
                 return
-            session.conn.close()
+            if session.conn is not self._lent:
+                session.conn.close()
 
     def __enter__(self) -> Queue:
         return self

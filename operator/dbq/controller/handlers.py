@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
 from dbq.api.models import GROUP, PLURAL, VERSION
+from dbq.connection import pool
 from dbq.controller import conditions as cond
 from dbq.controller import metrics, upkeep
 from dbq.controller.reconcile import (
@@ -23,7 +25,6 @@ from dbq.controller.reconcile import (
 )
 from dbq.errors import DbqError
 from dbq.kube import Kube
-from dbq.resource import parse_spec
 from dbq.settings import OperatorSettings
 
 FINALIZER = "dbq.dev/finalizer"
@@ -65,6 +66,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.INFO
     settings.execution.max_workers = SETTINGS.workers
+    pool.enable(SETTINGS.db_connections)  # the queues of one database share its connections
 
 
 @kopf.on.probe(id="api")
@@ -133,6 +135,8 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
 
 
 _memory: dict[tuple[str, str], upkeep.Memory] = {}
+# Maintenance runs of every queue, at most two at once, beside the timers' handlers.
+_maintenance = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dbq-maintenance")
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.upkeep_tick_s, initial_delay=SETTINGS.upkeep_tick_s)
@@ -146,7 +150,10 @@ def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
     memory = _memory.setdefault((namespace, name), upkeep.Memory())
     try:
         with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
-            done = upkeep.run_upkeep(namespace, name, parse_spec(dict(spec)), dict(status), backend, memory)
+            parsed = memory.spec(meta.get("generation"), dict(spec))
+            done = upkeep.run_upkeep(
+                namespace, name, parsed, dict(status), backend, memory, background=_maintenance
+            )
     except DbqError as e:  # Ready=False at once, one Warning when that changes
         failed = not_ready(status.get("conditions"), e, meta.get("generation"))
         if failed.events:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -26,6 +27,7 @@ from dbq.client import QueueStats
 from dbq.controller import metrics
 from dbq.controller.reconcile import Event
 from dbq.errors import DbqError
+from dbq.resource import parse_spec
 from dbq.settings import time_zone
 
 # status.stats is rewritten when a figure changed, or at least this often (a heartbeat).
@@ -99,6 +101,16 @@ class Memory:
     answered_at: float = 0.0  # when the database last answered
     stats_written_at: float = 0.0
     cleanup_written_at: float = 0.0
+    # A maintenance run under way in the background: its status and Event when it ends.
+    maintenance: Future[tuple[dict[str, Any], Event]] | None = None
+    parsed: tuple[int | None, QueueSpec] | None = None  # the spec of that generation, parsed
+
+    def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
+        """The parsed spec, parsed again only when its generation changed: a tick with nothing
+        due parses nothing."""
+        if self.parsed is None or self.parsed[0] != generation:
+            self.parsed = (generation, parse_spec(raw))
+        return self.parsed[1]
 
 
 @dataclass
@@ -246,17 +258,30 @@ def run_upkeep(
     memory: Memory,
     now: float | None = None,
     wall: datetime | None = None,
+    background: Executor | None = None,
 ) -> Upkeep:
     """Measure, clean up and maintain the queue when each is due. `backend` opens (or returns)
     the queue's backend, and is called only when something due needs the database. DbqError from
-    stats or cleanup propagates to the caller; a failed maintenance is reported in status."""
+    stats or cleanup propagates to the caller; a failed maintenance is reported in status.
+
+    With `background`, a maintenance run goes there (it opens a connection of its own, so it
+    outlives the tick's backend) and the ticks go on: a long REINDEX delays neither this queue's
+    statistics nor another's. The tick after it ends writes its status and Event."""
     now = time.monotonic() if now is None else now
     wall = datetime.now(UTC) if wall is None else wall
     todo = what_is_due(spec, status, memory, now, wall)
     out = Upkeep()
     next_run = todo.window
-    if todo.maintenance == "run":
-        out.status["maintenance"], event = run_maintenance(spec, backend(), wall)
+    ran = None
+    if memory.maintenance is not None:
+        if memory.maintenance.done():
+            ran, memory.maintenance = memory.maintenance.result(), None
+    elif todo.maintenance == "run" and background is not None:
+        memory.maintenance = background.submit(run_maintenance, spec, backend(), wall)
+    elif todo.maintenance == "run":
+        ran = run_maintenance(spec, backend(), wall)
+    if ran is not None:
+        out.status["maintenance"], event = ran
         out.events.append(event)
         next_run = parse_stamp(out.status["maintenance"]["nextRun"])
     elif todo.maintenance == "plan":

@@ -1,0 +1,102 @@
+"""The operator's connections, shared by every queue of one database: at most `limit` open to
+each database, whatever the number of queues, and none opened per tick.
+
+Off until `enable()` (the operator turns it on at start-up): a client, a test or `dbq apply`
+connects on its own, so nothing of theirs stays open behind them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyodbc
+
+from dbq.connection import ConnectionSettings
+from dbq.connection.odbc import connect
+from dbq.errors import QueueUnavailable
+
+WAIT_S = 60.0  # how long a borrower waits for a busy database's connection
+
+
+class OdbcPool:
+    def __init__(self, limit: int, wait_s: float = WAIT_S) -> None:
+        if limit < 1:
+            raise ValueError(f"a pool holds at least one connection per database, not {limit}")
+        self.limit = limit
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        # Per database (its connection string): the free slots and the idle connections.
+        self._databases: dict[str, tuple[threading.BoundedSemaphore, list[pyodbc.Connection]]] = {}
+
+    def _database(
+        self, settings: ConnectionSettings
+    ) -> tuple[threading.BoundedSemaphore, list[pyodbc.Connection]]:
+        key = settings.odbc()
+        with self._lock:
+            found = self._databases.get(key)
+            if found is None:
+                found = self._databases[key] = (threading.BoundedSemaphore(self.limit), [])
+            return found
+
+    def take(self, settings: ConnectionSettings) -> pyodbc.Connection:
+        """A connection in autocommit mode, idle or new; `give` it back when done."""
+        slots, idle = self._database(settings)
+        if not slots.acquire(timeout=self.wait_s):
+            raise QueueUnavailable(
+                f"{settings.endpoint}: the operator's {self.limit} connections to this database stayed busy"
+                f" for {self.wait_s:g}s: raise DBQ_DB_CONNECTIONS, or the database's own limit"
+            )
+        try:
+            while idle:
+                try:
+                    conn = idle.pop()
+                except IndexError:
+                    break
+                try:  # one that broke while idle (a server restart) is dropped, not handed out
+                    conn.cursor().execute("SELECT 1").fetchall()
+                    return conn
+                except pyodbc.Error:
+                    conn.close()
+            return connect(settings)
+        except BaseException:
+            slots.release()
+            raise
+
+    def give(self, settings: ConnectionSettings, conn: pyodbc.Connection, broken: bool = False) -> None:
+        """Back to the idle ones, or closed when `broken` (or found unusable)."""
+        slots, idle = self._database(settings)
+        try:
+            if broken:
+                conn.close()
+            else:
+                if not conn.autocommit:
+                    conn.rollback()
+                    conn.autocommit = True
+                idle.append(conn)
+        except pyodbc.Error:  # closed already, or broken: dropped
+            pass
+        finally:
+            slots.release()
+
+    def idle(self, settings: ConnectionSettings) -> int:
+        return len(self._database(settings)[1])
+
+
+_pool: OdbcPool | None = None
+
+
+def enable(limit: int) -> None:
+    global _pool
+    if _pool is None or _pool.limit != limit:
+        _pool = OdbcPool(limit)
+
+
+def disable() -> None:
+    """Back to a connection of its own per backend (the idle pooled ones are left to close)."""
+    global _pool
+    _pool = None
+
+
+def shared() -> OdbcPool | None:
+    """The operator's pool, or None when each backend connects on its own."""
+    return _pool

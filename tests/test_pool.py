@@ -1,0 +1,74 @@
+"""The operator's connection pool (dbq.connection.pool) on the real PostgreSQL: a bound per
+database, reuse, and no broken connection handed out."""
+
+from __future__ import annotations
+
+import pytest
+
+from dbq.backends.odbc_ring import OdbcRing
+from dbq.connection import from_url, pool
+from dbq.connection.odbc import connect
+from dbq.contract.ring import RingTarget
+from dbq.errors import QueueUnavailable
+from dbq.names import QueueNames
+
+
+def backend_pid(conn) -> int:
+    return int(conn.cursor().execute("SELECT pg_backend_pid()").fetchval())
+
+
+def test_a_database_gets_at_most_limit_connections_and_idle_ones_are_reused(postgres):
+    settings = from_url(postgres.url)
+    lender = pool.OdbcPool(limit=2, wait_s=0.3)
+    first, second = lender.take(settings), lender.take(settings)
+    with pytest.raises(
+        QueueUnavailable, match=r"2 connections to this database stayed busy.*DBQ_DB_CONNECTIONS"
+    ):
+        lender.take(settings)
+    pid = backend_pid(first)
+    lender.give(settings, first)
+    again = lender.take(settings)
+    assert backend_pid(again) == pid  # the idle one, not a new one
+    lender.give(settings, again)
+    lender.give(settings, second, broken=True)  # closed, and its slot is free again
+    assert lender.idle(settings) == 1
+    third, fourth = lender.take(settings), lender.take(settings)
+    for conn in (third, fourth):
+        lender.give(settings, conn)
+
+
+def test_a_connection_that_broke_while_idle_is_replaced(postgres):
+    settings = from_url(postgres.url)
+    lender = pool.OdbcPool(limit=1, wait_s=0.3)
+    conn = lender.take(settings)
+    pid = backend_pid(conn)
+    lender.give(settings, conn)
+    killer = connect(settings)
+    killer.cursor().execute("SELECT pg_terminate_backend(?)", pid).fetchall()
+    killer.close()
+    fresh = lender.take(settings)
+    assert backend_pid(fresh) != pid
+    lender.give(settings, fresh)
+
+
+def test_the_operator_backends_share_one_connection_per_tick(postgres):
+    """With the pool on, a ring backend's stats and repair go over its one lent connection."""
+    settings = from_url(postgres.url)
+    pool.enable(3)
+    try:
+        lender = pool.shared()
+        assert lender is not None
+        backend = OdbcRing(settings, RingTarget(QueueNames("pooled", "q"), 64, 64))
+        backend.apply()
+        stats = backend.measure()
+        backend.cleanup(10.0)
+        backend.record_sample(stats, 3600)
+        assert lender.idle(settings) == 0  # one borrowed: the backend's
+        backend.close()
+        assert lender.idle(settings) == 1  # given back, open, for the next tick
+        backend = OdbcRing(settings, RingTarget(QueueNames("pooled", "q"), 64, 64))
+        assert backend.measure().depth == 0 and lender.idle(settings) == 0
+        backend.teardown()
+        backend.close()
+    finally:
+        pool.disable()
