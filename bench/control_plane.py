@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -65,6 +64,10 @@ def api_writes(stack: Stack) -> float:
         if line.startswith("apiserver_request_total{") and re.search(r'verb="(POST|PUT|PATCH|DELETE)"', line):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
 
 
 def rss_mib(pid: int) -> float:
@@ -151,11 +154,11 @@ def maintenance_gaps(
         time.sleep(0.5)
     else:
         raise SystemExit("the maintenance never started its VACUUM")
-    started = admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval()
+    started = float(admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval())
     time.sleep(hold_s)
     holder.rollback()
     holder.close()
-    ended = admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval()
+    ended = float(admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval())
     gaps: list[float] = []
     victim_gap = 0.0
     for name in names:
@@ -169,7 +172,7 @@ def maintenance_gaps(
         if name == victim:
             victim_gap = max(inside)
     admin.close()
-    return gaps, victim_gap, float(ended - started)
+    return gaps, victim_gap, ended - started
 
 
 def main() -> None:
@@ -221,6 +224,10 @@ def main() -> None:
         ready = ready_times(custom, ns, names, 600)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
+        say(f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s"
+            f"  p95 {pct(singles, 0.95):.3f}s")  # fmt: skip
+        say(f"apply-to-Ready, {args.queues} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
+            f"  (all Ready after {max(ready.values()) - min(created.values()):.1f}s)")  # fmt: skip
 
         time.sleep(5)
         connections.phase = "steady"
@@ -230,39 +237,38 @@ def main() -> None:
         steady = (api_writes(stack) - w0) / minutes
         log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = args.queues + args.singles
-        rss_after = rss_mib(op.pid)
+        say(f"operator RSS with {total_queues} queues: {rss:.0f} MiB after apply,"
+            f" {rss_mib(op.pid):.0f} MiB after steady state")  # fmt: skip
+        say(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
+            f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
+        say(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
         connections.phase = "maintenance"
         gaps, victim_gap, held = maintenance_gaps(
             custom, stack.postgres.odbc(), ns, sorted(names), args.maintenance
         )
-        rss_maintenance = rss_mib(op.pid)
-
-        print(
-            f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s  p95 {pct(singles, 0.95):.3f}s"
-        )
-        print(f"apply-to-Ready, {args.queues} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
-              f"  (all Ready after {max(ready.values()) - min(created.values()):.1f}s)")  # fmt: skip
-        print(
-            f"operator RSS with {total_queues} queues: {rss:.0f} MiB after apply, {rss_after:.0f} MiB after steady state"
-        )
-        print(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
-              f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
-        print(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
-        print("most connections of the operator to the database: " + ", ".join(
+        say(f"stats samples while one queue's maintenance waited {held:.0f} s: gap p50 {pct(gaps, .5):.1f}s"
+            f"  p95 {pct(gaps, .95):.1f}s  max {max(gaps):.1f}s (interval 15 s; target p95 <= 30 s);"
+            f" the maintained queue's longest gap {victim_gap:.1f}s; RSS then {rss_mib(op.pid):.0f} MiB")  # fmt: skip
+        say("most connections of the operator to the database: " + ", ".join(
             f"{phase} {n}" for phase, n in connections.most.items()))  # fmt: skip
-        print(f"stats samples while one queue's maintenance waited {held:.0f} s: gap p50 {pct(gaps, .5):.1f}s"
-              f"  p95 {pct(gaps, .95):.1f}s  max {max(gaps):.1f}s (interval 15 s; target p95 <= 30 s);"
-              f" the maintained queue's longest gap {victim_gap:.1f}s; RSS then {rss_maintenance:.0f} MiB")  # fmt: skip
-        print(f"mean apply-to-Ready, one queue at a time: {statistics.mean(singles):.3f}s per single queue")
     finally:
         for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:
             with contextlib.suppress(ApiException):
                 custom.delete_namespaced_custom_object(G, V, ns, P, item["metadata"]["name"])
-        deadline = time.monotonic() + 300
-        while custom.list_namespaced_custom_object(G, V, ns, P)["items"] and time.monotonic() < deadline:
-            time.sleep(1)
+        connections.phase = "delete"
+        started, deadline = time.monotonic(), time.monotonic() + 900
+        while (
+            left := len(custom.list_namespaced_custom_object(G, V, ns, P)["items"])
+        ) and time.monotonic() < deadline:
+            time.sleep(2)
+        say(f"deleted the queues in {time.monotonic() - started:.0f} s ({left} left);"
+            f" connections while deleting {connections.most.get('delete', 0)}")  # fmt: skip
         op.send_signal(signal.SIGTERM)
-        op.wait(timeout=30)
+        try:
+            op.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            say("the operator did not stop within 60 s of SIGTERM: killed")
+            op.kill()
         connections.stop.set()
 
 

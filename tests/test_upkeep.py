@@ -125,6 +125,39 @@ def test_a_tick_with_nothing_due_opens_neither_the_secret_nor_the_database():
     assert (check.stats, check.cleanup, check.health) == (False, False, True)
 
 
+def test_one_health_check_serves_every_queue_of_a_database_until_one_fails():
+    spec = spec_for("postgres", "s", stats={"interval": "1m"}, cleanup={"interval": "1m"})
+    wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
+    status = {"maintenance": {"nextRun": upkeep.stamp(upkeep.next_window(spec.reindex.schedule, wall)),
+                              "cron": spec.reindex.schedule}}  # fmt: skip
+    database = upkeep.DatabaseMemory()
+    first, second = (upkeep.Memory(stats_at=100.0, cleanup_at=100.0, database=database) for _ in range(2))
+    now = 100.0 + upkeep.HEALTH_INTERVAL_S
+    assert upkeep.what_is_due(spec, status, first, now, wall).health  # nobody asked yet
+    database.answered_at = now  # the first queue's tick asked it
+    assert not upkeep.what_is_due(spec, status, second, now + 1, wall).health  # that serves the second
+    database.failed_at = now + 2  # a queue's tick failed: every queue asks for itself again
+    assert upkeep.what_is_due(spec, status, second, now + 3, wall).health
+
+
+def test_an_idle_tick_is_known_without_the_database_or_a_thread():
+    raw = {
+        "backend": "postgres",
+        "design": "ring",
+        "connection": {"secretRef": {"name": "db"}, "schema": "s"},
+    }
+    memory = upkeep.Memory()
+    assert not upkeep.idle_tick(memory, 1, raw, {})  # statistics never measured: due
+    now = time.monotonic()
+    spec = memory.spec(1, raw)
+    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, datetime.now(upkeep.UTC)))
+    status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
+    memory.stats_at = memory.cleanup_at = memory.answered_at = now
+    assert upkeep.idle_tick(memory, 1, raw, status)
+    assert memory.spec(1, {}) is spec  # the same generation is not parsed again
+    assert not upkeep.idle_tick(upkeep.Memory(), 2, {"backend": "oracle"}, status)  # the tick reports it
+
+
 def test_operator_settings_come_from_the_environment_and_bad_ones_are_named():
     from dbq.errors import InvalidSpec
     from dbq.settings import OperatorSettings

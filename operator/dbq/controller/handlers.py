@@ -3,7 +3,11 @@ what they return. Kubernetes reads go through `dbq.kube`, settings come from `db
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import logging
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -135,19 +139,39 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
 
 
 _memory: dict[tuple[str, str], upkeep.Memory] = {}
+# Per namespace and Secret (one database): what the queues of that database share.
+_databases: dict[tuple[str, str], upkeep.DatabaseMemory] = {}
+# Ticks with something due, at most DBQ_WORKERS at once.
+_ticks = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-upkeep")
 # Maintenance runs of every queue, at most two at once, beside the timers' handlers.
 _maintenance = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dbq-maintenance")
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.upkeep_tick_s, initial_delay=SETTINGS.upkeep_tick_s)
-def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-                patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
-    """Statistics, cleanup and maintenance, each when its schedule from the spec is due; the
-    Secret and the database are touched only when one is."""
+async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
+                      patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
+    """Statistics, cleanup and maintenance, each when its schedule from the spec is due. A tick
+    with nothing due ends here, in the event loop; the others run on a pool of DBQ_WORKERS
+    threads, and touch the Secret and the database only for what is due."""
     if annotated(meta, PAUSED) or not cond.is_true(status.get("conditions"), cond.PROVISIONED):
         return
+    memory = _memory.get((meta["namespace"], meta["name"]))
+    if memory is None:
+        secret = (spec.get("connection") or {}).get("secretRef") or {}
+        database = _databases.setdefault(
+            (meta["namespace"], str(secret.get("name"))), upkeep.DatabaseMemory()
+        )
+        memory = _memory.setdefault((meta["namespace"], meta["name"]), upkeep.Memory(database=database))
+    if upkeep.idle_tick(memory, meta.get("generation"), dict(spec), dict(status)):
+        return
+    # In the handler's context, as kopf runs sync handlers: kopf.event() finds its queue there.
+    work = functools.partial(contextvars.copy_context().run, _upkeep, body, meta, spec, status, patch, memory)
+    await asyncio.get_running_loop().run_in_executor(_ticks, work)
+
+
+def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch,
+            memory: upkeep.Memory) -> None:  # fmt: skip
     name, namespace = meta["name"], meta["namespace"]
-    memory = _memory.setdefault((namespace, name), upkeep.Memory())
     try:
         with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
             parsed = memory.spec(meta.get("generation"), dict(spec))
@@ -155,6 +179,7 @@ def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
                 namespace, name, parsed, dict(status), backend, memory, background=_maintenance
             )
     except DbqError as e:  # Ready=False at once, one Warning when that changes
+        memory.database.failed_at = time.monotonic()  # the database's other queues check too
         failed = not_ready(status.get("conditions"), e, meta.get("generation"))
         if failed.events:
             log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)

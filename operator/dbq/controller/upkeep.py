@@ -93,6 +93,19 @@ def rate_window_s(spec: QueueSpec) -> float:
 
 
 @dataclass
+class DatabaseMemory:
+    """What the operator remembers of one database, shared by its queues: so that one health
+    check every HEALTH_INTERVAL_S serves them all, not one per queue."""
+
+    answered_at: float = 0.0  # monotonic: when a queue's backend last answered
+    failed_at: float = 0.0  # ...and when one last failed (then every queue checks for itself)
+
+    def quiet(self, now: float) -> bool:
+        """Whether the database needs asking: nobody heard from it lately, or it failed since."""
+        return due(self.answered_at, HEALTH_INTERVAL_S, now) or self.failed_at > self.answered_at
+
+
+@dataclass
 class Memory:
     """What the operator remembers of one queue between ticks (lost on restart: then both run)."""
 
@@ -104,6 +117,7 @@ class Memory:
     # A maintenance run under way in the background: its status and Event when it ends.
     maintenance: Future[tuple[dict[str, Any], Event]] | None = None
     parsed: tuple[int | None, QueueSpec] | None = None  # the spec of that generation, parsed
+    database: DatabaseMemory = field(default_factory=DatabaseMemory)  # shared with its database's queues
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -212,7 +226,21 @@ def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: fl
     stats = due(memory.stats_at, seconds(spec.stats.interval), now)
     cleanup = due(memory.cleanup_at, seconds(spec.cleanup.interval), now)
     quiet = not (stats or cleanup or maintenance == "run")
-    return Due(stats, cleanup, quiet and due(memory.answered_at, HEALTH_INTERVAL_S, now), maintenance, window)
+    health = quiet and due(memory.answered_at, HEALTH_INTERVAL_S, now) and memory.database.quiet(now)
+    return Due(stats, cleanup, health, maintenance, window)
+
+
+def idle_tick(memory: Memory, generation: int | None, raw: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Whether a tick has nothing to do: nothing due, no window to plan, no finished
+    maintenance to report. Decided without the database, the Secret or a thread."""
+    try:
+        spec = memory.spec(generation, raw)
+    except DbqError:
+        return False  # the tick reports it
+    if memory.maintenance is not None and memory.maintenance.done():
+        return False
+    todo = what_is_due(spec, status, memory, time.monotonic(), datetime.now(UTC))
+    return not todo.touches_database and todo.maintenance == "wait"
 
 
 def maintenance_status(
@@ -324,6 +352,6 @@ def run_upkeep(
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
     if todo.touches_database:
-        memory.answered_at = now
+        memory.answered_at = memory.database.answered_at = now
         out.answered = True
     return out
