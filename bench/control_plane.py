@@ -256,7 +256,7 @@ def main() -> None:
             with contextlib.suppress(ApiException):
                 custom.delete_namespaced_custom_object(G, V, ns, P, item["metadata"]["name"])
         connections.phase = "delete"
-        started, deadline = time.monotonic(), time.monotonic() + 900
+        started, deadline = time.monotonic(), time.monotonic() + 300
         while (
             left := len(custom.list_namespaced_custom_object(G, V, ns, P)["items"])
         ) and time.monotonic() < deadline:

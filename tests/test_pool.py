@@ -72,3 +72,15 @@ def test_the_operator_backends_share_one_connection_per_tick(postgres):
         backend.close()
     finally:
         pool.disable()
+
+
+def test_a_connection_past_its_age_is_closed_on_return(postgres):
+    settings = from_url(postgres.url)
+    lender = pool.OdbcPool(limit=1, wait_s=0.3, max_age_s=0.0)
+    conn = lender.take(settings)
+    pid = backend_pid(conn)
+    lender.give(settings, conn)
+    assert lender.idle(settings) == 0  # closed, not kept
+    fresh = lender.take(settings)
+    assert backend_pid(fresh) != pid
+    lender.give(settings, fresh)

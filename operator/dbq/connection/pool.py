@@ -7,7 +7,9 @@ connects on its own, so nothing of theirs stays open behind them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 
 import pyodbc
 
@@ -16,14 +18,20 @@ from dbq.connection.odbc import connect
 from dbq.errors import QueueUnavailable
 
 WAIT_S = 60.0  # how long a borrower waits for a busy database's connection
+# A connection is closed on its return once this old (as pgbouncer's server_lifetime): a server
+# session that has touched the catalog of a thousand queues keeps all of it cached, and every
+# DDL elsewhere then costs it invalidation work.
+MAX_AGE_S = 60.0
 
 
 class OdbcPool:
-    def __init__(self, limit: int, wait_s: float = WAIT_S) -> None:
+    def __init__(self, limit: int, wait_s: float = WAIT_S, max_age_s: float = MAX_AGE_S) -> None:
         if limit < 1:
             raise ValueError(f"a pool holds at least one connection per database, not {limit}")
         self.limit = limit
         self.wait_s = wait_s
+        self.max_age_s = max_age_s
+        self._born: dict[int, float] = {}  # id of an open connection: when it was opened
         self._lock = threading.Lock()
         # Per database (its connection string): the free slots and the idle connections.
         self._databases: dict[str, tuple[threading.BoundedSemaphore, list[pyodbc.Connection]]] = {}
@@ -56,8 +64,10 @@ class OdbcPool:
                     conn.cursor().execute("SELECT 1").fetchall()
                     return conn
                 except pyodbc.Error:
-                    conn.close()
-            return connect(settings)
+                    self._close(conn)
+            conn = connect(settings)
+            self._born[id(conn)] = time.monotonic()
+            return conn
         except BaseException:
             slots.release()
             raise
@@ -66,17 +76,22 @@ class OdbcPool:
         """Back to the idle ones, or closed when `broken` (or found unusable)."""
         slots, idle = self._database(settings)
         try:
-            if broken:
-                conn.close()
+            if broken or time.monotonic() - self._born.get(id(conn), 0.0) > self.max_age_s:
+                self._close(conn)
             else:
                 if not conn.autocommit:
                     conn.rollback()
                     conn.autocommit = True
                 idle.append(conn)
         except pyodbc.Error:  # closed already, or broken: dropped
-            pass
+            self._born.pop(id(conn), None)
         finally:
             slots.release()
+
+    def _close(self, conn: pyodbc.Connection) -> None:
+        self._born.pop(id(conn), None)
+        with contextlib.suppress(pyodbc.Error):  # a broken one may refuse even that
+            conn.close()
 
     def idle(self, settings: ConnectionSettings) -> int:
         return len(self._database(settings)[1])
