@@ -16,6 +16,8 @@ from kubernetes.client.rest import ApiException
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.errors import KubernetesUnavailable, QueueNotFound
 
+API_CONNECTIONS = 32
+
 
 def load_config() -> None:
     """In-cluster credentials when running in a pod, else the user's kubeconfig."""
@@ -49,7 +51,10 @@ class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         if api_client is None:
             load_config()
-            api_client = client.ApiClient()
+            configuration = client.Configuration.get_default_copy()
+            # Handlers and ticks call from many threads: a connection each, none thrown away.
+            configuration.connection_pool_maxsize = API_CONNECTIONS
+            api_client = client.ApiClient(configuration)
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)

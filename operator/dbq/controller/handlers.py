@@ -45,8 +45,22 @@ def kube() -> Kube:
     return _kube
 
 
+# Secrets read in the last SECRET_TTL_S, by namespace and name: a thousand queues of one
+# database do not read its Secret on every tick. A missing Secret is not kept, and any failed
+# tick forgets them all, so a fixed or rotated Secret is seen at the next try.
+SECRET_TTL_S = 30.0
+_secrets: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+
+
 def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
-    return kube().read_secret(namespace, name)
+    now = time.monotonic()
+    kept = _secrets.get((namespace, name))
+    if kept is not None and now - kept[0] < SECRET_TTL_S:
+        return kept[1]
+    data = kube().read_secret(namespace, name)
+    if data is not None:
+        _secrets[(namespace, name)] = (now, data)
+    return data
 
 
 def backoff(retry: int) -> float:
@@ -109,6 +123,8 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
     )  # fmt: skip
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
     _write(body, current, patch, outcome.status, outcome.events)
+    if outcome.error is not None:
+        _secrets.clear()  # a fixed Secret is read again at the next try
     if outcome.error is not None and not drift_check:  # the drift timer comes back by itself
         raise kopf.TemporaryError(str(outcome.error), delay=backoff(retry))
 
@@ -180,6 +196,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
             )
     except DbqError as e:  # Ready=False at once, one Warning when that changes
         memory.database.failed_at = time.monotonic()  # the database's other queues check too
+        _secrets.clear()
         failed = not_ready(status.get("conditions"), e, meta.get("generation"))
         if failed.events:
             log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)

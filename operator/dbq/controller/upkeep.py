@@ -30,8 +30,9 @@ from dbq.errors import DbqError
 from dbq.resource import parse_spec
 from dbq.settings import time_zone
 
-# status.stats is rewritten when a figure changed, or at least this often (a heartbeat).
-STATS_HEARTBEAT_S = 300.0
+# status.stats is rewritten when a figure changed, or at least this often (a heartbeat): an idle
+# queue costs the API server two writes an hour, and Prometheus has the fresh figures.
+STATS_HEARTBEAT_S = 3600.0
 # How often the database is asked whether it answers, when no other task talked to it: so Ready
 # turns False within a tick or two of an outage, and True again as soon as it ends.
 HEALTH_INTERVAL_S = 5.0
