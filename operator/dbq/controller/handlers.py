@@ -171,18 +171,22 @@ async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status:
     threads, and touch the Secret and the database only for what is due."""
     if annotated(meta, PAUSED) or not cond.is_true(status.get("conditions"), cond.PROVISIONED):
         return
-    memory = _memory.get((meta["namespace"], meta["name"]))
-    if memory is None:
-        secret = (spec.get("connection") or {}).get("secretRef") or {}
-        database = _databases.setdefault(
-            (meta["namespace"], str(secret.get("name"))), upkeep.DatabaseMemory()
-        )
-        memory = _memory.setdefault((meta["namespace"], meta["name"]), upkeep.Memory(database=database))
+    memory = _memory_of(meta, spec)
     if upkeep.idle_tick(memory, meta.get("generation"), dict(spec), dict(status)):
         return
     # In the handler's context, as kopf runs sync handlers: kopf.event() finds its queue there.
     work = functools.partial(contextvars.copy_context().run, _upkeep, body, meta, spec, status, patch, memory)
     await asyncio.get_running_loop().run_in_executor(_ticks, work)
+
+
+def _memory_of(meta: kopf.Meta, spec: kopf.Spec) -> upkeep.Memory:
+    """The queue's memory; the queues of one Secret (one database) share a DatabaseMemory."""
+    memory = _memory.get((meta["namespace"], meta["name"]))
+    if memory is None:
+        secret = str(((spec.get("connection") or {}).get("secretRef") or {}).get("name"))
+        database = _databases.setdefault((meta["namespace"], secret), upkeep.DatabaseMemory())
+        memory = _memory.setdefault((meta["namespace"], meta["name"]), upkeep.Memory(database=database))
+    return memory
 
 
 def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch,
