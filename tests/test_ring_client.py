@@ -298,7 +298,13 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
     seen = read_logs(logs)
     pushed = set(seen["P"])
     assert len(pushed) > 500, "the load was too small to mean anything"
-    assert q.stats().depth == 0 and q.stats().in_flight == 0
+    # The truth, from the rows: nothing left ready or leased.
+    truth = sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.ring} WHERE state IN (1, 2)")
+    assert truth == 0 and sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.spill}") == 0
+    # stats() reads totals kept in sequences, which a rollback does not undo: a session
+    # terminated inside a take after it counted can leave in flight that many too high.
+    stats = q.stats()
+    assert stats.depth == 0 and 0 <= stats.in_flight <= terminations, (stats, terminations)
     if mode == "amo":
         assert max(seen["G"].values()) == 1, "a message was delivered twice"
         missing = pushed - set(seen["G"])
