@@ -135,7 +135,7 @@ def runs(q: Any, kind: str, threads: int, seconds: float) -> tuple[float, Role, 
     return len(timed.got) / elapsed, timed, prefill + pushers.got, received
 
 
-def measure(label: str, make: Callable[[bool], Any], seconds: float, rows: list[str]) -> None:
+def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
     """Off and on take turns at each thread count, each with a client of its own, so that what
     the queue has been through (tombstones, vacuum) weighs on both alike."""
     plan = [(kind, threads) for kind in ("push", "pop", "push+pop") for threads in THREADS] + [("leased", 16)]
@@ -160,7 +160,6 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float, rows: list[
                 f"  {calls / trips if trips else 1.0:6.1f} calls a round trip"
             )
             print(row, flush=True)
-            rows.append(row)
 
 
 def main() -> int:
@@ -171,13 +170,12 @@ def main() -> int:
     opts = parser.parse_args()
     stack = Stack()
     stack.up(("postgres", "cassandra"))
-    rows: list[str] = []
     with scratch_database(stack, "dbq_bench_sb") as postgres:
         top = ceiling(postgres.odbc, opts.seconds)
         name = f"q_{secrets.token_hex(3)}"
         OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
         measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
-                                              pool_size=128), opts.seconds, rows)  # fmt: skip
+                                              pool_size=128), opts.seconds)  # fmt: skip
     host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     url = f"cassandra://{host}:{port}"
@@ -192,14 +190,13 @@ def main() -> int:
     backend.apply()
     try:
         measure("pipes", lambda smart: connect(url, name, schema=keyspace, smart_batching=smart, pop_timeout=0),
-                opts.seconds, rows)  # fmt: skip
+                opts.seconds)  # fmt: skip
     finally:
         backend.teardown()
         backend.close()
     print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
           f" pop runs start on {PREFILL} messages; push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
-    print("\n".join(rows))
     return 0
 
 
