@@ -84,3 +84,20 @@ def test_a_connection_past_its_age_is_closed_on_return(postgres):
     fresh = lender.take(settings)
     assert backend_pid(fresh) != pid
     lender.give(settings, fresh)
+
+
+def test_after_drop_all_no_earlier_session_is_handed_out_again(postgres):
+    """A failure (a revoked password, say) drops every pooled session: idle ones at once, lent
+    ones when they come back, so the next tick authenticates anew."""
+    settings = from_url(postgres.url)
+    lender = pool.OdbcPool(limit=2, wait_s=0.3)
+    idle, lent = lender.take(settings), lender.take(settings)
+    pids = {backend_pid(idle), backend_pid(lent)}
+    lender.give(settings, idle)
+    lender.drop_all()
+    assert lender.idle(settings) == 0
+    lender.give(settings, lent)
+    assert lender.idle(settings) == 0  # closed on its return
+    fresh = lender.take(settings)
+    assert backend_pid(fresh) not in pids
+    lender.give(settings, fresh)

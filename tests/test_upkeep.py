@@ -105,7 +105,12 @@ def test_tasks_run_when_their_interval_is_due():
 def test_a_tick_with_nothing_due_opens_neither_the_secret_nor_the_database():
     spec = spec_for("postgres", "s")
     wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
-    memory = upkeep.Memory(stats_at=100.0, cleanup_at=100.0, stats_written_at=100.0, answered_at=100.0)
+    memory = upkeep.Memory(
+        stats_at=100.0,
+        cleanup_at=100.0,
+        stats_written_at=100.0,
+        database=upkeep.DatabaseMemory(checked_at=100.0),
+    )
     window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, wall))
     status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
 
@@ -134,7 +139,7 @@ def test_one_health_check_serves_every_queue_of_a_database_until_one_fails():
     first, second = (upkeep.Memory(stats_at=100.0, cleanup_at=100.0, database=database) for _ in range(2))
     now = 100.0 + upkeep.HEALTH_INTERVAL_S
     assert upkeep.what_is_due(spec, status, first, now, wall).health  # nobody asked yet
-    database.answered_at = now  # the first queue's tick asked it
+    database.checked_at = now  # the first queue's tick asked it
     assert not upkeep.what_is_due(spec, status, second, now + 1, wall).health  # that serves the second
     database.failed_at = now + 2  # a queue's tick failed: every queue asks for itself again
     assert upkeep.what_is_due(spec, status, second, now + 3, wall).health
@@ -152,7 +157,7 @@ def test_an_idle_tick_is_known_without_the_database_or_a_thread():
     spec = memory.spec(1, raw)
     window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, datetime.now(upkeep.UTC)))
     status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
-    memory.stats_at = memory.cleanup_at = memory.answered_at = now
+    memory.stats_at = memory.cleanup_at = memory.database.checked_at = now
     assert upkeep.idle_tick(memory, 1, raw, status)
     assert memory.spec(1, {}) is spec  # the same generation is not parsed again
     assert not upkeep.idle_tick(upkeep.Memory(), 2, {"backend": "oracle"}, status)  # the tick reports it

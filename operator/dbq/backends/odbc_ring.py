@@ -147,9 +147,9 @@ class OdbcRing:
 
     # --- state ----------------------------------------------------------------------------
     def ping(self) -> None:
-        """Whether the database answers (raises DatabaseUnreachable, AuthenticationFailed...)."""
-        with self._errors():
-            self.conn.cursor().execute("SELECT 1").fetchval()
+        """Whether the database answers a new connection (raises DatabaseUnreachable,
+        AuthenticationFailed...): a pooled session would hide a revoked password."""
+        connect(self.settings).close()
 
     def depth(self) -> Depth:
         with self._errors():

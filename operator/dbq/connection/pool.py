@@ -31,7 +31,8 @@ class OdbcPool:
         self.limit = limit
         self.wait_s = wait_s
         self.max_age_s = max_age_s
-        self._born: dict[int, float] = {}  # id of an open connection: when it was opened
+        self._born: dict[int, tuple[float, int]] = {}  # id of an open connection: when, in which epoch
+        self._epoch = 0  # drop_all() starts a new one
         self._lock = threading.Lock()
         # Per database (its connection string): the free slots and the idle connections.
         self._databases: dict[str, tuple[threading.BoundedSemaphore, list[pyodbc.Connection]]] = {}
@@ -66,7 +67,7 @@ class OdbcPool:
                 except pyodbc.Error:
                     self._close(conn)
             conn = connect(settings)
-            self._born[id(conn)] = time.monotonic()
+            self._born[id(conn)] = (time.monotonic(), self._epoch)
             return conn
         except BaseException:
             slots.release()
@@ -76,7 +77,8 @@ class OdbcPool:
         """Back to the idle ones, or closed when `broken` (or found unusable)."""
         slots, idle = self._database(settings)
         try:
-            if broken or time.monotonic() - self._born.get(id(conn), 0.0) > self.max_age_s:
+            born, epoch = self._born.get(id(conn), (0.0, -1))
+            if broken or epoch != self._epoch or time.monotonic() - born > self.max_age_s:
                 self._close(conn)
             else:
                 if not conn.autocommit:
@@ -92,6 +94,18 @@ class OdbcPool:
         self._born.pop(id(conn), None)
         with contextlib.suppress(pyodbc.Error):  # a broken one may refuse even that
             conn.close()
+
+    def drop_all(self) -> None:
+        """Close the idle connections, and those lent now when they come back."""
+        with self._lock:
+            self._epoch += 1
+            databases = list(self._databases.values())
+        for _, idle in databases:
+            while idle:
+                try:
+                    self._close(idle.pop())
+                except IndexError:
+                    break
 
     def idle(self, settings: ConnectionSettings) -> int:
         return len(self._database(settings)[1])

@@ -63,6 +63,15 @@ def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
     return data
 
 
+def _forget_credentials() -> None:
+    """After a failure: the next try reads the Secrets again and connects anew, so a fixed
+    Secret is followed, and a revoked password is not hidden by sessions opened before."""
+    _secrets.clear()
+    lender = pool.shared()
+    if lender is not None:
+        lender.drop_all()
+
+
 def backoff(retry: int) -> float:
     return float(min(300, 5 * 2 ** min(retry, 6)))
 
@@ -124,7 +133,7 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
     _write(body, current, patch, outcome.status, outcome.events)
     if outcome.error is not None:
-        _secrets.clear()  # a fixed Secret is read again at the next try
+        _forget_credentials()
     if outcome.error is not None and not drift_check:  # the drift timer comes back by itself
         raise kopf.TemporaryError(str(outcome.error), delay=backoff(retry))
 
@@ -200,7 +209,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
             )
     except DbqError as e:  # Ready=False at once, one Warning when that changes
         memory.database.failed_at = time.monotonic()  # the database's other queues check too
-        _secrets.clear()
+        _forget_credentials()
         failed = not_ready(status.get("conditions"), e, meta.get("generation"))
         if failed.events:
             log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)
@@ -208,7 +217,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
         _write(body, status, patch, failed.status, failed.events)
         return
     _write(body, status, patch, done.status, done.events)
-    if done.answered and not cond.is_true(status.get("conditions"), cond.READY):
+    if done.checked and not cond.is_true(status.get("conditions"), cond.READY):
         _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)  # the database is back
 
 

@@ -33,8 +33,9 @@ from dbq.settings import time_zone
 # status.stats is rewritten when a figure changed, or at least this often (a heartbeat): an idle
 # queue costs the API server two writes an hour, and Prometheus has the fresh figures.
 STATS_HEARTBEAT_S = 3600.0
-# How often the database is asked whether it answers, when no other task talked to it: so Ready
-# turns False within a tick or two of an outage, and True again as soon as it ends.
+# How often a database is asked, on a new connection, whether it answers and takes the Secret's
+# credentials (pooled sessions would hide a revoked password): so Ready turns False within a
+# tick or two of an outage, and True again as soon as it ends. One queue's tick asks for all.
 HEALTH_INTERVAL_S = 5.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
 REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack")
@@ -98,12 +99,12 @@ class DatabaseMemory:
     """What the operator remembers of one database, shared by its queues: so that one health
     check every HEALTH_INTERVAL_S serves them all, not one per queue."""
 
-    answered_at: float = 0.0  # monotonic: when a queue's backend last answered
-    failed_at: float = 0.0  # ...and when one last failed (then every queue checks for itself)
+    checked_at: float = 0.0  # monotonic: when a queue's tick last connected to it anew
+    failed_at: float = 0.0  # ...and when a queue's tick last failed (then each checks for itself)
 
-    def quiet(self, now: float) -> bool:
-        """Whether the database needs asking: nobody heard from it lately, or it failed since."""
-        return due(self.answered_at, HEALTH_INTERVAL_S, now) or self.failed_at > self.answered_at
+    def check_due(self, now: float) -> bool:
+        """Whether the database needs asking: not asked lately, or a tick failed since."""
+        return due(self.checked_at, HEALTH_INTERVAL_S, now) or self.failed_at > self.checked_at
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Upkeep:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     answered: bool = False  # the database answered this tick
+    checked: bool = False  # ...a new connection to it, so its credentials hold
 
 
 def due(last: float, interval_s: float, now: float) -> bool:
@@ -213,7 +215,7 @@ class Due:
 
     stats: bool
     cleanup: bool
-    health: bool  # nothing else talks to the database, and it was not asked for a while
+    health: bool  # the database was not asked anew for a while, or a tick failed since
     maintenance: Task
     window: datetime  # the planned maintenance window
 
@@ -226,9 +228,7 @@ def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: fl
     maintenance, window = maintenance_due(spec, status, wall)
     stats = due(memory.stats_at, seconds(spec.stats.interval), now)
     cleanup = due(memory.cleanup_at, seconds(spec.cleanup.interval), now)
-    quiet = not (stats or cleanup or maintenance == "run")
-    health = quiet and due(memory.answered_at, HEALTH_INTERVAL_S, now) and memory.database.quiet(now)
-    return Due(stats, cleanup, health, maintenance, window)
+    return Due(stats, cleanup, memory.database.check_due(now), maintenance, window)
 
 
 def idle_tick(memory: Memory, generation: int | None, raw: dict[str, Any], status: dict[str, Any]) -> bool:
@@ -320,6 +320,8 @@ def run_upkeep(
         ).wire()
     if todo.health:
         backend().ping()
+        memory.database.checked_at = now
+        out.checked = True
     schedule = describe(spec, next_run).wire()
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
@@ -353,6 +355,6 @@ def run_upkeep(
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
     if todo.touches_database:
-        memory.answered_at = memory.database.answered_at = now
+        memory.answered_at = now
         out.answered = True
     return out
