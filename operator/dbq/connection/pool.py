@@ -56,11 +56,7 @@ class OdbcPool:
                 f" for {self.wait_s:g}s: raise DBQ_DB_CONNECTIONS, or the database's own limit"
             )
         try:
-            while idle:
-                try:
-                    conn = idle.pop()
-                except IndexError:
-                    break
+            while (conn := _pop(idle)) is not None:
                 try:  # one that broke while idle (a server restart) is dropped, not handed out
                     conn.cursor().execute("SELECT 1").fetchall()
                     return conn
@@ -101,14 +97,19 @@ class OdbcPool:
             self._epoch += 1
             databases = list(self._databases.values())
         for _, idle in databases:
-            while idle:
-                try:
-                    self._close(idle.pop())
-                except IndexError:
-                    break
+            while (conn := _pop(idle)) is not None:
+                self._close(conn)
 
     def idle(self, settings: ConnectionSettings) -> int:
         return len(self._database(settings)[1])
+
+
+def _pop(idle: list[pyodbc.Connection]) -> pyodbc.Connection | None:
+    """An idle connection, or None; list.pop is atomic, so no lock is needed."""
+    try:
+        return idle.pop()
+    except IndexError:
+        return None
 
 
 _pool: OdbcPool | None = None

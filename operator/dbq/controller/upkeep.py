@@ -113,7 +113,6 @@ class Memory:
 
     stats_at: float = 0.0  # monotonic
     cleanup_at: float = 0.0
-    answered_at: float = 0.0  # when the database last answered
     stats_written_at: float = 0.0
     cleanup_written_at: float = 0.0
     # A maintenance run under way in the background: its status and Event when it ends.
@@ -133,8 +132,7 @@ class Memory:
 class Upkeep:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
-    answered: bool = False  # the database answered this tick
-    checked: bool = False  # ...a new connection to it, so its credentials hold
+    checked: bool = False  # a new connection to the database answered, so its credentials hold
 
 
 def due(last: float, interval_s: float, now: float) -> bool:
@@ -354,7 +352,4 @@ def run_upkeep(
             memory.cleanup_written_at = now
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
-    if todo.touches_database:
-        memory.answered_at = now
-        out.answered = True
     return out
