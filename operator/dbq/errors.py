@@ -36,6 +36,14 @@ class ConflictingObjects(DbqError):
     retry = False
 
 
+class BrokerNotUnique(DbqError):
+    """SQL Server: the database's broker GUID is another database's too (a restored copy), so
+    Service Broker cannot be enabled until a DBA (or dbq, when the spec opts in) runs NEW_BROKER."""
+
+    reason = "BrokerNotUnique"
+    retry = False
+
+
 class SecretNotFound(DbqError):
     reason = "SecretNotFound"
 

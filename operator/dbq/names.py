@@ -132,6 +132,16 @@ class QueueNames:
         return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged)
 
     @property
+    def sender_queue(self) -> str:
+        """Service Broker: the queue of the sending service (end-of-conversation replies)."""
+        return self._("sender")
+
+    def broker(self, part: str = "") -> str:
+        """Service Broker: a database-wide name (message type, contract, service), qualified by
+        schema and queue, since those objects live in no schema. `ms_broker_quote` quotes it."""
+        return f"dbq/{self.schema}/{self.queue}" + (f"/{part}" if part else "")
+
+    @property
     def sequences(self) -> tuple[str, ...]:
         return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS))
 
@@ -155,6 +165,26 @@ def pg_quote(identifier: str) -> str:
 def ms_quote(identifier: str) -> str:
     """A validated identifier, bracket-quoted for SQL Server."""
     return f"[{_derived(identifier)}]"
+
+
+_BROKER_NAME = re.compile(r"^dbq/[a-z][a-z0-9_]{0,39}/[a-z][a-z0-9_]{0,39}(/[a-z]{1,20})?$")
+
+
+def ms_broker_name(name: str) -> str:
+    """A Service Broker name dbq derives (`QueueNames.broker`), validated."""
+    if not isinstance(name, str) or not _BROKER_NAME.fullmatch(name):
+        raise UnsafeName(f"refusing to quote {name!r}: not a Service Broker name dbq derives")
+    return name
+
+
+def ms_broker_quote(name: str) -> str:
+    """A validated Service Broker name, bracket-quoted (it contains '/')."""
+    return f"[{ms_broker_name(name)}]"
+
+
+def ms_broker_literal(name: str) -> str:
+    """A validated Service Broker name as a string literal (catalog lookups, BEGIN DIALOG)."""
+    return f"N'{ms_broker_name(name)}'"
 
 
 def pg_literal(identifier: str) -> str:

@@ -21,7 +21,7 @@ _KEEP = {
 
 
 # Settings of one design: not defaulted, or every queue would show the other designs' settings.
-DESIGN_SECTIONS = ("ring", "pipes")
+DESIGN_SECTIONS = ("ring", "pipes", "serviceBroker")
 
 
 def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -> Any:

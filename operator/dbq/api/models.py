@@ -216,6 +216,56 @@ class Pipes(Model):
     replication: Replication = Field(default_factory=Replication)
 
 
+EXECUTE_AS_PATTERN = r"^(OWNER|SELF|[a-z][a-z0-9_]{0,39})$"
+
+
+class Activation(Model):
+    procedure: Annotated[str, Field(pattern=IDENTIFIER_PATTERN)] = Field(
+        description="Stored procedure in the queue's schema that Service Broker starts when messages arrive."
+    )
+    max_readers: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=1, description="MAX_QUEUE_READERS: how many copies of the procedure run at most."
+    )
+    execute_as: Annotated[str, Field(pattern=EXECUTE_AS_PATTERN)] = Field(
+        default="OWNER", description="EXECUTE AS: OWNER, SELF or a database user name."
+    )
+    enabled: bool = Field(
+        default=True, description="Activation STATUS; false keeps the procedure set but off."
+    )
+
+
+class BrokerChecks(Model):
+    notified_after: Duration("1s", "1h") = Field(  # type: ignore[valid-type]
+        default="10s",
+        description="An activated queue's monitor NOTIFIED this long with no task waiting is reported stuck.",
+    )
+    open_conversations: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        default=1000, description="More conversation endpoints than this not CLOSED is reported as a leak."
+    )
+
+
+class ServiceBroker(Model):
+    activation: Activation | None = Field(
+        default=None,
+        description="Internal activation; absent: applications receive (dbq's client, `dbq pop`).",
+    )
+    poison_message_handling: bool = Field(
+        default=True,
+        description="Let SQL Server disable the queue after five rollbacks of one message in a row.",
+    )
+    re_enable_on_poison: bool = Field(
+        default=False,
+        description="Turn a queue that poison-message detection disabled back on (else only reported).",
+    )
+    new_broker: bool = Field(
+        default=False,
+        description="On a restored copy whose broker GUID is not unique, run SET NEW_BROKER (ends every "
+        "conversation of the database and needs exclusive access); else only reported.",
+    )
+    trustworthy: bool = Field(default=False, description="Set the database TRUSTWORTHY (only when true).")
+    checks: BrokerChecks = Field(default_factory=BrokerChecks)
+
+
 class Timeouts(Model):
     visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
         default="30s",
@@ -302,6 +352,7 @@ class QueueSpec(Model):
     connection: Connection
     ring: Ring = Field(default_factory=Ring)
     pipes: Pipes = Field(default_factory=Pipes)
+    service_broker: ServiceBroker = Field(default_factory=ServiceBroker)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     reindex: Reindex = Field(default_factory=Reindex)
     cleanup: Cleanup = Field(default_factory=Cleanup)

@@ -65,6 +65,9 @@ class ScheduleStatus(Model):
     statistics: str
     cleanup: str
     maintenance: str
+    checks: str | None = Field(
+        default=None, description="Service Broker: the health checks, written as conditions."
+    )
 
 
 class QueueStatus(Model):

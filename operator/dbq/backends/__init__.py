@@ -5,6 +5,7 @@ from __future__ import annotations
 from dbq.api.durations import seconds
 from dbq.api.models import QueueSpec
 from dbq.backends.base import QueueBackend
+from dbq.backends.broker_plan import BrokerTarget
 from dbq.connection import ConnectionSettings
 from dbq.contract.ring import RingTarget
 from dbq.errors import InvalidSpec
@@ -30,6 +31,28 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
             max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
         )
         return CassandraPipes(settings, target)
+    if spec.backend == "sqlserver" and spec.design == "servicebroker":
+        from dbq.backends.sqlserver.broker import ServiceBrokerQueue
+
+        return ServiceBrokerQueue(settings, broker_target(spec, names, settings.database))
     raise InvalidSpec(
         f"backend {spec.backend} with design {spec.design} is not provisioned by this version of dbq yet"
+    )
+
+
+def broker_target(spec: QueueSpec, names: QueueNames, database: str) -> BrokerTarget:
+    sb, activation = spec.service_broker, spec.service_broker.activation
+    return BrokerTarget(
+        names=names,
+        database=database,
+        activation_procedure=activation.procedure if activation else None,
+        activation_enabled=activation.enabled if activation else False,
+        max_readers=activation.max_readers if activation else 0,
+        execute_as=activation.execute_as if activation else "OWNER",
+        poison_message_handling=sb.poison_message_handling,
+        re_enable_on_poison=sb.re_enable_on_poison,
+        new_broker=sb.new_broker,
+        trustworthy=sb.trustworthy,
+        notified_after_s=seconds(sb.checks.notified_after),
+        open_conversations=sb.checks.open_conversations,
     )

@@ -26,10 +26,20 @@ class Step(Protocol):
     def done(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One failed health check of a provisioned queue: its reason (a condition reason) and what
+    a DBA does about it. (Service Broker queues have checks; the other designs report none.)"""
+
+    check: str
+    message: str
+
+
 @dataclass
 class ApplyResult:
     steps: Sequence[Step] = field(default_factory=list)
     schema_version: int = 0
+    findings: Sequence[Finding] = field(default_factory=list)  # health checks after applying
 
     @property
     def changed(self) -> bool:
@@ -42,6 +52,7 @@ class Depth:
 
     depth: int
     in_flight: int
+    conversations: int = 0  # Service Broker: conversation endpoints not closed
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class QueueBackend(Protocol):
     def ping(self) -> None: ...
     def depth(self) -> Depth: ...
     def measure(self) -> QueueStats: ...
+    def checks(self) -> list[Finding]: ...
     def cleanup(self, stalled_after_s: float) -> dict[str, int]: ...
     def record_sample(self, stats: QueueStats, retention_s: float) -> None: ...
     def sample_since(self, window_s: float) -> Earlier | None: ...

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import pyodbc
 
-from dbq.backends.base import ApplyResult, Depth, Earlier
+from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
 from dbq.backends.dialects import ring_sql
 from dbq.backends.maintenance import (
     IndexFigures,
@@ -150,6 +150,10 @@ class OdbcRing:
         """Whether the database answers a new connection (raises DatabaseUnreachable,
         AuthenticationFailed...): a pooled session would hide a revoked password."""
         connect(self.settings).close()
+
+    def checks(self) -> list[Finding]:
+        """No health checks beyond the observation's drift: this design has none."""
+        return []
 
     def depth(self) -> Depth:
         with self._errors():

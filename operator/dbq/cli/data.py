@@ -19,7 +19,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dbq.client import AnyQueue, Message, PipeMessage, Queue, RateMeter, connect, connect_resource
+from dbq.client import (
+    AnyQueue,
+    BrokerMessage,
+    BrokerQueue,
+    Message,
+    PipeMessage,
+    PipesQueue,
+    Queue,
+    RateMeter,
+    connect,
+    connect_resource,
+)
 from dbq.errors import DbqError
 from dbq.kube import current_namespace
 
@@ -34,6 +45,12 @@ def target_options(f: F) -> F:
                 "--url", envvar="DBQ_URL", help="Database URL; without it QUEUE is a Queue resource."
             ),
             click.option("--schema", default=None, help="Schema of the queue (with --url; default dbq)."),
+            click.option(
+                "--design",
+                type=click.Choice(["ring", "servicebroker", "pipes"]),
+                default=None,
+                help="With --url: the queue's design, when the url's backend has several (sqlserver).",
+            ),
             click.option("--namespace", "-n", default=None, help="Namespace of the Queue resource."),
             click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text"),
         ]
@@ -43,10 +60,12 @@ def target_options(f: F) -> F:
 
 
 @contextmanager
-def opened(queue: str, url: str | None, schema: str | None, namespace: str | None) -> Iterator[AnyQueue]:
+def opened(
+    queue: str, url: str | None, schema: str | None, namespace: str | None, design: str | None = None
+) -> Iterator[AnyQueue]:
     try:
         if url:
-            q = connect(url, queue, schema=schema)
+            q = connect(url, queue, schema=schema, design=design)
         else:
             q = connect_resource(queue, namespace or current_namespace())
     except (DbqError, ValueError) as e:  # each names what to fix: a missing Secret, a bad spec
@@ -68,6 +87,7 @@ def push(
     queue: str,
     url: str | None,
     schema: str | None,
+    design: str | None,
     namespace: str | None,
     output: str,
     messages: tuple[str, ...],
@@ -76,7 +96,7 @@ def push(
 ) -> None:
     """Push MESSAGES (or, with none given, each line of stdin) to QUEUE; prints their ids."""
     bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
-    with opened(queue, url, schema, namespace) as q:
+    with opened(queue, url, schema, namespace, design) as q:
         ids = q.push_many(bodies, timeout=timeout, ttl=ttl) if bodies else []
     click.echo(json.dumps({"ids": ids}, default=str) if output == "json" else "\n".join(map(str, ids)))
 
@@ -89,6 +109,7 @@ def pop(
     queue: str,
     url: str | None,
     schema: str | None,
+    design: str | None,
     namespace: str | None,
     output: str,
     count: int,
@@ -97,7 +118,7 @@ def pop(
     """Pop up to COUNT messages from QUEUE (at-most-once: they are gone) and print them."""
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")
-    with opened(queue, url, schema, namespace) as q:
+    with opened(queue, url, schema, namespace, design) as q:
         got = q.pop_many(count, timeout=timeout)
     if output == "json":
         click.echo(json.dumps([_message_json(m) for m in got]))
@@ -108,7 +129,7 @@ def pop(
         sys.exit(3)  # like `grep`: nothing found is not an error, but scripts can tell
 
 
-def _message_json(m: Message | PipeMessage) -> dict[str, Any]:
+def _message_json(m: Message | PipeMessage | BrokerMessage) -> dict[str, Any]:
     try:
         body: dict[str, str] = {"body": m.body.decode()}
     except UnicodeDecodeError:
@@ -131,33 +152,37 @@ def stats(
     queue: str,
     url: str | None,
     schema: str | None,
+    design: str | None,
     namespace: str | None,
     output: str,
     watch: float | None,
     samples: int,
 ) -> None:
     """Depth, in-flight, totals and the oldest message's age of QUEUE."""
-    with opened(queue, url, schema, namespace) as q:
+    with opened(queue, url, schema, namespace, design) as q:
         if watch is not None:
             _watch(q, watch, samples, output)
             return
         s = q.stats()
         where = f"{q.settings.endpoint} {q.names.schema}.{q.names.queue}"
-        # A ring's capacity, or how many pipes a pipes queue has open.
-        size_name, size = (
-            ("ringSize", q.size) if isinstance(q, Queue) else ("openPipes", len(getattr(s, "pipes", ())))
+        # A ring's capacity, or how many pipes a pipes queue has open (a Service Broker queue has neither).
+        size: tuple[str, str, int] | None = (
+            ("ringSize", "RING SIZE", q.size)
+            if isinstance(q, Queue)
+            else ("openPipes", "OPEN PIPES", len(getattr(s, "pipes", ())))
+            if isinstance(q, PipesQueue)
+            else None
         )
     if output == "json":
-        click.echo(json.dumps({"queue": q.names.queue, size_name: size, **_camel(s.as_dict())}, default=str))
+        sized = {size[0]: size[2]} if size else {}
+        click.echo(json.dumps({"queue": q.names.queue, **sized, **_camel(s.as_dict())}, default=str))
         return
     table = Table(title=f"queue {where}", title_justify="left")
-    size_column = "RING SIZE" if size_name == "ringSize" else "OPEN PIPES"
-    for column in ("DEPTH", "IN FLIGHT", size_column, "PUSHED", "POPPED", "ACQUIRED", "EXPIRED", "OLDEST"):
+    columns = ["DEPTH", "IN FLIGHT", *([size[1]] if size else []), "PUSHED", "POPPED", "ACQUIRED", "EXPIRED"]
+    for column in (*columns, "OLDEST"):
         table.add_column(column, justify="right")
-    table.add_row(
-        *(f"{v:,}" for v in (s.depth, s.in_flight, size, s.pushed, s.popped, s.acquired, s.expired)),
-        f"{s.oldest_age_seconds:.1f}s",
-    )
+    figures = [s.depth, s.in_flight, *([size[2]] if size else []), s.pushed, s.popped, s.acquired, s.expired]
+    table.add_row(*(f"{v:,}" for v in figures), f"{s.oldest_age_seconds:.1f}s")
     Console().print(table)
 
 
@@ -194,4 +219,32 @@ def _camel(values: dict[str, Any]) -> dict[str, Any]:
     return {camel(k): v for k, v in values.items()}
 
 
-COMMANDS = (push, pop, stats)
+@click.group()
+def broker() -> None:
+    """Service Broker queues (SQL Server)."""
+
+
+@broker.command()
+@target_options
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds to wait for the token.")
+def trace(
+    queue: str,
+    url: str | None,
+    schema: str | None,
+    design: str | None,
+    namespace: str | None,
+    output: str,
+    timeout: float,
+) -> None:
+    """Send a tracer token through QUEUE's services and print how long it took to arrive."""
+    with opened(queue, url, schema, namespace, design or "servicebroker") as q:
+        if not isinstance(q, BrokerQueue):
+            raise click.ClickException(f"{queue} is not a Service Broker queue: a tracer token needs one")
+        ms = q.trace(timeout)
+    if output == "json":
+        click.echo(json.dumps({"queue": q.names.queue, "delivered": True, "milliseconds": ms}))
+    else:
+        click.echo(f"tracer token delivered through {q.names.schema}.{q.names.queue} in {ms:.0f} ms")
+
+
+COMMANDS = (push, pop, stats, broker)

@@ -15,6 +15,7 @@ from typing import Any
 from dbq import kube
 from dbq.api.durations import seconds
 from dbq.api.models import queue_name
+from dbq.client.broker import BrokerMessage, BrokerQueue
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
 from dbq.client.ring import Message, Queue, RepairResult
@@ -33,6 +34,8 @@ from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
     "AnyQueue",
+    "BrokerMessage",
+    "BrokerQueue",
     "HistorySample",
     "LeaseLost",
     "Message",
@@ -55,16 +58,18 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "dbq"
-AnyQueue = Queue | PipesQueue
+AnyQueue = Queue | PipesQueue | BrokerQueue
 PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl", "smart_batching")
 
 
-def connect(url: str, queue: str, *, schema: str | None = None, **options: Any) -> AnyQueue:
+def connect(
+    url: str, queue: str, *, schema: str | None = None, design: str | None = None, **options: Any
+) -> AnyQueue:
     """A client for `queue` (its name, or its Queue resource's metadata.name) at `url`: postgresql://user:pass@host:port/db or mssql://... (a ring;
-    `?driver=...` picks the ODBC driver), or cassandra://[user:pass@]host1,host2:9042[?dc=...]
-    (pipes; `schema` is the keyspace). Options: visibility, push_timeout, pop_timeout, ttl
-    (seconds); for rings also pool_size and hole_grace."""
-    return _open(from_url(url), queue, schema or DEFAULT_SCHEMA, options)
+    `?driver=...` picks the ODBC driver; `design="servicebroker"` for a Service Broker queue), or
+    cassandra://[user:pass@]host1,host2:9042[?dc=...] (pipes; `schema` is the keyspace). Options:
+    visibility, push_timeout, pop_timeout, ttl (seconds); for rings also pool_size and hole_grace."""
+    return _open(from_url(url), queue, schema or DEFAULT_SCHEMA, options, design)
 
 
 def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **options: Any) -> AnyQueue:
@@ -95,11 +100,21 @@ def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options:
     }
     metadata = resource["metadata"]
     settings = settings_for(spec, metadata.get("namespace") or "default", read_secret)
-    return _open(settings, queue_name(metadata["name"], spec), spec.connection.schema_, defaults | options)
+    return _open(
+        settings,
+        queue_name(metadata["name"], spec),
+        spec.connection.schema_,
+        defaults | options,
+        str(spec.design),
+    )
 
 
-def _open(settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any]) -> AnyQueue:
+def _open(
+    settings: ConnectionSettings, queue: str, schema: str, options: dict[str, Any], design: str | None = None
+) -> AnyQueue:
     names = QueueNames(schema=schema, queue=queue_identifier(queue))
+    if design == "servicebroker":
+        return BrokerQueue(settings, names, **options)
     if settings.backend == "cassandra":
         return PipesQueue(settings, names, **{k: v for k, v in options.items() if k in PIPES_OPTIONS})
     return Queue(settings, names, **options)

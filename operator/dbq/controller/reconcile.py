@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from dbq.api.models import DeletionPolicy, QueueSpec, queue_name
 from dbq.api.status import QueueStatus
 from dbq.backends import open_backend
-from dbq.backends.base import QueueBackend
+from dbq.backends.base import Finding, QueueBackend
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.errors import DbqError, InvalidSpec
@@ -90,10 +90,10 @@ def reconcile(
         conditions = cond.set_condition(
             conditions, cond.PROVISIONED, True, "Provisioned", message, generation
         )
-        degraded_reason = "Repaired" if result.steps and drift_check else "AsExpected"
-        conditions = cond.set_condition(
-            conditions, cond.DEGRADED, False, degraded_reason, "database objects match the spec", generation
+        conditions, checked = health(
+            conditions, result.findings, generation, repaired=bool(result.steps and drift_check)
         )
+        out.events += checked
         conditions = cond.settled(conditions)
         out.status = QueueStatus.model_validate(
             {
@@ -118,6 +118,37 @@ def reconcile(
         out.events.append(Event("Normal", "Ready", "queue is ready"))
     metrics.set_ready(namespace, name, ready_now == "True")
     return out
+
+
+def health(
+    conditions: list[dict[str, Any]] | None,
+    findings: Sequence[Finding],
+    generation: int | None,
+    *,
+    repaired: bool = False,
+) -> tuple[list[dict[str, Any]], list[Event]]:
+    """Degraded from the queue's health checks (Service Broker has them; the other designs report
+    none): True with the first failed check as its reason and every one in its message, False
+    when all pass. A Warning Event when it turns True or its reason changes, a Normal one when it
+    clears."""
+    before = cond.condition(conditions, cond.DEGRADED) or {}
+    if findings:
+        reason, message = findings[0].check, "; ".join(f.message for f in findings)
+        new = cond.set_condition(conditions, cond.DEGRADED, True, reason, message, generation)
+        changed = before.get("status") != "True" or before.get("reason") != reason
+        return new, [Event("Warning", reason, message)] if changed else []
+    if before.get("status") == "False" and not repaired:
+        return list(conditions or []), []
+    reason = "Repaired" if repaired else "AsExpected"
+    new = cond.set_condition(
+        conditions, cond.DEGRADED, False, reason, "database objects match the spec", generation
+    )
+    cleared = (
+        [Event("Normal", "ChecksPassed", "every health check passes again")]
+        if before.get("status") == "True"
+        else []
+    )
+    return new, cleared
 
 
 def not_ready(conditions: list[dict[str, Any]] | None, e: DbqError, generation: int | None) -> Outcome:
@@ -193,10 +224,13 @@ def delete(
         try:
             if policy == DeletionPolicy.DeleteIfEmpty and not force:
                 depth = backend.depth()
-                if depth.depth or depth.in_flight:
+                if depth.depth or depth.in_flight or depth.conversations:
+                    open_conversations = (
+                        f" and {depth.conversations} open conversations" if depth.conversations else ""
+                    )
                     message = (
-                        f"queue {queue} still holds {depth.depth} ready and {depth.in_flight} leased messages;"
-                        f" drain it, or annotate {FORCE_DELETE}=true to drop them"
+                        f"queue {queue} still holds {depth.depth} ready and {depth.in_flight} leased messages"
+                        f"{open_conversations}; drain it, or annotate {FORCE_DELETE}=true to drop them"
                     )
                     out.status["conditions"] = cond.set_condition(
                         status.get("conditions"), cond.DELETION_BLOCKED, True, "NotEmpty", message, generation

@@ -24,8 +24,9 @@ from dbq.api.status import CleanupStatus, MaintenanceStatus, ScheduleStatus, Sta
 from dbq.backends.base import Earlier, QueueBackend
 from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import QueueStats
+from dbq.controller import conditions as cond
 from dbq.controller import metrics
-from dbq.controller.reconcile import Event
+from dbq.controller.reconcile import Event, health
 from dbq.errors import DbqError
 from dbq.resource import parse_spec
 from dbq.settings import time_zone
@@ -38,7 +39,8 @@ STATS_HEARTBEAT_S = 3600.0
 # tick or two of an outage, and True again as soon as it ends. One queue's tick asks for all.
 HEALTH_INTERVAL_S = 5.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
-REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack")
+REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack", "stalledConversations",
+           "cleanedConversations")  # fmt: skip
 
 
 WEEKDAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
@@ -72,7 +74,16 @@ def describe(spec: QueueSpec, next_run: datetime | None) -> ScheduleStatus:
     """What `kubectl describe` shows under status.schedule, in a DBA's words."""
     zone = time_zone()
     r, t = spec.reindex, spec.reindex.threshold
-    if spec.backend == "cassandra":
+    cleanup = (f"every {spec.cleanup.interval}; claims and pipes idle for {spec.timeouts.stalled_after}"
+               " are stalled and repaired")  # fmt: skip
+    if spec.design == "servicebroker":
+        what = (f"ALTER QUEUE ... REBUILD past {t.fragmentation_percent}% fragmentation or ghost records,"
+                " REORGANIZE past 5% (offline operations, so only in this window; before SQL Server 2016"
+                " reported with what to run, not run)")  # fmt: skip
+        cleanup = (f"every {spec.cleanup.interval}: end-of-conversation replies received, senders'"
+                   f" conversations idle for {spec.timeouts.stalled_after} ended, conversations with no"
+                   " message left ended WITH CLEANUP, 500 of each kind per run")  # fmt: skip
+    elif spec.backend == "cassandra":
         what = "nothing to do: Cassandra compacts queue tables on its own"
     elif spec.backend == "postgres":
         what = (f"VACUUM a table when dead rows pass {t.dead_tuple_percent}%, REINDEX"
@@ -83,10 +94,30 @@ def describe(spec: QueueSpec, next_run: datetime | None) -> ScheduleStatus:
     upcoming = f"; next at {next_run.astimezone(zone):%Y-%m-%d %H:%M %Z}" if next_run else ""
     return ScheduleStatus(
         statistics=f"measured every {spec.stats.interval}, history kept {spec.stats.retention}",
-        cleanup=f"every {spec.cleanup.interval}; claims and pipes idle for {spec.timeouts.stalled_after}"
-        " are stalled and repaired",
+        cleanup=cleanup,
         maintenance=f"{describe_cron(r.schedule)} ({zone.key}, cron '{r.schedule}'): {what}{upcoming}",
+        checks=describe_checks(spec) if spec.design == "servicebroker" else None,
     )
+
+
+def describe_checks(spec: QueueSpec) -> str:
+    """A Service Broker queue's health checks in words, run with every statistics measurement."""
+    sb = spec.service_broker
+    poison = "re-enabled by dbq" if sb.re_enable_on_poison else "reported, not re-enabled"
+    parts = [
+        f"every {spec.stats.interval}: broker enabled and its GUID unique",
+        f"queue receiving (when poison-message detection disables it: {poison})",
+    ]
+    if sb.activation:
+        parts.append(
+            f"activation of {sb.activation.procedure} on with its procedure present, queue monitor not"
+            f" NOTIFIED over {sb.checks.notified_after} with no task waiting"
+        )
+    parts += [
+        "no errors in sys.transmission_queue",
+        f"at most {sb.checks.open_conversations} open conversations",
+    ]
+    return "; ".join(parts)
 
 
 def rate_window_s(spec: QueueSpec) -> float:
@@ -334,6 +365,11 @@ def run_upkeep(
         if worth_writing(status.get("stats"), new, memory.stats_written_at, now):
             out.status["stats"] = new
             memory.stats_written_at = now
+        generation = (cond.condition(status.get("conditions"), cond.READY) or {}).get("observedGeneration")
+        conditions, events = health(status.get("conditions"), backend().checks(), generation)
+        if conditions != (status.get("conditions") or []):
+            out.status["conditions"] = conditions
+        out.events += events
     if todo.cleanup:
         counts = backend().cleanup(seconds(spec.timeouts.stalled_after))
         memory.cleanup_at = now

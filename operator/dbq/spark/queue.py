@@ -63,7 +63,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from dbq.client import AnyQueue, connect_resource
+from dbq.client import BrokerQueue, PipesQueue, Queue, connect_resource
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.spark.options import Options, Source, SourceReader
@@ -89,6 +89,8 @@ PEEK_LIMIT = 10_000
 MAX_PER_TRIGGER = 10_000
 READ_PAGE = 5_000  # seqs a streaming task reads at once (the blocks that hold them)
 PUBLISHED_KEPT = 100  # published micro-batch ids remembered per sink
+# The designs Spark reads and writes (a Service Broker queue has no staging table and no peek).
+AnyQueue = Queue | PipesQueue
 TASK_CLIENTS: dict[tuple[str | None, str, str], AnyQueue] = {}  # see QueueOptions.task_client
 
 
@@ -108,7 +110,14 @@ class QueueOptions:
         """A client of the queue; called where it is used (driver, or each task: they run from a
         pickled copy, so connections are opened there)."""
         api = Kube.for_kubeconfig(self.kubeconfig).api_client
-        return connect_resource(self.queue, self.namespace, api_client=api)
+        queue = connect_resource(self.queue, self.namespace, api_client=api)
+        if isinstance(queue, BrokerQueue):
+            queue.close()
+            raise InvalidSpec(
+                f"dbq: queue {self.queue} is a Service Broker queue: Spark reads and writes ring and pipes"
+                " queues (its statistics are in the dbq-stats source)"
+            )
+        return queue
 
     def task_client(self) -> AnyQueue:
         """The client a task uses. Spark reuses a Python worker for later tasks, so each worker

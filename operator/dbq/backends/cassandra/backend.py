@@ -9,7 +9,7 @@ from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
-from dbq.backends.base import ApplyResult, Depth, Earlier
+from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
     PipesAction,
@@ -134,6 +134,10 @@ class CassandraPipes:
     def ping(self) -> None:
         """Whether the cluster answers at the queue's consistency (a read of the queue's row)."""
         self._run(self.cql.recorded, self.names.queue)
+
+    def checks(self) -> list[Finding]:
+        """No health checks beyond the observation's drift: this design has none."""
+        return []
 
     def depth(self) -> Depth:
         stats = self._client().stats()
