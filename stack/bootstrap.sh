@@ -18,7 +18,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "Debian packages"
 need=()
-for pkg in postgresql unixodbc odbc-postgresql openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc; do
+for pkg in postgresql unixodbc odbc-postgresql tdsodbc openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -28,6 +28,9 @@ if ((${#need[@]})); then
 else
   echo "all present"
 fi
+# FreeTDS speaks SQL Server's protocol: the driver dbq uses for SQL Server when Microsoft's is absent.
+odbcinst -q -d -n FreeTDS >/dev/null 2>&1 \
+  || printf '[FreeTDS]\nDescription=FreeTDS ODBC driver for SQL Server\nDriver=libtdsodbc.so\n' | odbcinst -i -d -r >/dev/null
 
 step "Python virtualenv"
 venv=$cache/venv

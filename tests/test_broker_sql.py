@@ -76,7 +76,9 @@ def test_generated_tsql_matches_the_golden_file():
     if os.environ.get("DBQ_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert GOLDEN.exists(), f"run with DBQ_UPDATE_GOLDEN=1 to create {GOLDEN.name}"
-    assert text == GOLDEN.read_text(), f"{GOLDEN.name} differs: review, then DBQ_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert text == GOLDEN.read_text(), (
+        f"{GOLDEN.name} differs: review, then DBQ_UPDATE_GOLDEN=1 pytest {__file__}"
+    )
 
 
 def masked(statement: str) -> str:
@@ -88,7 +90,14 @@ def masked(statement: str) -> str:
 def test_masking_leaves_no_service_broker_statement_and_the_grammar_still_refuses_them():
     for name, statement in statements().items():
         rest = masked(statement)
-        for word in ("SEND ON", "RECEIVE TOP", "BEGIN DIALOG", "END CONVERSATION", "CREATE QUEUE", "ALTER QUEUE"):
+        for word in (
+            "SEND ON",
+            "RECEIVE TOP",
+            "BEGIN DIALOG",
+            "END CONVERSATION",
+            "CREATE QUEUE",
+            "ALTER QUEUE",
+        ):
             assert word not in rest, f"{name}: {word} left unmasked"
     # The reason for the masking still holds: if sqlfluff learns these, the masking can go.
     assert unparsable("ALTER QUEUE [s].[q] WITH STATUS = ON")

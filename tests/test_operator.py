@@ -154,6 +154,37 @@ def test_bad_runtime_input_is_not_ready_with_a_precise_reason(env, case, secret,
     assert any(e.reason == reason for e in cluster.events(name))
 
 
+def test_a_service_broker_queue_without_its_server_is_not_ready_and_describes_its_checks(env, kube):
+    """SQL Server cannot run here: the Queue reaches for one on a closed port (through FreeTDS,
+    the SQL Server driver Debian ships), says so without its password, and still shows its
+    schedules and checks in words."""
+    cluster, _, _ = env
+    password = "sb-" + secrets.token_hex(12)
+    cluster.secret("sb-db", {"url": f"mssql://dbq:{password}@127.0.0.1:1/shop"})
+    doc = queue("sb-orders", backend="sqlserver", design="servicebroker",
+                connection={"secretRef": {"name": "sb-db"}, "schema": "sbq"},
+                serviceBroker={"activation": {"procedure": "handle_orders", "maxReaders": 2}})  # fmt: skip
+    del doc["spec"]["ring"]
+    cluster.create(doc)
+    ready = cluster.wait_condition("sb-orders", "Ready", "False", reason="DatabaseUnreachable")
+    assert "127.0.0.1:1/shop" in ready["message"]
+    schedule = wait_for(
+        lambda: (cluster.get("sb-orders").get("status") or {}).get("schedule"), 30, "status.schedule"
+    )
+    assert "ALTER QUEUE ... REBUILD" in schedule["maintenance"]
+    assert "activation of handle_orders" in schedule["checks"]
+    described = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "describe", "queue",
+                                "sb-orders"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "Checks:" in described and "open conversations" in described
+    assert "DatabaseUnreachable" in described
+    everything = json.dumps(cluster.get("sb-orders")) + "".join(
+        e.message or "" for e in cluster.events("sb-orders")
+    )
+    assert password not in everything and password not in described
+    cluster.delete("sb-orders")  # never provisioned: nothing to drop, the finalizer goes
+    wait_for(lambda: not cluster.exists("sb-orders"), 60, "the Queue to go")
+
+
 def test_missing_secret_heals_by_itself(env):
     cluster, _, postgres = env
     doc, _ = fresh("heal-q")

@@ -22,7 +22,7 @@ from dbq.backends.base import Earlier
 from dbq.client import PipesQueue, Queue, QueueStats, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
-from dbq.controller import upkeep
+from dbq.controller import schedule, upkeep
 
 # --- pure decisions ------------------------------------------------------------------------------
 
@@ -339,10 +339,10 @@ def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, s
 
 
 def test_cron_schedules_in_words_and_windows_in_the_operator_time_zone(monkeypatch):
-    assert upkeep.describe_cron("0 3 * * *") == "at 03:00 every day"
-    assert upkeep.describe_cron("30 2 * * 0") == "at 02:30 every Sunday"
-    assert upkeep.describe_cron("*/15 * * * *") == "every 15 minutes"
-    assert upkeep.describe_cron("0 3 1 * *") == "on the cron schedule '0 3 1 * *'"
+    assert schedule.describe_cron("0 3 * * *") == "at 03:00 every day"
+    assert schedule.describe_cron("30 2 * * 0") == "at 02:30 every Sunday"
+    assert schedule.describe_cron("*/15 * * * *") == "every 15 minutes"
+    assert schedule.describe_cron("0 3 1 * *") == "on the cron schedule '0 3 1 * *'"
     monkeypatch.setenv("DBQ_TIMEZONE", "Europe/Paris")
     spec = spec_for("postgres", "s")  # default window 0 3 * * *
     wall = datetime(2026, 6, 1, 12, 0, tzinfo=upkeep.UTC)
@@ -354,7 +354,7 @@ def test_cron_schedules_in_words_and_windows_in_the_operator_time_zone(monkeypat
     changed = spec_for("postgres", "s", reindex={"schedule": "30 4 * * *"})
     action, replanned = upkeep.maintenance_due(changed, planned, first)
     assert action == "plan" and upkeep.stamp(replanned) == "2026-06-02T02:30:00Z"
-    words = upkeep.describe(spec, first)
+    words = schedule.describe(spec, first)
     assert (
         "at 03:00 every day (Europe/Paris" in words.maintenance and "dead rows pass 20%" in words.maintenance
     )

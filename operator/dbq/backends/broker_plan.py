@@ -241,7 +241,10 @@ def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerSt
         found = observed.services.get(service)
         if found is not None and found[0] != on:
             raise_conflict(f"service {service} exists on queue {found[0]}, not {on}")
-    wrong = [s for s in want if observed.services.get(s) is None or not observed.services[s][1]]
+    # The queue's service takes the contract; the sender's only begins conversations, so needs none.
+    main = observed.services.get(target.service)
+    wrong = [target.service] if main is None or not main[1] else []
+    wrong += [target.sender_service] if target.sender_service not in observed.services else []
     if wrong:
         step(BrokerAction.CREATE_SERVICES, f"services {', '.join(wrong)} missing or without the contract")
     if observed.recorded_version != BROKER_SCHEMA_VERSION:

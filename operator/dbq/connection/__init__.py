@@ -20,6 +20,8 @@ from dbq.errors import InvalidConnection
 
 DEFAULT_PORTS = {"postgres": 5432, "sqlserver": 1433, "cassandra": 9042}
 DEFAULT_DRIVERS = {"postgres": "PostgreSQL Unicode", "sqlserver": "ODBC Driver 18 for SQL Server"}
+# SQL Server drivers in the order dbq prefers them when the Secret names none (the first installed).
+SQLSERVER_DRIVERS = ("ODBC Driver 18 for SQL Server", "ODBC Driver 17 for SQL Server", "FreeTDS")
 _SCHEMES = {
     "postgresql": "postgres",
     "postgres": "postgres",

@@ -3,9 +3,11 @@ errors translated into `dbq.errors` with the password masked. The twin of `cassa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyodbc
 
-from dbq.connection import ConnectionSettings
+from dbq.connection import DEFAULT_DRIVERS, SQLSERVER_DRIVERS, ConnectionSettings
 from dbq.errors import (
     AuthenticationFailed,
     DatabaseError,
@@ -27,9 +29,18 @@ def connect(settings: ConnectionSettings) -> pyodbc.Connection:
     """A connection in autocommit mode: each routine call is one transaction, the only round
     trip of the call; DDL plans and maintenance open their own transactions."""
     try:
-        return pyodbc.connect(settings.odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
+        return pyodbc.connect(with_driver(settings).odbc(), autocommit=True, timeout=CONNECT_TIMEOUT_S)
     except pyodbc.Error as e:
         raise translate(e, settings) from None
+
+
+def with_driver(settings: ConnectionSettings) -> ConnectionSettings:
+    """SQL Server without a driver named: the first of SQLSERVER_DRIVERS installed here."""
+    if settings.driver or settings.backend != "sqlserver":
+        return settings
+    installed = set(pyodbc.drivers())
+    found = next((d for d in SQLSERVER_DRIVERS if d in installed), "")
+    return dataclasses.replace(settings, driver=found) if found else settings
 
 
 def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
@@ -44,6 +55,13 @@ def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
 def translate(e: Exception, settings: ConnectionSettings) -> DatabaseError | MessageTooLarge:
     """The error of the family that says what happened; the message keeps no credentials."""
     state, text = driver_error(e, settings)
+    if "Can't open lib" in text:
+        wanted = settings.driver or DEFAULT_DRIVERS.get(settings.backend, "")
+        return DatabaseError(
+            f"{settings.endpoint}: the ODBC driver {wanted!r} is not installed where dbq runs: install it"
+            f" (for SQL Server msodbcsql18, or Debian's tdsodbc as 'FreeTDS'), or name an installed one with"
+            f" ?driver=... in the url or `driver` in the Secret (installed: {', '.join(pyodbc.drivers()) or 'none'})"
+        )
     if state == TOO_LARGE_STATE or "larger than ring.messageBytes" in text:
         return MessageTooLarge(text[:300])
     if "password authentication failed" in text or state in ("28000", "28P01"):

@@ -21,6 +21,7 @@ from dbq.backends import open_backend
 from dbq.backends.base import Finding, QueueBackend
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
+from dbq.controller.schedule import describe
 from dbq.errors import DbqError, InvalidSpec
 from dbq.resource import SecretReader, parse_spec, settings_for
 
@@ -112,12 +113,27 @@ def reconcile(
     finally:
         if backend is not None:
             backend.close()
+    if (words := schedule_words(spec_raw, status)) is not None:
+        out.status["schedule"] = words
     ready_before = (cond.condition(old, cond.READY) or {}).get("status")
     ready_now = (cond.condition(out.status.get("conditions"), cond.READY) or {}).get("status")
     if ready_before != ready_now and ready_now == "True":
         out.events.append(Event("Normal", "Ready", "queue is ready"))
     metrics.set_ready(namespace, name, ready_now == "True")
     return out
+
+
+def schedule_words(spec_raw: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+    """status.schedule for a Queue the upkeep has not described yet (it runs once the queue is
+    provisioned, and keeps it current with the next window): so `kubectl describe` shows the
+    schedules and checks of a queue that never became ready, too. None: nothing to write."""
+    if status.get("schedule") and cond.is_true(status.get("conditions"), cond.PROVISIONED):
+        return None
+    try:
+        words = describe(parse_spec(spec_raw), None).wire()
+    except DbqError:
+        return None
+    return None if status.get("schedule") == words else words
 
 
 def health(
