@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from dbq.backends.broker_plan import (
     QueueState,
     Transmission,
     broker_checks,
+    dba_statement,
     plan_broker,
     plan_queue_maintenance,
     rebuild_advice,
@@ -96,6 +98,11 @@ def test_a_disabled_broker_is_enabled_first_as_a_database_step():
     steps = plan_broker(TARGET, provisioned(database=DatabaseState(broker_enabled=False, schema_exists=True)))
     assert actions(steps) == [BrokerAction.ENABLE_BROKER]
     assert steps[0].action in DATABASE_ACTIONS
+    # When it cannot get exclusive access, the error tells a DBA what to run instead.
+    assert (
+        dba_statement(BrokerAction.ENABLE_BROKER, "shop")
+        == "ALTER DATABASE [shop] SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE"
+    )
 
 
 def test_a_restored_copy_with_a_shared_broker_guid_is_reported_with_the_statement_to_run():
@@ -315,3 +322,15 @@ def test_the_observation_is_read_from_the_catalogs_result_sets():
     hidden = observation([*rows[:9], [("", 0, 0, 0)]], TARGET)  # no VIEW SERVER STATE
     assert hidden.monitor is None and not hidden.monitor_visible
     assert observation([*rows[:2], [], *rows[3:]], TARGET).contract_messages is None
+
+
+def test_the_example_manifest_is_a_valid_service_broker_queue():
+    import yaml
+
+    from dbq.api.models import QueueResource
+
+    doc = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "manifests/examples/queue-servicebroker.yaml").read_text()
+    )
+    resource = QueueResource.model_validate(doc)
+    assert resource.spec.design == "servicebroker" and resource.spec.service_broker.activation is not None

@@ -186,6 +186,15 @@ def enable_broker_statement(database: str) -> str:
     return f"ALTER DATABASE [{database.replace(']', ']]')}] SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE"
 
 
+def dba_statement(action: BrokerAction, database: str) -> str:
+    """What a DBA runs by hand for a database-wide step that dbq could not run."""
+    if action is BrokerAction.NEW_BROKER:
+        return new_broker_statement(database)
+    if action is BrokerAction.ENABLE_BROKER:
+        return enable_broker_statement(database)
+    return f"ALTER DATABASE [{database.replace(']', ']]')}] SET TRUSTWORTHY ON"
+
+
 def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerStep]:
     n, db = target.names, observed.database
     steps: list[BrokerStep] = []

@@ -27,6 +27,7 @@ from dbq.backends.broker_plan import (
     QueueState,
     Transmission,
     broker_checks,
+    dba_statement,
     plan_broker,
     plan_queue_maintenance,
     rebuild_advice,
@@ -190,8 +191,8 @@ class ServiceBrokerQueue:
             self.close(broken=True)
             error = translate(e, self.settings)
             raise type(error)(
-                f"{error} (while the plan {step.why}: {step.action} needs exclusive access to the database;"
-                " a DBA runs it in a quiet moment, see `dbq apply --dry-run` for the statement)"
+                f"{error} (the plan found that {step.why}; {step.action} needs exclusive access to the database:"
+                f" a DBA runs `{dba_statement(step.action, self.target.database)}` in a quiet moment)"
             ) from None
 
     # --- state ----------------------------------------------------------------------------------
