@@ -158,7 +158,8 @@ SET NOCOUNT ON;
 DECLARE @stalled int = ?, @batch int = ?, @h uniqueidentifier, @replies int = 0, @senders int = 0, @cleaned int = 0;
 DECLARE @got TABLE (h uniqueidentifier, kind nvarchar(256));
 RECEIVE TOP (@batch) conversation_handle, message_type_name FROM [shopq].[orders_sender] INTO @got;
-DECLARE ends CURSOR LOCAL FAST_FORWARD FOR SELECT DISTINCT h FROM @got;
+DECLARE ends CURSOR LOCAL FAST_FORWARD FOR
+  SELECT DISTINCT h FROM @got;
 OPEN ends; FETCH NEXT FROM ends INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN
@@ -166,10 +167,8 @@ BEGIN
 END;
 CLOSE ends; DEALLOCATE ends;
 DECLARE stalled CURSOR LOCAL FAST_FORWARD FOR
-  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce
-  JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name = N'dbq/shopq/orders/sender' AND ce.state IN ('SO', 'CO')
-    AND DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -@stalled, GETUTCDATE());
+  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
+  WHERE s.name = N'dbq/shopq/orders/sender' AND ce.state IN ('SO', 'CO') AND DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -@stalled, GETUTCDATE());
 OPEN stalled; FETCH NEXT FROM stalled INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN
@@ -177,12 +176,11 @@ BEGIN
 END;
 CLOSE stalled; DEALLOCATE stalled;
 DECLARE leftover CURSOR LOCAL FAST_FORWARD FOR
-  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce
-  JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')
+  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
+  WHERE (s.name = N'dbq/shopq/orders' AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')
     AND NOT EXISTS (SELECT 1 FROM [shopq].[orders] WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle)
-    AND (ce.state IN ('DI', 'DO', 'ER')
-      OR DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE()));
+    AND (ce.state IN ('DI', 'DO', 'ER') OR DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE())))
+  OR (s.name = N'dbq/shopq/orders/sender' AND ce.state = 'ER');
 OPEN leftover; FETCH NEXT FROM leftover INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN
@@ -209,8 +207,7 @@ ALTER QUEUE [shopq].[orders] REORGANIZE WITH (LOB_COMPACTION = ON)
 SET NOCOUNT ON;
 DECLARE @h uniqueidentifier, @ended int = 0;
 DECLARE every CURSOR LOCAL FAST_FORWARD FOR
-  SELECT ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') AND ce.state <> 'CD';
+  SELECT ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id WHERE s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') AND ce.state <> 'CD';
 OPEN every; FETCH NEXT FROM every INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN

@@ -9,8 +9,6 @@ queue's own routines.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pyodbc
 
@@ -23,52 +21,26 @@ from dbq.backends.maintenance import (
     figures,
     plan_maintenance,
 )
+from dbq.backends.odbc import OdbcBackend
 from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
 from dbq.client import Queue, QueueStats
-from dbq.connection import ConnectionSettings, pool
+from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, recorded_query
 
 
-class OdbcRing:
+class OdbcRing(OdbcBackend):
     def __init__(self, settings: ConnectionSettings, target: RingTarget) -> None:
-        self.settings = settings
-        self.names = target.names
+        super().__init__(settings, target.names)
         self.target = target
         self.sql = ring_sql(settings.backend, target)
-        self._conn: pyodbc.Connection | None = None
         self._queue: Queue | None = None  # a data-plane client, for stats and repair
-
-    def endpoint(self) -> str:
-        return self.settings.endpoint
-
-    @property
-    def conn(self) -> pyodbc.Connection:
-        """The backend's connection: the operator's pool lends it (`dbq.connection.pool`)."""
-        if self._conn is None:
-            lender = pool.shared()
-            self._conn = connect(self.settings) if lender is None else lender.take(self.settings)
-        return self._conn
 
     def close(self, broken: bool = False) -> None:
         if self._queue is not None:
             self._queue.close()
             self._queue = None
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            lender = pool.shared()
-            if lender is None:
-                conn.close()
-            else:
-                lender.give(self.settings, conn, broken)
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except pyodbc.Error as e:
-            self.close(broken=True)  # the connection may be broken; the next call reconnects
-            raise translate(e, self.settings) from None
+        super().close(broken)
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> Observed:
@@ -115,25 +87,8 @@ class OdbcRing:
     def plan(self, observed: Observed) -> list[RingStep]:
         return plan_ring(self.target, observed, self.sql.ROUTINES)
 
-    @contextmanager
-    def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:
-        """One transaction holding the schema's advisory lock: a crash leaves nothing half-made,
-        and two operators (or two handlers of one) never change one schema at once. The lock is
-        the schema's, not the queue's: queues share the schema, its metadata and history tables,
-        and the last one to go drops the schema."""
-        with self._errors():
-            conn = self.conn
-            conn.autocommit = False
-            try:
-                cur = conn.cursor()
-                cur.execute(self.sql.advisory_lock(), f"dbq:{self.names.schema}")
-                yield cur
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-            finally:
-                conn.autocommit = True
+    def advisory_lock(self) -> str:
+        return self.sql.advisory_lock()
 
     def apply(self) -> ApplyResult:
         """Make the database match the spec. Plans under the lock, so a plan another operator
@@ -146,11 +101,6 @@ class OdbcRing:
         return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------
-    def ping(self) -> None:
-        """Whether the database answers a new connection (raises DatabaseUnreachable,
-        AuthenticationFailed...): a pooled session would hide a revoked password."""
-        connect(self.settings).close()
-
     def checks(self) -> list[Finding]:
         """No health checks beyond the observation's drift: this design has none."""
         return []

@@ -22,6 +22,18 @@ END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 
 
+def each_conversation(name: str, select: str, then: str) -> str:
+    """A T-SQL loop running `then` (which reads @h) for each conversation handle `select` answers."""
+    return f"""DECLARE {name} CURSOR LOCAL FAST_FORWARD FOR
+  {select};
+OPEN {name}; FETCH NEXT FROM {name} INTO @h;
+WHILE @@FETCH_STATUS = 0
+BEGIN
+  {then} FETCH NEXT FROM {name} INTO @h;
+END;
+CLOSE {name}; DEALLOCATE {name};"""
+
+
 class BrokerStatements:
     def __init__(self, names: QueueNames) -> None:
         self.names = names
@@ -91,14 +103,7 @@ DECLARE @got TABLE (h uniqueidentifier, seq bigint, kind nvarchar(256), body var
 BEGIN TRANSACTION;
 WAITFOR (RECEIVE TOP (@n) conversation_handle, message_sequence_number, message_type_name, message_body
   FROM {self.queue} INTO @got), TIMEOUT @timeout;
-DECLARE ends CURSOR LOCAL FAST_FORWARD FOR
-  SELECT DISTINCT h FROM @got WHERE kind IN (N'{END_DIALOG}', N'{ERROR}');
-OPEN ends; FETCH NEXT FROM ends INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
-  END CONVERSATION @h; FETCH NEXT FROM ends INTO @h;
-END;
-CLOSE ends; DEALLOCATE ends;
+{each_conversation("ends", f"SELECT DISTINCT h FROM @got WHERE kind IN (N'{END_DIALOG}', N'{ERROR}')", "END CONVERSATION @h;")}
 SET @taken = (SELECT COUNT_BIG(*) FROM @got WHERE kind = {self._lit(self.message_type_name)});
 IF @taken > 0
 BEGIN{self._add(counter, "@taken")}

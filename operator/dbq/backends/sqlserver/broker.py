@@ -9,8 +9,6 @@ run this code whenever DBQ_MSSQL_DSN names a server.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pyodbc
@@ -33,9 +31,10 @@ from dbq.backends.broker_plan import (
     rebuild_advice,
 )
 from dbq.backends.maintenance import MaintenanceResult
+from dbq.backends.odbc import OdbcBackend
 from dbq.backends.sqlserver.broker_sql import BrokerSql
 from dbq.client import QueueStats
-from dbq.connection import ConnectionSettings, pool
+from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
 from dbq.contract.broker import BROKER_SCHEMA_VERSION, MAJOR_VERSION
 from dbq.errors import DatabaseError
@@ -101,40 +100,14 @@ def observation(rows: list[list[Any]], target: BrokerTarget) -> BrokerObserved:
     )
 
 
-class ServiceBrokerQueue:
+class ServiceBrokerQueue(OdbcBackend):
     def __init__(self, settings: ConnectionSettings, target: BrokerTarget) -> None:
-        self.settings = settings
-        self.names = target.names
+        super().__init__(settings, target.names)
         self.target = target
         self.sql = BrokerSql(target)
-        self._conn: pyodbc.Connection | None = None
 
-    def endpoint(self) -> str:
-        return self.settings.endpoint
-
-    @property
-    def conn(self) -> pyodbc.Connection:
-        if self._conn is None:
-            lender = pool.shared()
-            self._conn = connect(self.settings) if lender is None else lender.take(self.settings)
-        return self._conn
-
-    def close(self, broken: bool = False) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            lender = pool.shared()
-            if lender is None:
-                conn.close()
-            else:
-                lender.give(self.settings, conn, broken)
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except pyodbc.Error as e:
-            self.close(broken=True)
-            raise translate(e, self.settings) from None
+    def advisory_lock(self) -> str:
+        return self.sql.shared.advisory_lock()
 
     def _one(self, statement: str, *params: Any) -> Any:
         with self._errors():
@@ -163,22 +136,11 @@ class ServiceBrokerQueue:
             if step.action in DATABASE_ACTIONS:
                 self._database_step(step)
                 done.append(step)
-        with self._errors():
-            conn = self.conn
-            conn.autocommit = False
-            try:
-                cur = conn.cursor()
-                cur.execute(self.sql.shared.advisory_lock(), f"dbq:{self.names.schema}")
-                steps = [s for s in self.plan(self.observe()) if s.action not in DATABASE_ACTIONS]
-                for step in steps:
-                    for statement in self.sql.render(step):
-                        cur.execute(statement)
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-            finally:
-                conn.autocommit = True
+        with self._locked_transaction() as cur:
+            steps = [s for s in self.plan(self.observe()) if s.action not in DATABASE_ACTIONS]
+            for step in steps:
+                for statement in self.sql.render(step):
+                    cur.execute(statement)
         done += steps
         after = self.observe() if done else observed
         return ApplyResult(steps=done, schema_version=BROKER_SCHEMA_VERSION, findings=self.checks(after))
@@ -196,9 +158,6 @@ class ServiceBrokerQueue:
             ) from None
 
     # --- state ----------------------------------------------------------------------------------
-    def ping(self) -> None:
-        connect(self.settings).close()
-
     def measure(self) -> QueueStats:
         return QueueStats.of_row(self._one(self.sql.stats()))
 
@@ -271,23 +230,12 @@ class ServiceBrokerQueue:
         """Every conversation ended WITH CLEANUP, then services, queues, contract, message types,
         sequences and the queue's rows in the shared tables, in that order; the schema goes with
         its last queue. (Whether messages may be dropped is decided before: `reconcile.delete`.)"""
-        with self._errors():
-            conn = self.conn
-            conn.autocommit = False
-            try:
-                cur = conn.cursor()
-                cur.execute(self.sql.shared.advisory_lock(), f"dbq:{self.names.schema}")
-                if cur.execute(self.sql.shared.OBSERVE_SCHEMA, self.names.schema).fetchval():
-                    cur.execute(self.sql.end_all_conversations()).fetchall()
-                    for statement in self.sql.drop():
+        with self._locked_transaction() as cur:
+            if cur.execute(self.sql.shared.OBSERVE_SCHEMA, self.names.schema).fetchval():
+                cur.execute(self.sql.end_all_conversations()).fetchall()
+                for statement in self.sql.drop():
+                    cur.execute(statement)
+                tables = {r[0] for r in cur.execute(self.sql.shared.OBSERVE_RELATIONS, self.names.schema)}
+                if self.names.meta in tables:
+                    for statement in self.sql.shared.drop_schema_if_unused():
                         cur.execute(statement)
-                    tables = {r[0] for r in cur.execute(self.sql.shared.OBSERVE_RELATIONS, self.names.schema)}
-                    if self.names.meta in tables:
-                        for statement in self.sql.shared.drop_schema_if_unused():
-                            cur.execute(statement)
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-            finally:
-                conn.autocommit = True

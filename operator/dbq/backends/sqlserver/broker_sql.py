@@ -23,6 +23,7 @@ from dbq.contract.broker import (
     DIALOG_LIFETIME_S,
     MAJOR_VERSION,
     BrokerStatements,
+    each_conversation,
 )
 from dbq.contract.ring import RingTarget
 from dbq.names import check_identifier, ms_broker_quote, ms_literal, ms_quote
@@ -207,44 +208,30 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         """Ends, in one bounded batch: end-of-conversation replies waiting in the sender's queue;
         stalled conversations of the sender (begun by a sender that is gone: ended normally, so the
         queue still delivers their messages); and the queue's side of conversations with no
-        message left that are past `stalled` seconds or already ended by the sender (WITH
-        CLEANUP). Answers one row: replies ended, sender conversations ended, queue conversations
-        cleaned up."""
+        message left that are past twice `stalled` seconds or already ended by the sender, and the
+        sender's side of failed ones (WITH CLEANUP). Parameters: stalled seconds, batch size. Answers one row: replies ended, sender
+        conversations ended, queue conversations cleaned up."""
+        endpoints = "SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id"
+        age = f"DATEADD(second, -{DIALOG_LIFETIME_S}, ce.lifetime)"
+        senders = (
+            f"{endpoints}\n  WHERE s.name = {self._lit(self.t.sender_service)} AND ce.state IN ('SO', 'CO')"
+            f" AND {age} < DATEADD(second, -@stalled, GETUTCDATE())"
+        )
+        # The queue's side once no message of it is left; the sender's side only when it failed
+        # (else the end-of-conversation handshake closes it, through the replies received above).
+        leftovers = (
+            f"{endpoints}\n  WHERE (s.name = {self._lit(self.t.service)} AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')"
+            f"\n    AND NOT EXISTS (SELECT 1 FROM {self.queue} WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle)"
+            f"\n    AND (ce.state IN ('DI', 'DO', 'ER') OR {age} < DATEADD(second, -2 * @stalled, GETUTCDATE())))"
+            f"\n  OR (s.name = {self._lit(self.t.sender_service)} AND ce.state = 'ER')"
+        )
         return f"""SET NOCOUNT ON;
 DECLARE @stalled int = ?, @batch int = ?, @h uniqueidentifier, @replies int = 0, @senders int = 0, @cleaned int = 0;
 DECLARE @got TABLE (h uniqueidentifier, kind nvarchar(256));
 RECEIVE TOP (@batch) conversation_handle, message_type_name FROM {self.sender_queue} INTO @got;
-DECLARE ends CURSOR LOCAL FAST_FORWARD FOR SELECT DISTINCT h FROM @got;
-OPEN ends; FETCH NEXT FROM ends INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
-  END CONVERSATION @h; SET @replies += 1; FETCH NEXT FROM ends INTO @h;
-END;
-CLOSE ends; DEALLOCATE ends;
-DECLARE stalled CURSOR LOCAL FAST_FORWARD FOR
-  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce
-  JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name = {self._lit(self.t.sender_service)} AND ce.state IN ('SO', 'CO')
-    AND DATEADD(second, -{DIALOG_LIFETIME_S}, ce.lifetime) < DATEADD(second, -@stalled, GETUTCDATE());
-OPEN stalled; FETCH NEXT FROM stalled INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
-  END CONVERSATION @h; SET @senders += 1; FETCH NEXT FROM stalled INTO @h;
-END;
-CLOSE stalled; DEALLOCATE stalled;
-DECLARE leftover CURSOR LOCAL FAST_FORWARD FOR
-  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce
-  JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name IN ({self.services_list}) AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')
-    AND NOT EXISTS (SELECT 1 FROM {self.queue} WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle)
-    AND (ce.state IN ('DI', 'DO', 'ER')
-      OR DATEADD(second, -{DIALOG_LIFETIME_S}, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE()));
-OPEN leftover; FETCH NEXT FROM leftover INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
-  END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1; FETCH NEXT FROM leftover INTO @h;
-END;
-CLOSE leftover; DEALLOCATE leftover;
+{each_conversation("ends", "SELECT DISTINCT h FROM @got", "END CONVERSATION @h; SET @replies += 1;")}
+{each_conversation("stalled", senders, "END CONVERSATION @h; SET @senders += 1;")}
+{each_conversation("leftover", leftovers, "END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1;")}
 SELECT @replies, @senders, @cleaned;"""
 
     # --- maintenance ----------------------------------------------------------------------------
@@ -268,17 +255,13 @@ GROUP BY it.name"""
     # --- teardown, in dependency order ----------------------------------------------------------
     def end_all_conversations(self) -> str:
         """Force: every conversation of the queue's services ended WITH CLEANUP (their messages go)."""
+        every = (
+            "SELECT ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s"
+            f" ON s.service_id = ce.service_id WHERE s.name IN ({self.services_list}) AND ce.state <> 'CD'"
+        )
         return f"""SET NOCOUNT ON;
 DECLARE @h uniqueidentifier, @ended int = 0;
-DECLARE every CURSOR LOCAL FAST_FORWARD FOR
-  SELECT ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE s.name IN ({self.services_list}) AND ce.state <> 'CD';
-OPEN every; FETCH NEXT FROM every INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
-  END CONVERSATION @h WITH CLEANUP; SET @ended += 1; FETCH NEXT FROM every INTO @h;
-END;
-CLOSE every; DEALLOCATE every;
+{each_conversation("every", every, "END CONVERSATION @h WITH CLEANUP; SET @ended += 1;")}
 SELECT @ended;"""
 
     def drop(self) -> list[str]:

@@ -1,0 +1,78 @@
+"""What the backends reached through ODBC (rings, Service Broker) share: the connection the
+operator's pool lends, driver errors translated at this edge, one transaction under the
+schema's advisory lock, and the health check on a new connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyodbc
+
+from dbq.connection import ConnectionSettings, pool
+from dbq.connection.odbc import connect, translate
+from dbq.names import QueueNames
+
+
+class OdbcBackend:
+    def __init__(self, settings: ConnectionSettings, names: QueueNames) -> None:
+        self.settings = settings
+        self.names = names
+        self._conn: pyodbc.Connection | None = None
+
+    def endpoint(self) -> str:
+        return self.settings.endpoint
+
+    @property
+    def conn(self) -> pyodbc.Connection:
+        """The backend's connection: the operator's pool lends it (`dbq.connection.pool`)."""
+        if self._conn is None:
+            lender = pool.shared()
+            self._conn = connect(self.settings) if lender is None else lender.take(self.settings)
+        return self._conn
+
+    def close(self, broken: bool = False) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            lender = pool.shared()
+            if lender is None:
+                conn.close()
+            else:
+                lender.give(self.settings, conn, broken)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except pyodbc.Error as e:
+            self.close(broken=True)  # the connection may be broken; the next call reconnects
+            raise translate(e, self.settings) from None
+
+    def advisory_lock(self) -> str:
+        """The statement that takes the schema's lock until the transaction ends (parameter: its name)."""
+        raise NotImplementedError
+
+    @contextmanager
+    def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:
+        """One transaction holding the schema's advisory lock: a crash leaves nothing half-made,
+        and two operators (or two handlers of one) never change one schema at once. The lock is
+        the schema's, not the queue's: queues share the schema, its metadata and history tables,
+        and the last one to go drops the schema."""
+        with self._errors():
+            conn = self.conn
+            conn.autocommit = False
+            try:
+                cur = conn.cursor()
+                cur.execute(self.advisory_lock(), f"dbq:{self.names.schema}")
+                yield cur
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                conn.autocommit = True
+
+    def ping(self) -> None:
+        """Whether the database answers a new connection (raises DatabaseUnreachable,
+        AuthenticationFailed...): a pooled session would hide a revoked password."""
+        connect(self.settings).close()
