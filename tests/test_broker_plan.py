@@ -10,7 +10,7 @@ import pytest
 
 from dbq.api.models import QueueSpec
 from dbq.backends import broker_target
-from dbq.backends.base import Finding
+from dbq.backends.base import Depth, Finding
 from dbq.backends.broker_plan import (
     DATABASE_ACTIONS,
     BrokerAction,
@@ -26,11 +26,10 @@ from dbq.backends.broker_plan import (
     plan_broker,
     plan_queue_maintenance,
     rebuild_advice,
-    teardown_blocker,
 )
 from dbq.backends.sqlserver.broker import observation
 from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
-from dbq.controller.reconcile import health
+from dbq.controller.reconcile import deletion_blocker, health
 from dbq.controller.schedule import describe
 from dbq.errors import BrokerNotUnique, ConflictingObjects
 from dbq.names import QueueNames
@@ -266,13 +265,13 @@ def test_describe_shows_the_checks_and_schedules_in_words():
     assert "reported, not re-enabled" in words.checks
 
 
-# --- teardown, maintenance ----------------------------------------------------------------------
-def test_teardown_waits_for_messages_conversations_and_transmissions():
-    assert teardown_blocker(provisioned(endpoints={"CD": 3}), 0) is None
-    assert "5 unprocessed messages" in (teardown_blocker(provisioned(endpoints={}), 5) or "")
-    assert "2 open conversations" in (teardown_blocker(provisioned(), 0) or "")
-    waiting = provisioned(endpoints={}, transmission=(Transmission("x", "", 1),), transmission_total=1)
-    assert "1 messages in sys.transmission_queue" in (teardown_blocker(waiting, 0) or "")
+# --- teardown, maintenance ---
+def test_teardown_waits_for_messages_and_open_conversations_and_says_how_many():
+    assert deletion_blocker("orders", Depth(0, 0, 0)) is None
+    blocked = deletion_blocker("orders", Depth(2, 1, 3)) or ""
+    assert "2 ready and 1 leased messages and 3 open conversations" in blocked
+    assert "dbq.dev/force-delete=true" in blocked
+    assert "open conversations" not in (deletion_blocker("orders", Depth(5, 0)) or "")
 
 
 @pytest.mark.parametrize(

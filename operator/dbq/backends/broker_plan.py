@@ -335,18 +335,7 @@ def broker_checks(target: BrokerTarget, observed: BrokerObserved) -> list[Findin
     return out
 
 
-# --- teardown and maintenance -----------------------------------------------------------------
-def teardown_blocker(observed: BrokerObserved, messages: int) -> str | None:
-    """Why a teardown without force must wait, or None: unprocessed messages or open conversations."""
-    n_transmission = observed.transmission_total
-    if messages or n_transmission or observed.open_conversations:
-        return (
-            f"{messages} unprocessed messages, {observed.open_conversations} open conversations and"
-            f" {n_transmission} messages in sys.transmission_queue"
-        )
-    return None
-
-
+# --- maintenance -----------------------------------------------------------------
 def rebuild_advice(major_version: int, internal_table: str | None) -> str | None:
     """None when ALTER QUEUE ... REBUILD exists (SQL Server 2016, version 13, and later); else what a
     DBA does instead: rebuild the internal table over the dedicated admin connection."""

@@ -18,7 +18,7 @@ from typing import Any
 from dbq.api.models import DeletionPolicy, QueueSpec, queue_name
 from dbq.api.status import QueueStatus
 from dbq.backends import open_backend
-from dbq.backends.base import Finding, QueueBackend
+from dbq.backends.base import Depth, Finding, QueueBackend
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.schedule import describe
@@ -215,6 +215,18 @@ def lazy_backend(
             backend.close()
 
 
+def deletion_blocker(queue: str, depth: Depth) -> str | None:
+    """Why a DeleteIfEmpty queue cannot be dropped yet (messages ready or leased, Service Broker
+    conversations open), with the counts; None when it can."""
+    if not (depth.depth or depth.in_flight or depth.conversations):
+        return None
+    conversations = f" and {depth.conversations} open conversations" if depth.conversations else ""
+    return (
+        f"queue {queue} still holds {depth.depth} ready and {depth.in_flight} leased messages{conversations};"
+        f" drain it, or annotate {FORCE_DELETE}=true to drop them"
+    )
+
+
 def delete(
     name: str,
     namespace: str,
@@ -239,15 +251,8 @@ def delete(
         _spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
         try:
             if policy == DeletionPolicy.DeleteIfEmpty and not force:
-                depth = backend.depth()
-                if depth.depth or depth.in_flight or depth.conversations:
-                    open_conversations = (
-                        f" and {depth.conversations} open conversations" if depth.conversations else ""
-                    )
-                    message = (
-                        f"queue {queue} still holds {depth.depth} ready and {depth.in_flight} leased messages"
-                        f"{open_conversations}; drain it, or annotate {FORCE_DELETE}=true to drop them"
-                    )
+                message = deletion_blocker(queue, backend.depth())
+                if message:
                     out.status["conditions"] = cond.set_condition(
                         status.get("conditions"), cond.DELETION_BLOCKED, True, "NotEmpty", message, generation
                     )
