@@ -333,3 +333,20 @@ def test_the_example_manifest_is_a_valid_service_broker_queue():
     )
     resource = QueueResource.model_validate(doc)
     assert resource.spec.design == "servicebroker" and resource.spec.service_broker.activation is not None
+
+
+def test_the_client_refuses_bad_arguments_before_it_connects_and_names_an_unreachable_server():
+    from dbq.client import BrokerQueue
+    from dbq.connection import from_url
+    from dbq.errors import DatabaseUnreachable, QueueError
+
+    settings = from_url("mssql://app:not-the-password@127.0.0.1:1/shop")  # a closed port, through FreeTDS
+    with pytest.raises(ValueError, match="ttl must be 0 on Service Broker"):
+        BrokerQueue(settings, NAMES, ttl=5)
+    with pytest.raises(ValueError, match="visibility must be a number of seconds > 0"):
+        BrokerQueue(settings, NAMES, visibility=0)
+    with pytest.raises(QueueError, match="postgres has no Service Broker queues"):
+        BrokerQueue(from_url("postgresql://app:pw@127.0.0.1:1/shop"), NAMES)
+    with pytest.raises(DatabaseUnreachable) as unreachable:
+        BrokerQueue(settings, NAMES)
+    assert "not-the-password" not in str(unreachable.value)

@@ -57,6 +57,8 @@ def statements(target: BrokerTarget = TARGET) -> dict[str, str]:
     }
     out |= {f"teardown {i + 1}": s for i, s in enumerate(sql.drop())}
     out |= {
+        "client: provisioned": sql.provisioned(),
+        "client: commit an empty receive": sql.commit_open(),
         "client: begin dialog": sql.begin_dialog(),
         "client: end dialog": sql.end_dialog(),
         "client: send 3": sql.send(3),

@@ -255,6 +255,12 @@ IF OBJECT_ID(N'[shopq].[dbq_queues]', N'U') IS NOT NULL DELETE FROM [shopq].[dbq
 -- teardown 13
 IF OBJECT_ID(N'[shopq].[dbq_stats_history]', N'U') IS NOT NULL DELETE FROM [shopq].[dbq_stats_history] WHERE queue = N'orders'
 
+-- client: provisioned
+SELECT COUNT(*) FROM sys.services WHERE name = N'dbq/shopq/orders'
+
+-- client: commit an empty receive
+IF @@TRANCOUNT > 0 COMMIT TRANSACTION
+
 -- client: begin dialog
 SET NOCOUNT ON;
 DECLARE @h uniqueidentifier;

@@ -47,6 +47,11 @@ SEND_CHUNK = 1000
 DEAD_CONVERSATION = ("8429", "8426", "8437", "8462")
 
 
+def _no_ttl(ttl: float | None) -> None:
+    if seconds_arg(ttl, "ttl", 0.0):
+        raise ValueError("ttl must be 0 on Service Broker: its messages have no lifetime (use a ring queue)")
+
+
 @dataclass(slots=True)
 class BrokerMessage:
     id: str
@@ -121,13 +126,17 @@ class BrokerQueue:
         pop_timeout: float = 1.0,
         conversation_messages: int = 10_000,
         conversation_seconds: float = 60.0,
-        **ignored: Any,
+        push_timeout: float = 0.0,
+        ttl: float = 0.0,
     ) -> None:
-        """`ignored`: the ring's options that mean nothing here (push_timeout, ttl, pool_size...)."""
+        """`push_timeout` is accepted for the Queue resource's defaults and means nothing here (a
+        Service Broker queue has no bound); `ttl` must be 0 (messages have no lifetime)."""
         if settings.backend != "sqlserver":
             raise QueueError(f"{settings.backend} has no Service Broker queues: connect with an mssql:// url")
         self.settings = settings
         self.names = names
+        seconds_arg(push_timeout, "push_timeout", 0.0)
+        _no_ttl(ttl)
         self.visibility = seconds_arg(visibility, "visibility", 0.0, positive=True)
         self.pop_timeout = seconds_arg(pop_timeout, "pop_timeout", 0.0)
         self.conversation_messages = count_arg(conversation_messages, "conversation_messages")
@@ -144,11 +153,7 @@ class BrokerQueue:
         self._ids: dict[str, str] = {}  # target-side handle -> conversation id
         conn = self._take()
         try:
-            found = (
-                conn.cursor()
-                .execute("SELECT COUNT(*) FROM sys.services WHERE name = ?", names.broker())
-                .fetchval()
-            )
+            found = conn.cursor().execute(self.sql.provisioned()).fetchval()
         except pyodbc.Error as e:
             conn.close()
             raise self._translate(e) from None
@@ -192,11 +197,16 @@ class BrokerQueue:
         self.close()
 
     # --- push -------------------------------------------------------------------------------
-    def push(self, body: bytes, **_: Any) -> str:
-        return self.push_many([body])[0]
+    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> str:
+        """Send one message; its id. (`timeout`: a Service Broker queue is never full.)"""
+        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
 
-    def push_many(self, bodies: Sequence[bytes], **_: Any) -> list[str]:
+    def push_many(
+        self, bodies: Sequence[bytes], *, timeout: float | None = None, ttl: float | None = None
+    ) -> list[str]:
         """Send the messages on this client's conversation, in order, each chunk in one transaction."""
+        seconds_arg(timeout, "timeout", 0.0)
+        _no_ttl(ttl)
         for body in bodies:
             if not isinstance(body, bytes | bytearray | memoryview):
                 raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
@@ -298,7 +308,7 @@ class BrokerQueue:
                     r for r in cur.execute(self.sql.receive(hold), n, left_ms).fetchall() if r[2] == "message"
                 ]
                 if hold and not rows:
-                    cur.execute("IF @@TRANCOUNT > 0 COMMIT TRANSACTION")  # ended conversations, tracers
+                    cur.execute(self.sql.commit_open())  # the conversations it ended, tracers
             except pyodbc.Error as e:
                 raise self._translate(e) from None
             if rows or time.monotonic() >= deadline:

@@ -58,6 +58,14 @@ class BrokerStatements:
         """OBJECT_ID's argument for a bracket-quoted, validated name."""
         return f"N'{qualified}'"
 
+    def provisioned(self) -> str:
+        """1 when the queue's service exists, else 0."""
+        return f"SELECT COUNT(*) FROM sys.services WHERE name = {self._lit(self.names.broker())}"
+
+    def commit_open(self) -> str:
+        """Commit a receive's transaction that returned no message (it may have ended conversations)."""
+        return "IF @@TRANCOUNT > 0 COMMIT TRANSACTION"
+
     def begin_dialog(self) -> str:
         """A new conversation from the sender's service: its handle and conversation id."""
         return f"""SET NOCOUNT ON;
