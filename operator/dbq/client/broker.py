@@ -368,7 +368,8 @@ class BrokerQueue:
 
     def trace(self, timeout: float = 5.0) -> float:
         """A tracer token's round trip through the queue's services: the milliseconds from send
-        to receive. Raises QueueError with the transmission status when it did not arrive."""
+        to receive. Raises QueueError with the transmission status when it did not arrive. (A
+        consumer receiving at that moment may take the token first, and drops it: try again.)"""
         wait_ms = int(seconds_arg(timeout, "timeout", 5.0, positive=True) * 1000)
         conn = self._take()
         try:
