@@ -60,7 +60,8 @@ def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -
     for name, prop in out.get("properties", {}).items() if objects_default else ():
         if name in DESIGN_SECTIONS:
             continue
-        if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
+        optional = name not in out.get("required", [])
+        if prop.get("type") == "object" and "properties" in prop and optional and not prop.get("required"):
             prop.setdefault("default", {})
     if "const" in node:
         out["enum"] = [node["const"]]
