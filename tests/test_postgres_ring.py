@@ -209,3 +209,42 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     assert (stats.depth, stats.in_flight, stats.popped) == (0, 0, 10)
     q.close()
     backend.teardown()
+
+
+def test_a_version_7_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema):
+    """Version 8 adds dead letters, delayed delivery and lease extension: a table, three totals,
+    four routines, a nack with the error, a metadata column. A version 7 queue gets them in place,
+    with every message and every lease it holds."""
+    from dbq.client import connect
+
+    backend = ring(postgres, schema)
+    backend.apply()
+    q = connect(postgres.url, "orders", schema=schema, smart_batching=False)
+    ids = q.push_many([b"m%d" % i for i in range(10)])
+    held = q.acquire_many(3)
+    cur = backend.conn.cursor()
+    # What version 7 had: none of the above, and a nack of three arguments.
+    cur.execute(f'DROP TABLE "{schema}".orders_dead')
+    for total in ("dead", "redriven", "purged"):
+        cur.execute(f'DROP SEQUENCE "{schema}".orders_n_{total}')
+    for verb in ("defer", "extend", "redrive", "purge_dead"):
+        cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
+    cur.execute(f'DROP FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, text)')
+    cur.execute(f'CREATE FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, OUT o_ok int)'
+                " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
+    cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN max_attempts')
+    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 7')
+    assert [str(s) for s in backend.plan(backend.observe())] == [
+        "create_sequences", "create_side_tables", "create_routines", "record_version"
+    ]  # fmt: skip
+    backend.apply()
+    assert backend.plan(backend.observe()) == []
+    stats = q.stats()
+    assert (stats.depth, stats.in_flight, stats.pushed, stats.dead) == (7, 3, 10, 0)
+    assert held[0].nack(error="after the upgrade") is False  # the lease survived it
+    q.ack_many(held[1:])
+    rest = q.pop_many(10)
+    assert sorted(m.id for m in rest + held[1:]) == sorted(ids)  # none lost, none twice
+    assert q.stats().depth == 0
+    q.close()
+    backend.teardown()

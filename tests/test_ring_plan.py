@@ -75,6 +75,25 @@ def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
     assert "seed_settled" not in actions(complete(tables=frozenset(), sequences=frozenset()))
 
 
+def test_a_version_7_queue_gets_its_dead_letter_table_and_totals_and_keeps_everything_else():
+    version_7 = complete(
+        tables=frozenset(NAMES.tables) - {NAMES.dead} | {NAMES.meta, NAMES.history},
+        sequences=frozenset(NAMES.sequences) - {NAMES.counter(c) for c in ("dead", "redriven", "purged")},
+        recorded=Recorded(schema_version=7, ring_size=1000, message_bytes=300),
+    )
+    assert actions(version_7) == [
+        "create_sequences",
+        "create_side_tables",
+        "create_routines",
+        "record_version",
+    ]
+
+
+def test_a_changed_max_attempts_rewrites_the_routines_only():
+    target = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=5)
+    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
+
+
 def test_resize_is_refused_with_the_way_out():
     with pytest.raises(ConflictingObjects, match="cannot be resized in place"):
         plan_ring(RingTarget(names=NAMES, size=2000, message_bytes=300), complete())

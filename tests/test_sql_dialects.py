@@ -13,13 +13,15 @@ from sqlfluff.core import FluffConfig, Linter
 from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import Observed, RingAction, RingStep, plan_ring
 from dbq.backends.sqlserver.sql import MsRing
-from dbq.contract.ring import RingTarget, call_statement, history_query, peek_query
+from dbq.contract.ring import RingTarget, call_statement, dead_letters_query, history_query, peek_query
 from dbq.contract.staging import StagingStatements
 from dbq.errors import UnsafeName
 from dbq.names import QueueNames, ms_quote
 
 GOLDEN = Path(__file__).with_name("golden")
-TARGET = RingTarget(names=QueueNames(schema="shopq", queue="orders"), size=1000, message_bytes=300)
+TARGET = RingTarget(
+    names=QueueNames(schema="shopq", queue="orders"), size=1000, message_bytes=300, max_attempts=5
+)
 ALL_STEPS = list(RingAction)
 CALLS = [
     "push",
@@ -34,6 +36,10 @@ CALLS = [
     "repair",
     "void_holes",
     "stats",
+    "defer",
+    "extend",
+    "redrive",
+    "purge_dead",
 ]
 
 
@@ -51,6 +57,7 @@ def render(ring: PgRing | MsRing) -> list[str]:
     out += [
         "-- client reads",
         peek_query(backend, ring.t.names),
+        dead_letters_query(backend, ring.t.names),
         history_query(backend, ring.t.names),
         "-- staging (dbq.spark)",
         staging.insert,

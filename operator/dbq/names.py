@@ -18,8 +18,10 @@ META_TABLE = "dbq_queues"
 HISTORY_TABLE = "dbq_stats_history"  # statistics samples of every queue in the schema/keyspace
 # Running totals of a ring queue. Each is a sequence: advancing one is not transactional and
 # leaves no row version behind, so a long transaction elsewhere cannot bloat it. `settled`
-# counts leases ended (acked, nacked or expired), so in flight = acquired - settled.
-COUNTERS = ("pushed", "popped", "acquired", "expired", "settled")
+# counts leases ended (acked, nacked or expired), so in flight = acquired - settled; `dead`
+# counts messages moved to the dead-letter table (`QueueNames.dead`), `redriven` those moved
+# back and `purged` those deleted there.
+COUNTERS = ("pushed", "popped", "acquired", "expired", "settled", "dead", "redriven", "purged")
 
 
 def check_identifier(value: str, field: str) -> str:
@@ -103,8 +105,13 @@ class QueueNames:
         return self._("staged")
 
     @property
+    def dead(self) -> str:
+        """Dead letters: messages acquired and not acked `deadLetter.maxAttempts` times."""
+        return self._("dead")
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap, self.staged)
+        return (self.ring, self.spill, self.gap, self.staged, self.dead)
 
     @property
     def pipes(self) -> str:

@@ -11,6 +11,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   schema_version int NOT NULL,
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
+  max_attempts int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
@@ -60,6 +61,15 @@ CREATE SEQUENCE [shopq].[orders_n_expired] AS bigint START WITH 1 INCREMENT BY 1
 IF OBJECT_ID(N'[shopq].[orders_n_settled]', N'SO') IS NULL
 CREATE SEQUENCE [shopq].[orders_n_settled] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
 
+IF OBJECT_ID(N'[shopq].[orders_n_dead]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_dead] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_redriven]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_redriven] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_purged]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_purged] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
 -- step reset_positions
 
 DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
@@ -95,6 +105,15 @@ CREATE TABLE [shopq].[orders_staged] (
   first_seq bigint NOT NULL,
   packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))
+
+IF OBJECT_ID(N'[shopq].[orders_dead]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_dead] (
+  msg_id bigint NOT NULL PRIMARY KEY CLUSTERED,
+  attempts int NOT NULL,
+  error nvarchar(4000) NULL,
+  pushed_at datetime2(3) NOT NULL,
+  dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
+  body varbinary(7000) NOT NULL)
 
 -- step seed_settled
 
@@ -483,45 +502,74 @@ AS BEGIN
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
 END
 
-CREATE OR ALTER PROCEDURE [shopq].[orders_nack] @id bigint, @lease bigint, @delay_ms bigint
+CREATE OR ALTER PROCEDURE [shopq].[orders_nack] @id bigint, @lease bigint, @delay_ms bigint, @error nvarchar(max)
 AS BEGIN
-  SET NOCOUNT ON;
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired 5
+  -- times, when that is > 0), in this transaction.
   DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
     SYSUTCDATETIME());
+  DECLARE @n bigint, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
+    spilled bit);
+  BEGIN TRANSACTION;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @visible, deleted.expires_at, deleted.body
-  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0 INTO @taken
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    UPDATE [shopq].[orders_spill] SET state = 1, lease = 0, visible_at = @visible WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 1
+    DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK)
+    OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1 INTO @taken
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  IF NOT EXISTS (SELECT 1 FROM @taken) BEGIN COMMIT TRANSACTION; SELECT 0 AS o_ok; RETURN; END;
+  SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
+  IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
   BEGIN
-    DECLARE @n bigint;
-    SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
-    SELECT 1 AS o_ok;
+    INSERT INTO [shopq].[orders_dead] (msg_id, attempts, error, pushed_at, body)
+    SELECT @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
+    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.msg_id = @id);
+    COMMIT TRANSACTION;
+    SET @n = NEXT VALUE FOR [shopq].[orders_n_dead];
+    SELECT 2 AS o_ok; RETURN;
   END;
-  ELSE SELECT 0 AS o_ok;
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT @id, 1, 0, t.attempts, t.pushed_at, @visible, t.expires_at, t.body FROM @taken t;
+  COMMIT TRANSACTION;
+  SELECT 1 AS o_ok;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_repair] @orphan_grace_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
-    @expired bigint, @gaps bigint, @c bigint, @n bigint;
+    @expired bigint, @gaps bigint, @c bigint, @n bigint, @dead bigint;
   DECLARE @freed TABLE (msg_id bigint);
   SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
   -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
-  -- Leases past their visibility timeout: ready again, out of ring order.
+  -- Leases past their visibility timeout: ready again, out of ring order; those acquired
+  -- 5 times (when that is > 0) go to the dead letters instead, in one transaction.
+  DECLARE @lapsed TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), expires_at datetime2(3),
+    body varbinary(max));
+  BEGIN TRANSACTION;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
-  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
-  SET @leases = @@ROWCOUNT;
-  UPDATE [shopq].[orders_spill] WITH (ROWLOCK, READPAST) SET state = 1, lease = 0 WHERE state = 2 AND visible_at < @now;
-  SET @leases += @@ROWCOUNT;
+  DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST)
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
+  WHERE state = 2 AND visible_at < @now;
+  INSERT INTO [shopq].[orders_dead] (msg_id, attempts, error, pushed_at, body)
+  SELECT l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
+  WHERE 5 > 0 AND l.attempts >= 5
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.msg_id = l.msg_id);
+  SET @dead = @@ROWCOUNT;
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body FROM @lapsed l
+  WHERE NOT (5 > 0 AND l.attempts >= 5);
+  COMMIT TRANSACTION;
+  SELECT @leases = COUNT(*) FROM @lapsed;
   SET @c = @leases;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
+  SET @c = @dead;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_dead]; SET @c -= 1; END;
   -- Orphans: ready messages whose pop position was drawn but never claimed.
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
@@ -543,7 +591,8 @@ AS BEGIN
   DELETE g FROM [shopq].[orders_gap] g WHERE g.pos <= @popped - 1000
     AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
   SET @gaps = @@ROWCOUNT;
-  SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged;
+  SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged,
+    @dead AS o_dead;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_void_holes] @grace_ms bigint
@@ -571,19 +620,25 @@ AS BEGIN
   SET NOCOUNT ON;
   -- From the totals, not a count of the ring (see the PostgreSQL routine).
   DECLARE @pushed bigint, @popped bigint, @acquired bigint, @expired bigint, @settled bigint, @pos bigint,
-    @in_flight bigint, @depth bigint, @oldest datetime2(3);
+    @dead bigint, @redriven bigint, @purged bigint, @delayed bigint, @in_flight bigint, @depth bigint,
+    @oldest datetime2(3);
   SELECT
     @pushed = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]') THEN v END),
     @popped = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_popped]') THEN v END),
     @acquired = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]') THEN v END),
     @expired = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_expired]') THEN v END),
     @settled = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_settled]') THEN v END),
+    @dead = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_dead]') THEN v END),
+    @redriven = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_redriven]') THEN v END),
+    @purged = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_purged]') THEN v END),
     @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN v END)
   FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
     WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_n_pushed]'), OBJECT_ID(N'[shopq].[orders_n_popped]'), OBJECT_ID(N'[shopq].[orders_n_acquired]'),
-      OBJECT_ID(N'[shopq].[orders_n_expired]'), OBJECT_ID(N'[shopq].[orders_n_settled]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s;
+      OBJECT_ID(N'[shopq].[orders_n_expired]'), OBJECT_ID(N'[shopq].[orders_n_settled]'), OBJECT_ID(N'[shopq].[orders_n_dead]'), OBJECT_ID(N'[shopq].[orders_n_redriven]'),
+      OBJECT_ID(N'[shopq].[orders_n_purged]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s;
   SET @in_flight = CASE WHEN @acquired > @settled THEN @acquired - @settled ELSE 0 END;
-  SET @depth = @pushed - @popped - @expired - @in_flight;
+  SELECT @delayed = COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1 AND visible_at > SYSUTCDATETIME();
+  SET @depth = @pushed + @redriven - @popped - @expired - @dead - @in_flight - @delayed;
   IF @depth < 0 SET @depth = 0;
   -- The oldest ready message, from a bounded look at the head.
   SELECT @oldest = MIN(pushed_at) FROM (
@@ -595,21 +650,108 @@ AS BEGIN
     SELECT r.pushed_at FROM [shopq].[orders_gap] g JOIN [shopq].[orders_ring] r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
     WHERE g.reason = 'skipped' AND r.state = 1
     UNION ALL
-    SELECT s.pushed_at FROM (SELECT TOP (64) state, pushed_at FROM [shopq].[orders_spill] ORDER BY msg_id) s WHERE s.state = 1) head;
+    SELECT s.pushed_at FROM (SELECT TOP (64) state, pushed_at, visible_at FROM [shopq].[orders_spill] ORDER BY msg_id) s
+    WHERE s.state = 1 AND s.visible_at <= SYSUTCDATETIME()) head;
   SELECT @depth AS o_depth, @in_flight AS o_in_flight, @pushed AS o_pushed, @popped AS o_popped,
     @acquired AS o_acquired, @expired AS o_expired,
     CASE WHEN @depth > 0 THEN ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) ELSE 0 END
-      AS o_oldest_age_s;
+      AS o_oldest_age_s,
+    CASE WHEN @dead > @redriven + @purged THEN @dead - @redriven - @purged ELSE 0 END AS o_dead,
+    @delayed AS o_delayed;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_defer] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Delayed messages wait aside in the spill table until due; each takes a push position given
+  -- up at once as void (see the PostgreSQL routine).
+  DECLARE @now datetime2(3) = SYSUTCDATETIME(), @visible datetime2(3), @n int, @big int, @total bigint,
+    @first sql_variant, @first_id bigint, @c bigint, @used bigint;
+  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max));
+  INSERT INTO @in (i, n, body)
+  SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
+  FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
+          SUM(CAST(j.value AS bigint)) OVER (ORDER BY CAST(j.[key] AS int) ROWS UNBOUNDED PRECEDING) AS e
+        FROM OPENJSON(N'[' + @lengths + N']') j) s;
+  SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
+  IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
+    THROW 50002, N'dbq: defer got bodies whose length differs from the sum of its lengths', 1;
+  IF @big > 300
+    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF @n = 0 BEGIN SELECT N'' AS o_ids; RETURN; END;
+  SET @visible = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END, @now);
+  EXEC sys.sp_sequence_get_range @sequence_name = N'[shopq].[orders_push_seq]', @range_size = @n, @range_first_value = @first OUTPUT;
+  SET @first_id = CAST(@first AS bigint);
+  BEGIN TRANSACTION;
+  INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT @first_id + i - 1, 'void' FROM @in b
+  WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = @first_id + b.i - 1);
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT @first_id + i - 1, 1, 0, 0, @now, @visible,
+    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @visible) END, body FROM @in;
+  COMMIT TRANSACTION;
+  SET @c = @n;
+  WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
+  SELECT STRING_AGG(CAST(@first_id + i - 1 AS nvarchar(max)), N',') WITHIN GROUP (ORDER BY i) AS o_ids FROM @in;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_extend] @id bigint, @lease bigint, @visibility_ms bigint
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @until datetime2(3) = DATEADD(millisecond, CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END,
+    SYSUTCDATETIME());
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET visible_at = @until
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  IF @@ROWCOUNT = 0
+    UPDATE [shopq].[orders_spill] WITH (ROWLOCK) SET visible_at = @until
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_redrive] @ids nvarchar(max), @max int
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
+  DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max));
+  DECLARE @c bigint, @n bigint;
+  BEGIN TRANSACTION;
+  DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body INTO @moved
+  FROM [shopq].[orders_dead] d WITH (ROWLOCK, READPAST)
+  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
+    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+    ORDER BY x.msg_id);
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body FROM @moved m
+  WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_spill] s WHERE s.msg_id = m.msg_id);
+  COMMIT TRANSACTION;
+  SELECT @c = COUNT(*) FROM @moved;
+  SELECT @c AS o_moved;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_redriven]; SET @c -= 1; END;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_purge_dead] @ids nvarchar(max), @max int
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @c bigint, @n bigint;
+  DELETE d FROM [shopq].[orders_dead] d WITH (ROWLOCK, READPAST)
+  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
+    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+    ORDER BY x.msg_id);
+  SET @c = @@ROWCOUNT;
+  SELECT @c AS o_purged;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_purged]; SET @c -= 1; END;
 END
 
 -- step record_version
 
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_attempts') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD max_attempts int NOT NULL DEFAULT 0
+
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 7, message_bytes = 300,
-  updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', 7, 1000, 300);
+WHEN MATCHED THEN UPDATE SET schema_version = 8, message_bytes = 300,
+  max_attempts = 5, updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts)
+  VALUES (s.queue, N'ring', 8, 1000, 300, 5);
 
 -- teardown
 
@@ -643,6 +785,14 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_void_holes]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_stats]
 
+DROP PROCEDURE IF EXISTS [shopq].[orders_defer]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_extend]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_redrive]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_purge_dead]
+
 DROP TABLE IF EXISTS [shopq].[orders_ring]
 
 DROP TABLE IF EXISTS [shopq].[orders_spill]
@@ -650,6 +800,8 @@ DROP TABLE IF EXISTS [shopq].[orders_spill]
 DROP TABLE IF EXISTS [shopq].[orders_gap]
 
 DROP TABLE IF EXISTS [shopq].[orders_staged]
+
+DROP TABLE IF EXISTS [shopq].[orders_dead]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
@@ -664,6 +816,12 @@ DROP SEQUENCE IF EXISTS [shopq].[orders_n_acquired]
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_expired]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_settled]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_dead]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_redriven]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_purged]
 
 DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
 
@@ -691,7 +849,7 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_ack] ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_ack_many] ?, ?; COMMIT TRAN;
 
-SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_nack] ?, ?, ?; COMMIT TRAN;
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_nack] ?, ?, ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_repair] ?; COMMIT TRAN;
 
@@ -699,9 +857,19 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_void_holes] ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_stats]; COMMIT TRAN;
 
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_defer] ?, ?, ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_extend] ?, ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_redrive] ?, ?; COMMIT TRAN;
+
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_purge_dead] ?, ?; COMMIT TRAN;
+
 -- client reads
 
 SELECT TOP (?) msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
+
+SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body FROM [shopq].[orders_dead] ORDER BY msg_id
 
 SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM [shopq].[dbq_stats_history] WHERE queue = ? AND at >= CAST(? AS datetime2(3)) AND at < CAST(? AS datetime2(3)) ORDER BY at
 
@@ -741,7 +909,7 @@ SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, p
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 

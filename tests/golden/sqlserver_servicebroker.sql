@@ -18,6 +18,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   schema_version int NOT NULL,
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
+  max_attempts int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 

@@ -266,6 +266,13 @@ class ServiceBroker(Model):
     checks: BrokerChecks = Field(default_factory=BrokerChecks)
 
 
+class DeadLetter(Model):
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = Field(
+        description="A message acquired this many times and not acked (nacked, or its lease expired) moves to the"
+        " queue's dead-letter table, with its attempts and last error; `dbq dead-letters` lists and redrives them."
+    )
+
+
 class Timeouts(Model):
     visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
         default="30s",
@@ -353,6 +360,10 @@ class QueueSpec(Model):
     ring: Ring = Field(default_factory=Ring)
     pipes: Pipes = Field(default_factory=Pipes)
     service_broker: ServiceBroker = Field(default_factory=ServiceBroker)
+    dead_letter: DeadLetter | None = Field(
+        default=None,
+        description="Ring queues: dead-letter messages that keep failing (absent: redeliver for ever).",
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts)
     reindex: Reindex = Field(default_factory=Reindex)
     cleanup: Cleanup = Field(default_factory=Cleanup)
@@ -366,6 +377,8 @@ class QueueSpec(Model):
     def _pair(self) -> QueueSpec:
         if self.design not in DESIGNS[self.backend]:
             raise ValueError(design_error(str(self.backend), str(self.design)))
+        if self.dead_letter is not None and self.design != "ring":
+            raise ValueError(DEAD_LETTER_HINT)
         return self
 
 
@@ -376,8 +389,13 @@ def design_error(backend: str, design: str) -> str:
     )
 
 
+DEAD_LETTER_HINT = (
+    "spec.deadLetter: this version keeps dead letters for ring queues only; remove it from a pipes or"
+    " servicebroker queue (Service Broker disables a queue on poison messages instead)"
+)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
+    {"rule": "!has(self.deadLetter) || self.design == 'ring'", "message": DEAD_LETTER_HINT},
     {
         "rule": "self.design == 'ring' ? self.backend in ['postgres', 'sqlserver'] : "
         "self.design == 'servicebroker' ? self.backend == 'sqlserver' : self.backend == 'cassandra'",

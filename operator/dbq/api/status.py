@@ -35,6 +35,8 @@ class StatsStatus(Model):
     push_rate: float = Field(description="Pushes per second over the rate window.")
     pop_rate: float = Field(description="Pops and acquires per second over the rate window.")
     oldest_message_age_seconds: float = Field(description="Age of the oldest ready message.")
+    dead_letters: int = Field(default=0, description="Dead letters held (spec.deadLetter).")
+    delayed: int = Field(default=0, description="Messages pushed or nacked with a delay, not due yet.")
     measured_at: str = Field(description="When the figures were measured (UTC).")
 
 

@@ -18,7 +18,8 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
     if spec.backend in ("postgres", "sqlserver") and spec.design == "ring":
         from dbq.backends.odbc_ring import OdbcRing
 
-        return OdbcRing(settings, RingTarget(names, spec.ring.size, spec.ring.message_bytes))
+        max_attempts = spec.dead_letter.max_attempts if spec.dead_letter else 0
+        return OdbcRing(settings, RingTarget(names, spec.ring.size, spec.ring.message_bytes, max_attempts))
     if spec.backend == "cassandra" and spec.design == "pipes":
         from dbq.backends.cassandra.backend import CassandraPipes
         from dbq.backends.cassandra.cql import replication_map

@@ -17,6 +17,7 @@ class RingSql(Protocol):
     OBSERVE_RELATIONS: str
     OBSERVE_ROUTINES: str
     ring: str
+    meta: str
 
     def render(self, step: RingStep) -> list[str]: ...
     def advisory_lock(self) -> str: ...

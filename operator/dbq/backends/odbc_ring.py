@@ -26,7 +26,7 @@ from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
 from dbq.client import Queue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, recorded_query
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 
 
 class OdbcRing(OdbcBackend):
@@ -56,11 +56,18 @@ class OdbcRing(OdbcBackend):
             meta_exists = self.names.meta in tables
             recorded = None
             if meta_exists:
+                # Every column, by name: a metadata table of an older version lacks the newer ones.
                 row = cur.execute(
-                    recorded_query(self.settings.backend, self.names), self.names.queue
+                    f"SELECT * FROM {self.sql.meta} WHERE queue = ?", self.names.queue
                 ).fetchone()
                 if row:
-                    recorded = Recorded(schema_version=row[0], ring_size=row[1], message_bytes=row[2])
+                    values = dict(zip((d[0] for d in cur.description), row, strict=True))
+                    recorded = Recorded(
+                        schema_version=int(values["schema_version"]),
+                        ring_size=int(values["ring_size"]),
+                        message_bytes=int(values["message_bytes"]),
+                        max_attempts=int(values.get("max_attempts") or 0),
+                    )
             ring_rows = 0
             if self.names.ring in tables:
                 # The fill is one transaction: a ring that has its first and last slots is whole,
@@ -124,7 +131,7 @@ class OdbcRing(OdbcBackend):
         rescued or voided, expired messages dropped, gap records purged."""
         r = self._client().repair(orphan_grace=stalled_after_s)
         return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
-                "expired": r.expired, "gapsPurged": r.gaps_purged}  # fmt: skip
+                "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
 
     def record_sample(self, stats: QueueStats, retention_s: float) -> None:
         with self._errors():

@@ -17,6 +17,7 @@ from dbq.errors import ConflictingObjects
 ROUTINES = (
     "place", "push", "push_many", "take", "pop", "pop_many", "release",
     "ack", "ack_many", "nack", "repair", "void_holes", "stats",
+    "defer", "extend", "redrive", "purge_dead",
 )  # fmt: skip
 
 
@@ -41,7 +42,7 @@ DONE = {
     RingAction.FILL_RING: "filled the ring's slots",
     RingAction.CREATE_SEQUENCES: "created the position and total sequences",
     RingAction.RESET_POSITIONS: "levelled the push and pop positions",
-    RingAction.CREATE_SIDE_TABLES: "created the spill and gap tables",
+    RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging and dead-letter tables",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -70,6 +71,7 @@ class Recorded:
     schema_version: int
     ring_size: int
     message_bytes: int
+    max_attempts: int = 0  # recorded since version 8 (0 before)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,9 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         step(RingAction.CREATE_HISTORY, f"statistics history table {n.schema}.{n.history} does not exist")
     missing_routines = [r for r in routines if n.routine(r) not in observed.routines]
     stale = recorded is not None and (
-        recorded.schema_version != RING_SCHEMA_VERSION or recorded.message_bytes != target.message_bytes
+        recorded.schema_version != RING_SCHEMA_VERSION
+        or recorded.message_bytes != target.message_bytes
+        or recorded.max_attempts != target.max_attempts
     )
     if missing_routines or stale or ring_missing:
         why = (

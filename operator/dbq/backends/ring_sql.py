@@ -71,6 +71,7 @@ class RingSqlBase:
         self.spill = f"{s}.{quote(n.spill)}"
         self.gap = f"{s}.{quote(n.gap)}"
         self.staged = f"{s}.{quote(n.staged)}"
+        self.dead = f"{s}.{quote(n.dead)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
@@ -139,6 +140,8 @@ class RingSqlBase:
             "ring": self.ring,
             "spill": self.spill,
             "gap": self.gap,
+            "dead": self.dead,
+            "max_attempts": int(self.t.max_attempts),
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,
             "size": self.size,

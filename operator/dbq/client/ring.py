@@ -30,6 +30,7 @@ from dbq.contract.ring import (
     RING_SCHEMA_VERSION,
     Record,
     call_statement,
+    dead_letters_query,
     history_bound,
     history_query,
     peek_query,
@@ -76,6 +77,21 @@ class RepairResult:
     expired: int
     gaps_purged: int
     holes: int = 0
+    dead_lettered: int = 0  # expired leases of messages acquired spec.deadLetter.maxAttempts times
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that was acquired `deadLetter.maxAttempts` times and not acked: its id, how
+    many times it was delivered, the last error given to nack (or why the lease ended), when it
+    was pushed and dead-lettered (Unix seconds), its body."""
+
+    id: int
+    attempts: int
+    error: str | None
+    pushed_at: float
+    dead_at: float
+    body: bytes
 
 
 @dataclass(slots=True)
@@ -90,11 +106,24 @@ class Message:
         """Done with it: it is never delivered again. Raises LeaseLost if the lease had expired."""
         self._leased().ack(self)
 
-    def nack(self, delay: float = 0.0) -> None:
-        """Give it back: delivered again after `delay` seconds."""
+    def nack(self, delay: float = 0.0, error: str | None = None) -> bool:
+        """Give it back: delivered again after `delay` seconds. With spec.deadLetter, a message
+        acquired maxAttempts times goes to the dead letters instead, with `error`: then True."""
         queue = self._leased()
         delay_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
-        if int(queue._call("nack", self.id, self.lease, delay_ms)[0][0]) != 1:
+        if error is not None and not isinstance(error, str):
+            raise TypeError(f"error is the failure's text, not {type(error).__name__}")
+        done = int(queue._call("nack", self.id, self.lease, delay_ms, error)[0][0])
+        if done == 0:
+            raise LeaseLost.of_nack(self)
+        return done == 2
+
+    def extend(self, visibility: float) -> None:
+        """Keep the lease for `visibility` more seconds (a long-running handler). Raises
+        LeaseLost when it had expired already."""
+        queue = self._leased()
+        visibility_ms = int(seconds_arg(visibility, "visibility", 0.0, positive=True) * 1000)
+        if int(queue._call("extend", self.id, self.lease, max(visibility_ms, 1))[0][0]) != 1:
             raise LeaseLost.of_nack(self)
 
     def _leased(self) -> Queue:
@@ -280,9 +309,19 @@ class Queue:
     def _ttl_ms(self, ttl: float | None) -> int:
         return int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
 
-    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> int:
-        """Store one message; its id. Waits while the ring is full, then raises QueueFull."""
+    def push(
+        self,
+        body: bytes,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> int:
+        """Store one message; its id. Waits while the ring is full, then raises QueueFull. With
+        `delay` (seconds), it is delivered no earlier than that from now."""
         self._check_size(body)
+        if delay is not None:
+            return self.push_many([body], ttl=ttl, delay=delay)[0]
         if self._pushes is not None and timeout is None and ttl is None:
             return self._pushes(bytes(body))
         seconds_arg(timeout, "timeout", self.push_timeout)
@@ -292,11 +331,25 @@ class Queue:
         return self.push_many([body], timeout=timeout, ttl=ttl)[0]  # full: wait for room
 
     def push_many(
-        self, bodies: Sequence[bytes], *, timeout: float | None = None, ttl: float | None = None
+        self,
+        bodies: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        delay: float | None = None,
     ) -> list[int]:
-        """Store several messages with one round trip (while the ring has room); their ids, in order."""
+        """Store several messages with one round trip (while the ring has room); their ids, in
+        order. With `delay`, they wait aside (not in the ring, which never waits for them) and
+        are delivered once due, among the ring's messages; `ttl` then counts from that time."""
         for body in bodies:
             self._check_size(body)
+        if delay is not None:
+            delay_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
+            lengths = ",".join(str(len(b)) for b in bodies)
+            text = self._call(
+                "defer", b"".join(bytes(b) for b in bodies), lengths, self._ttl_ms(ttl), delay_ms
+            )[0][0]
+            return [int(v) for v in text.split(",")] if text else []
         ids: list[int | None] = [None] * len(bodies)
         todo = list(range(len(bodies)))
         deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
@@ -475,5 +528,37 @@ class Queue:
         grace_ms = int(seconds_arg(orphan_grace, "orphan_grace", 5.0) * 1000)
         row = self._call("repair", grace_ms)[0]
         holes = int(self._call("void_holes", grace_ms)[0][0] or 0)
-        leases, orphans, expired, purged = (int(v) for v in row)
-        return RepairResult(leases, orphans, expired, purged, holes)
+        leases, orphans, expired, purged, dead = (int(v or 0) for v in row)
+        return RepairResult(leases, orphans, expired, purged, holes, dead)
+
+    # --- dead letters ---------------------------------------------------------------------
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The dead letters, oldest first (at most `limit`)."""
+        with self._cursor() as cur:
+            rows = cur.execute(
+                dead_letters_query(self.settings.backend, self.names), count_arg(limit, "limit")
+            ).fetchall()
+        return [DeadLetter(int(r[0]), int(r[1]), r[2], float(r[3]), float(r[4]), bytes(r[5])) for r in rows]
+
+    def redrive(self, ids: Iterable[int] | None = None, limit: int = 10_000) -> int:
+        """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the
+        oldest `limit`. How many moved."""
+        return int(self._call("redrive", _id_list(ids), count_arg(limit, "limit"))[0][0])
+
+    def purge_dead_letters(self, ids: Iterable[int] | None = None, limit: int = 10_000) -> int:
+        """Dead letters deleted for good: `ids`, or the oldest `limit`. How many went."""
+        return int(self._call("purge_dead", _id_list(ids), count_arg(limit, "limit"))[0][0])
+
+
+def _id_list(ids: Iterable[int] | None) -> str:
+    """Message ids as the routines take them ('' for none given)."""
+    if ids is None:
+        return ""
+    out = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 1:
+            raise ValueError(f"a message id is a whole number >= 1, not {i!r}")
+        out.append(str(i))
+    if not out:
+        raise ValueError("ids is empty: give the ids to move, or None for the oldest")
+    return ",".join(out)

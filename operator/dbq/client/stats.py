@@ -22,6 +22,8 @@ class QueueStats:
     acquired: int
     expired: int
     oldest_age_seconds: float  # of the oldest ready message; 0 when none
+    dead: int = 0  # dead letters held (ring queues with spec.deadLetter)
+    delayed: int = 0  # pushed with a delay, or nacked with one, and not due yet (not in depth)
 
     @property
     def taken(self) -> int:
@@ -33,9 +35,13 @@ class QueueStats:
 
     @classmethod
     def of_row(cls, figures: Sequence[Any]) -> QueueStats:
-        """From a row of depth, in_flight, pushed, popped, acquired, expired, oldest_age_s."""
+        """From a row of depth, in_flight, pushed, popped, acquired, expired, oldest_age_s[, dead,
+        delayed]."""
         depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in figures[:6])
-        return cls(depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0))
+        dead, delayed = (int(v or 0) for v in (*figures[7:9], 0, 0)[:2])
+        return cls(
+            depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0), dead, delayed
+        )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dbq.names import QUOTE, QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 7
+RING_SCHEMA_VERSION = 8
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -27,10 +27,14 @@ CALL_ARGS = {
     "release": "?",
     "ack": "?, ?",
     "ack_many": "?, ?",
-    "nack": "?, ?, ?",
+    "nack": "?, ?, ?, ?",
     "repair": "?",
     "void_holes": "?",
     "stats": "",
+    "defer": "?, ?, ?, ?",
+    "extend": "?, ?, ?",
+    "redrive": "?, ?",
+    "purge_dead": "?, ?",
 }
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
 SET_RETURNING = frozenset({"repair", "void_holes", "stats"})
@@ -54,6 +58,7 @@ class RingTarget:
     names: QueueNames
     size: int
     message_bytes: int
+    max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
 
 
 def records(blob: bytes) -> Iterator[Record]:
@@ -88,6 +93,21 @@ def recorded_query(backend: str, names: QueueNames) -> str:
     return (
         f"SELECT schema_version, ring_size, message_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
         " WHERE queue = ?"
+    )
+
+
+def dead_letters_query(backend: str, names: QueueNames) -> str:
+    """The dead letters in id order: msg_id, attempts, error, pushed_at and dead_at (Unix
+    seconds), body (parameter: how many)."""
+    table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.dead)}"
+    if backend == "sqlserver":
+        return (
+            "SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0,"
+            f" DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body FROM {table} ORDER BY msg_id"
+        )
+    return (
+        "SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8,"
+        f" body FROM {table} ORDER BY msg_id LIMIT ?"
     )
 
 

@@ -26,6 +26,8 @@ STATS = {
     "oldest_age_seconds": Gauge(
         "dbq_queue_oldest_message_age_seconds", "Age of the oldest ready message", _LABELS
     ),
+    "dead": Gauge("dbq_queue_dead_letters", "Dead letters held (spec.deadLetter)", _LABELS),
+    "delayed": Gauge("dbq_queue_delayed", "Messages delayed and not due yet", _LABELS),
 }
 RATES = (
     Gauge("dbq_queue_push_rate", "Pushes per second over the rate window", _LABELS),

@@ -124,6 +124,8 @@ def stats_status(stats: QueueStats, measured: tuple[float, float] | None, at: da
         push_rate=round(push_rate, 1),
         pop_rate=round(pop_rate, 1),
         oldest_message_age_seconds=round(stats.oldest_age_seconds, 1),
+        dead_letters=stats.dead,
+        delayed=stats.delayed,
         measured_at=stamp(at),
     ).wire()
 

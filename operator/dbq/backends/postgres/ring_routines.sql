@@ -2,8 +2,8 @@
 --
 -- Rendered by `dbq.backends.ring_sql.render_template`: each {name} is replaced by a quoted,
 -- validated identifier or an integer; nothing else in this file is touched. Placeholders:
--- {ring} {spill} {gap} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
--- {n_settled} (tables and sequences), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
+-- {ring} {spill} {gap} {dead} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
+-- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
@@ -374,47 +374,82 @@ BEGIN
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, OUT o_ok int)
+CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
+  v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_spilled boolean := false;
 BEGIN
-  WITH moved AS (
-    UPDATE {ring} SET state = 0
-    WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-    RETURNING msg_id, attempts, pushed_at, expires_at, body)
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_visible, m.expires_at, m.body FROM moved m;
+  -- o_ok: 0 no lease (expired, or acked already), 1 ready again after the delay, 2 dead-lettered:
+  -- acquired {max_attempts} times (when that is > 0), it moves to the dead letters with the
+  -- error, in this transaction.
+  UPDATE {ring} SET state = 0
+  WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  RETURNING attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body;
   IF NOT FOUND THEN
-    UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible
-    WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
+    SELECT attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body FROM {spill}
+    WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp() FOR UPDATE;
+    IF NOT FOUND THEN o_ok := 0; RETURN; END IF;
+    v_spilled := true;
   END IF;
-  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
-  IF o_ok = 1 THEN PERFORM nextval('{n_settled}'); END IF;
+  PERFORM nextval('{n_settled}');  -- the lease ended
+  IF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
+    IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
+    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
+    VALUES (p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (msg_id) DO NOTHING;
+    PERFORM nextval('{n_dead}');
+    o_ok := 2; RETURN;
+  END IF;
+  IF v_spilled THEN
+    UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible WHERE msg_id = p_id;
+  ELSE
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body);
+  END IF;
+  o_ok := 1;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
-  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint)
+  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
+  OUT o_dead bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
+DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
 BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
   -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
   -- run looks again, and repair never waits on a client or deadlocks with one.
-  -- Leases past their visibility timeout: ready again, out of ring order.
+  -- Leases past their visibility timeout: ready again, out of ring order; those acquired
+  -- {max_attempts} times (when that is > 0) go to the dead letters instead.
   WITH due AS (
     SELECT slot FROM {ring} WHERE state = 2 AND visible_at < v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
   moved AS (
     UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
-    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
-  GET DIAGNOSTICS o_expired_leases = ROW_COUNT;
-  UPDATE {spill} s SET state = 1, lease = 0 FROM (
-    SELECT msg_id FROM {spill} WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
-  WHERE s.msg_id = due.msg_id;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body),
+  dead AS (
+    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
+    SELECT m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
+    WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id),
+  ready AS (
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+    SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m
+    WHERE NOT ({max_attempts} > 0 AND m.attempts >= {max_attempts}) RETURNING msg_id)
+  SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired_leases, o_dead;
+  WITH due AS (
+    SELECT msg_id FROM {spill} WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED),
+  gone AS (
+    DELETE FROM {spill} s USING due WHERE s.msg_id = due.msg_id AND {max_attempts} > 0 AND s.attempts >= {max_attempts}
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+  dead AS (
+    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
+    SELECT g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
+    ON CONFLICT (msg_id) DO NOTHING),
+  ready AS (
+    UPDATE {spill} s SET state = 1, lease = 0 FROM due
+    WHERE s.msg_id = due.msg_id AND NOT ({max_attempts} > 0 AND s.attempts >= {max_attempts}) RETURNING 1)
+  SELECT (SELECT count(*) FROM ready) + (SELECT count(*) FROM gone), (SELECT count(*) FROM gone) INTO v_n, v_dead;
   o_expired_leases := o_expired_leases + v_n;
+  o_dead := o_dead + v_dead;
   PERFORM nextval('{n_settled}') FROM generate_series(1, o_expired_leases);
+  PERFORM nextval('{n_dead}') FROM generate_series(1, o_dead);
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH due AS (
@@ -473,21 +508,29 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
-  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision)
+  OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
+  OUT o_dead bigint, OUT o_delayed bigint)
 LANGUAGE plpgsql STABLE AS $fn$
-DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz;
+DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz; v_dead bigint; v_redriven bigint; v_purged bigint;
 BEGIN
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
-  -- those pushed and not yet popped, acknowledged (both counted as popped) or expired; in
-  -- flight are the acquisitions whose lease has not ended (acked, nacked or expired: settled).
+  -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
+  -- expired or dead-lettered; in flight are the acquisitions whose lease has not ended (acked,
+  -- nacked or expired: settled); delayed are the ready ones not visible yet (a count of the
+  -- spill table, which holds only redeliveries and delayed messages).
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM {n_pushed};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM {n_popped};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM {n_acquired};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM {n_expired};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_settled FROM {n_settled};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_dead FROM {n_dead};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_redriven FROM {n_redriven};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_purged FROM {n_purged};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM {pop_seq};
   o_in_flight := greatest(o_acquired - v_settled, 0);
-  o_depth := greatest(o_pushed - o_popped - o_expired - o_in_flight, 0);
+  o_dead := greatest(v_dead - v_redriven - v_purged, 0);
+  SELECT count(*) INTO o_delayed FROM {spill} WHERE state = 1 AND visible_at > clock_timestamp();
+  o_depth := greatest(o_pushed + v_redriven - o_popped - o_expired - v_dead - o_in_flight - o_delayed, 0);
   -- The oldest ready message, from a bounded look at the head: the next {head_look} positions of
   -- the ring, the positions whose popper gave up, and the first {head_look} redeliveries.
   SELECT min(pushed_at) INTO v_oldest FROM (
@@ -497,7 +540,86 @@ BEGIN
     SELECT r.pushed_at FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1
     WHERE g.reason = 'skipped'
     UNION ALL
-    SELECT s.pushed_at FROM (SELECT state, pushed_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s WHERE s.state = 1
+    SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s
+    WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
   ) head;
   o_oldest_age_s := CASE WHEN o_depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0) ELSE 0 END;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_defer}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
+  OUT o_ids text)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[];
+  v_now timestamptz := clock_timestamp(); v_visible timestamptz;
+BEGIN
+  -- Delayed messages wait aside, in the spill table, until they are due; the ring's head never
+  -- waits for them. Each takes a push position, given up at once as void (poppers skip it), so
+  -- its id is in push order with the others.
+  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(n), max(e)
+  INTO v_bodies, v_big, v_total
+  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
+        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
+  IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: defer got % bytes of bodies but lengths adding up to %',
+      coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
+  END IF;
+  IF v_big > {max_bytes} THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
+      v_big USING ERRCODE = '22001';
+  END IF;
+  v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
+  SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
+  INSERT INTO {gap} (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT u.id, 1, 0, 0, v_now, v_visible,
+    CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body
+  FROM unnest(v_ids, v_bodies) AS u(id, body);
+  PERFORM nextval('{n_pushed}') FROM unnest(v_ids);
+  o_ids := coalesce(array_to_string(v_ids, ','), '');
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_extend}(p_id bigint, p_lease bigint, p_visibility_ms bigint, OUT o_ok int)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) * interval '1 millisecond';
+BEGIN
+  -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
+  UPDATE {ring} SET visible_at = v_until
+  WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
+  IF NOT FOUND THEN
+    UPDATE {spill} SET visible_at = v_until
+    WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
+  END IF;
+  o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_redrive}(p_ids text, p_max int, OUT o_moved bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- Dead letters back to delivery (the given ids, or the oldest p_max when none are given):
+  -- the same id, attempts from zero, ready at once.
+  WITH moved AS (
+    DELETE FROM {dead} d USING (
+      SELECT msg_id FROM {dead}
+      WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+      ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
+    WHERE d.msg_id = pick.msg_id
+    RETURNING d.msg_id, d.pushed_at, d.body)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body FROM moved m
+  ON CONFLICT (msg_id) DO NOTHING;
+  GET DIAGNOSTICS o_moved = ROW_COUNT;
+  PERFORM nextval('{n_redriven}') FROM generate_series(1, o_moved);
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_purge_dead}(p_ids text, p_max int, OUT o_purged bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- Dead letters deleted for good (the given ids, or the oldest p_max when none are given).
+  DELETE FROM {dead} d USING (
+    SELECT msg_id FROM {dead}
+    WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+    ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
+  WHERE d.msg_id = pick.msg_id;
+  GET DIAGNOSTICS o_purged = ROW_COUNT;
+  PERFORM nextval('{n_purged}') FROM generate_series(1, o_purged);
 END $fn$

@@ -56,6 +56,7 @@ class PgRing(RingSqlBase):
   schema_version int NOT NULL,
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
+  max_attempts int NOT NULL DEFAULT 0,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -126,6 +127,13 @@ ON CONFLICT (slot) DO NOTHING"""
   first_seq bigint NOT NULL,
   packed bytea NOT NULL,
   PRIMARY KEY (stage, seq))""",
+            f"""CREATE TABLE IF NOT EXISTS {self.dead} (
+  msg_id bigint PRIMARY KEY,
+  attempts int NOT NULL,
+  error text,
+  pushed_at timestamptz NOT NULL,
+  dead_at timestamptz NOT NULL DEFAULT now(),
+  body bytea NOT NULL)""",
         ]
 
     def create_history(self) -> list[str]:
@@ -194,10 +202,11 @@ ON CONFLICT (slot) DO NOTHING"""
 
     def record_version(self) -> list[str]:
         return [
-            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes)
-VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes})
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_attempts int NOT NULL DEFAULT 0",
+            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts)
+VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {int(self.t.max_attempts)})
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
-  message_bytes = EXCLUDED.message_bytes, updated_at = now()"""
+  message_bytes = EXCLUDED.message_bytes, max_attempts = EXCLUDED.max_attempts, updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
@@ -239,6 +248,9 @@ _OLD_SIGNATURES = {
     "pop": "bigint",
     "pop_many": "int, bigint",
     "push_many": "text, bigint",  # version 4 took its bodies base64-encoded
+    "nack": "bigint, bigint, bigint",  # version 8 added the error text
+    "repair": "bigint",  # version 8 added a column (dead letters): re-created
+    "stats": "",  # version 8 added dead letters and delayed messages: re-created
 }
 
 

@@ -37,7 +37,8 @@ class MsRing(RingSqlBase):
     # Client-facing verbs plus the internal place/claim/next (INSERT ... EXEC cannot nest, so
     # procedures call each other through OUTPUT parameters).
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
-                                 "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats")  # fmt: skip
+                                 "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats",
+                                 "defer", "extend", "redrive", "purge_dead")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
@@ -73,6 +74,7 @@ CREATE TABLE {self.meta} (
   schema_version int NOT NULL,
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
+  max_attempts int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
@@ -162,6 +164,14 @@ CREATE TABLE {self.staged} (
   first_seq bigint NOT NULL,
   packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))""",
+            f"""{self._object_missing(self.dead, "U")}
+CREATE TABLE {self.dead} (
+  msg_id bigint NOT NULL PRIMARY KEY CLUSTERED,
+  attempts int NOT NULL,
+  error nvarchar(4000) NULL,
+  pushed_at datetime2(3) NOT NULL,
+  dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
+  body varbinary({MAX_BODY}) NOT NULL)""",
         ]
 
     def create_history(self) -> list[str]:
@@ -236,13 +246,17 @@ CREATE TABLE {self.history} (
         return "EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1"
 
     def record_version(self) -> list[str]:
+        # The column comes first, in a batch of its own: the MERGE is compiled against it.
+        attempts = int(self.t.max_attempts)
         return [
+            f"IF COL_LENGTH(N'{self.meta}', 'max_attempts') IS NULL\n"
+            f"ALTER TABLE {self.meta} ADD max_attempts int NOT NULL DEFAULT 0",
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
-  updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes});"""
+  max_attempts = {attempts}, updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts)
+  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
