@@ -121,3 +121,32 @@ def test_a_long_handler_extends_its_lease(queue):
     m.ack()
     with pytest.raises(LeaseLost):
         m.extend(5)
+
+
+def test_dead_letters_from_a_shell_list_redrive_and_purge(queue, url):
+    """`dbq dead-letters list|redrive|purge`."""
+    import json
+    import subprocess
+    import sys
+
+    q, _ = queue
+    ids = q.push_many([b"x", b"y"])
+    for _ in range(3):
+        for m in q.acquire_many(2):
+            m.nack(error="handler said no")
+
+    def dbq(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "dbq.cli", "dead-letters", *args, q.names.queue, "--url", url,
+                               "--schema", SCHEMA, "-o", "json"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(dbq("list"))
+    assert [(d["id"], d["attempts"], d["error"], d["body"]) for d in listed] == [
+        (ids[0], 3, "handler said no", "x"), (ids[1], 3, "handler said no", "y")
+    ]  # fmt: skip
+    assert json.loads(dbq("redrive", "--id", str(ids[1]))) == {"redriven": 1}
+    assert json.loads(dbq("purge")) == {"purged": 1}
+    assert q.dead_letters() == []
+    m = q.acquire(timeout=1)
+    assert m is not None and (m.id, m.attempts) == (ids[1], 1)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,12 +20,14 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from dbq.client import (
     AnyQueue,
     BrokerMessage,
     BrokerQueue,
+    ConsumeStats,
     Message,
     PipeMessage,
     PipesQueue,
@@ -247,4 +252,142 @@ def trace(
         click.echo(f"tracer token delivered through {q.names.schema}.{q.names.queue} in {ms:.0f} ms")
 
 
-COMMANDS = (push, pop, stats, broker)
+@click.command(context_settings={"ignore_unknown_options": True})
+@target_options
+@click.option("--concurrency", "-c", default=1, show_default=True, help="Commands running at once.")
+@click.option("--credit", type=int, default=None, help="Most messages held at once (default: --concurrency).")
+@click.option(
+    "--visibility", type=float, default=None, help="Seconds each message is leased (default: the queue's)."
+)
+@click.option("--max-messages", type=int, default=None, help="Stop after this many messages.")
+@click.argument("command", nargs=-1, required=True)
+def consume(
+    queue: str,
+    url: str | None,
+    schema: str | None,
+    design: str | None,
+    namespace: str | None,
+    output: str,
+    concurrency: int,
+    credit: int | None,
+    visibility: float | None,
+    max_messages: int | None,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND (after --) for each message of QUEUE, with the body on its stdin: exit 0 acks
+    it; anything else nacks it with backoff, its stderr the error (a ring queue with
+    spec.deadLetter dead-letters it after maxAttempts). SIGTERM or Ctrl-C stops gracefully:
+    messages not started go back at once, running commands finish."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def run(message: Any) -> None:
+        done = subprocess.run(list(command), input=message.body, capture_output=True, check=False)
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip()[-500:]
+            raise CommandFailed(f"{command[0]} exited {done.returncode}: {tail}")
+
+    console = Console(stderr=True)
+    quiet = output == "json" or not console.is_terminal
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, disable=quiet)
+    with opened(queue, url, schema, namespace, design) as q, progress:
+        task = progress.add_task(f"consuming {queue}")
+
+        def report(s: ConsumeStats) -> None:
+            words = f"{s.handled:,} handled, {s.failed:,} failed, {s.dead_lettered:,} dead-lettered"
+            progress.update(task, description=f"consuming {queue}: {words}")
+
+        result = q.consume(run, concurrency=concurrency, credit=credit, visibility=visibility, stop=stop,
+                           max_messages=max_messages, on_progress=report)  # fmt: skip
+    summary = {"handled": result.handled, "failed": result.failed, "deadLettered": result.dead_lettered,
+               "returned": result.returned, "lostLeases": result.lost_leases, "mostInHand": result.most_in_hand}  # fmt: skip
+    click.echo(json.dumps(summary) if output == "json" else ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+class CommandFailed(Exception):
+    """The consumer's command exited non-zero: the message is nacked with this text."""
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """The dead letters of a ring queue with spec.deadLetter."""
+
+
+def _ring(q: AnyQueue, queue: str) -> Queue:
+    if not isinstance(q, Queue):
+        raise click.ClickException(f"{queue} is not a ring queue: only ring queues keep dead letters")
+    return q
+
+
+@dead_letters.command("list")
+@target_options
+@click.option("--limit", default=100, show_default=True, help="At most this many, oldest first.")
+def dead_letters_list(
+    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
+    limit: int,
+) -> None:  # fmt: skip
+    """The dead letters of QUEUE: id, attempts, last error, when pushed and dead-lettered."""
+    with opened(queue, url, schema, namespace, design) as q:
+        letters = _ring(q, queue).dead_letters(limit)
+    if output == "json":
+        click.echo(json.dumps([{"id": d.id, "attempts": d.attempts, "error": d.error, "pushedAt": d.pushed_at,
+                                "deadAt": d.dead_at, **_body_json(d.body)} for d in letters]))  # fmt: skip
+        return
+    table = Table(title=f"dead letters of {queue}", title_justify="left")
+    for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "BODY"):
+        table.add_column(column)
+    for d in letters:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(d.dead_at))
+        table.add_row(
+            str(d.id), str(d.attempts), at, d.error or "", d.body[:60].decode(errors="backslashreplace")
+        )
+    Console().print(table)
+
+
+@dead_letters.command("redrive")
+@target_options
+@click.option(
+    "--id", "ids", type=int, multiple=True, help="A dead letter to move back (repeat); default: all."
+)
+def dead_letters_redrive(
+    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
+    ids: tuple[int, ...],
+) -> None:  # fmt: skip
+    """Move dead letters of QUEUE back to delivery: same ids, attempts from zero."""
+    with opened(queue, url, schema, namespace, design) as q:
+        moved = _each_batch(lambda: _ring(q, queue).redrive(ids or None), bool(ids))
+    click.echo(json.dumps({"redriven": moved}) if output == "json" else f"{moved} dead letters redriven")
+
+
+@dead_letters.command("purge")
+@target_options
+@click.option("--id", "ids", type=int, multiple=True, help="A dead letter to delete (repeat); default: all.")
+def dead_letters_purge(
+    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
+    ids: tuple[int, ...],
+) -> None:  # fmt: skip
+    """Delete dead letters of QUEUE for good."""
+    with opened(queue, url, schema, namespace, design) as q:
+        gone = _each_batch(lambda: _ring(q, queue).purge_dead_letters(ids or None), bool(ids))
+    click.echo(json.dumps({"purged": gone}) if output == "json" else f"{gone} dead letters purged")
+
+
+def _each_batch(step: Callable[[], int], once: bool) -> int:
+    """Run a bounded step until it does nothing (all), or once (named ids); the total."""
+    total = 0
+    while True:
+        n = step()
+        total += n
+        if once or n == 0:
+            return total
+
+
+def _body_json(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"bodyBase64": base64.b64encode(body).decode()}
+
+
+COMMANDS = (push, pop, stats, broker, consume, dead_letters)

@@ -16,9 +16,10 @@ from dbq import kube
 from dbq.api.durations import seconds
 from dbq.api.models import queue_name
 from dbq.client.broker import BrokerMessage, BrokerQueue
+from dbq.client.consume import ConsumeStats, consume
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
-from dbq.client.ring import Message, Queue, RepairResult
+from dbq.client.ring import DeadLetter, Message, Queue, RepairResult
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.connection import ConnectionSettings, from_url
 from dbq.errors import (
@@ -36,6 +37,8 @@ __all__ = [
     "AnyQueue",
     "BrokerMessage",
     "BrokerQueue",
+    "ConsumeStats",
+    "DeadLetter",
     "HistorySample",
     "LeaseLost",
     "Message",
@@ -54,6 +57,7 @@ __all__ = [
     "RepairResult",
     "connect",
     "connect_resource",
+    "consume",
     "from_resource",
 ]
 

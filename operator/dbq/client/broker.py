@@ -25,10 +25,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyodbc
 
@@ -39,6 +39,9 @@ from dbq.contract.broker import BrokerStatements
 from dbq.contract.ring import history_bound, history_query
 from dbq.errors import LeaseLost, QueueError, QueueNotFound
 from dbq.names import QueueNames
+
+if TYPE_CHECKING:
+    from dbq.client.consume import ConsumeStats
 
 # SQL Server takes at most 2,100 parameters per statement: sends go in chunks.
 SEND_CHUNK = 1000
@@ -74,6 +77,16 @@ class BrokerMessage:
                 "delay must be 0 on Service Broker: a rolled-back message is delivered again at once"
             )
         self._holder().settle(False, self)
+
+    def give_back(self) -> None:
+        """Return it unhandled (a consumer stopping): its receive is rolled back."""
+        self.nack()
+
+    def fail(self, delay: float, error: str | None) -> bool:
+        """A handler failed on it (`dbq.client.consume`): roll its receive back, so it is
+        delivered again at once (Service Broker has no delay); no dead letters: False."""
+        self.nack()
+        return False
 
     def _holder(self) -> _Held:
         if self._held is None:
@@ -338,6 +351,13 @@ class BrokerQueue:
                 lost.append(m)
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
+
+    def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
+        """Run `handler(message)` for each message, acked when it returns and nacked with
+        backoff when it raises, holding at most `credit` messages (`dbq.client.consume`)."""
+        from dbq.client.consume import consume
+
+        return consume(self, handler, **options)
 
     # --- state ------------------------------------------------------------------------------
     def stats(self) -> QueueStats:

@@ -31,10 +31,10 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
@@ -47,6 +47,9 @@ from dbq.connection.cassandra import open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
 from dbq.errors import LeaseLost, MessageTooLarge, QueueError, QueueNotFound, QueueUnavailable
 from dbq.names import QueueNames
+
+if TYPE_CHECKING:
+    from dbq.client.consume import ConsumeStats
 
 PIPE_LEASE_S = 5.0  # a popper owns a pipe this long unless it renews
 RENEW_AFTER_S = 2.0  # ...and renews it when the lease is this old
@@ -103,6 +106,16 @@ class PipeMessage:
     def nack(self, delay: float = 0.0) -> None:
         """Give it back: delivered again now, or after `delay` s (at the first repair after it)."""
         self._leased()._nack(self, delay)
+
+    def give_back(self) -> None:
+        """Return it unhandled (a consumer stopping): delivered again at once."""
+        self.nack()
+
+    def fail(self, delay: float, error: str | None) -> bool:
+        """A handler failed on it (`dbq.client.consume`): nack with the delay. Pipes keep no
+        error text and no dead letters: False."""
+        self.nack(delay)
+        return False
 
     def _leased(self) -> PipesQueue:
         if self.lease is None or self._queue is None:
@@ -782,6 +795,13 @@ class PipesQueue:
         if not self._cas(self.cql.take_over, uuid.uuid4(), self._retake_at(), m.pipe, m.key, m.lease):
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
         self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
+
+    def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
+        """Run `handler(message)` for each message, acked when it returns and nacked with
+        backoff when it raises, holding at most `credit` messages (`dbq.client.consume`)."""
+        from dbq.client.consume import consume
+
+        return consume(self, handler, **options)
 
     # --- repair and statistics ------------------------------------------------------------
     def repair(self) -> PipesRepair:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyodbc
 
@@ -47,6 +47,9 @@ from dbq.errors import (
     QueueUnavailable,
 )
 from dbq.names import QueueNames
+
+if TYPE_CHECKING:
+    from dbq.client.consume import ConsumeStats
 
 # A drawn position whose message is still not written after this long belongs to a pusher that
 # died between drawing and writing: the popper gives it up (release) and draws again.
@@ -117,6 +120,17 @@ class Message:
         if done == 0:
             raise LeaseLost.of_nack(self)
         return done == 2
+
+    def give_back(self) -> None:
+        """Return it unhandled (a consumer stopping): delivered again at once, and this delivery
+        does not count as an attempt. Raises LeaseLost when the lease had expired."""
+        if int(self._leased()._call("nack", self.id, self.lease, -1, None)[0][0]) == 0:
+            raise LeaseLost.of_nack(self)
+
+    def fail(self, delay: float, error: str | None) -> bool:
+        """A handler failed on it (`dbq.client.consume`): nack with the delay and the error;
+        whether it was dead-lettered."""
+        return self.nack(delay, error)
 
     def extend(self, visibility: float) -> None:
         """Keep the lease for `visibility` more seconds (a long-running handler). Raises
@@ -505,6 +519,13 @@ class Queue:
         with self._cursor() as cur:
             rows = cur.execute(peek_query(self.settings.backend, self.names), n).fetchall()
         return [Message(id=int(r[0]), body=bytes(r[1]), attempts=int(r[2]), lease=None) for r in rows]
+
+    def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
+        """Run `handler(message)` for each message, acked when it returns and nacked with
+        backoff when it raises, holding at most `credit` messages (`dbq.client.consume`)."""
+        from dbq.client.consume import consume
+
+        return consume(self, handler, **options)
 
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:

@@ -381,7 +381,8 @@ DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * i
 BEGIN
   -- o_ok: 0 no lease (expired, or acked already), 1 ready again after the delay, 2 dead-lettered:
   -- acquired {max_attempts} times (when that is > 0), it moves to the dead letters with the
-  -- error, in this transaction.
+  -- error, in this transaction. A negative delay gives it back unhandled (a consumer stopping):
+  -- ready at once, and this delivery does not count as an attempt.
   UPDATE {ring} SET state = 0
   WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body;
@@ -392,7 +393,9 @@ BEGIN
     v_spilled := true;
   END IF;
   PERFORM nextval('{n_settled}');  -- the lease ended
-  IF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
+  IF p_delay_ms < 0 THEN
+    v_attempts := greatest(v_attempts - 1, 0);
+  ELSIF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
     IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
     INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
     VALUES (p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (msg_id) DO NOTHING;
@@ -400,7 +403,7 @@ BEGIN
     o_ok := 2; RETURN;
   END IF;
   IF v_spilled THEN
-    UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible WHERE msg_id = p_id;
+    UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible, attempts = v_attempts WHERE msg_id = p_id;
   ELSE
     INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
     VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body);

@@ -367,7 +367,8 @@ CREATE OR ALTER PROCEDURE {fn_nack} @id bigint, @lease bigint, @delay_ms bigint,
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired {max_attempts}
-  -- times, when that is > 0), in this transaction.
+  -- times, when that is > 0), in this transaction. A negative delay gives it back unhandled:
+  -- ready at once, and this delivery does not count as an attempt.
   DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
     SYSUTCDATETIME());
   DECLARE @n bigint, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
@@ -382,7 +383,9 @@ AS BEGIN
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF NOT EXISTS (SELECT 1 FROM @taken) BEGIN COMMIT TRANSACTION; SELECT 0 AS o_ok; RETURN; END;
   SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
-  IF {max_attempts} > 0 AND (SELECT attempts FROM @taken) >= {max_attempts}
+  IF @delay_ms < 0
+    UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
+  ELSE IF {max_attempts} > 0 AND (SELECT attempts FROM @taken) >= {max_attempts}
   BEGIN
     INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
     SELECT @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
