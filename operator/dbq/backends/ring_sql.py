@@ -12,7 +12,7 @@ from collections.abc import Callable
 from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
-from dbq.contract.ring import RingTarget
+from dbq.contract.ring import RingTarget, notify_channel
 from dbq.names import COUNTERS
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
@@ -149,6 +149,7 @@ class RingSqlBase:
             "queue": self.t.names.queue,
             "spill_share": SPILL_SHARE,
             "head_look": HEAD_LOOK,
+            "channel": f"'{notify_channel(self.t.names)}'",
             **{f"n_{c}": seq for c, seq in self.count.items()},
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }

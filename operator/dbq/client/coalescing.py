@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from dbq.client.waiting import Deadline
+from dbq.client.waiting import Deadline, Waker, wait_for_more
 from dbq.errors import LeaseLost, QueueFull
 
 Item = TypeVar("Item")
@@ -141,13 +141,16 @@ def take_coalescer(take: Callable[[int], list[Taken]], limit: int) -> Coalescer[
     return Coalescer(run, limit)
 
 
-def take_one(takes: Coalescer[None, Taken | None], timeout: float) -> Taken | None:
-    """pop() or acquire() through a take coalescer: tried again, spinning then backing off,
-    until a message comes or `timeout` seconds pass (then None)."""
+def take_one(
+    takes: Coalescer[None, Taken | None], timeout: float, waker: Waker | None = None, fallback_s: float = 1.0
+) -> Taken | None:
+    """pop() or acquire() through a take coalescer: tried again, woken by `waker` or spinning
+    then backing off, until a message comes or `timeout` seconds pass (then None)."""
     deadline = Deadline(timeout)
     while True:
+        mark = waker.mark() if waker is not None else 0
         message = takes(None)
-        if message is not None or not deadline.wait():
+        if message is not None or not wait_for_more(deadline, waker, mark, fallback_s):
             return message
 
 

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import pyodbc
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
+from dbq.client.notify import FALLBACK_S, Notifications
 from dbq.client.stats import HistorySample, QueueStats
-from dbq.client.waiting import Deadline, count_arg, seconds_arg
+from dbq.client.waiting import Deadline, count_arg, seconds_arg, wait_for_more
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.ring import (
     CALL_ARGS,
@@ -160,9 +161,11 @@ class Queue:
         hole_grace: float = DEFAULT_HOLE_GRACE_S,
         smart_batching: bool = True,
         connection: pyodbc.Connection | None = None,
+        notify: bool = True,
     ) -> None:
         """`connection`: calls go over this one (the operator's, lent by its pool), which
-        close() leaves open."""
+        close() leaves open. `notify` (PostgreSQL): a caller waiting on an empty queue is woken
+        by the push that lands on it (LISTEN/NOTIFY, `dbq.client.notify`) instead of polling."""
         if settings.backend not in ("postgres", "sqlserver"):
             raise QueueError(
                 f"{settings.backend} has no ring queues: connect with a postgresql:// or mssql:// url"
@@ -217,6 +220,9 @@ class Queue:
                 lambda n: self._take_now(n, self._lease_ms(None)), SMART_BATCH_LIMIT
             )
             self._acks = ack_coalescer(self.ack_many, SMART_BATCH_LIMIT)
+        self._notifications = (
+            Notifications(settings, names) if notify and settings.backend == "postgres" else None
+        )
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
 
@@ -295,6 +301,8 @@ class Queue:
         return odbc.translate(e, self.settings)
 
     def close(self) -> None:
+        if self._notifications is not None:
+            self._notifications.close()
         while True:
             try:
                 session = self._idle.pop()
@@ -419,7 +427,9 @@ class Queue:
     ) -> Message | None:
         """One message, taken with the other callers waiting at once when `together` is given."""
         if together is not None:
-            return take_one(together, seconds_arg(timeout, "timeout", self.pop_timeout))
+            return take_one(
+                together, seconds_arg(timeout, "timeout", self.pop_timeout), self._waker(), FALLBACK_S
+            )
         got = self._take(1, timeout, lease_ms)
         return got[0] if got else None
 
@@ -427,10 +437,22 @@ class Queue:
         """Pop/acquire up to n, waiting up to the timeout for the first."""
         count_arg(n, "n")
         deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
+        waker = self._waker()
         while True:
+            mark = waker.mark() if waker is not None else 0
             got = self._take_now(n, lease_ms)
-            if got or not deadline.wait():
+            if got or not wait_for_more(deadline, waker, mark, FALLBACK_S):
                 return got
+
+    def _waker(self) -> Notifications | None:
+        """The notifications of this client, listening; None (poll) where there are none, or
+        when listening failed (then this client polls from now on)."""
+        if self._notifications is not None:
+            try:
+                self._notifications.mark()
+            except DbqError:
+                self._notifications = None
+        return self._notifications
 
     def _take_now(self, n: int, lease_ms: int) -> list[Message]:
         """Up to n messages, with one pop round trip (plus one for each drawn position whose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 SPINS = 3
 FIRST_SLEEP_S = 0.001
@@ -35,6 +36,25 @@ class Deadline:
     def restart(self) -> None:
         """Progress was made: the next wait spins again (the deadline stays)."""
         self.tries = 0
+
+
+class Waker(Protocol):
+    """Something that says when waiting for more is worth it (`dbq.client.notify`)."""
+
+    def mark(self) -> int: ...
+    def wait(self, mark: int, seconds: float) -> None: ...
+
+
+def wait_for_more(deadline: Deadline, waker: Waker | None, mark: int, fallback_s: float) -> bool:
+    """After an empty take: wait for a wake-up (or `fallback_s`) when there is a waker, else
+    spin then back off; False when the deadline has passed (nothing waited then)."""
+    if waker is None:
+        return deadline.wait()
+    left = deadline.remaining
+    if left <= 0:
+        return False
+    waker.wait(mark, min(left, fallback_s))
+    return True
 
 
 def seconds_arg(value: float | None, name: str, default: float, *, positive: bool = False) -> float:

@@ -5,6 +5,7 @@ calls them by it.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ class RingTarget:
     size: int
     message_bytes: int
     max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
+
+
+def notify_channel(names: QueueNames) -> str:
+    """The PostgreSQL channel a push onto an empty queue notifies (`dbq.client.notify`): at most
+    63 characters, letters and digits only, for any schema and queue."""
+    return "dbq_" + hashlib.sha1(f"{names.schema}.{names.queue}".encode()).hexdigest()[:24]
 
 
 def records(blob: bytes) -> Iterator[Record]:
