@@ -469,3 +469,27 @@ def test_clients_on_one_session_prepare_each_statement_once(make_queue):
         other.close()
     finally:
         del q.session.prepare
+
+
+def test_consume_holds_at_most_its_credit_and_every_message_ends_handled_once_or_failed_again(make_queue):
+    """The worker loop on pipes: nack (no error text, no dead letters) puts a failed message back;
+    every message is handled once in the end, and never more than `credit` are held."""
+    q = make_queue()
+    bodies = [b"p%d" % i for i in range(200)]
+    q.push_many(bodies)
+    handled: Counter[bytes] = Counter()
+    failed_once: set[bytes] = set()
+    lock = threading.Lock()
+
+    def handler(m) -> None:
+        with lock:
+            if m.body not in failed_once and len(failed_once) < 20:
+                failed_once.add(m.body)
+                raise RuntimeError("first delivery of some fails")
+            handled[m.body] += 1
+
+    # backoff 0: a pipes nack with a delay waits for the next repair (the operator's cleanup)
+    stats = q.consume(handler, concurrency=4, credit=5, backoff=0, max_messages=220)
+    assert stats.most_in_hand <= 5
+    assert (stats.failed, stats.handled) == (20, 200)
+    assert set(handled) == set(bodies) and max(handled.values()) == 1
