@@ -7,7 +7,9 @@ message at a time, 50-150 ms apart (so the queue is empty, and the consumers wai
 each push), stamping the time before the push into the body; the consumer that gets it
 records now - stamp. Then the four consumers wait on an empty queue for --idle seconds while
 the database's committed transactions are counted (pg_stat_database.xact_commit: every call
-of a client in autocommit mode is one).
+of a client in autocommit mode is one). Last, what notification costs a busy queue: N pushers
+and N poppers (one client, smart batching on, pop(timeout=0.2)) for --busy seconds, messages
+delivered end to end, with notification off and on.
 
     ~/.cache/dbq/venv/bin/python -m bench.notify_latency
 """
@@ -55,7 +57,7 @@ def run(
     def consume() -> None:
         with connect(postgres.url, name, schema="bench", notify=notify, smart_batching=False) as q:
             while not stop.is_set():
-                m = q.pop(timeout=0.5)
+                m = q.pop(timeout=5)
                 if m is not None:
                     took = (time.perf_counter() - struct.unpack(">d", m.body)[0]) * 1000
                     with lock:
@@ -83,12 +85,48 @@ def run(
     return latencies, idle_rate
 
 
+def busy(postgres: PgDatabase, threads: int, notify: bool, seconds: float) -> float:
+    """Messages/s delivered end to end by `threads` pushers and as many poppers."""
+    name = f"b_{secrets.token_hex(3)}"
+    backend = OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 100_000, 100))
+    backend.apply()
+    stop, got, lock = threading.Event(), [0], threading.Lock()
+    q = connect(postgres.url, name, schema="bench", notify=notify)
+
+    def push() -> None:
+        while not stop.is_set():
+            q.push(b"x" * 100)
+
+    def pop() -> None:
+        while not stop.is_set():
+            if q.pop(timeout=0.2) is not None:
+                with lock:
+                    got[0] += 1
+
+    workers = [threading.Thread(target=push) for _ in range(threads)]
+    workers += [threading.Thread(target=pop) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    time.sleep(1.0)
+    first, started = got[0], time.monotonic()
+    time.sleep(seconds)
+    rate = (got[0] - first) / (time.monotonic() - started)
+    stop.set()
+    for t in workers:
+        t.join()
+    q.close()
+    backend.teardown()
+    backend.close()
+    return rate
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle consumers counted")
+    parser.add_argument("--busy", type=float, default=5.0, help="seconds of each busy run")
     opts = parser.parse_args()
     stack = Stack()
     stack.up(("postgres",))
@@ -105,6 +143,10 @@ def main() -> int:
             rows.append((mode, p50, p99, latencies[-1], idle_rate))
             backend.teardown()
             backend.close()
+        loads = []
+        for threads in (16, 64):
+            for notify in (False, True, False, True):  # taking turns: the machine drifts
+                loads.append((threads, notify, busy(postgres, threads, notify, opts.busy)))
     print(
         f"idle push-to-delivery latency, {CONSUMERS} consumers waiting, {opts.messages} pushes 50-150 ms apart;"
     )
@@ -118,6 +160,14 @@ def main() -> int:
     base, woken = rows[0], rows[1]
     print(f"  notification / polling: p50 {woken[1] / base[1]:.2f} x, p99 {woken[2] / base[2]:.2f} x,"
           f" idle load {woken[4] / max(base[4], 0.1):.2f} x")  # fmt: skip
+    print(
+        f"busy queue: N pushers + N poppers, messages/s delivered end to end ({opts.busy:g} s each, off/on/off/on)"
+    )
+    for threads in (16, 64):
+        off = [r for t, n, r in loads if t == threads and not n]
+        on = [r for t, n, r in loads if t == threads and n]
+        print(f"  {threads:>2} + {threads:<2}  notification off {' / '.join(f'{r:,.0f}' for r in off)}"
+              f"  on {' / '.join(f'{r:,.0f}' for r in on)}  on/off {sum(on) / sum(off):.2f} x")  # fmt: skip
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Consumers woken by LISTEN/NOTIFY on a real PostgreSQL ring: a push onto an empty queue
-notifies, a push onto a busy one does not, and a consumer whose listening connection died
-still gets every message (it polls once a second, and listens again)."""
+"""Consumers woken by LISTEN/NOTIFY on a real PostgreSQL ring: pushes notify while a consumer
+says it waits and not otherwise, a waiting consumer is woken by them, and one whose listening
+connection died still gets every message (it polls once a second, and listens again)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
-from dbq.client.notify import Notifications
+from dbq.client.notify import WAIT_MARK_S, Notifications
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
 from dbq.names import QueueNames
@@ -50,18 +50,21 @@ def settle(listener: Notifications, expected: int) -> int:
     return listener.mark()
 
 
-def test_only_a_push_onto_an_empty_queue_notifies(ring):
+def test_pushes_notify_only_while_a_consumer_says_it_waits(ring):
     q, url = ring
     listener = counted(url, q)
     try:
-        q.push(b"first")  # onto an empty queue
-        assert settle(listener, 1) == 1
-        q.push(b"second")  # the queue holds one: a busy queue pays nothing
-        q.push_many([b"third", b"fourth"])
-        assert settle(listener, 1) == 1
-        assert len(q.pop_many(10)) == 4
-        q.push_many([b"fifth", b"sixth"])  # empty again: one notification for the batch
-        assert settle(listener, 2) == 2
+        with connect(url, q.names.queue, schema=SCHEMA, notify=False) as pusher:
+            pusher.push(b"nobody waits")
+            assert settle(listener, 0) == 0  # a busy queue pays nothing
+            assert q.pop(timeout=0.2) is not None  # taken at once: no wait, nothing announced
+            assert q.pop(timeout=0.3) is None  # this one waited, and said so
+            pusher.push(b"a")
+            pusher.push_many([b"b", b"c"])
+            assert settle(listener, 2) == 2  # one per push while the wait mark holds
+            time.sleep(WAIT_MARK_S + 0.2)  # it lapsed: the consumer stopped waiting
+            pusher.push(b"d")
+            assert settle(listener, 3) == 2
     finally:
         listener.close()
 

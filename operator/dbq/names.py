@@ -110,8 +110,14 @@ class QueueNames:
         return self._("dead")
 
     @property
+    def waiters(self) -> str:
+        """One row: until when consumers wait on the queue (they renew it), so that pushes notify
+        them (PostgreSQL's LISTEN/NOTIFY, `dbq.client.notify`) only then."""
+        return self._("waiters")
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap, self.staged, self.dead)
+        return (self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters)
 
     @property
     def pipes(self) -> str:

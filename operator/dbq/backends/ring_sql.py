@@ -72,6 +72,7 @@ class RingSqlBase:
         self.gap = f"{s}.{quote(n.gap)}"
         self.staged = f"{s}.{quote(n.staged)}"
         self.dead = f"{s}.{quote(n.dead)}"
+        self.waiters = f"{s}.{quote(n.waiters)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
@@ -141,6 +142,7 @@ class RingSqlBase:
             "spill": self.spill,
             "gap": self.gap,
             "dead": self.dead,
+            "waiters": self.waiters,
             "max_attempts": int(self.t.max_attempts),
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,

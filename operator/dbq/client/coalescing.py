@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from dbq.client.waiting import Deadline, Waker, wait_for_more
+from dbq.client.waiting import Deadline, Waker, take_until
 from dbq.errors import LeaseLost, QueueFull
 
 Item = TypeVar("Item")
@@ -142,16 +142,15 @@ def take_coalescer(take: Callable[[int], list[Taken]], limit: int) -> Coalescer[
 
 
 def take_one(
-    takes: Coalescer[None, Taken | None], timeout: float, waker: Waker | None = None, fallback_s: float = 1.0
+    takes: Coalescer[None, Taken | None],
+    timeout: float,
+    waker: Waker | None = None,
+    fallback_s: float = 1.0,
+    poll_first_s: float = 0.0,
 ) -> Taken | None:
-    """pop() or acquire() through a take coalescer: tried again, woken by `waker` or spinning
-    then backing off, until a message comes or `timeout` seconds pass (then None)."""
-    deadline = Deadline(timeout)
-    while True:
-        mark = waker.mark() if waker is not None else 0
-        message = takes(None)
-        if message is not None or not wait_for_more(deadline, waker, mark, fallback_s):
-            return message
+    """pop() or acquire() through a take coalescer: tried again (`waiting.take_until`) until a
+    message comes or `timeout` seconds pass (then None)."""
+    return take_until(lambda: takes(None), Deadline(timeout), waker, fallback_s, poll_first_s)
 
 
 def ack_coalescer(ack_many: Callable[[list[Taken]], None], limit: int) -> Coalescer[Taken, None]:

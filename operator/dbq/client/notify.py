@@ -1,12 +1,12 @@
 """Consumers woken by PostgreSQL's LISTEN/NOTIFY instead of polling an empty queue.
 
-A ring's push routines send a notification on the queue's channel only when the push lands on
-an empty queue (nothing between the pop and push positions), so a busy queue pays nothing. A
-client listens on one connection of its own (psycopg: ODBC drivers do not deliver
-notifications) from its first wait on. A waiting caller marks the count of notifications before
-it tries to take, and after an empty take waits until that count moves or `FALLBACK_S` passes
-(the poll that covers a notification lost with a connection), so a push between its take and
-its wait is never missed.
+A consumer that found the queue empty for `POLL_FIRST_S` says that it waits: it renews the queue's wait mark (one row, `Q_waiters`: pushes
+notify until `WAIT_MARK_S` from now), marks the count of notifications it has seen, tries once
+more, and waits until that count moves or `FALLBACK_S` passes (the poll that covers a
+notification lost with a connection). A ring's push routines notify the queue's channel only
+while the mark holds, so a queue nobody waits on pays nothing, and a push between a consumer's
+last try and its wait is never missed. A client listens on one connection of its own (psycopg:
+ODBC drivers do not deliver notifications) from its first wait on.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from dbq.errors import DatabaseUnreachable
 from dbq.names import QueueNames
 
 FALLBACK_S = 1.0  # an idle consumer still tries once a second
+WAIT_MARK_S = 2  # pushes notify for this long after a consumer last said it waits (> FALLBACK_S)
+# A consumer polls for this long before it announces a wait: under load the queue refills
+# sooner, so busy consumers never make pushes notify (NOTIFY serialises the commits that send it).
+POLL_FIRST_S = 0.1
 
 
 class Notifications:

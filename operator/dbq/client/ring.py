@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import pyodbc
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
-from dbq.client.notify import FALLBACK_S, Notifications
+from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.client.stats import HistorySample, QueueStats
-from dbq.client.waiting import Deadline, count_arg, seconds_arg, wait_for_more
+from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.ring import (
     CALL_ARGS,
@@ -30,6 +30,7 @@ from dbq.contract.ring import (
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,
     Record,
+    announce_wait,
     call_statement,
     dead_letters_query,
     history_bound,
@@ -82,6 +83,39 @@ class RepairResult:
     gaps_purged: int
     holes: int = 0
     dead_lettered: int = 0  # expired leases of messages acquired spec.deadLetter.maxAttempts times
+
+
+class _Announcing:
+    """A ring client's waker: before each wait it renews the queue's waiting mark (so pushes
+    notify while it waits) and marks the notifications; a client whose listening fails polls
+    from then on."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def mark(self) -> int:
+        q = self.queue
+        notifications = q._notifications
+        if notifications is None:
+            return 0
+        try:
+            count = notifications.mark()
+        except DbqError:
+            q._notifications = None
+            return 0
+        now = time.monotonic()
+        if now >= q._announced_until:  # the client's mark lapses soon: renew it (once for all its threads)
+            q._announced_until = now + WAIT_MARK_S / 2
+            with q._cursor() as cur:
+                cur.execute(announce_wait(q.settings.backend, q.names), WAIT_MARK_S)
+        return count
+
+    def wait(self, mark: int, seconds: float) -> None:
+        notifications = self.queue._notifications
+        if notifications is None:
+            time.sleep(min(seconds, 0.05))
+        else:
+            notifications.wait(mark, seconds)
 
 
 @dataclass(frozen=True)
@@ -223,6 +257,7 @@ class Queue:
         self._notifications = (
             Notifications(settings, names) if notify and settings.backend == "postgres" else None
         )
+        self._announced_until = 0.0  # monotonic: until when this client's wait mark surely holds
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
 
@@ -437,22 +472,14 @@ class Queue:
         """Pop/acquire up to n, waiting up to the timeout for the first."""
         count_arg(n, "n")
         deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
-        waker = self._waker()
-        while True:
-            mark = waker.mark() if waker is not None else 0
-            got = self._take_now(n, lease_ms)
-            if got or not wait_for_more(deadline, waker, mark, FALLBACK_S):
-                return got
+        return take_until(
+            lambda: self._take_now(n, lease_ms), deadline, self._waker(), FALLBACK_S, POLL_FIRST_S
+        )
 
-    def _waker(self) -> Notifications | None:
-        """The notifications of this client, listening; None (poll) where there are none, or
-        when listening failed (then this client polls from now on)."""
-        if self._notifications is not None:
-            try:
-                self._notifications.mark()
-            except DbqError:
-                self._notifications = None
-        return self._notifications
+    def _waker(self) -> _Announcing | None:
+        """How a waiting caller is woken: by notifications (PostgreSQL), announcing its wait so
+        that pushes send them; None (poll) elsewhere, or once listening failed."""
+        return None if self._notifications is None else _Announcing(self)
 
     def _take_now(self, n: int, lease_ms: int) -> list[Message]:
         """Up to n messages, with one pop round trip (plus one for each drawn position whose

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 SPINS = 3
 FIRST_SLEEP_S = 0.001
@@ -39,22 +40,42 @@ class Deadline:
 
 
 class Waker(Protocol):
-    """Something that says when waiting for more is worth it (`dbq.client.notify`)."""
+    """Wakes a waiting consumer when messages arrive (`dbq.client.notify`): `mark()` says the
+    caller is about to wait (and returns a count of wake-ups so far), `wait(mark, s)` returns
+    once the count moved past `mark`, or after `s` seconds."""
 
     def mark(self) -> int: ...
     def wait(self, mark: int, seconds: float) -> None: ...
 
 
-def wait_for_more(deadline: Deadline, waker: Waker | None, mark: int, fallback_s: float) -> bool:
-    """After an empty take: wait for a wake-up (or `fallback_s`) when there is a waker, else
-    spin then back off; False when the deadline has passed (nothing waited then)."""
-    if waker is None:
-        return deadline.wait()
-    left = deadline.remaining
-    if left <= 0:
-        return False
-    waker.wait(mark, min(left, fallback_s))
-    return True
+T = TypeVar("T")
+
+
+def take_until(
+    take: Callable[[], T],
+    deadline: Deadline,
+    waker: Waker | None,
+    fallback_s: float,
+    poll_first_s: float = 0.0,
+) -> T:
+    """Take until something comes or the deadline passes: spinning, then backing off, for the
+    first `poll_first_s` (a busy queue refills within it, and then nobody announces a wait);
+    after that, with a waker, the caller marks (announcing that it waits), tries again, and
+    waits for a wake-up or `fallback_s`."""
+    got = take()
+    while not got:
+        if waker is None or time.monotonic() - deadline.started < poll_first_s:
+            if not deadline.wait():
+                return got
+            got = take()
+            continue
+        if deadline.remaining <= 0:
+            return got
+        mark = waker.mark()
+        got = take()
+        if not got:
+            waker.wait(mark, min(deadline.remaining, fallback_s))
+    return got
 
 
 def seconds_arg(value: float | None, name: str, default: float, *, positive: bool = False) -> float:

@@ -4,7 +4,7 @@
 -- validated identifier or an integer; nothing else in this file is touched. Placeholders:
 -- {ring} {spill} {gap} {dead} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
--- {channel} (the channel a push onto an empty queue notifies, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
+-- {waiters} (until when consumers wait), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
@@ -49,24 +49,22 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_waiting bigint;
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       octet_length(p_body) USING ERRCODE = '22001';
   END IF;
   -- Draw a position only if the ring has room (one statement reads both positions and draws).
-  SELECT nextval('{push_seq}'),
-    CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
-  INTO o_id, v_waiting FROM {push_seq} u, {pop_seq} o
+  SELECT nextval('{push_seq}') INTO o_id FROM {push_seq} u, {pop_seq} o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
     < {size};
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
   END IF;
-  -- Onto an empty queue: wake the consumers waiting on it (sent at commit; a busy queue pays nothing).
-  IF v_waiting <= 0 THEN PERFORM pg_notify({channel}, ''); END IF;
+  -- Consumers wait on the queue: wake them (sent at commit). While none waits, nothing is sent.
+  IF EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) THEN PERFORM pg_notify({channel}, ''); END IF;
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
@@ -107,7 +105,9 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
   v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
-  IF v_k > 0 AND v_pushed <= v_popped THEN PERFORM pg_notify({channel}, ''); END IF;  -- onto an empty queue
+  IF v_k > 0 AND EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) THEN
+    PERFORM pg_notify({channel}, '');  -- consumers wait: wake them
+  END IF;
   IF v_k > 0 THEN
     -- Reserve k positions in one statement, then fill their slots in one set-based update.
     SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;

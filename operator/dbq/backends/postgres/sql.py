@@ -134,6 +134,10 @@ ON CONFLICT (slot) DO NOTHING"""
   pushed_at timestamptz NOT NULL,
   dead_at timestamptz NOT NULL DEFAULT now(),
   body bytea NOT NULL)""",
+            f"""CREATE TABLE IF NOT EXISTS {self.waiters} (
+  id int PRIMARY KEY CHECK (id = 1),
+  until timestamptz NOT NULL)""",
+            f"INSERT INTO {self.waiters} (id, until) VALUES (1, '-infinity') ON CONFLICT (id) DO NOTHING",
         ]
 
     def create_history(self) -> list[str]:

@@ -172,6 +172,12 @@ CREATE TABLE {self.dead} (
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   body varbinary({MAX_BODY}) NOT NULL)""",
+            # Kept like PostgreSQL's (SQL Server has no LISTEN/NOTIFY: its clients poll).
+            f"""{self._object_missing(self.waiters, "U")}
+CREATE TABLE {self.waiters} (
+  id int NOT NULL PRIMARY KEY CHECK (id = 1),
+  until datetime2(3) NOT NULL)""",
+            f"IF NOT EXISTS (SELECT 1 FROM {self.waiters}) INSERT INTO {self.waiters} (id, until) VALUES (1, '0001-01-01')",
         ]
 
     def create_history(self) -> list[str]:
