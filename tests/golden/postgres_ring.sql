@@ -93,6 +93,12 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_dead" (
   dead_at timestamptz NOT NULL DEFAULT now(),
   body bytea NOT NULL)
 
+CREATE TABLE IF NOT EXISTS "shopq"."orders_waiters" (
+  id int PRIMARY KEY CHECK (id = 1),
+  until timestamptz NOT NULL)
+
+INSERT INTO "shopq"."orders_waiters" (id, until) VALUES (1, '-infinity') ON CONFLICT (id) DO NOTHING
+
 -- step seed_settled
 
 SELECT setval('"shopq"."orders_n_settled"', greatest(v, 1), v > 0) FROM (SELECT greatest(
@@ -178,6 +184,8 @@ BEGIN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
   END IF;
+  -- Consumers wait on the queue: wake them (sent at commit). While none waits, nothing is sent.
+  IF EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) THEN PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', ''); END IF;
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
@@ -218,6 +226,9 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
   v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
+  IF v_k > 0 AND EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) THEN
+    PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', '');  -- consumers wait: wake them
+  END IF;
   IF v_k > 0 THEN
     -- Reserve k positions in one statement, then fill their slots in one set-based update.
     SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;
@@ -497,7 +508,8 @@ DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * i
 BEGIN
   -- o_ok: 0 no lease (expired, or acked already), 1 ready again after the delay, 2 dead-lettered:
   -- acquired 5 times (when that is > 0), it moves to the dead letters with the
-  -- error, in this transaction.
+  -- error, in this transaction. A negative delay gives it back unhandled (a consumer stopping):
+  -- ready at once, and this delivery does not count as an attempt.
   UPDATE "shopq"."orders_ring" SET state = 0
   WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body;
@@ -508,7 +520,9 @@ BEGIN
     v_spilled := true;
   END IF;
   PERFORM nextval('"shopq"."orders_n_settled"');  -- the lease ended
-  IF 5 > 0 AND v_attempts >= 5 THEN
+  IF p_delay_ms < 0 THEN
+    v_attempts := greatest(v_attempts - 1, 0);
+  ELSIF 5 > 0 AND v_attempts >= 5 THEN
     IF v_spilled THEN DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id; END IF;
     INSERT INTO "shopq"."orders_dead" (msg_id, attempts, error, pushed_at, body)
     VALUES (p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (msg_id) DO NOTHING;
@@ -516,7 +530,7 @@ BEGIN
     o_ok := 2; RETURN;
   END IF;
   IF v_spilled THEN
-    UPDATE "shopq"."orders_spill" SET state = 1, lease = 0, visible_at = v_visible WHERE msg_id = p_id;
+    UPDATE "shopq"."orders_spill" SET state = 1, lease = 0, visible_at = v_visible, attempts = v_attempts WHERE msg_id = p_id;
   ELSE
     INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
     VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body);
@@ -795,6 +809,8 @@ DROP TABLE IF EXISTS "shopq"."orders_staged"
 
 DROP TABLE IF EXISTS "shopq"."orders_dead"
 
+DROP TABLE IF EXISTS "shopq"."orders_waiters"
+
 DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_pop_seq"
@@ -897,9 +913,9 @@ SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "s
 
 -- maintenance
 
-SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead')
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters')
 
-SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead')
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters')
 
 SELECT 1
 

@@ -115,6 +115,13 @@ CREATE TABLE [shopq].[orders_dead] (
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   body varbinary(7000) NOT NULL)
 
+IF OBJECT_ID(N'[shopq].[orders_waiters]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_waiters] (
+  id int NOT NULL PRIMARY KEY CHECK (id = 1),
+  until datetime2(3) NOT NULL)
+
+IF NOT EXISTS (SELECT 1 FROM [shopq].[orders_waiters]) INSERT INTO [shopq].[orders_waiters] (id, until) VALUES (1, '0001-01-01')
+
 -- step seed_settled
 
 DECLARE @settled bigint = (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
@@ -506,7 +513,8 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_nack] @id bigint, @lease bigint, @dela
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired 5
-  -- times, when that is > 0), in this transaction.
+  -- times, when that is > 0), in this transaction. A negative delay gives it back unhandled:
+  -- ready at once, and this delivery does not count as an attempt.
   DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
     SYSUTCDATETIME());
   DECLARE @n bigint, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
@@ -521,7 +529,9 @@ AS BEGIN
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF NOT EXISTS (SELECT 1 FROM @taken) BEGIN COMMIT TRANSACTION; SELECT 0 AS o_ok; RETURN; END;
   SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
-  IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
+  IF @delay_ms < 0
+    UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
+  ELSE IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
   BEGIN
     INSERT INTO [shopq].[orders_dead] (msg_id, attempts, error, pushed_at, body)
     SELECT @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
@@ -803,6 +813,8 @@ DROP TABLE IF EXISTS [shopq].[orders_staged]
 
 DROP TABLE IF EXISTS [shopq].[orders_dead]
 
+DROP TABLE IF EXISTS [shopq].[orders_waiters]
+
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_pop_seq]
@@ -909,7 +921,7 @@ SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, p
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 
