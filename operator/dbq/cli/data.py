@@ -135,11 +135,7 @@ def pop(
 
 
 def _message_json(m: Message | PipeMessage | BrokerMessage) -> dict[str, Any]:
-    try:
-        body: dict[str, str] = {"body": m.body.decode()}
-    except UnicodeDecodeError:
-        body = {"bodyBase64": base64.b64encode(m.body).decode()}
-    return {"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts, **body}
+    return {"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts, **_body_json(m.body)}
 
 
 @click.command()
@@ -345,32 +341,27 @@ def dead_letters_list(
     Console().print(table)
 
 
-@dead_letters.command("redrive")
-@target_options
-@click.option(
-    "--id", "ids", type=int, multiple=True, help="A dead letter to move back (repeat); default: all."
-)
-def dead_letters_redrive(
-    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
-    ids: tuple[int, ...],
-) -> None:  # fmt: skip
-    """Move dead letters of QUEUE back to delivery: same ids, attempts from zero."""
-    with opened(queue, url, schema, namespace, design) as q:
-        moved = _each_batch(lambda: _ring(q, queue).redrive(ids or None), bool(ids))
-    click.echo(json.dumps({"redriven": moved}) if output == "json" else f"{moved} dead letters redriven")
+def _moving(name: str, done: str, doc: str, move: Callable[[Queue, list[int] | None], int]) -> None:
+    """`dbq dead-letters NAME QUEUE [--id N ...]`: `move` the named dead letters, or all."""
+
+    @dead_letters.command(name, help=doc)
+    @target_options
+    @click.option(
+        "--id", "ids", type=int, multiple=True, help=f"A dead letter to {name} (repeat); default: all."
+    )
+    def command(
+        queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
+        ids: tuple[int, ...],
+    ) -> None:  # fmt: skip
+        with opened(queue, url, schema, namespace, design) as q:
+            ring = _ring(q, queue)
+            n = _each_batch(lambda: move(ring, list(ids) or None), bool(ids))
+        click.echo(json.dumps({done: n}) if output == "json" else f"{n} dead letters {done}")
 
 
-@dead_letters.command("purge")
-@target_options
-@click.option("--id", "ids", type=int, multiple=True, help="A dead letter to delete (repeat); default: all.")
-def dead_letters_purge(
-    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
-    ids: tuple[int, ...],
-) -> None:  # fmt: skip
-    """Delete dead letters of QUEUE for good."""
-    with opened(queue, url, schema, namespace, design) as q:
-        gone = _each_batch(lambda: _ring(q, queue).purge_dead_letters(ids or None), bool(ids))
-    click.echo(json.dumps({"purged": gone}) if output == "json" else f"{gone} dead letters purged")
+_moving("redrive", "redriven", "Move dead letters of QUEUE back to delivery: same ids, attempts from zero.",
+        Queue.redrive)  # fmt: skip
+_moving("purge", "purged", "Delete dead letters of QUEUE for good.", Queue.purge_dead_letters)
 
 
 def _each_batch(step: Callable[[], int], once: bool) -> int:
@@ -384,6 +375,7 @@ def _each_batch(step: Callable[[], int], once: bool) -> int:
 
 
 def _body_json(body: bytes) -> dict[str, str]:
+    """A body as JSON: text when it is UTF-8, else base64."""
     try:
         return {"body": body.decode()}
     except UnicodeDecodeError:
