@@ -260,7 +260,8 @@ def test_operator_killed_while_provisioning_converges_without_duplicates(env):
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relkind IN ('r', 'S')",
         schema,
     ).fetchval()
-    assert relations == 13  # meta, history, ring, spill, gap, staged; push and pop positions, five totals
+    # meta, history, ring, spill, gap, staged, dead letters, waiters; push and pop positions, eight totals
+    assert relations == 18
 
 
 def test_deletion_policies(env):
