@@ -85,7 +85,7 @@ def test_a_waiting_consumer_is_woken_by_the_notification(ring):
 
 def test_a_consumer_whose_listening_connection_died_still_gets_every_message(ring, postgres):
     q, url = ring
-    assert q.pop(timeout=0.1) is None  # listening now
+    assert q.pop(timeout=0.5) is None  # it waited past its first 0.1 s of polling: listening now
     cur = postgres.connect().cursor()
     channel = q._notifications.channel if q._notifications else ""
     cur.execute(
