@@ -20,12 +20,6 @@ from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
 from dbq.errors import BrokerNotUnique, ConflictingObjects
 from dbq.names import QueueNames
 
-# Conversation endpoint states (sys.conversation_endpoints.state) and what they mean.
-ENDPOINT_STATES = {
-    "SO": "started outbound", "SI": "started inbound", "CO": "conversing",
-    "DI": "disconnected inbound", "DO": "disconnected outbound", "ER": "error", "CD": "closed",
-}  # fmt: skip
-
 
 @dataclass(frozen=True)
 class BrokerTarget:
