@@ -64,6 +64,13 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ("visibility-too-long", with_path(queue(), "spec.timeouts.visibility", "13h"), "1s to 12h"),
     ("cleanup-too-often", with_path(queue(), "spec.cleanup.interval", "1s"), "5s to 24h"),
     (
+        "archive-on-pipes",
+        with_path(with_path(with_path(queue(), "spec.backend", "cassandra"), "spec.design", "pipes"),
+                  "spec.archive.enabled", True),
+        "archives ring queues only",
+    ),  # fmt: skip
+    ("archive-retention-too-short", with_path(queue(), "spec.archive.retention", "10s"), "1m to 8760h"),
+    (
         "sql-injection-queue-name",
         with_path(queue(), "spec.queueName", 'x"; DROP TABLE t; --'),
         "spec.queueName",

@@ -211,10 +211,19 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     backend.teardown()
 
 
-def test_a_version_7_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema):
-    """Version 8 adds dead letters, delayed delivery and lease extension: a table, three totals,
-    four routines, a nack with the error, a metadata column. A version 7 queue gets them in place,
-    with every message and every lease it holds."""
+# What each schema version added, taken away again to make a queue of the version before.
+ADDED = {
+    9: {"tables": ["archive"], "totals": ["archived", "scavenged"], "routines": ["scavenge"], "column": "archive"},
+    8: {"tables": ["dead"], "totals": ["dead", "redriven", "purged"],
+        "routines": ["defer", "extend", "redrive", "purge_dead"], "column": "max_attempts"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [8, 7])
+def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
+    """Version 9 adds the archive (a table, two totals, a routine, a metadata column); version 8
+    added dead letters, delayed delivery and lease extension, and a nack with the error. A queue
+    of either older version gets them in place, with every message and every lease it holds."""
     from dbq.client import connect
 
     backend = ring(postgres, schema)
@@ -223,24 +232,26 @@ def test_a_version_7_queue_is_upgraded_in_place_and_keeps_its_messages_and_lease
     ids = q.push_many([b"m%d" % i for i in range(10)])
     held = q.acquire_many(3)
     cur = backend.conn.cursor()
-    # What version 7 had: none of the above, and a nack of three arguments.
-    cur.execute(f'DROP TABLE "{schema}".orders_dead')
-    for total in ("dead", "redriven", "purged"):
-        cur.execute(f'DROP SEQUENCE "{schema}".orders_n_{total}')
-    for verb in ("defer", "extend", "redrive", "purge_dead"):
-        cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
-    cur.execute(f'DROP FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, text)')
-    cur.execute(f'CREATE FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, OUT o_ok int)'
-                " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
-    cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN max_attempts')
-    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 7')
+    for added in (v for v in ADDED if v > version):
+        for table in ADDED[added]["tables"]:
+            cur.execute(f'DROP TABLE "{schema}".orders_{table}')
+        for total in ADDED[added]["totals"]:
+            cur.execute(f'DROP SEQUENCE "{schema}".orders_n_{total}')
+        for verb in ADDED[added]["routines"]:
+            cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
+        cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN {ADDED[added]["column"]}')
+    if version < 8:  # a nack of three arguments
+        cur.execute(f'DROP FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, text)')
+        cur.execute(f'CREATE FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, OUT o_ok int)'
+                    " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
+    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == [
         "create_sequences", "create_side_tables", "create_routines", "record_version"
     ]  # fmt: skip
     backend.apply()
     assert backend.plan(backend.observe()) == []
     stats = q.stats()
-    assert (stats.depth, stats.in_flight, stats.pushed, stats.dead) == (7, 3, 10, 0)
+    assert (stats.depth, stats.in_flight, stats.pushed, stats.dead, stats.archived) == (7, 3, 10, 0, 0)
     assert held[0].nack(error="after the upgrade") is False  # the lease survived it
     q.ack_many(held[1:])
     rest = q.pop_many(10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,25 @@ from sqlfluff.core import FluffConfig, Linter
 from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import Observed, RingAction, RingStep, plan_ring
 from dbq.backends.sqlserver.sql import MsRing
-from dbq.contract.ring import RingTarget, call_statement, dead_letters_query, history_query, peek_query
+from dbq.contract.ring import (
+    RingTarget,
+    archive_query,
+    call_statement,
+    dead_letters_query,
+    history_query,
+    peek_query,
+)
 from dbq.contract.staging import StagingStatements
 from dbq.errors import UnsafeName
 from dbq.names import QueueNames, ms_quote
 
 GOLDEN = Path(__file__).with_name("golden")
 TARGET = RingTarget(
-    names=QueueNames(schema="shopq", queue="orders"), size=1000, message_bytes=300, max_attempts=5
+    names=QueueNames(schema="shopq", queue="orders"),
+    size=1000,
+    message_bytes=300,
+    max_attempts=5,
+    archive=True,
 )
 ALL_STEPS = list(RingAction)
 CALLS = [
@@ -40,6 +52,7 @@ CALLS = [
     "extend",
     "redrive",
     "purge_dead",
+    "scavenge",
 ]
 
 
@@ -58,6 +71,7 @@ def render(ring: PgRing | MsRing) -> list[str]:
         "-- client reads",
         peek_query(backend, ring.t.names),
         dead_letters_query(backend, ring.t.names),
+        archive_query(backend, ring.t.names),
         history_query(backend, ring.t.names),
         "-- staging (dbq.spark)",
         staging.insert,
@@ -138,7 +152,11 @@ def test_the_tsql_grammar_check_catches_broken_tsql():
     assert not unparsable("CREATE OR ALTER PROCEDURE x AS BEGIN UPDATE t SET a = 1 WHERE b = 2; END")
 
 
-@pytest.mark.parametrize("statement", render(MsRing(TARGET)), ids=lambda s: s.split("\n")[0][:60])
+@pytest.mark.parametrize(
+    "statement",
+    render(MsRing(TARGET)) + MsRing(replace(TARGET, archive=False)).create_routines(),
+    ids=lambda s: s.split("\n")[0][:60],
+)
 def test_every_generated_tsql_statement_parses(statement):
     if statement.startswith("-- "):
         return
@@ -153,6 +171,18 @@ def test_templates_fill_only_known_placeholders():
     ]
     with pytest.raises(KeyError, match=r"placeholder \{rnig\} has no value"):
         render_template("SELECT 1 FROM {rnig}", {"ring": "r"})
+
+
+def test_template_blocks_are_kept_or_dropped_by_their_flag():
+    from dbq.backends.ring_sql import render_template
+
+    template = "SELECT 1;\n  -- if archive\nINSERT a;\n  -- else\nINSERT b;\n  -- end if\nSELECT 2;"
+    assert render_template(template, {}, {"archive": True}) == ["SELECT 1;\nINSERT a;\nSELECT 2;"]
+    assert render_template(template, {}, {"archive": False}) == ["SELECT 1;\nINSERT b;\nSELECT 2;"]
+    with pytest.raises(KeyError, match="no flag value"):
+        render_template(template, {}, {})
+    with pytest.raises(KeyError, match="without its '-- end if'"):
+        render_template("-- if archive\nX", {}, {"archive": True})
 
 
 def test_names_are_validated_before_they_are_quoted():

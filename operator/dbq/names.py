@@ -20,8 +20,11 @@ HISTORY_TABLE = "dbq_stats_history"  # statistics samples of every queue in the 
 # leaves no row version behind, so a long transaction elsewhere cannot bloat it. `settled`
 # counts leases ended (acked, nacked or expired), so in flight = acquired - settled; `dead`
 # counts messages moved to the dead-letter table (`QueueNames.dead`), `redriven` those moved
-# back and `purged` those deleted there.
-COUNTERS = ("pushed", "popped", "acquired", "expired", "settled", "dead", "redriven", "purged")
+# back and `purged` those deleted there; `archived` counts messages kept in the archive table
+# (spec.archive) and `scavenged` those removed from it past the retention.
+COUNTERS = (
+    "pushed", "popped", "acquired", "expired", "settled", "dead", "redriven", "purged", "archived", "scavenged",
+)  # fmt: skip
 
 
 def check_identifier(value: str, field: str) -> str:
@@ -116,8 +119,17 @@ class QueueNames:
         return self._("waiters")
 
     @property
+    def archive(self) -> str:
+        """Messages acked or popped, kept until `spec.archive.retention` (when archive is on)."""
+        return self._("archive")
+
+    @property
+    def archive_index(self) -> str:
+        return self._("archive_at")
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters)
+        return (self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive)
 
     @property
     def pipes(self) -> str:

@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
+  archive int NOT NULL DEFAULT 0,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -55,6 +56,10 @@ CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_redriven" AS bigint MINVALUE 1 S
 
 CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_purged" AS bigint MINVALUE 1 START 1 CACHE 1
 
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_archived" AS bigint MINVALUE 1 START 1 CACHE 1
+
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_scavenged" AS bigint MINVALUE 1 START 1 CACHE 1
+
 -- step reset_positions
 
 SELECT setval('"shopq"."orders_pop_seq"', greatest((SELECT last_value FROM "shopq"."orders_push_seq"), (SELECT last_value FROM "shopq"."orders_pop_seq")), true)
@@ -98,6 +103,15 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_waiters" (
   until timestamptz NOT NULL)
 
 INSERT INTO "shopq"."orders_waiters" (id, until) VALUES (1, '-infinity') ON CONFLICT (id) DO NOTHING
+
+CREATE TABLE IF NOT EXISTS "shopq"."orders_archive" (
+  msg_id bigint NOT NULL,
+  attempts int NOT NULL,
+  pushed_at timestamptz NOT NULL,
+  acked_at timestamptz NOT NULL,
+  body bytea NOT NULL)
+
+CREATE INDEX IF NOT EXISTS "orders_archive_at" ON "shopq"."orders_archive" (acked_at)
 
 -- step seed_settled
 
@@ -276,6 +290,9 @@ BEGIN
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
+        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
       END IF;
     ELSE
@@ -336,6 +353,9 @@ BEGIN
         CONTINUE;
       END IF;
       IF p_lease_ms <= 0 THEN
+        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+        IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
       ELSE
@@ -371,7 +391,12 @@ BEGIN
           AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
           INTO o_id, o_body, o_attempts, v_ahead;
-        IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
+        IF FOUND THEN
+          INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
+          IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
+          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+        END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
@@ -427,6 +452,9 @@ BEGIN
         RETURNING msg_id, body, NULL::bigint AS lease, attempts)
       SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
+      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_taken) p(pos)
+      JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
     ELSE
       WITH t AS (
         UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
@@ -451,6 +479,7 @@ BEGIN
   END IF;
   PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
   FROM generate_series(1, v_msgs);
+  PERFORM nextval('"shopq"."orders_n_archived"') FROM generate_series(1, v_msgs) WHERE p_lease_ms <= 0;
   RETURN v_out;
 END $fn$
 
@@ -472,10 +501,18 @@ BEGIN
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
   UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
-  IF NOT FOUND THEN
-    DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  IF FOUND THEN
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
+  ELSE
+    WITH acked AS (
+      DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+      RETURNING msg_id, attempts, pushed_at, body)
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked
     RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   END IF;
+  IF FOUND THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
   IF o_ok = 1 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- the lease ended
 END $fn$
@@ -492,11 +529,18 @@ BEGIN
     WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id)
   SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_done) d(id)
+  JOIN "shopq"."orders_ring" r ON r.slot = d.id % 1000 AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
-    RETURNING s.msg_id)
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+  kept AS (
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  PERFORM nextval('"shopq"."orders_n_archived"') FROM unnest(v_done);
   PERFORM nextval('"shopq"."orders_n_popped"'), nextval('"shopq"."orders_n_settled"') FROM unnest(v_done);
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
@@ -639,9 +683,10 @@ END $fn$
 CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
-  OUT o_dead bigint, OUT o_delayed bigint)
+  OUT o_dead bigint, OUT o_delayed bigint, OUT o_archived bigint)
 LANGUAGE plpgsql STABLE AS $fn$
 DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz; v_dead bigint; v_redriven bigint; v_purged bigint;
+  v_scavenged bigint;
 BEGIN
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
   -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
@@ -656,7 +701,10 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_dead FROM "shopq"."orders_n_dead";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_redriven FROM "shopq"."orders_n_redriven";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_purged FROM "shopq"."orders_n_purged";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_archived FROM "shopq"."orders_n_archived";
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_scavenged FROM "shopq"."orders_n_scavenged";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM "shopq"."orders_pop_seq";
+  o_archived := greatest(o_archived - v_scavenged, 0);
   o_in_flight := greatest(o_acquired - v_settled, 0);
   o_dead := greatest(v_dead - v_redriven - v_purged, 0);
   SELECT count(*) INTO o_delayed FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at > clock_timestamp();
@@ -754,14 +802,30 @@ BEGIN
   PERFORM nextval('"shopq"."orders_n_purged"') FROM generate_series(1, o_purged);
 END $fn$
 
+CREATE OR REPLACE FUNCTION "shopq"."orders_scavenge"(p_retention_ms bigint, p_max int, OUT o_scavenged bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- Archived messages older than the retention, the oldest p_max of them: one bounded batch, so
+  -- a large backlog is removed over several short transactions, never by one huge delete.
+  DELETE FROM "shopq"."orders_archive" a USING (
+    SELECT ctid FROM "shopq"."orders_archive" WHERE acked_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+    ORDER BY acked_at LIMIT p_max FOR UPDATE SKIP LOCKED) old
+  WHERE a.ctid = old.ctid;
+  GET DIAGNOSTICS o_scavenged = ROW_COUNT;
+  PERFORM nextval('"shopq"."orders_n_scavenged"') FROM generate_series(1, o_scavenged);
+END $fn$
+
 -- step record_version
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_attempts int NOT NULL DEFAULT 0
 
-INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts)
-VALUES ('orders', 'ring', 8, 1000, 300, 5)
-ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
-  message_bytes = EXCLUDED.message_bytes, max_attempts = EXCLUDED.max_attempts, updated_at = now()
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0
+
+INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
+VALUES ('orders', 'ring', 9, 1000, 300,
+  5, 1)
+ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
+  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, updated_at = now()
 
 -- teardown
 
@@ -799,6 +863,8 @@ DROP FUNCTION IF EXISTS "shopq"."orders_redrive"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_purge_dead"
 
+DROP FUNCTION IF EXISTS "shopq"."orders_scavenge"
+
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 
 DROP TABLE IF EXISTS "shopq"."orders_spill"
@@ -810,6 +876,8 @@ DROP TABLE IF EXISTS "shopq"."orders_staged"
 DROP TABLE IF EXISTS "shopq"."orders_dead"
 
 DROP TABLE IF EXISTS "shopq"."orders_waiters"
+
+DROP TABLE IF EXISTS "shopq"."orders_archive"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
 
@@ -830,6 +898,10 @@ DROP SEQUENCE IF EXISTS "shopq"."orders_n_dead"
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_redriven"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_purged"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_archived"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_n_scavenged"
 
 DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
 
@@ -871,11 +943,15 @@ SELECT "shopq"."orders_redrive"(?, ?)
 
 SELECT "shopq"."orders_purge_dead"(?, ?)
 
+SELECT "shopq"."orders_scavenge"(?, ?)
+
 -- client reads
 
 SELECT msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
 
 SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body FROM "shopq"."orders_dead" ORDER BY msg_id LIMIT ?
+
+SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8, body FROM "shopq"."orders_archive" WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?
 
 SELECT extract(epoch FROM at)::float8, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM "shopq"."dbq_stats_history" WHERE queue = ? AND at >= CAST(? AS timestamptz) AND at < CAST(? AS timestamptz) ORDER BY at
 
@@ -913,9 +989,9 @@ SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "s
 
 -- maintenance
 
-SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters')
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive')
 
-SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters')
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive')
 
 SELECT 1
 

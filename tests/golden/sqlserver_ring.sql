@@ -12,6 +12,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
+  archive int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
@@ -70,6 +71,12 @@ CREATE SEQUENCE [shopq].[orders_n_redriven] AS bigint START WITH 1 INCREMENT BY 
 IF OBJECT_ID(N'[shopq].[orders_n_purged]', N'SO') IS NULL
 CREATE SEQUENCE [shopq].[orders_n_purged] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
 
+IF OBJECT_ID(N'[shopq].[orders_n_archived]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_archived] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
+IF OBJECT_ID(N'[shopq].[orders_n_scavenged]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_n_scavenged] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
 -- step reset_positions
 
 DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
@@ -121,6 +128,15 @@ CREATE TABLE [shopq].[orders_waiters] (
   until datetime2(3) NOT NULL)
 
 IF NOT EXISTS (SELECT 1 FROM [shopq].[orders_waiters]) INSERT INTO [shopq].[orders_waiters] (id, until) VALUES (1, '0001-01-01')
+
+IF OBJECT_ID(N'[shopq].[orders_archive]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_archive] (
+  msg_id bigint NOT NULL,
+  attempts int NOT NULL,
+  pushed_at datetime2(3) NOT NULL,
+  acked_at datetime2(3) NOT NULL,
+  body varbinary(7000) NOT NULL,
+  INDEX [orders_archive_at] CLUSTERED (acked_at))
 
 -- step seed_settled
 
@@ -289,6 +305,11 @@ AS BEGIN
     IF @got = 1 BEGIN
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
+      IF @lease_ms <= 0 BEGIN
+        INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+        IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
+      END;
       SET @status = 0;
       RETURN;
     END;
@@ -349,6 +370,9 @@ AS BEGIN
     END;
     IF @lease_ms <= 0 BEGIN
       SELECT @body = body, @attempts = attempts FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
     END ELSE BEGIN
@@ -443,6 +467,10 @@ AS BEGIN
     FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
+  IF @lease_ms <= 0
+    INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000 AND r.msg_id = p.pos WHERE p.taken = 1;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
@@ -456,6 +484,7 @@ AS BEGIN
   SELECT @c = COUNT(*) FROM @out WHERE o_status = 0;
   WHILE @c > 0 BEGIN
     IF @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; ELSE SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
+    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
     SET @c -= 1;
   END;
   SELECT CAST(CAST(o_status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(o_id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_body), 0) AS int) AS binary(4)) + ISNULL(o_body, 0x) AS o_record FROM @out ORDER BY o_status, o_id;
@@ -477,13 +506,19 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body
+    INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
-    DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    DELETE FROM [shopq].[orders_spill]
+    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body
+      INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 1
   BEGIN
     SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
     SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
+    SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
     SELECT 1 AS o_ok;
   END;
   ELSE SELECT 0 AS o_ok;
@@ -500,10 +535,18 @@ AS BEGIN
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
   FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
-  -- A separate statement: a lease moved to the spill table meanwhile is seen here.
-  DELETE s OUTPUT deleted.msg_id INTO @done
+  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+  FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = d.id % 1000 AND r.msg_id = d.id;
+  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max));
+  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body INTO @gone
   FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
+  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM @gone;
+  INSERT INTO @done (id) SELECT msg_id FROM @gone;
+  SELECT @c = COUNT(*) FROM @done;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_archived]; SET @c -= 1; END;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
@@ -631,7 +674,7 @@ AS BEGIN
   -- From the totals, not a count of the ring (see the PostgreSQL routine).
   DECLARE @pushed bigint, @popped bigint, @acquired bigint, @expired bigint, @settled bigint, @pos bigint,
     @dead bigint, @redriven bigint, @purged bigint, @delayed bigint, @in_flight bigint, @depth bigint,
-    @oldest datetime2(3);
+    @archived bigint, @scavenged bigint, @oldest datetime2(3);
   SELECT
     @pushed = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]') THEN v END),
     @popped = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_popped]') THEN v END),
@@ -641,11 +684,14 @@ AS BEGIN
     @dead = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_dead]') THEN v END),
     @redriven = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_redriven]') THEN v END),
     @purged = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_purged]') THEN v END),
+    @archived = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_archived]') THEN v END),
+    @scavenged = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_scavenged]') THEN v END),
     @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN v END)
   FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
     WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_n_pushed]'), OBJECT_ID(N'[shopq].[orders_n_popped]'), OBJECT_ID(N'[shopq].[orders_n_acquired]'),
       OBJECT_ID(N'[shopq].[orders_n_expired]'), OBJECT_ID(N'[shopq].[orders_n_settled]'), OBJECT_ID(N'[shopq].[orders_n_dead]'), OBJECT_ID(N'[shopq].[orders_n_redriven]'),
-      OBJECT_ID(N'[shopq].[orders_n_purged]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s;
+      OBJECT_ID(N'[shopq].[orders_n_purged]'), OBJECT_ID(N'[shopq].[orders_n_archived]'), OBJECT_ID(N'[shopq].[orders_n_scavenged]'),
+      OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s;
   SET @in_flight = CASE WHEN @acquired > @settled THEN @acquired - @settled ELSE 0 END;
   SELECT @delayed = COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1 AND visible_at > SYSUTCDATETIME();
   SET @depth = @pushed + @redriven - @popped - @expired - @dead - @in_flight - @delayed;
@@ -667,7 +713,8 @@ AS BEGIN
     CASE WHEN @depth > 0 THEN ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) ELSE 0 END
       AS o_oldest_age_s,
     CASE WHEN @dead > @redriven + @purged THEN @dead - @redriven - @purged ELSE 0 END AS o_dead,
-    @delayed AS o_delayed;
+    @delayed AS o_delayed,
+    CASE WHEN @archived > @scavenged THEN @archived - @scavenged ELSE 0 END AS o_archived;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_defer] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
@@ -751,17 +798,33 @@ AS BEGIN
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_purged]; SET @c -= 1; END;
 END
 
+CREATE OR ALTER PROCEDURE [shopq].[orders_scavenge] @retention_ms bigint, @max int
+AS BEGIN
+  SET NOCOUNT ON;
+  -- Archived messages older than the retention, the oldest @max of them: one bounded batch (see
+  -- the PostgreSQL routine).
+  DECLARE @c bigint, @n bigint;
+  DELETE a FROM (SELECT TOP (@max) * FROM [shopq].[orders_archive] WITH (ROWLOCK, READPAST)
+    WHERE acked_at < DATEADD(second, -CAST(@retention_ms / 1000 AS int), SYSUTCDATETIME()) ORDER BY acked_at) a;
+  SET @c = @@ROWCOUNT;
+  SELECT @c AS o_scavenged;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_scavenged]; SET @c -= 1; END;
+END
+
 -- step record_version
 
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_attempts') IS NULL
 ALTER TABLE [shopq].[dbq_queues] ADD max_attempts int NOT NULL DEFAULT 0
 
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'archive') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD archive int NOT NULL DEFAULT 0
+
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 8, message_bytes = 300,
-  max_attempts = 5, updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts)
-  VALUES (s.queue, N'ring', 8, 1000, 300, 5);
+WHEN MATCHED THEN UPDATE SET schema_version = 9, message_bytes = 300,
+  max_attempts = 5, archive = 1, updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
+  VALUES (s.queue, N'ring', 9, 1000, 300, 5, 1);
 
 -- teardown
 
@@ -803,6 +866,8 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_redrive]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_purge_dead]
 
+DROP PROCEDURE IF EXISTS [shopq].[orders_scavenge]
+
 DROP TABLE IF EXISTS [shopq].[orders_ring]
 
 DROP TABLE IF EXISTS [shopq].[orders_spill]
@@ -814,6 +879,8 @@ DROP TABLE IF EXISTS [shopq].[orders_staged]
 DROP TABLE IF EXISTS [shopq].[orders_dead]
 
 DROP TABLE IF EXISTS [shopq].[orders_waiters]
+
+DROP TABLE IF EXISTS [shopq].[orders_archive]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
@@ -834,6 +901,10 @@ DROP SEQUENCE IF EXISTS [shopq].[orders_n_dead]
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_redriven]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_purged]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_archived]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_n_scavenged]
 
 DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
 
@@ -877,11 +948,15 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_redrive] ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_purge_dead] ?, ?; COMMIT TRAN;
 
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_scavenge] ?, ?; COMMIT TRAN;
+
 -- client reads
 
 SELECT TOP (?) msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
 
 SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body FROM [shopq].[orders_dead] ORDER BY msg_id
+
+SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body FROM [shopq].[orders_archive] WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY
 
 SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM [shopq].[dbq_stats_history] WHERE queue = ? AND at >= CAST(? AS datetime2(3)) AND at < CAST(? AS datetime2(3)) ORDER BY at
 
@@ -921,7 +996,7 @@ SELECT TOP 1 DATEDIFF_BIG(millisecond, at, SYSUTCDATETIME()) / 1000.0, pushed, p
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters', N'orders_archive') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 

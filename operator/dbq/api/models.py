@@ -273,6 +273,19 @@ class DeadLetter(Model):
     )
 
 
+class Archive(Model):
+    enabled: bool = Field(
+        default=False,
+        description="Keep acked and popped messages (id, body, pushed and acked times, attempts) in the queue's"
+        " archive table instead of discarding them; `dbq archive` reads them.",
+    )
+    retention: Duration("1m", "8760h") = Field(  # type: ignore[valid-type]
+        default="168h",
+        description="Cleanup removes archived messages older than this, in bounded batches (also after the"
+        " archive is turned off, until none is left).",
+    )
+
+
 class Timeouts(Model):
     visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
         default="30s",
@@ -364,6 +377,7 @@ class QueueSpec(Model):
         default=None,
         description="Ring queues: dead-letter messages that keep failing (absent: redeliver for ever).",
     )
+    archive: Archive = Field(default_factory=Archive)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     reindex: Reindex = Field(default_factory=Reindex)
     cleanup: Cleanup = Field(default_factory=Cleanup)
@@ -379,6 +393,8 @@ class QueueSpec(Model):
             raise ValueError(design_error(str(self.backend), str(self.design)))
         if self.dead_letter is not None and self.design != "ring":
             raise ValueError(DEAD_LETTER_HINT)
+        if self.archive.enabled and self.design != "ring":
+            raise ValueError(ARCHIVE_HINT)
         return self
 
 
@@ -393,9 +409,17 @@ DEAD_LETTER_HINT = (
     "spec.deadLetter: this version keeps dead letters for ring queues only; remove it from a pipes or"
     " servicebroker queue (Service Broker disables a queue on poison messages instead)"
 )
+ARCHIVE_HINT = (
+    "spec.archive.enabled: this version archives ring queues only; set it to false on a pipes or"
+    " servicebroker queue (Service Broker keeps messages with the queue's RETENTION setting instead)"
+)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
     {"rule": "!has(self.deadLetter) || self.design == 'ring'", "message": DEAD_LETTER_HINT},
+    {
+        "rule": "!has(self.archive) || !has(self.archive.enabled) || !self.archive.enabled || self.design == 'ring'",
+        "message": ARCHIVE_HINT,
+    },
     {
         "rule": "self.design == 'ring' ? self.backend in ['postgres', 'sqlserver'] : "
         "self.design == 'servicebroker' ? self.backend == 'sqlserver' : self.backend == 'cassandra'",

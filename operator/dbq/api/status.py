@@ -37,6 +37,9 @@ class StatsStatus(Model):
     oldest_message_age_seconds: float = Field(description="Age of the oldest ready message.")
     dead_letters: int = Field(default=0, description="Dead letters held (spec.deadLetter).")
     delayed: int = Field(default=0, description="Messages pushed or nacked with a delay, not due yet.")
+    archived: int = Field(
+        default=0, description="Acked and popped messages kept in the archive (spec.archive)."
+    )
     measured_at: str = Field(description="When the figures were measured (UTC).")
 
 

@@ -19,7 +19,11 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
         from dbq.backends.odbc_ring import OdbcRing
 
         max_attempts = spec.dead_letter.max_attempts if spec.dead_letter else 0
-        return OdbcRing(settings, RingTarget(names, spec.ring.size, spec.ring.message_bytes, max_attempts))
+        ring = RingTarget(
+            names, spec.ring.size, spec.ring.message_bytes, max_attempts,
+            archive=spec.archive.enabled, archive_retention_s=seconds(spec.archive.retention),
+        )  # fmt: skip
+        return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":
         from dbq.backends.cassandra.backend import CassandraPipes
         from dbq.backends.cassandra.cql import replication_map

@@ -28,6 +28,11 @@ from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 
+# The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
+# SCAVENGE_BATCHES transactions per cleanup run.
+SCAVENGE_BATCH = 5_000
+SCAVENGE_BATCHES = 20
+
 
 class OdbcRing(OdbcBackend):
     def __init__(self, settings: ConnectionSettings, target: RingTarget) -> None:
@@ -67,6 +72,7 @@ class OdbcRing(OdbcBackend):
                         ring_size=int(values["ring_size"]),
                         message_bytes=int(values["message_bytes"]),
                         max_attempts=int(values.get("max_attempts") or 0),
+                        archive=bool(int(values.get("archive") or 0)),
                     )
             ring_rows = 0
             if self.names.ring in tables:
@@ -129,9 +135,24 @@ class OdbcRing(OdbcBackend):
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
         rescued or voided, expired messages dropped, gap records purged."""
-        r = self._client().repair(orphan_grace=stalled_after_s)
-        return {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
-                "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
+        client = self._client()
+        r = client.repair(orphan_grace=stalled_after_s)
+        counts = {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
+                  "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
+        if self.target.archive_retention_s > 0:
+            counts["archiveScavenged"] = self._scavenge(client)
+        return counts
+
+    def _scavenge(self, client: Queue) -> int:
+        """Archived messages past the retention, removed in bounded batches (each its own short
+        transaction), at most SCAVENGE_BATCHES of them per run: a large backlog takes several runs."""
+        removed = 0
+        for _ in range(SCAVENGE_BATCHES):
+            batch = client.scavenge_archive(self.target.archive_retention_s, SCAVENGE_BATCH)
+            removed += batch
+            if batch < SCAVENGE_BATCH:
+                break
+        return removed
 
     def record_sample(self, stats: QueueStats, retention_s: float) -> None:
         with self._errors():

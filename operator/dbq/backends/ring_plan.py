@@ -17,7 +17,7 @@ from dbq.errors import ConflictingObjects
 ROUTINES = (
     "place", "push", "push_many", "take", "pop", "pop_many", "release",
     "ack", "ack_many", "nack", "repair", "void_holes", "stats",
-    "defer", "extend", "redrive", "purge_dead",
+    "defer", "extend", "redrive", "purge_dead", "scavenge",
 )  # fmt: skip
 
 
@@ -42,7 +42,7 @@ DONE = {
     RingAction.FILL_RING: "filled the ring's slots",
     RingAction.CREATE_SEQUENCES: "created the position and total sequences",
     RingAction.RESET_POSITIONS: "levelled the push and pop positions",
-    RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging and dead-letter tables",
+    RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging, dead-letter and archive tables",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -72,6 +72,7 @@ class Recorded:
     ring_size: int
     message_bytes: int
     max_attempts: int = 0  # recorded since version 8 (0 before)
+    archive: bool = False  # recorded since version 9
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         recorded.schema_version != RING_SCHEMA_VERSION
         or recorded.message_bytes != target.message_bytes
         or recorded.max_attempts != target.max_attempts
+        or recorded.archive != target.archive
     )
     if missing_routines or stale or ring_missing:
         why = (

@@ -31,9 +31,18 @@ def load_template(package: str, name: str) -> str:
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
-def render_template(template: str, values: dict[str, object]) -> list[str]:
-    """The statements of a template (separated by `--;;` lines), placeholders filled in; a
-    placeholder without a value is an error, never left in the SQL."""
+# A conditional block of a template: lines between `-- if <flag>` and `-- end if` (with an
+# optional `-- else`), kept or dropped whole by the flag's value. Blocks do not nest.
+CONDITION = re.compile(r"^\s*-- (if [a-z_]+|else|end if)\s*$")
+
+
+def render_template(
+    template: str, values: dict[str, object], flags: dict[str, bool] | None = None
+) -> list[str]:
+    """The statements of a template (separated by `--;;` lines), conditional blocks kept or
+    dropped by `flags`, placeholders filled in; a placeholder without a value, or a flag without
+    one, is an error, never left in the SQL."""
+    template = _choose_blocks(template, flags or {})
 
     def fill(match: re.Match[str]) -> str:
         key = match.group(1)
@@ -43,6 +52,30 @@ def render_template(template: str, values: dict[str, object]) -> list[str]:
 
     parts = [part.strip() for part in template.split("\n--;;\n")]
     return [PLACEHOLDER.sub(fill, part) for part in parts if part and not _only_comments(part)]
+
+
+def _choose_blocks(template: str, flags: dict[str, bool]) -> str:
+    kept: list[str] = []
+    keep: bool | None = None  # None: outside a block
+    for line in template.splitlines():
+        marker = CONDITION.match(line)
+        if marker is None:
+            if keep is not False:
+                kept.append(line)
+            continue
+        word = marker.group(1)
+        if word.startswith("if "):
+            flag = word[3:]
+            if keep is not None or flag not in flags:
+                raise KeyError(f"template condition {word!r} is nested or has no flag value")
+            keep = flags[flag]
+        elif keep is None:
+            raise KeyError(f"template has {word!r} outside a block")
+        else:
+            keep = None if word == "end if" else not keep
+    if keep is not None:
+        raise KeyError("template has a block without its '-- end if'")
+    return "\n".join(kept)
 
 
 def _only_comments(part: str) -> bool:
@@ -73,6 +106,7 @@ class RingSqlBase:
         self.staged = f"{s}.{quote(n.staged)}"
         self.dead = f"{s}.{quote(n.dead)}"
         self.waiters = f"{s}.{quote(n.waiters)}"
+        self.archive = f"{s}.{quote(n.archive)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
@@ -134,7 +168,7 @@ class RingSqlBase:
 
     def create_routines(self) -> list[str]:
         template = load_template(self.TEMPLATE_PACKAGE, self.TEMPLATE_FILE)
-        return render_template(template, self.template_values())
+        return render_template(template, self.template_values(), {"archive": self.t.archive})
 
     def template_values(self) -> dict[str, object]:
         return {
@@ -143,6 +177,7 @@ class RingSqlBase:
             "gap": self.gap,
             "dead": self.dead,
             "waiters": self.waiters,
+            "archive": self.archive,
             "max_attempts": int(self.t.max_attempts),
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,

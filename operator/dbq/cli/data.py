@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
+from dbq.api.durations import parse_duration
 from dbq.client import (
     AnyQueue,
     BrokerMessage,
@@ -364,6 +366,57 @@ _moving("redrive", "redriven", "Move dead letters of QUEUE back to delivery: sam
 _moving("purge", "purged", "Delete dead letters of QUEUE for good.", Queue.purge_dead_letters)
 
 
+@click.command("archive")
+@target_options
+@click.option(
+    "--since", default="1h", show_default=True,
+    help="Messages acked or popped this long ago or later (a duration: 30m, 24h) or since a UTC time"
+    " (2026-11-24T08:00:00).",
+)  # fmt: skip
+@click.option("--limit", default=100, show_default=True, help="At most this many, oldest first.")
+def archive(
+    queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
+    since: str, limit: int,
+) -> None:  # fmt: skip
+    """The archived messages of a ring queue with spec.archive: id, attempts, when pushed and acked."""
+    start = _since(since)
+    with opened(queue, url, schema, namespace, design) as q:
+        if not isinstance(q, Queue):
+            raise click.ClickException(f"{queue} is not a ring queue: only ring queues keep an archive")
+        kept = q.archived(start, limit)
+    if output == "json":
+        click.echo(json.dumps([{"id": m.id, "attempts": m.attempts, "pushedAt": m.pushed_at,
+                                "ackedAt": m.acked_at, **_body_json(m.body)} for m in kept]))  # fmt: skip
+        return
+    table = Table(title=f"archive of {queue} since {start:%Y-%m-%d %H:%M:%S} UTC", title_justify="left")
+    for column in ("ID", "ATTEMPTS", "PUSHED AT (UTC)", "ACKED AT (UTC)", "BODY"):
+        table.add_column(column)
+    for m in kept:
+        pushed, acked = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in (m.pushed_at, m.acked_at)
+        )
+        table.add_row(
+            str(m.id), str(m.attempts), pushed, acked, m.body[:60].decode(errors="backslashreplace")
+        )
+    Console().print(table)
+
+
+def _since(text: str) -> datetime:
+    """--since as a UTC time: a duration back from now, or a time (UTC when it names no zone)."""
+    try:
+        return datetime.now(UTC) - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (30m, 24h) nor a time (2026-11-24T08:00:00)",
+            param_hint="--since",
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def _each_batch(step: Callable[[], int], once: bool) -> int:
     """Run a bounded step until it does nothing (all), or once (named ids); the total."""
     total = 0
@@ -382,4 +435,4 @@ def _body_json(body: bytes) -> dict[str, str]:
         return {"bodyBase64": base64.b64encode(body).decode()}
 
 
-COMMANDS = (push, pop, stats, broker, consume, dead_letters)
+COMMANDS = (push, pop, stats, broker, consume, dead_letters, archive)

@@ -19,7 +19,7 @@ from dbq.client.broker import BrokerMessage, BrokerQueue
 from dbq.client.consume import ConsumeStats, consume
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
-from dbq.client.ring import DeadLetter, Message, Queue, RepairResult
+from dbq.client.ring import ArchivedMessage, DeadLetter, Message, Queue, RepairResult
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.connection import ConnectionSettings, from_url
 from dbq.errors import (
@@ -35,6 +35,7 @@ from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
     "AnyQueue",
+    "ArchivedMessage",
     "BrokerMessage",
     "BrokerQueue",
     "ConsumeStats",

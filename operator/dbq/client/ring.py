@@ -31,6 +31,7 @@ from dbq.contract.ring import (
     RING_SCHEMA_VERSION,
     Record,
     announce_wait,
+    archive_query,
     call_statement,
     dead_letters_query,
     history_bound,
@@ -129,6 +130,18 @@ class DeadLetter:
     error: str | None
     pushed_at: float
     dead_at: float
+    body: bytes
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    """A message kept after it was acked or popped (spec.archive): its id, how many times it was
+    delivered, when it was pushed and acked (Unix seconds), its body."""
+
+    id: int
+    attempts: int
+    pushed_at: float
+    acked_at: float
     body: bytes
 
 
@@ -618,6 +631,22 @@ class Queue:
     def purge_dead_letters(self, ids: Iterable[int] | None = None, limit: int = 10_000) -> int:
         """Dead letters deleted for good: `ids`, or the oldest `limit`. How many went."""
         return int(self._call("purge_dead", _id_list(ids), count_arg(limit, "limit"))[0][0])
+
+    # --- archive ---------------------------------------------------------------------------
+    def archived(self, since: datetime, limit: int = 100) -> list[ArchivedMessage]:
+        """Archived messages (spec.archive) acked or popped at or after `since`, oldest first."""
+        bound = history_bound(self.settings.backend, since)
+        with self._cursor() as cur:
+            rows = cur.execute(
+                archive_query(self.settings.backend, self.names), bound, count_arg(limit, "limit")
+            ).fetchall()
+        return [ArchivedMessage(int(r[0]), int(r[1]), float(r[2]), float(r[3]), bytes(r[4])) for r in rows]
+
+    def scavenge_archive(self, retention: float, limit: int = 5_000) -> int:
+        """Remove archived messages acked more than `retention` s ago, at most `limit` in one
+        transaction. How many went (fewer than `limit`: none older is left)."""
+        retention_ms = int(seconds_arg(retention, "retention", 0.0) * 1000)
+        return int(self._call("scavenge", retention_ms, count_arg(limit, "limit"))[0][0])
 
 
 def _id_list(ids: Iterable[int] | None) -> str:

@@ -24,6 +24,7 @@ class QueueStats:
     oldest_age_seconds: float  # of the oldest ready message; 0 when none
     dead: int = 0  # dead letters held (ring queues with spec.deadLetter)
     delayed: int = 0  # pushed with a delay, or nacked with one, and not due yet (not in depth)
+    archived: int = 0  # acked or popped messages kept in the archive (ring queues with spec.archive)
 
     @property
     def taken(self) -> int:
@@ -36,11 +37,20 @@ class QueueStats:
     @classmethod
     def of_row(cls, figures: Sequence[Any]) -> QueueStats:
         """From a row of depth, in_flight, pushed, popped, acquired, expired, oldest_age_s[, dead,
-        delayed]."""
+        delayed, archived]."""
         depth, in_flight, pushed, popped, acquired, expired = (int(v or 0) for v in figures[:6])
-        dead, delayed = (int(v or 0) for v in (*figures[7:9], 0, 0)[:2])
+        dead, delayed, archived = (int(v or 0) for v in (*figures[7:10], 0, 0, 0)[:3])
         return cls(
-            depth, in_flight, pushed, popped, acquired, expired, float(figures[6] or 0.0), dead, delayed
+            depth,
+            in_flight,
+            pushed,
+            popped,
+            acquired,
+            expired,
+            float(figures[6] or 0.0),
+            dead,
+            delayed,
+            archived,
         )
 
 

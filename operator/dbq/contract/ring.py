@@ -16,7 +16,7 @@ from dbq.names import QUOTE, QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 8
+RING_SCHEMA_VERSION = 9
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -36,6 +36,7 @@ CALL_ARGS = {
     "extend": "?, ?, ?",
     "redrive": "?, ?",
     "purge_dead": "?, ?",
+    "scavenge": "?, ?",
 }
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
 SET_RETURNING = frozenset({"repair", "void_holes", "stats"})
@@ -60,6 +61,8 @@ class RingTarget:
     size: int
     message_bytes: int
     max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
+    archive: bool = False  # keep acked and popped messages in the archive table ...
+    archive_retention_s: float = 0.0  # ... until this old (cleanup scavenges older ones)
 
 
 def announce_wait(backend: str, names: QueueNames) -> str:
@@ -122,6 +125,23 @@ def dead_letters_query(backend: str, names: QueueNames) -> str:
     return (
         "SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8,"
         f" body FROM {table} ORDER BY msg_id LIMIT ?"
+    )
+
+
+def archive_query(backend: str, names: QueueNames) -> str:
+    """Archived messages acked or popped at or after a time, oldest first: msg_id, attempts,
+    pushed_at and acked_at (Unix seconds), body (parameters: the time as `history_bound` writes
+    it, then how many)."""
+    table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.archive)}"
+    if backend == "sqlserver":
+        return (
+            "SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0,"
+            f" DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body FROM {table}"
+            " WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY"
+        )
+    return (
+        "SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8,"
+        f" body FROM {table} WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?"
     )
 
 

@@ -28,6 +28,7 @@ STATS = {
     ),
     "dead": Gauge("dbq_queue_dead_letters", "Dead letters held (spec.deadLetter)", _LABELS),
     "delayed": Gauge("dbq_queue_delayed", "Messages delayed and not due yet", _LABELS),
+    "archived": Gauge("dbq_queue_archived", "Acked and popped messages kept in the archive", _LABELS),
 }
 RATES = (
     Gauge("dbq_queue_push_rate", "Pushes per second over the rate window", _LABELS),

@@ -126,6 +126,7 @@ def stats_status(stats: QueueStats, measured: tuple[float, float] | None, at: da
         oldest_message_age_seconds=round(stats.oldest_age_seconds, 1),
         dead_letters=stats.dead,
         delayed=stats.delayed,
+        archived=stats.archived,
         measured_at=stamp(at),
     ).wire()
 

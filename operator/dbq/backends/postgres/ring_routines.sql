@@ -4,10 +4,14 @@
 -- validated identifier or an integer; nothing else in this file is touched. Placeholders:
 -- {ring} {spill} {gap} {dead} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
--- {waiters} (until when consumers wait), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
+-- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
+-- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
+--
+-- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
+-- spec.archive enabled: a queue without it runs exactly the statements it ran before archives.
 --
 -- take/pop/pop_many answer with packed records. Status codes: 0 message; 1 queue empty;
 -- 2 position `id` was drawn but its message is not written yet (call take(id) until it arrives,
@@ -155,6 +159,11 @@ BEGIN
       RETURNING body, attempts INTO o_body, o_attempts;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
+        -- if archive
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = p_pos % {size};
+        IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
+        -- end if
         o_status := 0; RETURN {record};
       END IF;
     ELSE
@@ -215,6 +224,11 @@ BEGIN
         CONTINUE;
       END IF;
       IF p_lease_ms <= 0 THEN
+        -- if archive
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {spill} WHERE msg_id = o_id;
+        IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
+        -- end if
         DELETE FROM {spill} WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
       ELSE
@@ -250,7 +264,14 @@ BEGIN
           AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('{n_popped}') END
           INTO o_id, o_body, o_attempts, v_ahead;
-        IF FOUND THEN o_status := 0; RETURN {record}; END IF;
+        IF FOUND THEN
+          -- if archive
+          INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = v_pos % {size};
+          IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
+          -- end if
+          o_status := 0; RETURN {record};
+        END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
@@ -306,6 +327,11 @@ BEGIN
         RETURNING msg_id, body, NULL::bigint AS lease, attempts)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
+      -- if archive
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_taken) p(pos)
+      JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
+      -- end if
     ELSE
       WITH t AS (
         UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
@@ -330,6 +356,9 @@ BEGIN
   END IF;
   PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('{n_popped}') ELSE nextval('{n_acquired}') END
   FROM generate_series(1, v_msgs);
+  -- if archive
+  PERFORM nextval('{n_archived}') FROM generate_series(1, v_msgs) WHERE p_lease_ms <= 0;
+  -- end if
   RETURN v_out;
 END $fn$
 --;;
@@ -351,10 +380,25 @@ BEGIN
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
   UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('{n_popped}') INTO v_n;
+  -- if archive
+  IF FOUND THEN
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = p_id % {size};
+  ELSE
+    WITH acked AS (
+      DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+      RETURNING msg_id, attempts, pushed_at, body)
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked
+    RETURNING nextval('{n_popped}') INTO v_n;
+  END IF;
+  IF FOUND THEN PERFORM nextval('{n_archived}'); END IF;
+  -- else
   IF NOT FOUND THEN
     DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
     RETURNING nextval('{n_popped}') INTO v_n;
   END IF;
+  -- end if
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
   IF o_ok = 1 THEN PERFORM nextval('{n_settled}'); END IF;  -- the lease ended
 END $fn$
@@ -371,11 +415,26 @@ BEGIN
     WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id)
   SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  -- if archive
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_done) d(id)
+  JOIN {ring} r ON r.slot = d.id % {size} AND r.msg_id = d.id;
+  WITH acked AS (
+    DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
+    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+  kept AS (
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked)
+  SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  PERFORM nextval('{n_archived}') FROM unnest(v_done);
+  -- else
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+  -- end if
   PERFORM nextval('{n_popped}'), nextval('{n_settled}') FROM unnest(v_done);
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
@@ -518,9 +577,10 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
-  OUT o_dead bigint, OUT o_delayed bigint)
+  OUT o_dead bigint, OUT o_delayed bigint, OUT o_archived bigint)
 LANGUAGE plpgsql STABLE AS $fn$
 DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz; v_dead bigint; v_redriven bigint; v_purged bigint;
+  v_scavenged bigint;
 BEGIN
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
   -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
@@ -535,7 +595,10 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_dead FROM {n_dead};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_redriven FROM {n_redriven};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_purged FROM {n_purged};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_archived FROM {n_archived};
+  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_scavenged FROM {n_scavenged};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM {pop_seq};
+  o_archived := greatest(o_archived - v_scavenged, 0);
   o_in_flight := greatest(o_acquired - v_settled, 0);
   o_dead := greatest(v_dead - v_redriven - v_purged, 0);
   SELECT count(*) INTO o_delayed FROM {spill} WHERE state = 1 AND visible_at > clock_timestamp();
@@ -631,4 +694,17 @@ BEGIN
   WHERE d.msg_id = pick.msg_id;
   GET DIAGNOSTICS o_purged = ROW_COUNT;
   PERFORM nextval('{n_purged}') FROM generate_series(1, o_purged);
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_scavenge}(p_retention_ms bigint, p_max int, OUT o_scavenged bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- Archived messages older than the retention, the oldest p_max of them: one bounded batch, so
+  -- a large backlog is removed over several short transactions, never by one huge delete.
+  DELETE FROM {archive} a USING (
+    SELECT ctid FROM {archive} WHERE acked_at < clock_timestamp() - p_retention_ms * interval '1 millisecond'
+    ORDER BY acked_at LIMIT p_max FOR UPDATE SKIP LOCKED) old
+  WHERE a.ctid = old.ctid;
+  GET DIAGNOSTICS o_scavenged = ROW_COUNT;
+  PERFORM nextval('{n_scavenged}') FROM generate_series(1, o_scavenged);
 END $fn$

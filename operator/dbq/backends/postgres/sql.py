@@ -57,6 +57,7 @@ class PgRing(RingSqlBase):
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
+  archive int NOT NULL DEFAULT 0,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -138,6 +139,14 @@ ON CONFLICT (slot) DO NOTHING"""
   id int PRIMARY KEY CHECK (id = 1),
   until timestamptz NOT NULL)""",
             f"INSERT INTO {self.waiters} (id, until) VALUES (1, '-infinity') ON CONFLICT (id) DO NOTHING",
+            # Insert-only, read and scavenged by time: one index, on the time.
+            f"""CREATE TABLE IF NOT EXISTS {self.archive} (
+  msg_id bigint NOT NULL,
+  attempts int NOT NULL,
+  pushed_at timestamptz NOT NULL,
+  acked_at timestamptz NOT NULL,
+  body bytea NOT NULL)""",
+            f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.archive_index)} ON {self.archive} (acked_at)",
         ]
 
     def create_history(self) -> list[str]:
@@ -207,10 +216,12 @@ ON CONFLICT (slot) DO NOTHING"""
     def record_version(self) -> list[str]:
         return [
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_attempts int NOT NULL DEFAULT 0",
-            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts)
-VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {int(self.t.max_attempts)})
-ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version,
-  message_bytes = EXCLUDED.message_bytes, max_attempts = EXCLUDED.max_attempts, updated_at = now()""",
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0",
+            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
+VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes},
+  {int(self.t.max_attempts)}, {int(self.t.archive)})
+ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
+  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
@@ -254,7 +265,7 @@ _OLD_SIGNATURES = {
     "push_many": "text, bigint",  # version 4 took its bodies base64-encoded
     "nack": "bigint, bigint, bigint",  # version 8 added the error text
     "repair": "bigint",  # version 8 added a column (dead letters): re-created
-    "stats": "",  # version 8 added dead letters and delayed messages: re-created
+    "stats": "",  # version 8 added dead letters and delayed messages, 9 the archive: re-created
 }
 
 

@@ -5,6 +5,7 @@
 -- {record}, {take_record}, {out_record} packing one answer record. A lease is 56 random bits
 -- + 1; positions are read from sys.sequences.last_used_value (NULL before the first draw).
 -- INSERT ... EXEC cannot nest, so procedures call each other through OUTPUT parameters.
+-- Blocks between `-- if archive` and `-- end if` (or `-- else`) are kept only with spec.archive.
 --;;
 CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @placed bit OUTPUT
@@ -143,6 +144,13 @@ AS BEGIN
     IF @got = 1 BEGIN
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped};
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
+      -- if archive
+      IF @lease_ms <= 0 BEGIN
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM {ring} WHERE slot = @pos % {size};
+        IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
+      END;
+      -- end if
       SET @status = 0;
       RETURN;
     END;
@@ -203,6 +211,11 @@ AS BEGIN
     END;
     IF @lease_ms <= 0 BEGIN
       SELECT @body = body, @attempts = attempts FROM {spill} WHERE msg_id = @id;
+      -- if archive
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM {spill} WHERE msg_id = @id;
+      IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
+      -- end if
       DELETE FROM {spill} WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_popped};
     END ELSE BEGIN
@@ -297,6 +310,12 @@ AS BEGIN
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
+  -- if archive
+  IF @lease_ms <= 0
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size} AND r.msg_id = p.pos WHERE p.taken = 1;
+  -- end if
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
@@ -310,6 +329,9 @@ AS BEGIN
   SELECT @c = COUNT(*) FROM @out WHERE o_status = 0;
   WHILE @c > 0 BEGIN
     IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped}; ELSE SET @n = NEXT VALUE FOR {n_acquired};
+    -- if archive
+    IF @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_archived};
+    -- end if
     SET @c -= 1;
   END;
   SELECT {out_record} AS o_record FROM @out ORDER BY o_status, o_id;
@@ -330,14 +352,29 @@ CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint;
+  -- if archive
+  UPDATE {ring} WITH (ROWLOCK) SET state = 0
+  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body
+    INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  IF @@ROWCOUNT = 0
+    DELETE FROM {spill}
+    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body
+      INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  -- else
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF @@ROWCOUNT = 0
     DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  -- end if
   IF @@ROWCOUNT = 1
   BEGIN
     SET @n = NEXT VALUE FOR {n_popped};
     SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
+    -- if archive
+    SET @n = NEXT VALUE FOR {n_archived};
+    -- end if
     SELECT 1 AS o_ok;
   END;
   ELSE SELECT 0 AS o_ok;
@@ -354,10 +391,25 @@ AS BEGIN
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
   FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
+  -- if archive
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+  FROM {ring} r JOIN @done d ON r.slot = d.id % {size} AND r.msg_id = d.id;
+  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max));
+  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body INTO @gone
+  FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
+  WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM @gone;
+  INSERT INTO @done (id) SELECT msg_id FROM @gone;
+  SELECT @c = COUNT(*) FROM @done;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_archived}; SET @c -= 1; END;
+  -- else
   -- A separate statement: a lease moved to the spill table meanwhile is seen here.
   DELETE s OUTPUT deleted.msg_id INTO @done
   FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
+  -- end if
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
@@ -485,7 +537,7 @@ AS BEGIN
   -- From the totals, not a count of the ring (see the PostgreSQL routine).
   DECLARE @pushed bigint, @popped bigint, @acquired bigint, @expired bigint, @settled bigint, @pos bigint,
     @dead bigint, @redriven bigint, @purged bigint, @delayed bigint, @in_flight bigint, @depth bigint,
-    @oldest datetime2(3);
+    @archived bigint, @scavenged bigint, @oldest datetime2(3);
   SELECT
     @pushed = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_pushed}') THEN v END),
     @popped = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_popped}') THEN v END),
@@ -495,11 +547,14 @@ AS BEGIN
     @dead = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_dead}') THEN v END),
     @redriven = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_redriven}') THEN v END),
     @purged = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_purged}') THEN v END),
+    @archived = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_archived}') THEN v END),
+    @scavenged = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_scavenged}') THEN v END),
     @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'{pop_seq}') THEN v END)
   FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
     WHERE object_id IN (OBJECT_ID(N'{n_pushed}'), OBJECT_ID(N'{n_popped}'), OBJECT_ID(N'{n_acquired}'),
       OBJECT_ID(N'{n_expired}'), OBJECT_ID(N'{n_settled}'), OBJECT_ID(N'{n_dead}'), OBJECT_ID(N'{n_redriven}'),
-      OBJECT_ID(N'{n_purged}'), OBJECT_ID(N'{pop_seq}'))) s;
+      OBJECT_ID(N'{n_purged}'), OBJECT_ID(N'{n_archived}'), OBJECT_ID(N'{n_scavenged}'),
+      OBJECT_ID(N'{pop_seq}'))) s;
   SET @in_flight = CASE WHEN @acquired > @settled THEN @acquired - @settled ELSE 0 END;
   SELECT @delayed = COUNT_BIG(*) FROM {spill} WHERE state = 1 AND visible_at > SYSUTCDATETIME();
   SET @depth = @pushed + @redriven - @popped - @expired - @dead - @in_flight - @delayed;
@@ -521,7 +576,8 @@ AS BEGIN
     CASE WHEN @depth > 0 THEN ISNULL(DATEDIFF_BIG(millisecond, @oldest, SYSUTCDATETIME()) / 1000.0, 0) ELSE 0 END
       AS o_oldest_age_s,
     CASE WHEN @dead > @redriven + @purged THEN @dead - @redriven - @purged ELSE 0 END AS o_dead,
-    @delayed AS o_delayed;
+    @delayed AS o_delayed,
+    CASE WHEN @archived > @scavenged THEN @archived - @scavenged ELSE 0 END AS o_archived;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_defer} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
@@ -603,4 +659,17 @@ AS BEGIN
   SET @c = @@ROWCOUNT;
   SELECT @c AS o_purged;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_purged}; SET @c -= 1; END;
+END
+--;;
+CREATE OR ALTER PROCEDURE {fn_scavenge} @retention_ms bigint, @max int
+AS BEGIN
+  SET NOCOUNT ON;
+  -- Archived messages older than the retention, the oldest @max of them: one bounded batch (see
+  -- the PostgreSQL routine).
+  DECLARE @c bigint, @n bigint;
+  DELETE a FROM (SELECT TOP (@max) * FROM {archive} WITH (ROWLOCK, READPAST)
+    WHERE acked_at < DATEADD(second, -CAST(@retention_ms / 1000 AS int), SYSUTCDATETIME()) ORDER BY acked_at) a;
+  SET @c = @@ROWCOUNT;
+  SELECT @c AS o_scavenged;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_scavenged}; SET @c -= 1; END;
 END

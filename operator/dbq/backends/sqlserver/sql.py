@@ -38,7 +38,7 @@ class MsRing(RingSqlBase):
     # procedures call each other through OUTPUT parameters).
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
                                  "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats",
-                                 "defer", "extend", "redrive", "purge_dead")  # fmt: skip
+                                 "defer", "extend", "redrive", "purge_dead", "scavenge")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
@@ -75,6 +75,7 @@ CREATE TABLE {self.meta} (
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
+  archive int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
@@ -178,6 +179,15 @@ CREATE TABLE {self.waiters} (
   id int NOT NULL PRIMARY KEY CHECK (id = 1),
   until datetime2(3) NOT NULL)""",
             f"IF NOT EXISTS (SELECT 1 FROM {self.waiters}) INSERT INTO {self.waiters} (id, until) VALUES (1, '0001-01-01')",
+            # Insert-only, read and scavenged by time: clustered on the time.
+            f"""{self._object_missing(self.archive, "U")}
+CREATE TABLE {self.archive} (
+  msg_id bigint NOT NULL,
+  attempts int NOT NULL,
+  pushed_at datetime2(3) NOT NULL,
+  acked_at datetime2(3) NOT NULL,
+  body varbinary({MAX_BODY}) NOT NULL,
+  INDEX {quote(self.t.names.archive_index)} CLUSTERED (acked_at))""",
         ]
 
     def create_history(self) -> list[str]:
@@ -252,17 +262,20 @@ CREATE TABLE {self.history} (
         return "EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1"
 
     def record_version(self) -> list[str]:
-        # The column comes first, in a batch of its own: the MERGE is compiled against it.
-        attempts = int(self.t.max_attempts)
+        # The columns come first, in batches of their own: the MERGE is compiled against them.
+        attempts, archive = int(self.t.max_attempts), int(self.t.archive)
         return [
-            f"IF COL_LENGTH(N'{self.meta}', 'max_attempts') IS NULL\n"
-            f"ALTER TABLE {self.meta} ADD max_attempts int NOT NULL DEFAULT 0",
+            *(
+                f"IF COL_LENGTH(N'{self.meta}', '{column}') IS NULL\n"
+                f"ALTER TABLE {self.meta} ADD {column} int NOT NULL DEFAULT 0"
+                for column in ("max_attempts", "archive")
+            ),
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
-  max_attempts = {attempts}, updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts)
-  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts});""",
+  max_attempts = {attempts}, archive = {archive}, updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
+  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
