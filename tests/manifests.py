@@ -36,10 +36,6 @@ def with_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return doc
 
 
-def pipes_on_cassandra() -> dict[str, Any]:
-    return with_path(with_path(queue(), "spec.backend", "cassandra"), "spec.design", "pipes")
-
-
 # (id, manifest, words the refusal must contain). Each is refused at admission by the API server
 # and by the pydantic models that `dbq apply` uses.
 REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
@@ -69,7 +65,7 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ("cleanup-too-often", with_path(queue(), "spec.cleanup.interval", "1s"), "5s to 24h"),
     (
         "archive-on-pipes",
-        with_path(pipes_on_cassandra(), "spec.archive.enabled", True),
+        with_path(pipes_queue("events", "events"), "spec.archive.enabled", True),
         "archives ring queues only",
     ),
     ("archive-retention-too-short", with_path(queue(), "spec.archive.retention", "10s"), "1m to 8760h"),
