@@ -19,6 +19,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
+  archive int NOT NULL DEFAULT 0,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
