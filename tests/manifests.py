@@ -68,6 +68,15 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         with_path(pipes_queue("events", "events"), "spec.archive.enabled", True),
         "archives ring queues only",
     ),
+    (
+        "dead-letters-on-servicebroker",
+        with_path(
+            with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.design", "servicebroker"),
+            "spec.deadLetter",
+            {"maxAttempts": 3},
+        ),
+        "keeps no dead letters",
+    ),
     ("archive-retention-too-short", with_path(queue(), "spec.archive.retention", "10s"), "1m to 8760h"),
     (
         "sql-injection-queue-name",

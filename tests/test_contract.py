@@ -9,7 +9,10 @@ in both delivery modes. Design-specific behaviour is tested beside each design
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -92,11 +95,11 @@ def make_queue(design: Design) -> Iterator[MakeQueue]:
     """A new queue of the design, provisioned as the operator does, and a client of it."""
     made: list[AnyQueue] = []
 
-    def make(**options: Any) -> AnyQueue:
+    def make(spec: dict[str, Any] | None = None, **options: Any) -> AnyQueue:
+        """`spec`: more of the Queue's spec (e.g. deadLetter); `options`: the client's."""
         name = f"q_{secrets.token_hex(4)}"
-        spec = QueueSpec.model_validate(
-            {**design.spec, "connection": {"secretRef": {"name": "unused"}, "schema": SCHEMA}}
-        )
+        connection = {"secretRef": {"name": "unused"}, "schema": SCHEMA}
+        spec = QueueSpec.model_validate({**design.spec, **(spec or {}), "connection": connection})
         backend = open_backend(spec, name, from_url(design.url))
         try:
             backend.apply()
@@ -172,6 +175,69 @@ def test_a_nack_with_a_delay_is_not_delivered_before_it(make_queue, design):
     back = q.acquire(timeout=2)
     assert back is not None and (back.body, back.attempts) == (b"later", 2)
     back.ack()
+
+
+def test_a_message_failing_max_attempts_times_is_dead_lettered_once_with_its_error_and_redriven(make_queue):
+    q = make_queue(spec={"deadLetter": {"maxAttempts": 3}})
+    msg_id = q.push(b"bad")
+    for attempt in (1, 2, 3):
+        m = q.acquire(timeout=1)
+        assert m is not None and (m.id, m.attempts) == (msg_id, attempt)
+        assert m.nack(error=f"failure {attempt}") is (attempt == 3)  # the third: dead-lettered
+    assert q.acquire(timeout=0.3) is None
+    with pytest.raises(LeaseLost):
+        m.nack()  # settled already: nothing moves twice
+    [dead] = q.dead_letters()
+    assert (dead.id, dead.attempts, dead.error, dead.body) == (msg_id, 3, "failure 3", b"bad")
+    assert dead.pushed_at <= dead.dead_at
+    assert (q.stats().dead, q.stats().in_flight) == (1, 0)
+    assert q.redrive() == 1  # back with its id, attempts from zero
+    back = q.acquire(timeout=1)
+    assert back is not None and (back.id, back.body, back.attempts) == (msg_id, b"bad", 1)
+    back.ack()
+    assert q.dead_letters() == [] and q.stats().dead == 0
+
+
+def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(make_queue, design):
+    q = make_queue(spec={"deadLetter": {"maxAttempts": 1}})
+    msg_id = q.push(b"slow")
+    assert q.acquire(visibility=1) is not None
+    time.sleep(1 + design.lease_slack)
+    design.repair(q)
+    [dead] = q.dead_letters()
+    assert (dead.id, dead.attempts, dead.error) == (msg_id, 1, "lease expired (visibility timeout)")
+    assert q.acquire(timeout=0.3) is None
+    assert q.purge_dead_letters() == 1 and q.dead_letters() == []
+    s = q.stats()
+    assert (s.depth, s.in_flight, s.dead) == (0, 0, 0)
+
+
+def test_dead_letters_from_a_shell_list_redrive_and_purge(make_queue, design):
+    """`dbq dead-letters list|redrive|purge` (ids are whole numbers on the ring, UUIDs on pipes)."""
+    q = make_queue(spec={"deadLetter": {"maxAttempts": 3}})
+    ids = q.push_many([b"x", b"y"])
+    for _ in range(6):
+        m = q.acquire(timeout=1)
+        assert m is not None
+        m.nack(error="handler said no")
+
+    def dbq(*args: str) -> Any:
+        done = subprocess.run([sys.executable, "-m", "dbq.cli", "dead-letters", *args, q.names.queue,
+                               "--url", design.url, "--schema", SCHEMA, "-o", "json"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    shown = [i if isinstance(i, int) else str(i) for i in ids]
+    assert [(d["id"], d["attempts"], d["error"], d["body"]) for d in dbq("list")] == [
+        (shown[0], 3, "handler said no", "x"), (shown[1], 3, "handler said no", "y")
+    ]  # fmt: skip
+    assert dbq("redrive", "--id", str(ids[1])) == {"redriven": 1}
+    assert dbq("purge") == {"purged": 1}
+    assert q.dead_letters() == []
+    m = q.acquire(timeout=1)
+    assert m is not None and (m.id, m.attempts) == (ids[1], 1)
+    m.ack()
 
 
 def test_an_expired_lease_is_delivered_again_and_its_late_ack_refused(make_queue, design):

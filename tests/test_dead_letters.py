@@ -1,6 +1,6 @@
-"""Broker semantics of ring queues (schema version 8): dead letters after `deadLetter.maxAttempts`,
-redrive and purge, delayed delivery, lease extension, and the upgrade of a version 7 queue in
-place. On PostgreSQL, and on SQL Server when DBQ_MSSQL_DSN is set."""
+"""Broker semantics of ring queues (schema version 8) beyond the contract suite's dead-letter tests
+(`test_contract.py`): redrive and purge by id, delayed delivery, lease extension. On PostgreSQL,
+and on SQL Server when DBQ_MSSQL_DSN is set."""
 
 from __future__ import annotations
 
@@ -39,25 +39,6 @@ def queue(url) -> Iterator[tuple[Queue, OdbcRing]]:
     backend.close()
 
 
-def test_a_message_nacked_max_attempts_times_is_dead_lettered_once_with_its_error(queue):
-    q, _ = queue
-    msg_id = q.push(b"bad")
-    for attempt in (1, 2):
-        m = q.acquire(timeout=1)
-        assert m is not None and (m.id, m.attempts) == (msg_id, attempt)
-        assert m.nack(error=f"failure {attempt}") is False  # delivered again
-    m = q.acquire(timeout=1)
-    assert m is not None and m.attempts == 3
-    assert m.nack(error="failure 3") is True  # the third: dead-lettered
-    assert q.acquire(timeout=0.3) is None
-    [dead] = q.dead_letters()
-    assert (dead.id, dead.attempts, dead.error, dead.body) == (msg_id, 3, "failure 3", b"bad")
-    stats = q.stats()
-    assert (stats.depth, stats.in_flight, stats.dead) == (0, 0, 1)
-    with pytest.raises(LeaseLost):
-        m.nack()  # settled already: nothing moves twice
-
-
 def test_redrive_brings_a_dead_letter_back_with_its_id_and_attempts_from_zero_and_purge_deletes(queue):
     q, _ = queue
     ids = q.push_many([b"a", b"b"])
@@ -75,20 +56,6 @@ def test_redrive_brings_a_dead_letter_back_with_its_id_and_attempts_from_zero_an
     assert (stats.depth, stats.dead, stats.pushed, stats.popped) == (0, 0, 2, 1)
     with pytest.raises(ValueError, match="a message id is a whole number"):
         q.redrive(["1; DROP TABLE x"])  # type: ignore[list-item]
-
-
-def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(queue):
-    q, _ = queue
-    msg_id = q.push(b"slow")
-    for _ in range(3):
-        m = q.acquire(timeout=1, visibility=0.2)
-        assert m is not None
-        time.sleep(0.3)
-        q.repair(orphan_grace=60)
-    [dead] = q.dead_letters()
-    assert (dead.id, dead.attempts) == (msg_id, 3)
-    assert dead.error and "lease expired" in dead.error
-    assert q.stats().dead == 1
 
 
 def test_a_delayed_message_waits_aside_and_is_not_delivered_early(queue):
@@ -121,32 +88,3 @@ def test_a_long_handler_extends_its_lease(queue):
     m.ack()
     with pytest.raises(LeaseLost):
         m.extend(5)
-
-
-def test_dead_letters_from_a_shell_list_redrive_and_purge(queue, url):
-    """`dbq dead-letters list|redrive|purge`."""
-    import json
-    import subprocess
-    import sys
-
-    q, _ = queue
-    ids = q.push_many([b"x", b"y"])
-    for _ in range(3):
-        for m in q.acquire_many(2):
-            m.nack(error="handler said no")
-
-    def dbq(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "dbq.cli", "dead-letters", *args, q.names.queue, "--url", url,
-                               "--schema", SCHEMA, "-o", "json"], capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    listed = json.loads(dbq("list"))
-    assert [(d["id"], d["attempts"], d["error"], d["body"]) for d in listed] == [
-        (ids[0], 3, "handler said no", "x"), (ids[1], 3, "handler said no", "y")
-    ]  # fmt: skip
-    assert json.loads(dbq("redrive", "--id", str(ids[1]))) == {"redriven": 1}
-    assert json.loads(dbq("purge")) == {"purged": 1}
-    assert q.dead_letters() == []
-    m = q.acquire(timeout=1)
-    assert m is not None and (m.id, m.attempts) == (ids[1], 1)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cassandra.cluster import Cluster
 
-from dbq.api.models import QueueSpec
+from dbq.api.models import DeadLetter, QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
@@ -58,9 +58,11 @@ def complete(**changes: Any) -> PipesObserved:
                 "q_waiting",
                 "q_pending",
                 "q_staged",
+                "q_dead",
             )
         },
         recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
+        meta_columns=frozenset({"queue", "schema_version", "max_attempts"}),
     )
     return PipesObserved(**(base | changes))
 
@@ -79,6 +81,7 @@ def test_plan_from_nothing_creates_everything_in_order():
         "create_table:q_waiting",
         "create_table:q_pending",
         "create_table:q_staged",
+        "create_table:q_dead",
         "record_settings",
     ]
 
@@ -98,6 +101,16 @@ def test_plan_repairs_drift_and_follows_spec_changes():
     stcs = TableOptions(cql.GC_GRACE_SECONDS, {"class": "SizeTieredCompactionStrategy"})
     assert actions(complete(tables=complete().tables | {"q_pipes": stcs})) == ["tune_table:q_pipes"]
     assert actions(complete(recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 100, 60000))) == ["record_settings"]
+
+
+def test_plan_upgrades_a_version_1_queue_in_place():
+    """Version 2 adds dead letters: a table, and a metadata column added to the existing table."""
+    tables = dict(complete().tables)
+    tables.pop("q_dead")
+    old = complete(tables=tables, recorded=RecordedPipes(1, 500, 60000), meta_columns=frozenset({"queue"}))
+    assert actions(old) == ["add_meta_column", "create_table:q_dead", "record_settings"]
+    with_dead_letters = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=5)
+    assert [str(s) for s in plan_pipes(with_dead_letters, complete())] == ["record_settings"]
 
 
 def test_replication_follows_the_spec():
@@ -197,6 +210,49 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
         not {"provision_me_pipes", "provision_me_state", "provision_me_waiting", "provision_me_pending"}
         & tables
     )
+
+
+def test_a_version_1_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra):
+    """Version 2 adds dead letters: a table and a metadata column. A version 1 queue gets them in
+    place, in a keyspace whose metadata table version 1 made, with its messages and leases."""
+    settings = from_url(cass_url)
+    backend = open_backend(spec_for(), "upgrade_me", settings)
+    try:
+        backend.apply()
+        with connect(cass_url, "upgrade_me", schema=KEYSPACE) as q:
+            ids = q.push_many([b"m%d" % i for i in range(10)])
+            held = q.acquire_many(3, visibility=60)
+        # What version 1 had: no dead-letter table, no max_attempts in the metadata table.
+        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_dead"')
+        cassandra.execute(f'ALTER TABLE "{KEYSPACE}".dbq_queues DROP max_attempts')
+        cassandra.execute(
+            f"UPDATE \"{KEYSPACE}\".dbq_queues SET schema_version = 1 WHERE queue = 'upgrade_me'"
+        )
+        with pytest.raises(QueueError, match="version 1, this client speaks pipes version 2"):
+            connect(cass_url, "upgrade_me", schema=KEYSPACE)
+        upgraded = open_backend(spec_for().model_copy(update={"dead_letter": DeadLetter(max_attempts=2)}),
+                                "upgrade_me", settings)  # fmt: skip
+        assert [str(s) for s in upgraded.plan(upgraded.observe())] == [
+            "add_meta_column", "create_table:upgrade_me_dead", "record_settings"
+        ]  # fmt: skip
+        upgraded.apply()
+        assert upgraded.plan(upgraded.observe()) == []
+        upgraded.close()
+        with connect(cass_url, "upgrade_me", schema=KEYSPACE) as q:
+            assert isinstance(q, PipesQueue) and q.max_attempts == 2
+            s = q.stats()
+            assert (s.depth, s.in_flight, s.pushed, s.dead) == (7, 3, 10, 0)
+            for m in held:
+                m._queue = q  # the leases, held across the upgrade, are settled by the new client
+            q.ack_many(held[1:])
+            assert held[0].nack(error="after the upgrade") is False  # its first attempt of two
+            rest = []
+            while got := q.pop_many(10, timeout=0.5):  # the nacked one went to another pipe
+                rest += got
+            assert sorted(m.id for m in rest + held[1:]) == sorted(ids)  # none lost, none twice
+    finally:
+        backend.teardown()
+        backend.close()
 
 
 def test_unknown_queue_is_named(cass_url, make_queue):

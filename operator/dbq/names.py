@@ -154,7 +154,7 @@ class QueueNames:
     @property
     def pipes_tables(self) -> tuple[str, ...]:
         """Cassandra: the tables of one pipes queue."""
-        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged)
+        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead)
 
     @property
     def sender_queue(self) -> str:

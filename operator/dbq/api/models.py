@@ -375,7 +375,7 @@ class QueueSpec(Model):
     service_broker: ServiceBroker = Field(default_factory=ServiceBroker)
     dead_letter: DeadLetter | None = Field(
         default=None,
-        description="Ring queues: dead-letter messages that keep failing (absent: redeliver for ever).",
+        description="Ring and pipes queues: dead-letter messages that keep failing (absent: redeliver for ever).",
     )
     archive: Archive = Field(default_factory=Archive)
     timeouts: Timeouts = Field(default_factory=Timeouts)
@@ -391,7 +391,7 @@ class QueueSpec(Model):
     def _pair(self) -> QueueSpec:
         if self.design not in DESIGNS[self.backend]:
             raise ValueError(design_error(str(self.backend), str(self.design)))
-        if self.dead_letter is not None and self.design != "ring":
+        if self.dead_letter is not None and self.design == "servicebroker":
             raise ValueError(DEAD_LETTER_HINT)
         if self.archive.enabled and self.design != "ring":
             raise ValueError(ARCHIVE_HINT)
@@ -406,8 +406,8 @@ def design_error(backend: str, design: str) -> str:
 
 
 DEAD_LETTER_HINT = (
-    "spec.deadLetter: this version keeps dead letters for ring queues only; remove it from a pipes or"
-    " servicebroker queue (Service Broker disables a queue on poison messages instead)"
+    "spec.deadLetter: a servicebroker queue keeps no dead letters (Service Broker disables a queue on"
+    " poison messages instead, see spec.serviceBroker.poisonMessageHandling); remove it"
 )
 ARCHIVE_HINT = (
     "spec.archive.enabled: this version archives ring queues only; set it to false on a pipes or"
@@ -415,7 +415,7 @@ ARCHIVE_HINT = (
 )
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
-    {"rule": "!has(self.deadLetter) || self.design == 'ring'", "message": DEAD_LETTER_HINT},
+    {"rule": "!has(self.deadLetter) || self.design != 'servicebroker'", "message": DEAD_LETTER_HINT},
     {
         "rule": "!has(self.archive) || !has(self.archive.enabled) || !self.archive.enabled || self.design == 'ring'",
         "message": ARCHIVE_HINT,

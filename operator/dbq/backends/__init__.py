@@ -34,6 +34,7 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
             replication=replication_map(spec.pipes.replication),
             max_pushes_per_pipe=spec.pipes.max_pushes_per_pipe,
             max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
+            max_attempts=spec.dead_letter.max_attempts if spec.dead_letter else 0,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

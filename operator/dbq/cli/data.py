@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -309,13 +310,27 @@ class CommandFailed(Exception):
 
 @click.group("dead-letters")
 def dead_letters() -> None:
-    """The dead letters of a ring queue with spec.deadLetter."""
+    """The dead letters of a ring or pipes queue with spec.deadLetter."""
 
 
-def _ring(q: AnyQueue, queue: str) -> Queue:
-    if not isinstance(q, Queue):
-        raise click.ClickException(f"{queue} is not a ring queue: only ring queues keep dead letters")
+DeadLettered = Queue | PipesQueue  # the designs that keep dead letters
+
+
+def _keeping(q: AnyQueue, queue: str) -> DeadLettered:
+    if not isinstance(q, Queue | PipesQueue):
+        raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no dead letters")
     return q
+
+
+def _ids(q: DeadLettered, given: tuple[str, ...]) -> list[Any] | None:
+    """--id values as the design's ids (whole numbers on the ring, UUIDs on pipes); None: all."""
+    try:
+        return [int(i) if isinstance(q, Queue) else uuid.UUID(i) for i in given] or None
+    except ValueError:
+        kind = "a whole number" if isinstance(q, Queue) else "a UUID"
+        raise click.BadParameter(
+            f"each id is {kind} (as `dead-letters list` shows it)", param_hint="--id"
+        ) from None
 
 
 @dead_letters.command("list")
@@ -327,10 +342,11 @@ def dead_letters_list(
 ) -> None:  # fmt: skip
     """The dead letters of QUEUE: id, attempts, last error, when pushed and dead-lettered."""
     with opened(queue, url, schema, namespace, design) as q:
-        letters = _ring(q, queue).dead_letters(limit)
+        letters = _keeping(q, queue).dead_letters(limit)
     if output == "json":
-        click.echo(json.dumps([{"id": d.id, "attempts": d.attempts, "error": d.error, "pushedAt": d.pushed_at,
-                                "deadAt": d.dead_at, **_body_json(d.body)} for d in letters]))  # fmt: skip
+        click.echo(json.dumps([{"id": d.id if isinstance(d.id, int) else str(d.id), "attempts": d.attempts,
+                                "error": d.error, "pushedAt": d.pushed_at, "deadAt": d.dead_at,
+                                **_body_json(d.body)} for d in letters]))  # fmt: skip
         return
     table = Table(title=f"dead letters of {queue}", title_justify="left")
     for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "BODY"):
@@ -343,27 +359,26 @@ def dead_letters_list(
     Console().print(table)
 
 
-def _moving(name: str, done: str, doc: str, move: Callable[[Queue, list[int] | None], int]) -> None:
+def _moving(name: str, done: str, doc: str, move: Callable[[DeadLettered, list[Any] | None], int]) -> None:
     """`dbq dead-letters NAME QUEUE [--id N ...]`: `move` the named dead letters, or all."""
 
     @dead_letters.command(name, help=doc)
     @target_options
-    @click.option(
-        "--id", "ids", type=int, multiple=True, help=f"A dead letter to {name} (repeat); default: all."
-    )
+    @click.option("--id", "ids", multiple=True, help=f"A dead letter to {name} (repeat); default: all.")
     def command(
         queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
-        ids: tuple[int, ...],
+        ids: tuple[str, ...],
     ) -> None:  # fmt: skip
         with opened(queue, url, schema, namespace, design) as q:
-            ring = _ring(q, queue)
-            n = _each_batch(lambda: move(ring, list(ids) or None), bool(ids))
+            keeping = _keeping(q, queue)
+            wanted = _ids(keeping, ids)
+            n = _each_batch(lambda: move(keeping, wanted), bool(ids))
         click.echo(json.dumps({done: n}) if output == "json" else f"{n} dead letters {done}")
 
 
 _moving("redrive", "redriven", "Move dead letters of QUEUE back to delivery: same ids, attempts from zero.",
-        Queue.redrive)  # fmt: skip
-_moving("purge", "purged", "Delete dead letters of QUEUE for good.", Queue.purge_dead_letters)
+        lambda q, ids: q.redrive(ids))  # fmt: skip
+_moving("purge", "purged", "Delete dead letters of QUEUE for good.", lambda q, ids: q.purge_dead_letters(ids))
 
 
 @click.command("archive")

@@ -40,7 +40,7 @@ from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
-from dbq.client.stats import HistorySample, QueueStats
+from dbq.client.stats import DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
@@ -71,6 +71,7 @@ STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 # Statements prepared on a session, by text: every client on the session (the operator's, Spark
 # tasks') prepares a statement once.
 _PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = weakref.WeakKeyDictionary()
+LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
 
 
@@ -82,6 +83,13 @@ def _unset(value: Any) -> Any:
     """A missing value is left unset, not written as null: a null is a tombstone cell, and every
     read of the row would count it."""
     return UNSET_VALUE if value is None else value
+
+
+def _dead_letter(row: Sequence[Any]) -> DeadLetter:
+    """A dead letter from (id, attempts, error, dead_at ms, body); pushed when its id was made."""
+    return DeadLetter(
+        row[0], int(row[1] or 0), row[2], uuid_ms(row[0]) / 1000, (row[3] or 0) / 1000, bytes(row[4])
+    )
 
 
 def uuid_ms(value: uuid.UUID) -> int:
@@ -103,19 +111,21 @@ class PipeMessage:
         """Done with it: never delivered again. Raises LeaseLost if the lease had expired."""
         self._leased().ack(self)
 
-    def nack(self, delay: float = 0.0) -> None:
-        """Give it back: delivered again now, or after `delay` s (at the first repair after it)."""
-        self._leased()._nack(self, delay)
+    def nack(self, delay: float = 0.0, error: str | None = None) -> bool:
+        """Give it back: delivered again now, or after `delay` s (at the first repair after it).
+        With spec.deadLetter, a message acquired maxAttempts times goes to the dead letters
+        instead, with `error`: then True."""
+        return self._leased()._nack(self, delay, error)
 
     def give_back(self) -> None:
-        """Return it unhandled (a consumer stopping): delivered again at once."""
-        self.nack()
+        """Return it unhandled (a consumer stopping): delivered again at once, and this delivery
+        does not count as an attempt."""
+        self._leased()._nack(self, 0.0, None, handled=False)
 
     def fail(self, delay: float, error: str | None) -> bool:
-        """A handler failed on it (`dbq.client.consume`): nack with the delay. Pipes keep no
-        error text and no dead letters: False."""
-        self.nack(delay)
-        return False
+        """A handler failed on it (`dbq.client.consume`): nack with the delay and the error;
+        whether it was dead-lettered."""
+        return self.nack(delay, error)
 
     def _leased(self) -> PipesQueue:
         if self.lease is None or self._queue is None:
@@ -145,9 +155,10 @@ class PipesStats(QueueStats):
 @dataclass(frozen=True)
 class PipesRepair:
     finished_pipes: int  # pushers vanished: their pipes marked finished
-    rolled_back: int  # pending messages past their deadline, pushed again
+    rolled_back: int  # pending messages past their deadline, pushed again (or dead-lettered)
     drained_pipes: int  # finished pipes with nothing left to read
     retired_pipes: int  # drained pipes removed (partitions dropped, totals kept)
+    dead_lettered: int = 0  # of those rolled back: acquired deadLetter.maxAttempts times
 
 
 @dataclass
@@ -260,6 +271,8 @@ class PipesQueue:
             raise
         self.max_pushes_per_pipe = int(meta[2])
         self.max_push_time_ms = int(meta[3])
+        # spec.deadLetter.maxAttempts; 0: none
+        self.max_attempts = int(self._x(self.cql.read_max_attempts, names.queue)[0][0] or 0)
 
     def _check_meta(self) -> list[Any]:
         """The queue's metadata row, once it is known to be a pipes queue this client speaks."""
@@ -782,19 +795,43 @@ class PipesQueue:
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 
-    def _nack(self, m: PipeMessage, delay: float) -> None:
+    def _nack(self, m: PipeMessage, delay: float, error: str | None, *, handled: bool = True) -> bool:
         delay = seconds_arg(delay, "delay", 0.0)
+        if error is not None and not isinstance(error, str):
+            raise TypeError(f"error is the failure's text, not {type(error).__name__}")
         ok, _ = self._check_leases([m])
         if not ok:
             raise LeaseLost.of_nack(m)
+        if handled and self.max_attempts and m.attempts >= self.max_attempts:
+            # Taken over first, so an ack or a rollback of it cannot also succeed; then the dead
+            # letter and the end of the pending row in one logged batch.
+            if not self._cas(self.cql.take_over, uuid.uuid4(), self._retake_at(), m.pipe, m.key, m.lease):
+                raise LeaseLost.of_nack(m)
+            self._batch(self._burial(m.pipe, m.key, m.id, m.attempts, error, m.body), logged=True)
+            return True
         if delay > 0:
             until = now_ms() + int(delay * 1000)
             if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
-            return
+            return False
         if not self._cas(self.cql.take_over, uuid.uuid4(), self._retake_at(), m.pipe, m.key, m.lease):
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
-        self._write([m.body], ids=[m.id], attempts=[m.attempts], also=[(self.cql.ack, (m.pipe, m.key))])
+        attempts = m.attempts if handled else max(m.attempts - 1, 0)
+        self._write([m.body], ids=[m.id], attempts=[attempts], also=[(self.cql.ack, (m.pipe, m.key))])
+        return False
+
+    def _burial(
+        self,
+        pipe: uuid.UUID,
+        key: uuid.UUID,
+        msg_id: uuid.UUID,
+        attempts: int,
+        error: str | None,
+        body: bytes,
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements that move a pending message (taken over) to the dead letters."""
+        text = None if error is None else error[:4000]
+        return [(self.cql.bury, (msg_id, attempts, text, now_ms(), body)), (self.cql.ack, (pipe, key))]
 
     def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
         """Run `handler(message)` for each message, acked when it returns and nacked with
@@ -813,7 +850,7 @@ class PipesQueue:
         meta = self._meta()
         if meta is None:
             raise QueueNotFound(f"queue {self.names.queue} is gone")
-        finished = rolled_back = drained = 0
+        finished = rolled_back = dead_lettered = drained = 0
         pipes = self._live_pipes(meta)
         states = self._states([p for p, _ in pipes])
         pending = self._many(self.cql.pending_of, [(p,) for p, _ in pipes])
@@ -833,7 +870,8 @@ class PipesQueue:
                 finished += 1
             overdue = [r for r in rows if r[5] is not None and r[5] < at - SKEW_S * 1000]
             if overdue:
-                rolled_back += self._roll_back(state, overdue)
+                moved, dead = self._roll_back(state, overdue)
+                rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
                 rows = self._x(self.cql.pending_of, pipe)
             is_drained = state.remaining <= 0 and state.done_pushing(self.max_push_time_ms, at)
             if is_drained and status != "drained":
@@ -843,21 +881,23 @@ class PipesQueue:
             if prefix:
                 retirable.append(state)
         retired = self._retire(meta, retirable) if retirable else 0
-        return PipesRepair(finished, rolled_back, drained, retired)
+        return PipesRepair(finished, rolled_back, drained, retired, dead_lettered)
 
-    def _roll_back(self, state: _State, overdue: list[Any]) -> int:
-        """Push overdue pending messages again, holding the pipe's lease: this thread's own, or
-        one taken for the purpose (skipped while another client leases the pipe)."""
+    def _roll_back(self, state: _State, overdue: list[Any]) -> tuple[int, int]:
+        """Push overdue pending messages again (or dead-letter them), holding the pipe's lease:
+        this thread's own, or one taken for the purpose (skipped while another client leases the
+        pipe). How many were rolled back, and how many of them dead-lettered."""
         mine = self._lease()
         owner = None
         if mine is None or mine.state.pipe != state.pipe:
             if (state.lease_until or 0) > now_ms():
-                return 0
+                return 0, 0
             owner = f"{self._identity}/repair/{uuid.uuid4().hex[:8]}"
             until = now_ms() + int(PIPE_LEASE_S * 1000)
             if not self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
-                return 0
+                return 0, 0
         taken: list[Any] = []
+        dead: list[Any] = []
         try:
             # Take each lease over first: an ack that lands meanwhile wins, and then the message
             # is not pushed again.
@@ -866,6 +906,12 @@ class PipesQueue:
             taken = [
                 r for r in overdue if self._cas(self.cql.take_over, token, retake, state.pipe, r[0], r[6])
             ]
+            # Those acquired deadLetter.maxAttempts times go to the dead letters instead.
+            dead = [r for r in taken if self.max_attempts and int(r[3] or 0) >= self.max_attempts]
+            for r in dead:
+                burial = self._burial(state.pipe, r[0], r[1], int(r[3]), LEASE_EXPIRED, bytes(r[2]))
+                self._batch(burial, logged=True)
+            taken = [r for r in taken if r not in dead]
             if taken:
                 self._write(
                     [bytes(r[2]) for r in taken],
@@ -877,7 +923,7 @@ class PipesQueue:
         finally:
             if owner is not None:
                 self._cas(self.cql.release, state.pipe, owner)
-        return len(taken)
+        return len(taken) + len(dead), len(dead)
 
     def _retire(self, meta: list[Any], states: list[_State]) -> int:
         """Move the totals of drained head pipes into the queue row, then drop their partitions."""
@@ -893,6 +939,38 @@ class PipesQueue:
         self._many(self.cql.drop_pending, [(s.pipe,) for s in states])
         self._x(self.cql.drop_pipe_rows, last)
         return len(states)
+
+    # --- dead letters ---------------------------------------------------------------------
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The dead letters, oldest pushed first (at most `limit`)."""
+        return [_dead_letter(r) for r in self._x(self.cql.dead_letters, count_arg(limit, "limit"))]
+
+    def _dead_rows(self, ids: Iterable[uuid.UUID] | None, limit: int) -> list[Any]:
+        count_arg(limit, "limit")
+        if ids is None:
+            return self._x(self.cql.dead_letters, limit)
+        wanted = list(ids)
+        if not wanted or not all(isinstance(i, uuid.UUID) for i in wanted):
+            raise ValueError("ids are the dead letters' ids (UUIDs), or None for the oldest")
+        return self._x(self.cql.dead_letters_by_id, wanted[:limit])
+
+    def redrive(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
+        """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the
+        oldest `limit`. Each is pushed again and leaves the dead letters in one logged batch.
+        How many moved."""
+        rows = self._dead_rows(ids, limit)
+        if rows:
+            self._write(
+                [bytes(r[4]) for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),
+                also=[(self.cql.unbury, (r[0],)) for r in rows],
+            )  # fmt: skip
+        return len(rows)
+
+    def purge_dead_letters(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
+        """Dead letters deleted for good: `ids`, or the oldest `limit`. How many went."""
+        rows = self._dead_rows(ids, limit)
+        self._many(self.cql.unbury, [(r[0],) for r in rows])
+        return len(rows)
 
     def history(self, since: datetime, until: datetime) -> list[HistorySample]:
         """The operator's statistics samples of this queue taken in [since, until), oldest first."""
@@ -936,9 +1014,11 @@ class PipesQueue:
         for rows in self._head_ids(heads):
             if rows:
                 oldest = max(oldest, (at - uuid_ms(rows[0][0])) / 1000)
+        # Dead letters are few (a count of their one partition); none unless spec.deadLetter.
+        dead = int(self._x(self.cql.count_dead)[0][0]) if self.max_attempts else 0
         return PipesStats(
             depth=depth, in_flight=in_flight, pushed=pushed, popped=popped, acquired=acquired,
-            expired=expired, oldest_age_seconds=max(oldest, 0.0), requeued=requeued,
+            expired=expired, oldest_age_seconds=max(oldest, 0.0), dead=dead, requeued=requeued,
             retired_pipes=retired, pipes=tuple(per_pipe),
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""One measurement of a queue, the same figures for every design.
+"""One measurement of a queue, the same figures for every design, and the dead letters it holds.
 
 The client returns it (`Queue.stats()`), the operator records it in the history table, exports
 it to Prometheus and writes it to `status.stats` (`dbq.api.status.StatsStatus`).
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,17 @@ class HistorySample:
     @classmethod
     def of_row(cls, at_unix_seconds: float, figures: Sequence[Any]) -> HistorySample:
         return cls(datetime.fromtimestamp(float(at_unix_seconds), UTC), QueueStats.of_row(figures))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message that was acquired `deadLetter.maxAttempts` times and not acked: its id, how
+    many times it was delivered, the last error given to nack (or why the lease ended), when it
+    was pushed and dead-lettered (Unix seconds), its body."""
+
+    id: int | UUID  # an int on the ring, a timeuuid on pipes
+    attempts: int
+    error: str | None
+    pushed_at: float
+    dead_at: float
+    body: bytes

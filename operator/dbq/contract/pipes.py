@@ -10,7 +10,7 @@ from __future__ import annotations
 from dbq.names import QueueNames
 from dbq.names import pg_quote as quote
 
-PIPES_SCHEMA_VERSION = 1
+PIPES_SCHEMA_VERSION = 2  # 2: dead letters (the dead table, meta.max_attempts)
 BUCKET = 0  # the pipes table's single partition
 
 
@@ -28,6 +28,7 @@ class PipesStatements:
         self.waiting = f"{ks}.{quote(names.waiting)}"
         self.pending = f"{ks}.{quote(names.pending)}"
         self.staged = f"{ks}.{quote(names.staged)}"
+        self.dead = f"{ks}.{quote(names.dead)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 
@@ -78,6 +79,15 @@ class PipesStatements:
             f" {d} WHERE pipe = ?"
         )
         self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
+        # Dead letters: one partition, in id (push) order.
+        dl = self.dead
+        self.bury = (
+            f"INSERT INTO {dl} (bucket, id, attempts, error, dead_at, body) VALUES ({BUCKET}, ?, ?, ?, ?, ?)"
+        )
+        self.dead_letters = f"SELECT id, attempts, error, toUnixTimestamp(dead_at), body FROM {dl} WHERE bucket = {BUCKET} LIMIT ?"
+        self.dead_letters_by_id = f"SELECT id, attempts, error, toUnixTimestamp(dead_at), body FROM {dl} WHERE bucket = {BUCKET} AND id IN ?"
+        self.unbury = f"DELETE FROM {dl} WHERE bucket = {BUCKET} AND id = ?"
+        self.count_dead = f"SELECT count(*) FROM {dl} WHERE bucket = {BUCKET}"
         self.head_id = f"SELECT id FROM {w} WHERE pipe = ? AND msg > ? LIMIT 1"
         self.head_id_first = f"SELECT id FROM {w} WHERE pipe = ? LIMIT 1"
 
@@ -87,6 +97,8 @@ class PipesStatements:
             f"SELECT design, schema_version, max_pushes_per_pipe, max_push_time_ms, watermark, {retired}"
             f" FROM {m} WHERE queue = ?"
         )
+        # Read once the version is known to be 2 or later (a version 1 table lacks the column).
+        self.read_max_attempts = f"SELECT max_attempts FROM {m} WHERE queue = ?"
         self.retire = (
             f"UPDATE {m} SET watermark = ?, "
             + ", ".join(f"{c} = ?" for c in retired.split(", "))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -90,13 +91,20 @@ class CassandraPipes:
             for name, grace, compaction in self._run(cql.OBSERVE_TABLES, ks)
         }
         recorded = None
+        columns: frozenset[str] = frozenset()
         if self.names.meta in tables:
-            found = self._run(self.cql.recorded, self.names.queue)
-            if found and found[0][0] is not None:
-                recorded = RecordedPipes(*(int(v or 0) for v in found[0]))
+            columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.meta))
+            found = self._run(self.cql.recorded, self.names.queue)  # as JSON: older rows lack columns
+            values = json.loads(found[0][0]) if found else {}
+            if values.get("schema_version") is not None:
+                recorded = RecordedPipes(
+                    *(int(values.get(k) or 0) for k in
+                      ("schema_version", "max_pushes_per_pipe", "max_push_time_ms", "max_attempts"))
+                )  # fmt: skip
         return PipesObserved(
-            keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded
-        )
+            keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded,
+            meta_columns=columns,
+        )  # fmt: skip
 
     def plan(self, observed: PipesObserved) -> list[PipesStep]:
         return plan_pipes(self.target, observed)
@@ -109,11 +117,14 @@ class CassandraPipes:
             PipesAction.ALTER_KEYSPACE: lambda: c.alter_keyspace(t.replication),
             PipesAction.CREATE_TABLE: lambda: c.create_table(step.table),
             PipesAction.TUNE_TABLE: lambda: c.tune_table(step.table),
+            PipesAction.ADD_META_COLUMN: lambda: c.add_meta_column,
             PipesAction.RECORD_SETTINGS: lambda: c.record,
         }
         values: tuple[Any, ...] = ()
         if step.action is PipesAction.RECORD_SETTINGS:
-            values = (PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, self.names.queue)
+            values = (
+                PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, self.names.queue
+            )  # fmt: skip
         return statements[step.action](), values
 
     def apply(self) -> ApplyResult:
@@ -155,7 +166,8 @@ class CassandraPipes:
         finally:
             q.close_pushers()  # a rollback pushed through this client's own pipe
         return {"finishedPipes": r.finished_pipes, "rolledBack": r.rolled_back,
-                "drainedPipes": r.drained_pipes, "retiredPipes": r.retired_pipes}  # fmt: skip
+                "drainedPipes": r.drained_pipes, "retiredPipes": r.retired_pipes,
+                "deadLettered": r.dead_lettered}  # fmt: skip
 
     def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
         return MaintenanceResult(

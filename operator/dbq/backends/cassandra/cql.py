@@ -44,6 +44,7 @@ COMPACTION = {"class": "org.apache.cassandra.db.compaction.LeveledCompactionStra
 COMPACTION_OPTIONS = {"unchecked_tombstone_compaction": "true", "tombstone_threshold": "0.2"}
 
 OBSERVE_KEYSPACE = "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = ?"
+OBSERVE_COLUMNS = "SELECT column_name FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?"
 OBSERVE_TABLES = (
     "SELECT table_name, gc_grace_seconds, compaction FROM system_schema.tables WHERE keyspace_name = ?"
 )
@@ -87,12 +88,11 @@ class PipesCql(PipesStatements):
         m = self.meta
         # --- provisioning --------------------------------------------------------------------
         self.record = (
-            f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?"
-            " WHERE queue = ?"
+            f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?,"
+            " max_attempts = ? WHERE queue = ?"
         )
-        self.recorded = (
-            f"SELECT schema_version, max_pushes_per_pipe, max_push_time_ms FROM {m} WHERE queue = ?"
-        )
+        self.recorded = f"SELECT JSON * FROM {m} WHERE queue = ?"
+        self.add_meta_column = f"ALTER TABLE {m} ADD IF NOT EXISTS max_attempts int"
         self.forget = f"DELETE FROM {m} WHERE queue = ?"
         self.queues_in_keyspace = f"SELECT queue FROM {m}"
 
@@ -107,7 +107,7 @@ class PipesCql(PipesStatements):
         return {
             self.names.meta: f"""CREATE TABLE IF NOT EXISTS {self.meta} (
     queue text PRIMARY KEY, design text, schema_version int,
-    max_pushes_per_pipe int, max_push_time_ms bigint,
+    max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int,
     watermark timeuuid, retired_pushed bigint, retired_requeued bigint, retired_popped bigint,
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp
@@ -135,6 +135,10 @@ class PipesCql(PipesStatements):
     deadline timestamp, lease uuid,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
+            self.names.dead: f"""CREATE TABLE IF NOT EXISTS {self.dead} (
+    bucket int, id timeuuid, attempts int, error text, dead_at timestamp, body blob,
+    PRIMARY KEY ((bucket), id)
+) WITH CLUSTERING ORDER BY (id ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
     stage text, seq bigint, first_seq bigint, packed blob,
     PRIMARY KEY ((stage), seq)

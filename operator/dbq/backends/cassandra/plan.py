@@ -20,6 +20,7 @@ class PipesTarget:
     replication: dict[str, str]
     max_pushes_per_pipe: int
     max_push_time_ms: int
+    max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
 
 
 class PipesAction(StrEnum):
@@ -27,6 +28,7 @@ class PipesAction(StrEnum):
     ALTER_KEYSPACE = "alter_keyspace"
     CREATE_TABLE = "create_table"
     TUNE_TABLE = "tune_table"
+    ADD_META_COLUMN = "add_meta_column"
     RECORD_SETTINGS = "record_settings"
 
 
@@ -47,6 +49,7 @@ class PipesStep:
             PipesAction.ALTER_KEYSPACE: "changed the keyspace's replication: run `nodetool repair --full` on every node",
             PipesAction.CREATE_TABLE: f"created table {self.table}",
             PipesAction.TUNE_TABLE: f"reset compaction and gc_grace_seconds of table {self.table}",
+            PipesAction.ADD_META_COLUMN: "added max_attempts to the metadata table (schema version 2)",
             PipesAction.RECORD_SETTINGS: "recorded the schema version and settings",
         }[self.action]
 
@@ -62,6 +65,7 @@ class RecordedPipes:
     schema_version: int
     max_pushes_per_pipe: int
     max_push_time_ms: int
+    max_attempts: int = 0  # recorded since schema version 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class PipesObserved:
     replication: dict[str, str] = field(default_factory=dict)
     tables: dict[str, TableOptions] = field(default_factory=dict)
     recorded: RecordedPipes | None = None
+    meta_columns: frozenset[str] = frozenset()
 
 
 def options_drift(options: TableOptions) -> list[str]:
@@ -99,6 +104,9 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
         steps.append(PipesStep(PipesAction.ALTER_KEYSPACE, why))
     if n.meta not in observed.tables:
         steps.append(PipesStep(PipesAction.CREATE_TABLE, f"table {n.schema}.{n.meta} does not exist", n.meta))
+    elif "max_attempts" not in observed.meta_columns:
+        why = f"table {n.schema}.{n.meta} has no max_attempts column (made by schema version 1)"
+        steps.append(PipesStep(PipesAction.ADD_META_COLUMN, why))
     if n.history not in observed.tables:
         why = f"statistics history table {n.schema}.{n.history} does not exist"
         steps.append(PipesStep(PipesAction.CREATE_TABLE, why, n.history))
@@ -111,7 +119,9 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
         elif drift := options_drift(options):
             why = f"table {n.schema}.{table} has {', '.join(drift)}"
             steps.append(PipesStep(PipesAction.TUNE_TABLE, why, table))
-    want = RecordedPipes(PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms)
+    want = RecordedPipes(
+        PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts
+    )
     if observed.recorded != want:
         why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
         steps.append(PipesStep(PipesAction.RECORD_SETTINGS, why))
@@ -123,5 +133,5 @@ def _settings(recorded: RecordedPipes | None) -> str:
         return "nothing"
     return (
         f"schema version {recorded.schema_version}, a new pipe every {recorded.max_pushes_per_pipe}"
-        f" messages or {recorded.max_push_time_ms} ms"
+        f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts"
     )
