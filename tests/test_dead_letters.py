@@ -1,5 +1,5 @@
 """Broker semantics of ring queues (schema version 8) beyond the contract suite's dead-letter tests
-(`test_contract.py`): redrive and purge by id, delayed delivery, lease extension. On PostgreSQL,
+and delayed delivery (`test_contract.py`): redrive and purge by id, lease extension. On PostgreSQL,
 and on SQL Server when DBQ_MSSQL_DSN is set."""
 
 from __future__ import annotations
@@ -56,25 +56,6 @@ def test_redrive_brings_a_dead_letter_back_with_its_id_and_attempts_from_zero_an
     assert (stats.depth, stats.dead, stats.pushed, stats.popped) == (0, 0, 2, 1)
     with pytest.raises(ValueError, match="a message id is a whole number"):
         q.redrive(["1; DROP TABLE x"])  # type: ignore[list-item]
-
-
-def test_a_delayed_message_waits_aside_and_is_not_delivered_early(queue):
-    q, _ = queue
-    pushed_at = time.monotonic()
-    [later] = q.push_many([b"later"], delay=1.0)
-    now = q.push(b"now")
-    assert later < now  # ids in push order
-    stats = q.stats()
-    assert (stats.depth, stats.delayed) == (1, 1)
-    first = q.pop(timeout=0.2)
-    assert first is not None and first.body == b"now"  # the head never waits for the delayed one
-    assert q.pop(timeout=0.2) is None
-    got = None
-    while got is None and time.monotonic() - pushed_at < 5:
-        got = q.pop(timeout=0.1)
-    assert got is not None and got.id == later
-    assert time.monotonic() - pushed_at >= 1.0
-    assert q.stats().pushed == 2
 
 
 def test_a_long_handler_extends_its_lease(queue):

@@ -108,6 +108,11 @@ class QueueNames:
         return self._("staged")
 
     @property
+    def delayed(self) -> str:
+        """Cassandra: messages pushed with a delay, waiting until due (repair moves them to a pipe)."""
+        return self._("delayed")
+
+    @property
     def dead(self) -> str:
         """Dead letters: messages acquired and not acked `deadLetter.maxAttempts` times."""
         return self._("dead")
@@ -154,7 +159,7 @@ class QueueNames:
     @property
     def pipes_tables(self) -> tuple[str, ...]:
         """Cassandra: the tables of one pipes queue."""
-        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead)
+        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead, self.delayed)
 
     @property
     def sender_queue(self) -> str:

@@ -71,6 +71,7 @@ STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 # Statements prepared on a session, by text: every client on the session (the operator's, Spark
 # tasks') prepares a statement once.
 _PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = weakref.WeakKeyDictionary()
+DUE_BATCHES = 40  # delayed messages moved per repair: at most this many logged batches of them
 LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
 
@@ -159,6 +160,7 @@ class PipesRepair:
     drained_pipes: int  # finished pipes with nothing left to read
     retired_pipes: int  # drained pipes removed (partitions dropped, totals kept)
     dead_lettered: int = 0  # of those rolled back: acquired deadLetter.maxAttempts times
+    delayed_due: int = 0  # delayed messages come due, moved to a pipe
 
 
 @dataclass
@@ -444,9 +446,11 @@ class PipesQueue:
         attempts: list[int] | None = None,
         expires: list[int | None] | None = None,
         also: list[tuple[str, tuple[Any, ...]]] | None = None,
+        requeue: bool = True,
     ) -> list[uuid.UUID]:
         """Append messages to this thread's pipe. `ids` given: a requeue (ids kept, counted as
-        requeued); `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
+        requeued unless `requeue` is False: delayed messages come due, counted as pushed);
+        `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
         pusher = self._pusher()
         out: list[uuid.UUID] = []
         i = 0
@@ -454,8 +458,9 @@ class PipesQueue:
             n = self._chunks(bodies[i:], self._push_room(pusher), logged=bool(also))
             keys = [uuid.uuid1() for _ in range(n)]
             new_ids = ids[i : i + n] if ids else keys
-            pushed = pusher.pushed + (0 if ids else n)
-            requeued = pusher.requeued + (n if ids else 0)
+            again = bool(ids) and requeue
+            pushed = pusher.pushed + (0 if again else n)
+            requeued = pusher.requeued + (n if again else 0)
             parts: list[tuple[str, tuple[Any, ...]]] = [
                 (
                     self.cql.push,
@@ -492,23 +497,49 @@ class PipesQueue:
                     " queue stores: store large payloads elsewhere and push a reference"
                 )
 
-    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> uuid.UUID:
-        """Store one message; its id (a time UUID). Never waits: a pipe has no size limit."""
-        if self._pushes is not None and timeout is None and ttl is None:
+    def push(
+        self,
+        body: bytes,
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> uuid.UUID:
+        """Store one message; its id (a time UUID). Never waits: a pipe has no size limit. With
+        `delay` (seconds), it is delivered no earlier than that from now."""
+        if self._pushes is not None and timeout is None and ttl is None and delay is None:
             self._check_sizes([body])
             return self._pushes(bytes(body))
-        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
+        return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
 
     def push_many(
-        self, bodies: Iterable[bytes], *, timeout: float | None = None, ttl: float | None = None
+        self,
+        bodies: Iterable[bytes],
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        delay: float | None = None,
     ) -> list[uuid.UUID]:
-        """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order."""
+        """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order.
+        With `delay`, they wait in the delayed table until due, and the first repair after that
+        (the operator's cleanup) moves them to a pipe, with their ids."""
         batch = list(bodies)
         self._check_sizes(batch)
         batch = [bytes(b) for b in batch]
         seconds_arg(timeout, "timeout", self.push_timeout)
         seconds = seconds_arg(ttl, "ttl", self.ttl)
-        expiry = now_ms() + int(seconds * 1000) if seconds > 0 else None
+        wait_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
+        due = now_ms() + wait_ms
+        expiry = due + int(seconds * 1000) if seconds > 0 else None
+        if delay is not None:
+            ids = [uuid.uuid1() for _ in batch]
+            rows = [(due, i, body, _unset(expiry)) for i, body in zip(ids, batch, strict=True)]
+            start = 0
+            while start < len(rows):  # one partition: unlogged batches
+                n = self._chunks(batch[start:], len(batch) - start)
+                self._batch((self.cql.delay, row) for row in rows[start : start + n])
+                start += n
+            return ids
         return self._write(batch, expires=[expiry] * len(batch) if expiry else None)
 
     # --- pop / acquire --------------------------------------------------------------------
@@ -850,6 +881,7 @@ class PipesQueue:
         meta = self._meta()
         if meta is None:
             raise QueueNotFound(f"queue {self.names.queue} is gone")
+        delayed_due = self._deliver_due()
         finished = rolled_back = dead_lettered = drained = 0
         pipes = self._live_pipes(meta)
         states = self._states([p for p, _ in pipes])
@@ -881,7 +913,29 @@ class PipesQueue:
             if prefix:
                 retirable.append(state)
         retired = self._retire(meta, retirable) if retirable else 0
-        return PipesRepair(finished, rolled_back, drained, retired, dead_lettered)
+        return PipesRepair(finished, rolled_back, drained, retired, dead_lettered, delayed_due)
+
+    def _deliver_due(self) -> int:
+        """Move delayed messages that are due to this client's pipe, with their ids (at most
+        DUE_BATCHES logged batches per repair). Each is claimed first, so two repairs never
+        both move one; a claim whose batch failed is retried only after RETAKE_AFTER_S."""
+        moved = 0
+        for _ in range(DUE_BATCHES):
+            at = now_ms()
+            rows = [r for r in self._x(self.cql.due, at, LOGGED_MAX_MESSAGES) if (r[4] or 0) < at]
+            if not rows:
+                break
+            until = self._retake_at()
+            claims = [(self.cql.claim_delayed, (until, r[0], r[1], at)) for r in rows]
+            if not self._batch(claims, conditional=True):
+                rows = [r for r in rows if self._cas(self.cql.claim_delayed, until, r[0], r[1], at)]
+            if rows:
+                self._write(
+                    [bytes(r[2]) for r in rows], ids=[r[1] for r in rows], expires=[r[3] for r in rows],
+                    also=[(self.cql.undelay, (r[0], r[1])) for r in rows], requeue=False,
+                )  # fmt: skip
+            moved += len(rows)
+        return moved
 
     def _roll_back(self, state: _State, overdue: list[Any]) -> tuple[int, int]:
         """Push overdue pending messages again (or dead-letter them), holding the pipe's lease:
@@ -1016,9 +1070,10 @@ class PipesQueue:
                 oldest = max(oldest, (at - uuid_ms(rows[0][0])) / 1000)
         # Dead letters are few (a count of their one partition); none unless spec.deadLetter.
         dead = int(self._x(self.cql.count_dead)[0][0]) if self.max_attempts else 0
+        delayed = int(self._x(self.cql.count_delayed)[0][0])
         return PipesStats(
             depth=depth, in_flight=in_flight, pushed=pushed, popped=popped, acquired=acquired,
-            expired=expired, oldest_age_seconds=max(oldest, 0.0), dead=dead, requeued=requeued,
+            expired=expired, oldest_age_seconds=max(oldest, 0.0), dead=dead, delayed=delayed, requeued=requeued,
             retired_pipes=retired, pipes=tuple(per_pipe),
         )  # fmt: skip
 

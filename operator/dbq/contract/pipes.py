@@ -10,7 +10,7 @@ from __future__ import annotations
 from dbq.names import QueueNames
 from dbq.names import pg_quote as quote
 
-PIPES_SCHEMA_VERSION = 2  # 2: dead letters (the dead table, meta.max_attempts)
+PIPES_SCHEMA_VERSION = 2  # 2: dead letters (the dead table, meta.max_attempts), delayed delivery
 BUCKET = 0  # the pipes table's single partition
 
 
@@ -29,6 +29,7 @@ class PipesStatements:
         self.pending = f"{ks}.{quote(names.pending)}"
         self.staged = f"{ks}.{quote(names.staged)}"
         self.dead = f"{ks}.{quote(names.dead)}"
+        self.delayed = f"{ks}.{quote(names.delayed)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 
@@ -79,6 +80,17 @@ class PipesStatements:
             f" {d} WHERE pipe = ?"
         )
         self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
+        # Delayed messages: one partition, in due-time order; repair moves those due to a pipe.
+        dy = self.delayed
+        self.delay = f"INSERT INTO {dy} (bucket, due, id, body, expires, moving_until) VALUES ({BUCKET}, ?, ?, ?, ?, 0)"
+        self.due = (
+            f"SELECT toUnixTimestamp(due), id, body, toUnixTimestamp(expires), toUnixTimestamp(moving_until)"
+            f" FROM {dy} WHERE bucket = {BUCKET} AND due <= ? LIMIT ?"
+        )
+        # A mover claims a due message first (one claim wins), as a rollback takes a lease over.
+        self.claim_delayed = f"UPDATE {dy} SET moving_until = ? WHERE bucket = {BUCKET} AND due = ? AND id = ? IF moving_until < ?"
+        self.undelay = f"DELETE FROM {dy} WHERE bucket = {BUCKET} AND due = ? AND id = ?"
+        self.count_delayed = f"SELECT count(*) FROM {dy} WHERE bucket = {BUCKET}"
         # Dead letters: one partition, in id (push) order.
         dl = self.dead
         self.bury = (

@@ -167,7 +167,7 @@ class CassandraPipes:
             q.close_pushers()  # a rollback pushed through this client's own pipe
         return {"finishedPipes": r.finished_pipes, "rolledBack": r.rolled_back,
                 "drainedPipes": r.drained_pipes, "retiredPipes": r.retired_pipes,
-                "deadLettered": r.dead_lettered}  # fmt: skip
+                "deadLettered": r.dead_lettered, "delayedDue": r.delayed_due}  # fmt: skip
 
     def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
         return MaintenanceResult(

@@ -139,6 +139,10 @@ class PipesCql(PipesStatements):
     bucket int, id timeuuid, attempts int, error text, dead_at timestamp, body blob,
     PRIMARY KEY ((bucket), id)
 ) WITH CLUSTERING ORDER BY (id ASC) AND {TABLE_OPTIONS}""",
+            self.names.delayed: f"""CREATE TABLE IF NOT EXISTS {self.delayed} (
+    bucket int, due timestamp, id timeuuid, body blob, expires timestamp, moving_until timestamp,
+    PRIMARY KEY ((bucket), due, id)
+) WITH CLUSTERING ORDER BY (due ASC, id ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
     stage text, seq bigint, first_seq bigint, packed blob,
     PRIMARY KEY ((stage), seq)
