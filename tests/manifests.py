@@ -26,6 +26,10 @@ def pipes_queue(name: str, keyspace: str, secret: str = "events-db", **spec: Any
     return doc
 
 
+def service_broker_queue() -> dict[str, Any]:
+    return with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.design", "servicebroker")
+
+
 def with_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     node = doc
@@ -64,17 +68,13 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ("visibility-too-long", with_path(queue(), "spec.timeouts.visibility", "13h"), "1s to 12h"),
     ("cleanup-too-often", with_path(queue(), "spec.cleanup.interval", "1s"), "5s to 24h"),
     (
-        "archive-on-pipes",
-        with_path(pipes_queue("events", "events"), "spec.archive.enabled", True),
-        "archives ring queues only",
+        "archive-on-servicebroker",
+        with_path(service_broker_queue(), "spec.archive.enabled", True),
+        "has no archive",
     ),
     (
         "dead-letters-on-servicebroker",
-        with_path(
-            with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.design", "servicebroker"),
-            "spec.deadLetter",
-            {"maxAttempts": 3},
-        ),
+        with_path(service_broker_queue(), "spec.deadLetter", {"maxAttempts": 3}),
         "keeps no dead letters",
     ),
     ("archive-retention-too-short", with_path(queue(), "spec.archive.retention", "10s"), "1m to 8760h"),

@@ -60,10 +60,11 @@ def complete(**changes: Any) -> PipesObserved:
                 "q_staged",
                 "q_dead",
                 "q_delayed",
+                "q_archive",
             )
         },
         recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
-        meta_columns=frozenset({"queue", "schema_version", "max_attempts"}),
+        meta_columns=frozenset({"queue", "schema_version", "max_attempts", "archive_ttl_s"}),
     )
     return PipesObserved(**(base | changes))
 
@@ -84,6 +85,7 @@ def test_plan_from_nothing_creates_everything_in_order():
         "create_table:q_staged",
         "create_table:q_dead",
         "create_table:q_delayed",
+        "create_table:q_archive",
         "record_settings",
     ]
 
@@ -106,18 +108,16 @@ def test_plan_repairs_drift_and_follows_spec_changes():
 
 
 def test_plan_upgrades_a_version_1_queue_in_place():
-    """Version 2 adds dead letters and delayed delivery: two tables, and a metadata column added to
-    the existing table."""
+    """Version 2 adds dead letters, delayed delivery and the archive: three tables, and two
+    metadata columns added to the existing table."""
     tables = dict(complete().tables)
-    tables.pop("q_dead")
-    tables.pop("q_delayed")
+    for table in ("q_dead", "q_delayed", "q_archive"):
+        tables.pop(table)
     old = complete(tables=tables, recorded=RecordedPipes(1, 500, 60000), meta_columns=frozenset({"queue"}))
     assert actions(old) == [
-        "add_meta_column",
-        "create_table:q_dead",
-        "create_table:q_delayed",
+        "add_meta_columns", "create_table:q_dead", "create_table:q_delayed", "create_table:q_archive",
         "record_settings",
-    ]
+    ]  # fmt: skip
     with_dead_letters = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=5)
     assert [str(s) for s in plan_pipes(with_dead_letters, complete())] == ["record_settings"]
 
@@ -222,9 +222,9 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
 
 
 def test_a_version_1_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra):
-    """Version 2 adds dead letters and delayed delivery: two tables and a metadata column. A
-    version 1 queue gets them in place, in a keyspace whose metadata table version 1 made, with
-    its messages and leases."""
+    """Version 2 adds dead letters, delayed delivery and the archive: three tables and two metadata
+    columns. A version 1 queue gets them in place, in a keyspace whose metadata table version 1
+    made, with its messages and leases."""
     settings = from_url(cass_url)
     backend = open_backend(spec_for(), "upgrade_me", settings)
     try:
@@ -232,10 +232,11 @@ def test_a_version_1_queue_is_upgraded_in_place_and_keeps_its_messages_and_lease
         with connect(cass_url, "upgrade_me", schema=KEYSPACE) as q:
             ids = q.push_many([b"m%d" % i for i in range(10)])
             held = q.acquire_many(3, visibility=60)
-        # What version 1 had: no dead-letter or delayed table, no max_attempts in the metadata table.
+        # What version 1 had: none of those tables, none of those columns.
         cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_dead"')
         cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_delayed"')
-        cassandra.execute(f'ALTER TABLE "{KEYSPACE}".dbq_queues DROP max_attempts')
+        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_archive"')
+        cassandra.execute(f'ALTER TABLE "{KEYSPACE}".dbq_queues DROP (max_attempts, archive_ttl_s)')
         cassandra.execute(
             f"UPDATE \"{KEYSPACE}\".dbq_queues SET schema_version = 1 WHERE queue = 'upgrade_me'"
         )
@@ -244,7 +245,8 @@ def test_a_version_1_queue_is_upgraded_in_place_and_keeps_its_messages_and_lease
         upgraded = open_backend(spec_for().model_copy(update={"dead_letter": DeadLetter(max_attempts=2)}),
                                 "upgrade_me", settings)  # fmt: skip
         assert [str(s) for s in upgraded.plan(upgraded.observe())] == [
-            "add_meta_column", "create_table:upgrade_me_dead", "create_table:upgrade_me_delayed", "record_settings"
+            "add_meta_columns", "create_table:upgrade_me_dead", "create_table:upgrade_me_delayed",
+            "create_table:upgrade_me_archive", "record_settings",
         ]  # fmt: skip
         upgraded.apply()
         assert upgraded.plan(upgraded.observe()) == []

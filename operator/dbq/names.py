@@ -159,7 +159,9 @@ class QueueNames:
     @property
     def pipes_tables(self) -> tuple[str, ...]:
         """Cassandra: the tables of one pipes queue."""
-        return (self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead, self.delayed)
+        return (
+            self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead, self.delayed, self.archive
+        )  # fmt: skip
 
     @property
     def sender_queue(self) -> str:

@@ -281,8 +281,8 @@ class Archive(Model):
     )
     retention: Duration("1m", "8760h") = Field(  # type: ignore[valid-type]
         default="168h",
-        description="Cleanup removes archived messages older than this, in bounded batches (also after the"
-        " archive is turned off, until none is left).",
+        description="Ring: cleanup removes archived messages older than this, in bounded batches (also after"
+        " the archive is turned off, until none is left). Pipes: each archived row lives this long (a TTL).",
     )
 
 
@@ -393,7 +393,7 @@ class QueueSpec(Model):
             raise ValueError(design_error(str(self.backend), str(self.design)))
         if self.dead_letter is not None and self.design == "servicebroker":
             raise ValueError(DEAD_LETTER_HINT)
-        if self.archive.enabled and self.design != "ring":
+        if self.archive.enabled and self.design == "servicebroker":
             raise ValueError(ARCHIVE_HINT)
         return self
 
@@ -410,14 +410,15 @@ DEAD_LETTER_HINT = (
     " poison messages instead, see spec.serviceBroker.poisonMessageHandling); remove it"
 )
 ARCHIVE_HINT = (
-    "spec.archive.enabled: this version archives ring queues only; set it to false on a pipes or"
-    " servicebroker queue (Service Broker keeps messages with the queue's RETENTION setting instead)"
+    "spec.archive.enabled: a servicebroker queue has no archive (Service Broker keeps messages with the"
+    " queue's RETENTION setting instead); set it to false"
 )
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
     {"rule": "!has(self.deadLetter) || self.design != 'servicebroker'", "message": DEAD_LETTER_HINT},
     {
-        "rule": "!has(self.archive) || !has(self.archive.enabled) || !self.archive.enabled || self.design == 'ring'",
+        "rule": "!has(self.archive) || !has(self.archive.enabled) || !self.archive.enabled"
+        " || self.design != 'servicebroker'",
         "message": ARCHIVE_HINT,
     },
     {

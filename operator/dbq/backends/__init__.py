@@ -35,6 +35,7 @@ def open_backend(spec: QueueSpec, queue: str, settings: ConnectionSettings) -> Q
             max_pushes_per_pipe=spec.pipes.max_pushes_per_pipe,
             max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
             max_attempts=spec.dead_letter.max_attempts if spec.dead_letter else 0,
+            archive_ttl_s=int(seconds(spec.archive.retention)) if spec.archive.enabled else 0,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

@@ -393,14 +393,15 @@ def archive(
     queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
     since: str, limit: int,
 ) -> None:  # fmt: skip
-    """The archived messages of a ring queue with spec.archive: id, attempts, when pushed and acked."""
+    """The archived messages of a queue with spec.archive: id, attempts, when pushed and acked."""
     start = _since(since)
     with opened(queue, url, schema, namespace, design) as q:
-        if not isinstance(q, Queue):
-            raise click.ClickException(f"{queue} is not a ring queue: only ring queues keep an archive")
+        if not isinstance(q, Queue | PipesQueue):
+            raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no archive")
         kept = q.archived(start, limit)
     if output == "json":
-        click.echo(json.dumps([{"id": m.id, "attempts": m.attempts, "pushedAt": m.pushed_at,
+        click.echo(json.dumps([{"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts,
+                                "pushedAt": m.pushed_at,
                                 "ackedAt": m.acked_at, **_body_json(m.body)} for m in kept]))  # fmt: skip
         return
     table = Table(title=f"archive of {queue} since {start:%Y-%m-%d %H:%M:%S} UTC", title_justify="left")

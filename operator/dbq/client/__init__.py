@@ -19,8 +19,8 @@ from dbq.client.broker import BrokerMessage, BrokerQueue
 from dbq.client.consume import ConsumeStats, consume
 from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
-from dbq.client.ring import ArchivedMessage, Message, Queue, RepairResult
-from dbq.client.stats import DeadLetter, HistorySample, QueueStats
+from dbq.client.ring import Message, Queue, RepairResult
+from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.connection import ConnectionSettings, from_url
 from dbq.errors import (
     LeaseLost,

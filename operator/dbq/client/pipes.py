@@ -25,6 +25,7 @@ wall clocks: keep clocks within `SKEW_S` of each other (NTP), as Cassandra itsel
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -40,7 +41,7 @@ from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
-from dbq.client.stats import DeadLetter, HistorySample, QueueStats
+from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
@@ -74,6 +75,9 @@ _PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = we
 DUE_BATCHES = 40  # delayed messages moved per repair: at most this many logged batches of them
 LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
+
+
+LOG = logging.getLogger("dbq.pipes")
 
 
 def now_ms() -> int:
@@ -273,8 +277,9 @@ class PipesQueue:
             raise
         self.max_pushes_per_pipe = int(meta[2])
         self.max_push_time_ms = int(meta[3])
-        # spec.deadLetter.maxAttempts; 0: none
-        self.max_attempts = int(self._x(self.cql.read_max_attempts, names.queue)[0][0] or 0)
+        # spec.deadLetter.maxAttempts (0: none) and how long archived rows live (0: no archive)
+        max_attempts, archive_ttl_s = self._x(self.cql.read_settings_2, names.queue)[0]
+        self.max_attempts, self.archive_ttl_s = int(max_attempts or 0), int(archive_ttl_s or 0)
 
     def _check_meta(self) -> list[Any]:
         """The queue's metadata row, once it is known to be a pipes queue this client speaks."""
@@ -741,6 +746,8 @@ class PipesQueue:
             raise
         s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
         del lease.ahead[: len(found)]
+        if visibility is None:
+            self._keep([(r[1], int(r[3] or 0), bytes(r[2])) for r in live])
         return [
             PipeMessage(
                 id=r[1],
@@ -823,6 +830,7 @@ class PipesQueue:
             # a rollback took one over meanwhile, none, and then each on its own.
             if not self._batch(((self.cql.settle, (pipe, m.key, m.lease)) for m in ms), conditional=True):
                 lost += [m for m in ms if not self._cas(self.cql.settle, pipe, m.key, m.lease)]
+        self._keep([(m.id, m.attempts, m.body) for m in ok if m not in lost])
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 
@@ -993,6 +1001,43 @@ class PipesQueue:
         self._many(self.cql.drop_pending, [(s.pipe,) for s in states])
         self._x(self.cql.drop_pipe_rows, last)
         return len(states)
+
+    # --- archive ---------------------------------------------------------------------------
+    def _keep(self, taken: list[tuple[uuid.UUID, int, bytes]]) -> None:
+        """Archive messages just acked or popped (id, attempts, body), when spec.archive is on:
+        one batch per hour partition, each row with the retention as its TTL. Written after the
+        take or ack it records (a failure there must not lose the messages), so a client that
+        dies between the two leaves that message unarchived; a failure here is logged."""
+        if not self.archive_ttl_s or not taken:
+            return
+        rows = [(uuid.uuid1(), *t) for t in taken]
+        try:
+            start = 0
+            while start < len(rows):
+                hour = uuid_ms(rows[start][0]) // 3_600_000
+                same = [r for r in rows[start:] if uuid_ms(r[0]) // 3_600_000 == hour]
+                n = self._chunks([r[3] for r in same], len(same))
+                self._batch((self.cql.keep, (hour, *r, self.archive_ttl_s)) for r in same[:n])
+                start += n
+        except QueueError as e:
+            LOG.warning(
+                "queue %s: %d messages were taken but not archived: %s", self.names.queue, len(rows), e
+            )
+
+    def archived(self, since: datetime, limit: int = 100) -> list[ArchivedMessage]:
+        """Archived messages (spec.archive) acked or popped at or after `since`, oldest first."""
+        count_arg(limit, "limit")
+        out: list[ArchivedMessage] = []
+        hour, last = int(since.timestamp() * 1000) // 3_600_000, now_ms() // 3_600_000
+        while hour <= last and len(out) < limit:
+            for acked, msg_id, attempts, body in self._x(self.cql.kept_since, hour, since, limit - len(out)):
+                out.append(
+                    ArchivedMessage(
+                        msg_id, int(attempts or 0), uuid_ms(msg_id) / 1000, uuid_ms(acked) / 1000, bytes(body)
+                    )
+                )
+            hour += 1
+        return out
 
     # --- dead letters ---------------------------------------------------------------------
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -21,7 +21,7 @@ import pyodbc
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
 from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
-from dbq.client.stats import DeadLetter, HistorySample, QueueStats
+from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.ring import (
@@ -117,18 +117,6 @@ class _Announcing:
             time.sleep(min(seconds, 0.05))
         else:
             notifications.wait(mark, seconds)
-
-
-@dataclass(frozen=True)
-class ArchivedMessage:
-    """A message kept after it was acked or popped (spec.archive): its id, how many times it was
-    delivered, when it was pushed and acked (Unix seconds), its body."""
-
-    id: int
-    attempts: int
-    pushed_at: float
-    acked_at: float
-    body: bytes
 
 
 @dataclass(slots=True)

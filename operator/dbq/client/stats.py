@@ -1,4 +1,5 @@
-"""One measurement of a queue, the same figures for every design, and the dead letters it holds.
+"""One measurement of a queue, the same figures for every design, and the dead letters and the
+archived messages it holds.
 
 The client returns it (`Queue.stats()`), the operator records it in the history table, exports
 it to Prometheus and writes it to `status.stats` (`dbq.api.status.StatsStatus`).
@@ -79,4 +80,16 @@ class DeadLetter:
     error: str | None
     pushed_at: float
     dead_at: float
+    body: bytes
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    """A message kept after it was acked or popped (spec.archive): its id, how many times it was
+    delivered, when it was pushed and acked (Unix seconds), its body."""
+
+    id: int | UUID  # an int on the ring, a timeuuid on pipes
+    attempts: int
+    pushed_at: float
+    acked_at: float
     body: bytes

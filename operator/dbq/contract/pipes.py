@@ -10,7 +10,9 @@ from __future__ import annotations
 from dbq.names import QueueNames
 from dbq.names import pg_quote as quote
 
-PIPES_SCHEMA_VERSION = 2  # 2: dead letters (the dead table, meta.max_attempts), delayed delivery
+# 2: dead letters (the dead table, meta.max_attempts), delayed delivery, archive (meta.archive_ttl_s)
+PIPES_SCHEMA_VERSION = 2
+META_COLUMNS_2 = ("max_attempts", "archive_ttl_s")  # what version 2 added to the metadata table
 BUCKET = 0  # the pipes table's single partition
 
 
@@ -30,6 +32,7 @@ class PipesStatements:
         self.staged = f"{ks}.{quote(names.staged)}"
         self.dead = f"{ks}.{quote(names.dead)}"
         self.delayed = f"{ks}.{quote(names.delayed)}"
+        self.archive = f"{ks}.{quote(names.archive)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 
@@ -91,6 +94,12 @@ class PipesStatements:
         self.claim_delayed = f"UPDATE {dy} SET moving_until = ? WHERE bucket = {BUCKET} AND due = ? AND id = ? IF moving_until < ?"
         self.undelay = f"DELETE FROM {dy} WHERE bucket = {BUCKET} AND due = ? AND id = ?"
         self.count_delayed = f"SELECT count(*) FROM {dy} WHERE bucket = {BUCKET}"
+        # Archive: one partition per hour of ack, in ack order; each row lives for the retention.
+        ar = self.archive
+        self.keep = f"INSERT INTO {ar} (hour, acked, id, attempts, body) VALUES (?, ?, ?, ?, ?) USING TTL ?"
+        self.kept_since = (
+            f"SELECT acked, id, attempts, body FROM {ar} WHERE hour = ? AND acked >= minTimeuuid(?) LIMIT ?"
+        )
         # Dead letters: one partition, in id (push) order.
         dl = self.dead
         self.bury = (
@@ -109,8 +118,8 @@ class PipesStatements:
             f"SELECT design, schema_version, max_pushes_per_pipe, max_push_time_ms, watermark, {retired}"
             f" FROM {m} WHERE queue = ?"
         )
-        # Read once the version is known to be 2 or later (a version 1 table lacks the column).
-        self.read_max_attempts = f"SELECT max_attempts FROM {m} WHERE queue = ?"
+        # Read once the version is known to be 2 or later (a version 1 table lacks the columns).
+        self.read_settings_2 = f"SELECT {', '.join(META_COLUMNS_2)} FROM {m} WHERE queue = ?"
         self.retire = (
             f"UPDATE {m} SET watermark = ?, "
             + ", ".join(f"{c} = ?" for c in retired.split(", "))

@@ -99,7 +99,8 @@ class CassandraPipes:
             if values.get("schema_version") is not None:
                 recorded = RecordedPipes(
                     *(int(values.get(k) or 0) for k in
-                      ("schema_version", "max_pushes_per_pipe", "max_push_time_ms", "max_attempts"))
+                      ("schema_version", "max_pushes_per_pipe", "max_push_time_ms", "max_attempts",
+                       "archive_ttl_s"))
                 )  # fmt: skip
         return PipesObserved(
             keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded,
@@ -117,13 +118,14 @@ class CassandraPipes:
             PipesAction.ALTER_KEYSPACE: lambda: c.alter_keyspace(t.replication),
             PipesAction.CREATE_TABLE: lambda: c.create_table(step.table),
             PipesAction.TUNE_TABLE: lambda: c.tune_table(step.table),
-            PipesAction.ADD_META_COLUMN: lambda: c.add_meta_column,
+            PipesAction.ADD_META_COLUMNS: lambda: c.add_meta_columns,
             PipesAction.RECORD_SETTINGS: lambda: c.record,
         }
         values: tuple[Any, ...] = ()
         if step.action is PipesAction.RECORD_SETTINGS:
             values = (
-                PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, self.names.queue
+                PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, t.archive_ttl_s,
+                self.names.queue,
             )  # fmt: skip
         return statements[step.action](), values
 

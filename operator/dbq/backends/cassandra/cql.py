@@ -89,10 +89,10 @@ class PipesCql(PipesStatements):
         # --- provisioning --------------------------------------------------------------------
         self.record = (
             f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?,"
-            " max_attempts = ? WHERE queue = ?"
+            " max_attempts = ?, archive_ttl_s = ? WHERE queue = ?"
         )
         self.recorded = f"SELECT JSON * FROM {m} WHERE queue = ?"
-        self.add_meta_column = f"ALTER TABLE {m} ADD IF NOT EXISTS max_attempts int"
+        self.add_meta_columns = f"ALTER TABLE {m} ADD IF NOT EXISTS (max_attempts int, archive_ttl_s int)"
         self.forget = f"DELETE FROM {m} WHERE queue = ?"
         self.queues_in_keyspace = f"SELECT queue FROM {m}"
 
@@ -107,7 +107,7 @@ class PipesCql(PipesStatements):
         return {
             self.names.meta: f"""CREATE TABLE IF NOT EXISTS {self.meta} (
     queue text PRIMARY KEY, design text, schema_version int,
-    max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int,
+    max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int, archive_ttl_s int,
     watermark timeuuid, retired_pushed bigint, retired_requeued bigint, retired_popped bigint,
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp
@@ -143,6 +143,10 @@ class PipesCql(PipesStatements):
     bucket int, due timestamp, id timeuuid, body blob, expires timestamp, moving_until timestamp,
     PRIMARY KEY ((bucket), due, id)
 ) WITH CLUSTERING ORDER BY (due ASC, id ASC) AND {TABLE_OPTIONS}""",
+            self.names.archive: f"""CREATE TABLE IF NOT EXISTS {self.archive} (
+    hour int, acked timeuuid, id timeuuid, attempts int, body blob,
+    PRIMARY KEY ((hour), acked, id)
+) WITH CLUSTERING ORDER BY (acked ASC, id ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
     stage text, seq bigint, first_seq bigint, packed blob,
     PRIMARY KEY ((stage), seq)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
-from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.contract.pipes import META_COLUMNS_2, PIPES_SCHEMA_VERSION
 from dbq.names import QueueNames
 
 
@@ -21,6 +21,7 @@ class PipesTarget:
     max_pushes_per_pipe: int
     max_push_time_ms: int
     max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
+    archive_ttl_s: int = 0  # keep acked and popped messages this long; 0: no archive
 
 
 class PipesAction(StrEnum):
@@ -28,7 +29,7 @@ class PipesAction(StrEnum):
     ALTER_KEYSPACE = "alter_keyspace"
     CREATE_TABLE = "create_table"
     TUNE_TABLE = "tune_table"
-    ADD_META_COLUMN = "add_meta_column"
+    ADD_META_COLUMNS = "add_meta_columns"
     RECORD_SETTINGS = "record_settings"
 
 
@@ -49,7 +50,7 @@ class PipesStep:
             PipesAction.ALTER_KEYSPACE: "changed the keyspace's replication: run `nodetool repair --full` on every node",
             PipesAction.CREATE_TABLE: f"created table {self.table}",
             PipesAction.TUNE_TABLE: f"reset compaction and gc_grace_seconds of table {self.table}",
-            PipesAction.ADD_META_COLUMN: "added max_attempts to the metadata table (schema version 2)",
+            PipesAction.ADD_META_COLUMNS: "added the columns of schema version 2 to the metadata table",
             PipesAction.RECORD_SETTINGS: "recorded the schema version and settings",
         }[self.action]
 
@@ -66,6 +67,7 @@ class RecordedPipes:
     max_pushes_per_pipe: int
     max_push_time_ms: int
     max_attempts: int = 0  # recorded since schema version 2
+    archive_ttl_s: int = 0  # recorded since schema version 2
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,9 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
         steps.append(PipesStep(PipesAction.ALTER_KEYSPACE, why))
     if n.meta not in observed.tables:
         steps.append(PipesStep(PipesAction.CREATE_TABLE, f"table {n.schema}.{n.meta} does not exist", n.meta))
-    elif "max_attempts" not in observed.meta_columns:
-        why = f"table {n.schema}.{n.meta} has no max_attempts column (made by schema version 1)"
-        steps.append(PipesStep(PipesAction.ADD_META_COLUMN, why))
+    elif missing := [c for c in META_COLUMNS_2 if c not in observed.meta_columns]:
+        why = f"table {n.schema}.{n.meta} has no {', '.join(missing)} (made by schema version 1)"
+        steps.append(PipesStep(PipesAction.ADD_META_COLUMNS, why))
     if n.history not in observed.tables:
         why = f"statistics history table {n.schema}.{n.history} does not exist"
         steps.append(PipesStep(PipesAction.CREATE_TABLE, why, n.history))
@@ -120,8 +122,9 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
             why = f"table {n.schema}.{table} has {', '.join(drift)}"
             steps.append(PipesStep(PipesAction.TUNE_TABLE, why, table))
     want = RecordedPipes(
-        PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts
-    )
+        PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts,
+        target.archive_ttl_s,
+    )  # fmt: skip
     if observed.recorded != want:
         why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
         steps.append(PipesStep(PipesAction.RECORD_SETTINGS, why))
@@ -133,5 +136,6 @@ def _settings(recorded: RecordedPipes | None) -> str:
         return "nothing"
     return (
         f"schema version {recorded.schema_version}, a new pipe every {recorded.max_pushes_per_pipe}"
-        f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts"
+        f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts,"
+        f" archive kept {recorded.archive_ttl_s} s"
     )
