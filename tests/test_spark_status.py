@@ -1,5 +1,6 @@
-"""`dbq-queues` and `dbq-stats` on local Spark, after a known workload on three queues (two
-rings on PostgreSQL, pipes on Cassandra) reconciled and measured by the real operator."""
+"""`dbq-queues`, `dbq-stats` and `dbq-archive` on local Spark, after a known workload on three
+queues (two rings on PostgreSQL, pipes on Cassandra; ring-a and pipes-c archive) reconciled and
+measured by the real operator."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.operator_harness import Operator, operator_namespace, wait_for
 
 # name -> (pushed, popped) of the workload
 WORKLOAD = {"ring-a": (30, 10), "ring-b": (5, 0), "pipes-c": (20, 5)}
+ARCHIVED = ("ring-a", "pipes-c")  # with spec.archive
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +28,12 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
     schema, keyspace = f"spark_{secrets.token_hex(3)}", f"spark_{secrets.token_hex(3)}"
     every_5s = {"stats": {"interval": "5s"}}
+    archive = {"archive": {"enabled": True}}
     for name in ("ring-a", "ring-b"):
-        doc = queue(name, ring={"size": 2048}, **every_5s)
+        doc = queue(name, ring={"size": 2048}, **every_5s, **(archive if name in ARCHIVED else {}))
         doc["spec"]["connection"] = {"secretRef": {"name": "orders-db"}, "schema": schema}
         cluster.create(doc)
-    cluster.create(pipes_queue("pipes-c", keyspace, **every_5s))
+    cluster.create(pipes_queue("pipes-c", keyspace, **every_5s, **archive))
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("spark") / "operator.log")
     operator.start()
     for name in WORKLOAD:
@@ -109,6 +112,25 @@ def test_dbq_stats_has_one_row_per_history_sample(fleet, spark):
     for name, (pushed, popped) in WORKLOAD.items():
         last = max((r for r in rows if r["name"] == name), key=lambda r: r["at"])
         assert (last["pushed"], last["popped"], last["depth"]) == (pushed, popped, pushed - popped)
+
+
+def test_dbq_archive_has_one_row_per_message_taken_from_an_archived_queue(fleet, spark):
+    cluster, kube, *_ = fleet
+    reader = (
+        spark.read.format("dbq-archive").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
+    )
+    rows = reader.option("since", "1h").load().collect()
+    for name in ARCHIVED:
+        mine = [r for r in rows if r["name"] == name]
+        popped = WORKLOAD[name][1]
+        assert sorted(r["body"] for r in mine) == sorted(b"m%d" % i for i in range(popped)), name
+        assert len({r["id"] for r in mine}) == popped and all(r["pushed_at"] <= r["acked_at"] for r in mine)
+    assert {r["name"] for r in rows} == set(ARCHIVED)  # ring-b keeps none
+    assert {r["design"] for r in rows if r["name"] == "pipes-c"} == {"pipes"}
+    later = reader.option("since", (datetime.now(UTC) + timedelta(minutes=1)).isoformat()).load()
+    assert later.count() == 0
+    with pytest.raises(Exception, match="ring-b keep no archive"):
+        reader.option("queues", "ring-a,ring-b").load().collect()
 
 
 def test_a_bad_option_is_refused_by_name(fleet, spark):

@@ -4,6 +4,7 @@
     register(spark)
     spark.read.format("dbq-queues").load()                       # the Queues and their status
     spark.read.format("dbq-stats").option("since", "24h").load()  # their statistics history
+    spark.read.format("dbq-archive").option("since", "24h").load()  # their archived messages
     spark.read.format("dbq").option("queue", "orders").load()       # peek at waiting messages
     spark.readStream.format("dbq").option("queue", "orders").load() # consume, at least once
     df.write.format("dbq").option("queue", "orders").mode("append").save()  # push rows' body
@@ -16,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from dbq.spark.queue import QueueSource
-from dbq.spark.status import QueuesSource, StatsSource
+from dbq.spark.status import ArchiveSource, QueuesSource, StatsSource
 
-SOURCES = (QueuesSource, StatsSource, QueueSource)
+SOURCES = (QueuesSource, StatsSource, ArchiveSource, QueueSource)
 
 
 def register(spark: Any) -> None:

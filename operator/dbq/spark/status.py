@@ -1,9 +1,9 @@
-"""`dbq-queues` and `dbq-stats`: the status of the Queues dbq manages and their statistics
-history, as batch DataFrames.
+"""`dbq-queues`, `dbq-stats` and `dbq-archive`: the status of the Queues dbq manages, their
+statistics history and their archived messages, as batch DataFrames.
 
-Both read the Kubernetes API with the job's credentials: the in-cluster service account in a
-pod, else the kubeconfig (`KUBECONFIG`). `dbq-stats` then reads each queue's own database with
-the Secret the Queue names, so those credentials need `get` on those Secrets.
+All read the Kubernetes API with the job's credentials: the in-cluster service account in a
+pod, else the kubeconfig (`KUBECONFIG`). `dbq-stats` and `dbq-archive` then read each queue's own
+database with the Secret the Queue names, so those credentials need `get` on those Secrets.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from dbq.client import connect_resource
+from dbq.client import BrokerQueue, connect_resource
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.resource import parse_spec
@@ -34,6 +34,10 @@ STATS_SCHEMA = (
     " depth long, in_flight long, pushed long, popped long, acquired long, expired long,"
     " oldest_message_age_seconds double"
 )
+ARCHIVE_SCHEMA = (
+    "namespace string, name string, backend string, design string, id string, attempts int,"
+    " pushed_at timestamp, acked_at timestamp, body binary"
+)
 SELECT_OPTIONS = {
     "kubeconfig": "path of a kubeconfig (default: the pod's service account, else KUBECONFIG)",
     "namespace": "the namespace to read (default: every namespace for dbq-queues, the current one for dbq-stats)",
@@ -46,6 +50,14 @@ STATS_OPTIONS = {
     "since": "start of the range: ISO 8601 or a duration before now (default 24h)",
     "until": "end of the range, excluded: ISO 8601 or a duration before now (default now)",
     "partitions": "time slices read in parallel per queue (default 4)",
+}
+
+
+ARCHIVE_OPTIONS = {
+    **SELECT_OPTIONS,
+    "queues": "comma-separated Queue names (default: every Queue of the namespace with spec.archive)",
+    "since": "messages acked or popped at or after: ISO 8601 or a duration before now (default 24h)",
+    "limit": "at most this many messages per queue, oldest first (default 100000)",
 }
 
 
@@ -153,6 +165,73 @@ class StatsReader(SourceReader):
                 meta["namespace"], meta["name"], spec.backend, spec.design, sample.at,
                 s.depth, s.in_flight, s.pushed, s.popped, s.acquired, s.expired, s.oldest_age_seconds,
             )  # fmt: skip
+
+
+class ArchivePartition(InputPartition):
+    """One queue's archive."""
+
+    def __init__(self, resource: dict[str, Any]) -> None:
+        super().__init__((resource["metadata"]["namespace"], resource["metadata"]["name"]))
+        self.resource = resource
+
+
+class ArchiveReader(SourceReader):
+    def __init__(self, options: Options) -> None:
+        now = datetime.now(UTC)
+        self.kubeconfig = options.text("kubeconfig")
+        self.namespace = options.text("namespace") or current_namespace()
+        self.selector = options.text("labelSelector")
+        self.queues = options.names("queues")
+        self.since = options.time("since", now - timedelta(hours=24), now)
+        self.limit = options.count("limit", 100_000)
+
+    def partitions(self) -> list[InputPartition]:
+        kube = Kube.for_kubeconfig(self.kubeconfig)
+        if self.queues:
+            resources = [kube.get_queue(self.namespace, name) for name in self.queues]
+            off = [r["metadata"]["name"] for r in resources if not archived(r)]
+            if off:
+                raise InvalidSpec(f"dbq-archive: {', '.join(off)} keep no archive: set spec.archive.enabled")
+        else:
+            resources = [r for r in kube.list_queues(self.namespace, self.selector) if archived(r)]
+        return [ArchivePartition(r) for r in resources if provisioned(r)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, ArchivePartition)
+        meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
+        api = Kube.for_kubeconfig(self.kubeconfig).api_client
+        with connect_resource(meta["name"], meta["namespace"], api_client=api) as queue:
+            if isinstance(queue, BrokerQueue):  # refused at admission: a Queue edited around it
+                raise InvalidSpec(
+                    f"dbq-archive: {meta['name']} is a Service Broker queue: it keeps no archive"
+                )
+            kept = queue.archived(self.since, self.limit)
+        for m in kept:
+            yield (
+                meta["namespace"], meta["name"], spec.backend, spec.design, str(m.id), m.attempts,
+                datetime.fromtimestamp(m.pushed_at, UTC), datetime.fromtimestamp(m.acked_at, UTC), m.body,
+            )  # fmt: skip
+
+
+def archived(item: dict[str, Any]) -> bool:
+    return bool(((item.get("spec") or {}).get("archive") or {}).get("enabled"))
+
+
+class ArchiveSource(Source):
+    """`spark.read.format("dbq-archive").load()`: the archived messages of queues with
+    spec.archive (acked or popped, kept for the retention), read from each queue's own database
+    with the Secret its Queue names; one row per message, oldest first per queue.
+
+    Options: `namespace` (default: the current one), `queues` (comma-separated Queue names;
+    default: every Queue of the namespace with spec.archive), `labelSelector`, `since` (ISO 8601,
+    or a duration before now such as 24h; default the last 24 hours), `limit` (per queue;
+    default 100000).
+    """
+
+    NAME = "dbq-archive"
+    SCHEMA = ARCHIVE_SCHEMA
+    OPTIONS = ARCHIVE_OPTIONS
+    READER = ArchiveReader
 
 
 class StatsSource(Source):
