@@ -78,23 +78,6 @@ def test_the_credit_is_a_hard_bound_on_messages_held(ring):
     assert q.stats().in_flight == 0
 
 
-def test_a_handler_that_raises_is_retried_with_backoff_then_dead_lettered(ring):
-    q, _ = ring
-    msg_id = q.push(b"poison")
-    calls: list[float] = []
-
-    def handler(m):
-        calls.append(time.monotonic())
-        raise ValueError("cannot parse it")
-
-    stats = q.consume(handler, backoff=0.4, max_backoff=2, max_messages=3)
-    assert (stats.failed, stats.dead_lettered, stats.handled) == (3, 1, 0)
-    assert calls[1] - calls[0] >= 0.2 and calls[2] - calls[1] >= 0.4  # 0.4 x [0.5, 1), then doubled
-    [dead] = q.dead_letters()
-    assert (dead.id, dead.attempts) == (msg_id, 3)
-    assert dead.error == "ValueError: cannot parse it"
-
-
 @pytest.fixture
 def pipes(cassandra, stack) -> Iterator[tuple[PipesQueue, str]]:
     """A pipes queue dead-lettering at the third failed delivery, and its url."""
@@ -112,6 +95,39 @@ def pipes(cassandra, stack) -> Iterator[tuple[PipesQueue, str]]:
     q.close()
     backend.teardown()
     backend.close()
+
+
+@pytest.mark.parametrize("design", ["ring", "pipes"])
+def test_a_handler_that_raises_is_retried_with_backoff_then_dead_lettered(request, design):
+    q, url = request.getfixturevalue(design)
+    msg_id = q.push(b"poison")
+    calls: list[float] = []
+    stop = threading.Event()
+
+    def handler(m):
+        calls.append(time.monotonic())
+        raise ValueError("cannot parse it")
+
+    def cleanup() -> None:
+        """The operator's cleanup, every 0.2 s: pipes put a message nacked with a delay back then."""
+        with connect(url, q.names.queue, schema=SCHEMA) as other:
+            while not stop.wait(0.2):
+                other.repair()
+
+    repairer = threading.Thread(target=cleanup)
+    if design == "pipes":
+        repairer.start()
+    try:
+        stats = q.consume(handler, backoff=0.4, max_backoff=2, max_messages=3)
+    finally:
+        stop.set()
+        if design == "pipes":
+            repairer.join()
+    assert (stats.failed, stats.dead_lettered, stats.handled) == (3, 1, 0)
+    assert calls[1] - calls[0] >= 0.2 and calls[2] - calls[1] >= 0.4  # 0.4 x [0.5, 1), then doubled
+    [dead] = q.dead_letters()
+    assert (dead.id, dead.attempts) == (msg_id, 3)
+    assert dead.error == "ValueError: cannot parse it"
 
 
 @pytest.mark.parametrize("design", ["ring", "pipes"])
