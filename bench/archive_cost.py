@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from bench.ring_vs_skiplocked import BODY, DB, SCHEMA, admin, measure, prepare
+from bench.ring_vs_skiplocked import BODY, DB, SCHEMA, admin, bench_database, measure, prepare
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
-from dbq.devstack import Stack
 from dbq.names import QueueNames
 
 CYCLES = ("ring-amo", "ring-lease", "ring-batch")  # push + pop; push + acquire + ack; 100 + 100
@@ -44,13 +43,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of each run")
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
     a = p.parse_args()
-    pg = Stack().component("postgres")
-    if not pg.ready():
-        pg.start()
-    root = admin(pg.odbc())
-    root.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-    root.execute(f"CREATE DATABASE {DB}")
-    url, odbc = pg.url(DB), pg.odbc(DB)
+    pg, url, odbc = bench_database()
     rates: dict[str, list[float]] = {}
     configs = [("ceiling", None)] + [(cycle, archive) for cycle in CYCLES for archive in (False, True)]
     for round_ in range(1, a.rounds + 1):

@@ -195,6 +195,18 @@ def measure(design: str, kind: str, seconds: float, url: str, odbc: str, queue: 
     return Run(design, kind, seconds, samples)  # ring-batch cycles count messages already
 
 
+def bench_database() -> tuple[Any, str, str]:
+    """The local PostgreSQL (started if it is not running) with a fresh database DB: the
+    component, the database's url and its ODBC connection string."""
+    pg = Stack().component("postgres")
+    if not pg.ready():
+        pg.start()
+    root = admin(pg.odbc())
+    root.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    root.execute(f"CREATE DATABASE {DB}")
+    return pg, pg.url(DB), pg.odbc(DB)
+
+
 def held_transaction(odbc: str) -> pyodbc.Connection:
     """Another session with a REPEATABLE READ snapshot kept open: row versions it could see stay."""
     conn = pyodbc.connect(odbc, autocommit=False)
@@ -215,14 +227,7 @@ def main() -> None:
     )
     p.add_argument("--short-only", action="store_true", help="skip the sustained runs")
     a = p.parse_args()
-    stack = Stack()
-    pg = stack.component("postgres")
-    if not pg.ready():
-        pg.start()
-    root = admin(pg.odbc())
-    root.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-    root.execute(f"CREATE DATABASE {DB}")
-    url, odbc = pg.url(DB), pg.odbc(DB)
+    pg, url, odbc = bench_database()
     designs = a.designs.split(",")
     runs: list[Run] = []
     for round_ in range(1, a.rounds + 1):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from dbq.client import BrokerQueue, connect_resource
+from dbq.client import AnyQueue, BrokerQueue, connect_resource
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.resource import parse_spec
@@ -116,23 +117,45 @@ class QueuesSource(Source):
     READER = QueuesReader
 
 
-class StatsPartition(InputPartition):
-    """One queue's samples over one slice of the time range."""
+class QueuePartition(InputPartition):
+    """One queue, over [since, until)."""
 
     def __init__(self, resource: dict[str, Any], since: datetime, until: datetime) -> None:
         super().__init__((resource["metadata"]["namespace"], resource["metadata"]["name"]))
         self.resource, self.since, self.until = resource, since, until
 
 
-class StatsReader(SourceReader):
+class SelectedQueues(SourceReader):
+    """A reader of queues chosen by the options namespace, queues or labelSelector, read from
+    `since` on (default: the last 24 hours)."""
+
     def __init__(self, options: Options) -> None:
-        now = datetime.now(UTC)
+        self.now = datetime.now(UTC)
         self.kubeconfig = options.text("kubeconfig")
         self.namespace = options.text("namespace") or current_namespace()
         self.selector = options.text("labelSelector")
         self.queues = options.names("queues")
-        self.since = options.time("since", now - timedelta(hours=24), now)
-        self.until = options.time("until", now, now)
+        self.since = options.time("since", self.now - timedelta(hours=24), self.now)
+
+    def resources(self) -> list[dict[str, Any]]:
+        """The Queues named, or those of the namespace (and selector)."""
+        kube = Kube.for_kubeconfig(self.kubeconfig)
+        if self.queues:
+            return [kube.get_queue(self.namespace, name) for name in self.queues]
+        return kube.list_queues(self.namespace, self.selector)
+
+    def client(self, partition: InputPartition) -> AbstractContextManager[AnyQueue]:
+        assert isinstance(partition, QueuePartition)
+        meta = partition.resource["metadata"]
+        return connect_resource(
+            meta["name"], meta["namespace"], api_client=Kube.for_kubeconfig(self.kubeconfig).api_client
+        )
+
+
+class StatsReader(SelectedQueues):
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self.until = options.time("until", self.now, self.now)
         self.slices = options.count("partitions", 4)
         if self.since >= self.until:
             raise InvalidSpec(
@@ -140,24 +163,18 @@ class StatsReader(SourceReader):
             )
 
     def partitions(self) -> list[InputPartition]:
-        kube = Kube.for_kubeconfig(self.kubeconfig)
-        if self.queues:
-            resources = [kube.get_queue(self.namespace, name) for name in self.queues]
-        else:
-            resources = kube.list_queues(self.namespace, self.selector)
-        resources = [r for r in resources if provisioned(r)]  # the others have no history yet
+        resources = [r for r in self.resources() if provisioned(r)]  # the others have no history yet
         step = (self.until - self.since) / self.slices
         return [
-            StatsPartition(resource, self.since + i * step, self.until if i == self.slices - 1 else self.since + (i + 1) * step)
+            QueuePartition(resource, self.since + i * step, self.until if i == self.slices - 1 else self.since + (i + 1) * step)
             for resource in resources
             for i in range(self.slices)
         ]  # fmt: skip
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, StatsPartition)
+        assert isinstance(partition, QueuePartition)
         meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
-        api = Kube.for_kubeconfig(self.kubeconfig).api_client
-        with connect_resource(meta["name"], meta["namespace"], api_client=api) as queue:
+        with self.client(partition) as queue:
             samples = queue.history(partition.since, partition.until)
         for sample in samples:
             s = sample.stats
@@ -167,45 +184,28 @@ class StatsReader(SourceReader):
             )  # fmt: skip
 
 
-class ArchivePartition(InputPartition):
-    """One queue's archive."""
-
-    def __init__(self, resource: dict[str, Any]) -> None:
-        super().__init__((resource["metadata"]["namespace"], resource["metadata"]["name"]))
-        self.resource = resource
-
-
-class ArchiveReader(SourceReader):
+class ArchiveReader(SelectedQueues):
     def __init__(self, options: Options) -> None:
-        now = datetime.now(UTC)
-        self.kubeconfig = options.text("kubeconfig")
-        self.namespace = options.text("namespace") or current_namespace()
-        self.selector = options.text("labelSelector")
-        self.queues = options.names("queues")
-        self.since = options.time("since", now - timedelta(hours=24), now)
+        super().__init__(options)
         self.limit = options.count("limit", 100_000)
 
     def partitions(self) -> list[InputPartition]:
-        kube = Kube.for_kubeconfig(self.kubeconfig)
+        resources = self.resources()
         if self.queues:
-            resources = [kube.get_queue(self.namespace, name) for name in self.queues]
             off = [r["metadata"]["name"] for r in resources if not archived(r)]
             if off:
                 raise InvalidSpec(f"dbq-archive: {', '.join(off)} keep no archive: set spec.archive.enabled")
-        else:
-            resources = [r for r in kube.list_queues(self.namespace, self.selector) if archived(r)]
-        return [ArchivePartition(r) for r in resources if provisioned(r)]
+        return [QueuePartition(r, self.since, self.now) for r in resources if archived(r) and provisioned(r)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, ArchivePartition)
+        assert isinstance(partition, QueuePartition)
         meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
-        api = Kube.for_kubeconfig(self.kubeconfig).api_client
-        with connect_resource(meta["name"], meta["namespace"], api_client=api) as queue:
+        with self.client(partition) as queue:
             if isinstance(queue, BrokerQueue):  # refused at admission: a Queue edited around it
                 raise InvalidSpec(
                     f"dbq-archive: {meta['name']} is a Service Broker queue: it keeps no archive"
                 )
-            kept = queue.archived(self.since, self.limit)
+            kept = queue.archived(partition.since, self.limit)
         for m in kept:
             yield (
                 meta["namespace"], meta["name"], spec.backend, spec.design, str(m.id), m.attempts,
