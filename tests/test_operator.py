@@ -393,6 +393,9 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
         "events_q_waiting",
         "events_q_pending",
         "events_q_staged",
+        "events_q_dead",
+        "events_q_delayed",
+        "events_q_archive",
     }
     cassandra.execute(f'DROP TABLE "{keyspace}".events_q_pending')
     wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")
