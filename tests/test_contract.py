@@ -199,6 +199,28 @@ def test_a_message_failing_max_attempts_times_is_dead_lettered_once_with_its_err
     assert q.dead_letters() == [] and q.stats().dead == 0
 
 
+def test_two_redrives_at_once_move_each_dead_letter_once(make_queue, design):
+    q = make_queue(spec={"deadLetter": {"maxAttempts": 1}})
+    ids = q.push_many(bodies("d", 40))
+    for m in q.acquire_many(40):
+        assert m.nack(error="no") is True
+    assert len(q.dead_letters(limit=100)) == 40
+    moved: list[int] = []
+
+    def redrive() -> None:
+        with connect(design.url, q.names.queue, schema=SCHEMA) as other:
+            moved.append(other.redrive(limit=100))
+
+    threads = [threading.Thread(target=redrive) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    back = drain_taken(q)
+    assert sum(moved) == 40 and sorted(m.id for m in back) == sorted(ids)  # each once
+    assert q.dead_letters() == []
+
+
 def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(make_queue, design):
     q = make_queue(spec={"deadLetter": {"maxAttempts": 1}})
     msg_id = q.push(b"slow")

@@ -933,10 +933,7 @@ class PipesQueue:
             rows = [r for r in self._x(self.cql.due, at, LOGGED_MAX_MESSAGES) if (r[4] or 0) < at]
             if not rows:
                 break
-            until = self._retake_at()
-            claims = [(self.cql.claim_delayed, (until, r[0], r[1], at)) for r in rows]
-            if not self._batch(claims, conditional=True):
-                rows = [r for r in rows if self._cas(self.cql.claim_delayed, until, r[0], r[1], at)]
+            rows = self._claimed(self.cql.claim_delayed, rows, lambda r: (r[0], r[1]), at)
             if rows:
                 self._write(
                     [bytes(r[2]) for r in rows], ids=[r[1] for r in rows], expires=[r[3] for r in rows],
@@ -944,6 +941,17 @@ class PipesQueue:
                 )  # fmt: skip
             moved += len(rows)
         return moved
+
+    def _claimed(
+        self, claim: str, rows: list[Any], key: Callable[[Any], tuple[Any, ...]], at: int
+    ) -> list[Any]:
+        """The rows of one partition this client claimed with `claim` (moving_until set to
+        RETAKE_AFTER_S from now, if it was before `at`): all in one conditional batch, or, when
+        another client claimed one meanwhile, each on its own."""
+        until = self._retake_at()
+        if not rows or self._batch(((claim, (until, *key(r), at)) for r in rows), conditional=True):
+            return rows
+        return [r for r in rows if self._cas(claim, until, *key(r), at)]
 
     def _roll_back(self, state: _State, overdue: list[Any]) -> tuple[int, int]:
         """Push overdue pending messages again (or dead-letter them), holding the pipe's lease:
@@ -1055,9 +1063,11 @@ class PipesQueue:
 
     def redrive(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
         """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the
-        oldest `limit`. Each is pushed again and leaves the dead letters in one logged batch.
-        How many moved."""
-        rows = self._dead_rows(ids, limit)
+        oldest `limit`. Each is claimed first (so two redrives never both push one), then pushed
+        again and removed from the dead letters in one logged batch. How many moved."""
+        at = now_ms()
+        rows = [r for r in self._dead_rows(ids, limit) if (r[5] or 0) < at]
+        rows = self._claimed(self.cql.claim_dead, rows, lambda r: (r[0],), at)
         if rows:
             self._write(
                 [bytes(r[4]) for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),

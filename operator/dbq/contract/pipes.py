@@ -103,10 +103,16 @@ class PipesStatements:
         # Dead letters: one partition, in id (push) order.
         dl = self.dead
         self.bury = (
-            f"INSERT INTO {dl} (bucket, id, attempts, error, dead_at, body) VALUES ({BUCKET}, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {dl} (bucket, id, attempts, error, dead_at, body, moving_until)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, 0)"
         )
-        self.dead_letters = f"SELECT id, attempts, error, toUnixTimestamp(dead_at), body FROM {dl} WHERE bucket = {BUCKET} LIMIT ?"
-        self.dead_letters_by_id = f"SELECT id, attempts, error, toUnixTimestamp(dead_at), body FROM {dl} WHERE bucket = {BUCKET} AND id IN ?"
+        dead_cols = "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until)"
+        self.dead_letters = f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} LIMIT ?"
+        self.dead_letters_by_id = f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} AND id IN ?"
+        # A redrive claims a dead letter first (one claim wins), as a mover claims a due message.
+        self.claim_dead = (
+            f"UPDATE {dl} SET moving_until = ? WHERE bucket = {BUCKET} AND id = ? IF moving_until < ?"
+        )
         self.unbury = f"DELETE FROM {dl} WHERE bucket = {BUCKET} AND id = ?"
         self.count_dead = f"SELECT count(*) FROM {dl} WHERE bucket = {BUCKET}"
         self.head_id = f"SELECT id FROM {w} WHERE pipe = ? AND msg > ? LIMIT 1"

@@ -136,7 +136,7 @@ class PipesCql(PipesStatements):
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
             self.names.dead: f"""CREATE TABLE IF NOT EXISTS {self.dead} (
-    bucket int, id timeuuid, attempts int, error text, dead_at timestamp, body blob,
+    bucket int, id timeuuid, attempts int, error text, dead_at timestamp, body blob, moving_until timestamp,
     PRIMARY KEY ((bucket), id)
 ) WITH CLUSTERING ORDER BY (id ASC) AND {TABLE_OPTIONS}""",
             self.names.delayed: f"""CREATE TABLE IF NOT EXISTS {self.delayed} (
