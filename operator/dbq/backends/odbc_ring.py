@@ -134,7 +134,8 @@ class OdbcRing(OdbcBackend):
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
-        rescued or voided, expired messages dropped, gap records purged."""
+        rescued or voided, expired messages dropped, gap records purged; then archived messages
+        past the retention scavenged."""
         client = self._client()
         r = client.repair(orphan_grace=stalled_after_s)
         counts = {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
