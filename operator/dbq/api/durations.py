@@ -7,7 +7,7 @@ checked at admission and again here, by one table of bounds per field.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
@@ -22,6 +22,17 @@ def parse_duration(text: str) -> timedelta:
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"{text!r} is not a duration: write it like 500ms, 30s, 5m, 1h30m or 24h")
     return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(text)))
+
+
+def time_or_ago(text: str, now: datetime) -> datetime:
+    """A point in time written as a duration before `now` (`24h`) or as an ISO 8601 time (UTC
+    unless it names a zone); ValueError for anything else."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    when = datetime.fromisoformat(text)  # raises ValueError on what it cannot read
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def format_duration(seconds: float) -> str:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
-from dbq.api.durations import parse_duration
+from dbq.api.durations import time_or_ago
 from dbq.client import (
     AnyQueue,
     BrokerMessage,
@@ -138,7 +138,7 @@ def pop(
 
 
 def _message_json(m: Message | PipeMessage | BrokerMessage) -> dict[str, Any]:
-    return {"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts, **_body_json(m.body)}
+    return {"id": _id_json(m.id), "attempts": m.attempts, **_body_json(m.body)}
 
 
 @click.command()
@@ -313,12 +313,12 @@ def dead_letters() -> None:
     """The dead letters of a ring or pipes queue with spec.deadLetter."""
 
 
-DeadLettered = Queue | PipesQueue  # the designs that keep dead letters
+DeadLettered = Queue | PipesQueue  # the designs that keep dead letters and archives
 
 
-def _keeping(q: AnyQueue, queue: str) -> DeadLettered:
+def _keeping(q: AnyQueue, queue: str, what: str = "dead letters") -> DeadLettered:
     if not isinstance(q, Queue | PipesQueue):
-        raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no dead letters")
+        raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no {what}")
     return q
 
 
@@ -344,7 +344,7 @@ def dead_letters_list(
     with opened(queue, url, schema, namespace, design) as q:
         letters = _keeping(q, queue).dead_letters(limit)
     if output == "json":
-        click.echo(json.dumps([{"id": d.id if isinstance(d.id, int) else str(d.id), "attempts": d.attempts,
+        click.echo(json.dumps([{"id": _id_json(d.id), "attempts": d.attempts,
                                 "error": d.error, "pushedAt": d.pushed_at, "deadAt": d.dead_at,
                                 **_body_json(d.body)} for d in letters]))  # fmt: skip
         return
@@ -396,12 +396,9 @@ def archive(
     """The archived messages of a queue with spec.archive: id, attempts, when pushed and acked."""
     start = _since(since)
     with opened(queue, url, schema, namespace, design) as q:
-        if not isinstance(q, Queue | PipesQueue):
-            raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no archive")
-        kept = q.archived(start, limit)
+        kept = _keeping(q, queue, "archive").archived(start, limit)
     if output == "json":
-        click.echo(json.dumps([{"id": m.id if isinstance(m.id, int) else str(m.id), "attempts": m.attempts,
-                                "pushedAt": m.pushed_at,
+        click.echo(json.dumps([{"id": _id_json(m.id), "attempts": m.attempts, "pushedAt": m.pushed_at,
                                 "ackedAt": m.acked_at, **_body_json(m.body)} for m in kept]))  # fmt: skip
         return
     table = Table(title=f"archive of {queue} since {start:%Y-%m-%d %H:%M:%S} UTC", title_justify="left")
@@ -418,19 +415,14 @@ def archive(
 
 
 def _since(text: str) -> datetime:
-    """--since as a UTC time: a duration back from now, or a time (UTC when it names no zone)."""
+    """--since: a duration back from now, or a time (UTC when it names no zone)."""
     try:
-        return datetime.now(UTC) - parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
+        return time_or_ago(text, datetime.now(UTC))
     except ValueError:
         raise click.BadParameter(
             f"{text!r} is neither a duration (30m, 24h) nor a time (2026-11-24T08:00:00)",
             param_hint="--since",
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _each_batch(step: Callable[[], int], once: bool) -> int:
@@ -441,6 +433,11 @@ def _each_batch(step: Callable[[], int], once: bool) -> int:
         total += n
         if once or n == 0:
             return total
+
+
+def _id_json(msg_id: object) -> int | str:
+    """A message id as JSON: a ring's whole number as it is, a pipes or broker UUID as text."""
+    return msg_id if isinstance(msg_id, int) else str(msg_id)
 
 
 def _body_json(body: bytes) -> dict[str, str]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
-from dbq.api.durations import parse_duration
+from dbq.api.durations import time_or_ago
 from dbq.errors import InvalidSpec
 
 
@@ -53,17 +53,12 @@ class Options:
         if not raw:
             return default
         try:
-            return now - parse_duration(raw)
-        except ValueError:
-            pass
-        try:
-            when = datetime.fromisoformat(raw)
+            return time_or_ago(raw, now)
         except ValueError:
             raise InvalidSpec(
                 f"{self.source}: option {name}={raw!r}: write an ISO 8601 time such as"
                 " 2026-11-23T08:00:00Z, or a duration before now such as 24h or 90m"
             ) from None
-        return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class SourceReader(DataSourceReader):
