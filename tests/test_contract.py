@@ -85,7 +85,8 @@ def design(request) -> Iterator[Design]:
         url = f"cassandra://{host}:{port}"
         yield Design("pipes-cassandra", url, spec, pipes_module.MAX_BODY_BYTES, 1.0 + pipes_module.SKEW_S + 0.2,
                      messages=50_000)  # fmt: skip
-        request.getfixturevalue("cassandra").execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"')
+        # Dozens of queues of eleven tables each: dropping them outlasts the driver's 10 s default.
+        request.getfixturevalue("cassandra").execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"', timeout=120)
 
 
 MakeQueue = Callable[..., AnyQueue]

@@ -144,7 +144,7 @@ def test_replication_follows_the_spec():
 def cass_url(cassandra, stack) -> Iterator[str]:
     host, port = stack.cassandra.contact
     yield f"cassandra://{host}:{port}"
-    cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"')
+    cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)  # many queues' tables
 
 
 def spec_for(**pipes: Any) -> QueueSpec:
