@@ -97,12 +97,15 @@ def make_queue(design: Design) -> Iterator[MakeQueue]:
     """A new queue of the design, provisioned as the operator does, and a client of it."""
     made: list[AnyQueue] = []
 
-    def make(spec: dict[str, Any] | None = None, **options: Any) -> AnyQueue:
-        """`spec`: more of the Queue's spec (e.g. deadLetter); `options`: the client's."""
+    def make(spec: dict[str, Any] | None = None, dead_letters_kept_by: AnyQueue | None = None,
+             **options: Any) -> AnyQueue:  # fmt: skip
+        """`spec`: more of the Queue's spec (e.g. deadLetter); `dead_letters_kept_by`: the queue
+        spec.deadLetter.queue names, as the operator resolves it; `options`: the client's."""
         name = f"q_{secrets.token_hex(4)}"
         connection = {"secretRef": {"name": "unused"}, "schema": SCHEMA}
         spec = QueueSpec.model_validate({**design.spec, **(spec or {}), "connection": connection})
-        backend = open_backend(spec, name, from_url(design.url))
+        home = dead_letters_kept_by.names if dead_letters_kept_by is not None else None
+        backend = open_backend(spec, name, from_url(design.url), home)
         try:
             backend.apply()
         finally:
@@ -220,6 +223,63 @@ def test_two_redrives_at_once_move_each_dead_letter_once(make_queue, design):
     back = drain_taken(q)
     assert sum(moved) == 40 and sorted(m.id for m in back) == sorted(ids)  # each once
     assert q.dead_letters() == []
+
+
+def test_dead_letters_kept_by_another_queue_move_there_once_and_back(make_queue, design):
+    """spec.deadLetter.queue: two queues keep their dead letters in a third one's table (by nack,
+    and by repair of an expired lease), each once, with its error and its own id (the ring's ids
+    of the two collide there); each lists, counts, redrives and purges only its own; the keeper
+    holds them all with their source and counts none as its own."""
+    keeper = make_queue()
+    a = make_queue({"deadLetter": {"maxAttempts": 1}}, dead_letters_kept_by=keeper)
+    b = make_queue({"deadLetter": {"maxAttempts": 1}}, dead_letters_kept_by=keeper)
+    a_id, b_id = a.push(b"from a"), b.push(b"from b")
+    m = a.acquire(timeout=1)
+    assert m is not None and m.nack(error="a said no") is True
+    assert b.acquire(visibility=1) is not None
+    time.sleep(1 + design.lease_slack)
+    design.repair(b)
+    assert [(d.id, d.error, d.body, d.source) for d in a.dead_letters()] == [
+        (a_id, "a said no", b"from a", a.names.qualified)
+    ]  # fmt: skip
+    assert [(d.id, d.error, d.source) for d in b.dead_letters()] == [
+        (b_id, "lease expired (visibility timeout)", b.names.qualified)
+    ]  # fmt: skip
+    held = keeper.dead_letters(held=True)
+    assert sorted((d.source, d.body) for d in held) == [
+        (a.names.qualified, b"from a"),
+        (b.names.qualified, b"from b"),
+    ]
+    assert keeper.dead_letters() == [] and keeper.stats().dead == 0
+    assert (a.stats().dead, b.stats().dead) == (1, 1)
+    assert a.redrive() == 1  # back to a, with its id
+    back = a.pop(timeout=1)
+    assert back is not None and (back.id, back.body) == (a_id, b"from a")
+    assert [d.id for d in b.dead_letters()] == [b_id]  # b's untouched
+    assert b.purge_dead_letters() == 1
+    assert keeper.dead_letters(held=True) == [] and (a.stats().dead, b.stats().dead) == (0, 0)
+
+
+def test_a_queue_torn_down_takes_its_dead_letters_from_the_queue_keeping_them(make_queue, design):
+    keeper = make_queue()
+    gone, stays = (
+        make_queue({"deadLetter": {"maxAttempts": 1}}, dead_letters_kept_by=keeper) for _ in range(2)
+    )
+    for q in (gone, stays):
+        q.push(b"x")
+        m = q.acquire(timeout=1)
+        assert m is not None and m.nack(error="no") is True
+    spec = QueueSpec.model_validate(
+        {**design.spec, "connection": {"secretRef": {"name": "unused"}, "schema": SCHEMA}}
+    )
+    backend = open_backend(
+        spec, gone.names.queue, from_url(design.url)
+    )  # as deletion opens it: no home given
+    try:
+        backend.teardown()
+    finally:
+        backend.close()
+    assert [d.source for d in keeper.dead_letters(held=True)] == [stays.names.qualified]
 
 
 def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(make_queue, design):

@@ -14,7 +14,12 @@ from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import LeaseLost, Queue, connect
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
+from dbq.controller.reconcile import dead_letter_users, delete
+from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
+from dbq.resource import dead_letter_home, parse_spec
+from tests.manifests import pipes_queue
+from tests.manifests import queue as queue_doc
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
 
 SCHEMA = f"dead_{secrets.token_hex(3)}"
@@ -69,3 +74,47 @@ def test_a_long_handler_extends_its_lease(queue):
     m.ack()
     with pytest.raises(LeaseLost):
         m.extend(5)
+
+
+# --- spec.deadLetter.queue: which queue keeps the dead letters (no database needed) ------------
+def test_the_dead_letter_queue_is_found_and_must_share_backend_design_and_secret():
+    keeper = queue_doc("dlq", connection={"secretRef": {"name": "orders-db"}, "schema": "errors"})
+    found = {("shop", "dlq"): keeper}
+    user = parse_spec(queue_doc("orders", deadLetter={"maxAttempts": 3, "queue": "dlq"})["spec"])
+    assert dead_letter_home("orders", "shop", user, lambda ns, n: found.get((ns, n))) == QueueNames(
+        "errors", "dlq"
+    )
+    with pytest.raises(DeadLetterQueueNotFound, match="there is no Queue other/dlq: create it"):
+        dead_letter_home("orders", "other", user, lambda ns, n: found.get((ns, n)))
+    with pytest.raises(InvalidSpec, match="names this Queue itself: remove it"):
+        dead_letter_home("dlq", "shop", parse_spec(queue_doc("dlq", deadLetter={"maxAttempts": 1, "queue": "dlq"})["spec"]),
+                         lambda ns, n: found.get((ns, n)))  # fmt: skip
+    elsewhere = {**keeper, "spec": {**keeper["spec"], "connection": {"secretRef": {"name": "other-db"}}}}
+    with pytest.raises(
+        InvalidSpec, match=r"has Secret other-db \(this queue: orders-db\).*same backend, design"
+    ):
+        dead_letter_home("orders", "shop", user, lambda ns, n: elsewhere)
+    pipes = pipes_queue("dlq", "events", secret="orders-db")
+    with pytest.raises(
+        InvalidSpec, match=r"backend cassandra \(this queue: postgres\), design pipes \(this queue: ring\)"
+    ):
+        dead_letter_home("orders", "shop", user, lambda ns, n: pipes)
+    own = parse_spec(queue_doc("orders", deadLetter={"maxAttempts": 3})["spec"])
+    assert dead_letter_home("orders", "shop", own, lambda ns, n: None) is None
+
+
+def test_a_queue_keeping_others_dead_letters_is_not_dropped_while_they_use_it():
+    users = dead_letter_users("dlq", [
+        queue_doc("a", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("b", deadLetter={"maxAttempts": 1}),
+        queue_doc("c", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("dlq"),
+    ])  # fmt: skip
+    assert users == ["a", "c"]
+    spec = {**queue_doc("dlq")["spec"], "deletionPolicy": "Delete"}
+    refused = delete("dlq", "shop", spec, 1, {}, lambda ns, n: None, force=True, dead_letter_users=users)
+    assert refused.error is not None and "Queues a, c keep their dead letters in this queue's table" in str(
+        refused.error
+    )
+    assert refused.status["conditions"][0]["reason"] == "DeadLetterQueueInUse"
+    retained = delete("dlq", "shop", {**spec, "deletionPolicy": "Retain"}, 1, {}, lambda ns, n: None, force=False,
+                      dead_letter_users=users)  # fmt: skip
+    assert retained.error is None  # nothing is dropped: nothing breaks

@@ -304,6 +304,55 @@ def test_deletion_policies(env):
     assert not schema_exists(postgres, schema)
 
 
+def test_a_dead_letter_queue_is_waited_for_checked_and_kept_while_used(env):
+    """spec.deadLetter.queue: a Queue naming one not created yet is not Ready until it is; its
+    dead letters then land in that Queue's table; one on another Secret is refused; the keeper's
+    deletion waits until no Queue uses it."""
+    from dbq.client import connect
+
+    cluster, _, postgres = env
+    user, schema = fresh(
+        "dl-user", deadLetter={"maxAttempts": 1, "queue": "dl-keeper"}, deletionPolicy="Delete"
+    )
+    cluster.create(user)
+    missing = cluster.wait_condition(
+        "dl-user", "Ready", "False", timeout=30, reason="DeadLetterQueueNotFound"
+    )
+    assert "no Queue" in missing["message"] and "dl-keeper" in missing["message"]
+    keeper, keeper_schema = fresh("dl-keeper", deletionPolicy="Delete")
+    cluster.create(keeper)
+    cluster.wait_condition("dl-keeper", "Ready", "True")
+    cluster.wait_condition("dl-user", "Ready", "True", timeout=150)  # retried with backoff
+    with connect(postgres.url, "dl_user", schema=schema) as q:
+        q.push(b"poison")
+        m = q.acquire(timeout=5)
+        assert m is not None and m.nack(error="cannot parse") is True
+    cur = postgres.connect().cursor()
+    kept = cur.execute(f'SELECT source, error, body FROM "{keeper_schema}".dl_keeper_dead').fetchall()
+    assert [(r[0], r[1], bytes(r[2])) for r in kept] == [(f"{schema}.dl_user", "cannot parse", b"poison")]
+
+    other, _ = fresh("dl-other", deadLetter={"maxAttempts": 1, "queue": "dl-keeper"},
+                     connection={"secretRef": {"name": "another-db"}})  # fmt: skip
+    cluster.create(other)
+    refused = cluster.wait_condition("dl-other", "Ready", "False", timeout=30, reason="InvalidSpec")
+    assert "Secret orders-db (this queue: another-db)" in refused["message"]
+
+    cluster.delete("dl-keeper")
+    blocked = cluster.wait_condition(
+        "dl-keeper", "DeletionBlocked", "True", timeout=30, reason="DeadLetterQueueInUse"
+    )
+    assert "Queues dl-other, dl-user keep their dead letters" in blocked["message"]
+    assert schema_exists(postgres, keeper_schema)
+    cluster.delete("dl-other")
+    cluster.delete("dl-user")
+    wait_for(lambda: not cluster.exists("dl-user"), 60, "the user deleted")
+    assert (
+        cur.execute(f'SELECT count(*) FROM "{keeper_schema}".dl_keeper_dead').fetchval() == 0
+    )  # its letters too
+    wait_for(lambda: not cluster.exists("dl-keeper"), 120, "the keeper deleted once unused")
+    assert not schema_exists(postgres, keeper_schema)
+
+
 def test_force_delete_drops_a_non_empty_queue(env):
     cluster, _, postgres = env
     doc, schema = fresh("force-q")

@@ -30,6 +30,7 @@ from dbq.client import PipesQueue, QueueError, QueueNotFound, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.errors import DeadLetterQueueNotFound
 from dbq.names import QueueNames
 from tests.workers import read_logs, start
 
@@ -64,7 +65,10 @@ def complete(**changes: Any) -> PipesObserved:
             )
         },
         recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
-        meta_columns=frozenset({"queue", "schema_version", "max_attempts", "archive_ttl_s"}),
+        meta_columns=frozenset(
+            {"queue", "schema_version", "max_attempts", "archive_ttl_s", "dead_letter_queue"}
+        ),
+        dead_columns=frozenset({"bucket", "id", "source"}),
     )
     return PipesObserved(**(base | changes))
 
@@ -120,6 +124,29 @@ def test_plan_upgrades_a_version_1_queue_in_place():
     ]  # fmt: skip
     with_dead_letters = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=5)
     assert [str(s) for s in plan_pipes(with_dead_letters, complete())] == ["record_settings"]
+
+
+def test_plan_upgrades_a_version_2_queue_in_place():
+    """Version 3 names the source queue of each dead letter (spec.deadLetter.queue): a metadata
+    column, a dead table column, and the older dead letters named this queue's."""
+    old = complete(
+        recorded=RecordedPipes(2, 500, 60000),
+        meta_columns=frozenset({"queue", "schema_version", "max_attempts", "archive_ttl_s"}),
+        dead_columns=frozenset({"bucket", "id"}),
+    )
+    assert actions(old) == ["add_meta_columns", "add_dead_source", "source_dead_letters", "record_settings"]
+
+
+def test_plan_waits_for_the_queue_keeping_the_dead_letters():
+    keeper = QueueNames("errors", "dlq")
+    kept = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=2, dead_home=keeper)
+    with pytest.raises(
+        DeadLetterQueueNotFound, match=r"queue errors\.dlq must be provisioned.*it is not provisioned"
+    ):
+        plan_pipes(kept, complete())
+    assert [str(s) for s in plan_pipes(kept, complete(dead_home_version=PIPES_SCHEMA_VERSION))] == [
+        "record_settings"
+    ]
 
 
 def test_replication_follows_the_spec():
@@ -221,40 +248,56 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
     )
 
 
-def test_a_version_1_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra):
-    """Version 2 adds dead letters, delayed delivery and the archive: three tables and two metadata
-    columns. A version 1 queue gets them in place, in a keyspace whose metadata table version 1
-    made, with its messages and leases."""
+@pytest.mark.parametrize("version", [2, 1])
+def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra, version):
+    """Version 3 names the source queue of each dead letter (a metadata column, a dead table
+    column, older dead letters named this queue's); version 2 added dead letters, delayed
+    delivery and the archive (three tables, two metadata columns). A queue of either version gets
+    them in place, in a keyspace whose metadata table that version made, with its messages,
+    leases and dead letters."""
     settings = from_url(cass_url)
     backend = open_backend(spec_for(), "upgrade_me", settings)
+    ks = f'"{KEYSPACE}"'
     try:
         backend.apply()
         with connect(cass_url, "upgrade_me", schema=KEYSPACE) as q:
             ids = q.push_many([b"m%d" % i for i in range(10)])
             held = q.acquire_many(3, visibility=60)
-        # What version 1 had: none of those tables, none of those columns.
-        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_dead"')
-        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_delayed"')
-        cassandra.execute(f'DROP TABLE "{KEYSPACE}"."upgrade_me_archive"')
-        cassandra.execute(f'ALTER TABLE "{KEYSPACE}".dbq_queues DROP (max_attempts, archive_ttl_s)')
-        cassandra.execute(
-            f"UPDATE \"{KEYSPACE}\".dbq_queues SET schema_version = 1 WHERE queue = 'upgrade_me'"
-        )
-        with pytest.raises(QueueError, match="version 1, this client speaks pipes version 2"):
+        # What the older version had: none of the newer tables and columns.
+        cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP dead_letter_queue")
+        if version == 2:
+            cassandra.execute(f"ALTER TABLE {ks}.upgrade_me_dead DROP source")
+            cassandra.execute(
+                f"INSERT INTO {ks}.upgrade_me_dead (bucket, id, attempts, error, dead_at, body, moving_until)"
+                " VALUES (0, now(), 2, 'from version 2', toTimestamp(now()), 0x6f6c64, 0)"
+            )
+        else:
+            for table in ("dead", "delayed", "archive"):
+                cassandra.execute(f"DROP TABLE {ks}.upgrade_me_{table}")
+            cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP (max_attempts, archive_ttl_s)")
+        cassandra.execute(f"UPDATE {ks}.dbq_queues SET schema_version = {version} WHERE queue = 'upgrade_me'")
+        with pytest.raises(
+            QueueError, match=f"version {version}, this client speaks pipes version {PIPES_SCHEMA_VERSION}"
+        ):
             connect(cass_url, "upgrade_me", schema=KEYSPACE)
         upgraded = open_backend(spec_for().model_copy(update={"dead_letter": DeadLetter(max_attempts=2)}),
                                 "upgrade_me", settings)  # fmt: skip
-        assert [str(s) for s in upgraded.plan(upgraded.observe())] == [
-            "add_meta_columns", "create_table:upgrade_me_dead", "create_table:upgrade_me_delayed",
-            "create_table:upgrade_me_archive", "record_settings",
-        ]  # fmt: skip
+        assert [str(s) for s in upgraded.plan(upgraded.observe())] == (
+            ["add_meta_columns", "add_dead_source", "source_dead_letters", "record_settings"] if version == 2 else
+            ["add_meta_columns", "create_table:upgrade_me_dead", "create_table:upgrade_me_delayed",
+             "create_table:upgrade_me_archive", "record_settings"]
+        )  # fmt: skip
         upgraded.apply()
         assert upgraded.plan(upgraded.observe()) == []
         upgraded.close()
         with connect(cass_url, "upgrade_me", schema=KEYSPACE) as q:
             assert isinstance(q, PipesQueue) and q.max_attempts == 2
             s = q.stats()
-            assert (s.depth, s.in_flight, s.pushed, s.dead) == (7, 3, 10, 0)
+            assert (s.depth, s.in_flight, s.pushed, s.dead) == (7, 3, 10, 1 if version == 2 else 0)
+            if version == 2:  # the older dead letter is this queue's
+                assert [(d.error, d.source) for d in q.dead_letters()] == [
+                    ("from version 2", f"{KEYSPACE}.upgrade_me")
+                ]
             for m in held:
                 m._queue = q  # the leases, held across the upgrade, are settled by the new client
             q.ack_many(held[1:])

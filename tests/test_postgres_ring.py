@@ -213,17 +213,19 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
 
 # What each schema version added, taken away again to make a queue of the version before.
 ADDED = {
+    10: {"tables": [], "totals": [], "routines": [], "column": "dead_letter_queue"},
     9: {"tables": ["archive"], "totals": ["archived", "scavenged"], "routines": ["scavenge"], "column": "archive"},
     8: {"tables": ["dead"], "totals": ["dead", "redriven", "purged"],
         "routines": ["defer", "extend", "redrive", "purge_dead"], "column": "max_attempts"},
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [8, 7])
+@pytest.mark.parametrize("version", [9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
-    """Version 9 adds the archive (a table, two totals, a routine, a metadata column); version 8
-    added dead letters, delayed delivery and lease extension, and a nack with the error. A queue
-    of either older version gets them in place, with every message and every lease it holds."""
+    """Version 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
+    column); 9 added the archive (a table, two totals, a routine, a metadata column); 8 added
+    dead letters, delayed delivery and lease extension, and a nack with the error. A queue of any
+    older version gets them in place, with every message, lease and dead letter it holds."""
     from dbq.client import connect
 
     backend = ring(postgres, schema)
@@ -240,16 +242,37 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
         for verb in ADDED[added]["routines"]:
             cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
         cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN {ADDED[added]["column"]}')
+    if version in (8, 9):  # a dead-letter table keyed by id alone, holding one dead letter
+        dead = f'"{schema}".orders_dead'
+        cur.execute(f"ALTER TABLE {dead} DROP COLUMN source")  # its key goes with it
+        cur.execute(f"ALTER TABLE {dead} ADD PRIMARY KEY (msg_id)")
+        cur.execute(
+            f"INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body) VALUES (99, 3, 'old', now(), 'd')"
+        )
     if version < 8:  # a nack of three arguments
         cur.execute(f'DROP FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, text)')
         cur.execute(f'CREATE FUNCTION "{schema}".orders_nack(bigint, bigint, bigint, OUT o_ok int)'
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
-    assert [str(s) for s in backend.plan(backend.observe())] == [
-        "create_sequences", "create_side_tables", "create_routines", "record_version"
-    ]  # fmt: skip
+    assert [str(s) for s in backend.plan(backend.observe())] == {
+        9: ["key_dead_letters", "create_routines", "record_version"],
+        8: [
+            "create_sequences",
+            "create_side_tables",
+            "key_dead_letters",
+            "create_routines",
+            "record_version",
+        ],
+        7: ["create_sequences", "create_side_tables", "create_routines", "record_version"],
+    }[version]
     backend.apply()
     assert backend.plan(backend.observe()) == []
+    if version in (8, 9):  # the older dead letter is this queue's
+        with connect(postgres.url, "orders", schema=schema) as fresh:
+            assert [(d.id, d.error, d.source) for d in fresh.dead_letters()] == [
+                (99, "old", f"{schema}.orders")
+            ]
+            assert fresh.purge_dead_letters() == 1
     stats = q.stats()
     assert (stats.depth, stats.in_flight, stats.pushed, stats.dead, stats.archived) == (7, 3, 10, 0, 0)
     assert held[0].nack(error="after the upgrade") is False  # the lease survived it

@@ -6,7 +6,7 @@ import pytest
 
 from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, plan_ring
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.errors import ConflictingObjects, UnsafeName
+from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, UnsafeName
 from dbq.names import QueueNames
 
 NAMES = QueueNames(schema="shopq", queue="orders")
@@ -62,7 +62,7 @@ def test_older_schema_version_is_upgraded():
     old = complete(
         recorded=Recorded(schema_version=RING_SCHEMA_VERSION - 1, ring_size=1000, message_bytes=300)
     )
-    assert actions(old) == ["create_routines", "record_version"]
+    assert actions(old) == ["key_dead_letters", "create_routines", "record_version"]
 
 
 def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
@@ -105,3 +105,25 @@ def test_unsafe_names_never_become_identifiers(bad):
         QueueNames(schema="shopq", queue=bad)
     with pytest.raises(UnsafeName):
         QueueNames(schema=bad, queue="orders")
+
+
+def test_dead_letters_kept_by_another_queue_wait_for_it_and_rewrite_the_routines():
+    """spec.deadLetter.queue: the keeper must be provisioned at this schema version (its dead-letter
+    table keyed by source); a change of keeper re-creates the routines and records it."""
+    keeper = QueueNames(schema="errors", queue="dlq")
+    kept = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=3, dead_home=keeper)
+    with pytest.raises(
+        DeadLetterQueueNotFound, match=r"queue errors\.dlq must be provisioned.*it is not provisioned"
+    ):
+        plan_ring(kept, complete())
+    with pytest.raises(DeadLetterQueueNotFound, match="it has schema version 9"):
+        plan_ring(kept, complete(dead_home_version=9))
+    ready = complete(
+        dead_home_version=RING_SCHEMA_VERSION,
+        recorded=Recorded(
+            schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300, max_attempts=3
+        ),
+    )
+    assert actions(ready, kept) == ["create_routines", "record_version"]
+    moved = Recorded(RING_SCHEMA_VERSION, 1000, 300, max_attempts=3, dead_letter_queue="errors.dlq")
+    assert actions(complete(dead_home_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []

@@ -44,6 +44,12 @@ class BrokerNotUnique(DbqError):
     retry = False
 
 
+class DeadLetterQueueNotFound(DbqError):
+    """spec.deadLetter.queue names a Queue that does not exist (yet: retried) or is invalid."""
+
+    reason = "DeadLetterQueueNotFound"
+
+
 class SecretNotFound(DbqError):
     reason = "SecretNotFound"
 

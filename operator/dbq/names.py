@@ -114,8 +114,14 @@ class QueueNames:
 
     @property
     def dead(self) -> str:
-        """Dead letters: messages acquired and not acked `deadLetter.maxAttempts` times."""
+        """Dead letters: messages acquired and not acked `deadLetter.maxAttempts` times; also
+        those of the queues whose spec.deadLetter.queue names this queue (column `source`)."""
         return self._("dead")
+
+    @property
+    def qualified(self) -> str:
+        """schema.queue: unique in its database; the `source` of the queue's dead letters."""
+        return f"{self.schema}.{self.queue}"
 
     @property
     def waiters(self) -> str:
@@ -226,6 +232,11 @@ def pg_literal(identifier: str) -> str:
 
 def ms_literal(identifier: str) -> str:
     return f"N'{check_identifier(identifier, 'name')}'"
+
+
+def qualified_literal(backend: str, names: QueueNames) -> str:
+    """schema.queue (`QueueNames.qualified`: both parts validated identifiers) as a literal."""
+    return f"{'N' if backend == 'sqlserver' else ''}'{names.qualified}'"
 
 
 # The backends reached through ODBC, and the quoting each one's SQL uses. (Cassandra's CQL

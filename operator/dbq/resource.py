@@ -12,12 +12,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dbq.api.models import QueueSpec
+from dbq.api.models import QueueSpec, queue_name
 from dbq.connection import ConnectionSettings, from_secret_data
-from dbq.errors import InvalidConnection, InvalidSecret, InvalidSpec, SecretNotFound
+from dbq.errors import DeadLetterQueueNotFound, InvalidConnection, InvalidSecret, InvalidSpec, SecretNotFound
+from dbq.names import QueueNames
 
 # (namespace, name) -> the Secret's base64 `data`, or None when it does not exist.
 SecretReader = Callable[[str, str], dict[str, Any] | None]
+# (namespace, name) -> the Queue resource (a dict with its `spec`), or None when it does not exist.
+QueueReader = Callable[[str, str], dict[str, Any] | None]
 
 
 def validation_message(e: ValidationError) -> str:
@@ -44,3 +47,47 @@ def settings_for(spec: QueueSpec, namespace: str, read_secret: SecretReader) -> 
         return from_secret_data(secret, str(spec.backend))
     except InvalidConnection as e:
         raise InvalidSecret(f"Secret {namespace}/{ref}: {e}") from None
+
+
+def dead_letter_home(
+    name: str, namespace: str, spec: QueueSpec, read_queue: QueueReader
+) -> QueueNames | None:
+    """The names of the queue whose dead-letter table keeps this queue's dead letters, when
+    spec.deadLetter.queue names another Queue; None for the queue's own table. That Queue must
+    have the same backend, design and Secret: a message moves there in the transaction (ring) or
+    logged batch (pipes) that takes it off this queue."""
+    home = spec.dead_letter.queue if spec.dead_letter else None
+    if home is None:
+        return None
+    field, secret = "spec.deadLetter.queue", spec.connection.secret_ref.name
+    if home == name:
+        raise InvalidSpec(
+            f"{field} names this Queue itself: remove it to keep dead letters in the queue's own table"
+        )
+    found = read_queue(namespace, home)
+    if found is None:
+        raise DeadLetterQueueNotFound(
+            f"{field}: there is no Queue {namespace}/{home}: create it ({spec.design} on {spec.backend},"
+            f" Secret {secret}) or remove the field"
+        )
+    try:
+        other = parse_spec(found.get("spec") or {})
+        other_queue = queue_name(home, other)
+    except (InvalidSpec, ValueError) as e:
+        raise DeadLetterQueueNotFound(f"{field}: Queue {namespace}/{home} has an invalid spec: {e}") from None
+    differs = [
+        f"{what} {theirs} (this queue: {ours})"
+        for what, ours, theirs in (
+            ("backend", spec.backend, other.backend),
+            ("design", spec.design, other.design),
+            ("Secret", secret, other.connection.secret_ref.name),
+        )
+        if ours != theirs
+    ]
+    if differs:
+        raise InvalidSpec(
+            f"{field}: Queue {home} has {', '.join(differs)}; a dead-letter queue must have this queue's"
+            " backend, design and Secret (one database), so a message moves in one transaction: name such a"
+            " Queue, or remove the field to use the queue's own table"
+        )
+    return QueueNames(schema=other.connection.schema_, queue=other_queue)

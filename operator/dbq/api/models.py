@@ -269,7 +269,13 @@ class ServiceBroker(Model):
 class DeadLetter(Model):
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = Field(
         description="A message acquired this many times and not acked (nacked, or its lease expired) moves to the"
-        " queue's dead-letter table, with its attempts and last error; `dbq dead-letters` lists and redrives them."
+        " dead-letter table, with its attempts and last error; `dbq dead-letters` lists and redrives them."
+    )
+    queue: Annotated[str | None, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] = Field(
+        default=None,
+        description="Another Queue of this namespace whose dead-letter table keeps this queue's dead letters"
+        " (several queues can share one); it must have the same backend, design and Secret, so a message moves"
+        " there in the transaction that takes it. Absent: the queue's own dead-letter table.",
     )
 
 

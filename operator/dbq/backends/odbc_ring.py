@@ -27,6 +27,7 @@ from dbq.client import Queue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.names import QueueNames
 
 # The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
 # SCAVENGE_BATCHES transactions per cleanup run.
@@ -59,21 +60,7 @@ class OdbcRing(OdbcBackend):
             sequences = frozenset(r[0] for r in rels if r[1] == "S")
             routines = frozenset(r[0] for r in cur.execute(self.sql.OBSERVE_ROUTINES, schema).fetchall())
             meta_exists = self.names.meta in tables
-            recorded = None
-            if meta_exists:
-                # Every column, by name: a metadata table of an older version lacks the newer ones.
-                row = cur.execute(
-                    f"SELECT * FROM {self.sql.meta} WHERE queue = ?", self.names.queue
-                ).fetchone()
-                if row:
-                    values = dict(zip((d[0] for d in cur.description), row, strict=True))
-                    recorded = Recorded(
-                        schema_version=int(values["schema_version"]),
-                        ring_size=int(values["ring_size"]),
-                        message_bytes=int(values["message_bytes"]),
-                        max_attempts=int(values.get("max_attempts") or 0),
-                        archive=bool(int(values.get("archive") or 0)),
-                    )
+            recorded = self._recorded(cur, self.names) if meta_exists else None
             ring_rows = 0
             if self.names.ring in tables:
                 # The fill is one transaction: a ring that has its first and last slots is whole,
@@ -95,7 +82,36 @@ class OdbcRing(OdbcBackend):
                 routines=routines,
                 ring_rows=int(ring_rows),
                 recorded=recorded,
+                dead_home_version=self._dead_home_version(cur),
             )
+
+    def _recorded(self, cur: pyodbc.Cursor, names: QueueNames) -> Recorded | None:
+        """The metadata row of queue `names` (its schema's metadata table exists)."""
+        # Every column, by name: a metadata table of an older version lacks the newer ones.
+        row = cur.execute(self.sql.meta_row(names), names.queue).fetchone()
+        if not row:
+            return None
+        values = dict(zip((d[0] for d in cur.description), row, strict=True))
+        return Recorded(
+            schema_version=int(values["schema_version"]),
+            ring_size=int(values["ring_size"]),
+            message_bytes=int(values["message_bytes"]),
+            max_attempts=int(values.get("max_attempts") or 0),
+            archive=bool(int(values.get("archive") or 0)),
+            dead_letter_queue=str(values.get("dead_letter_queue") or ""),
+        )
+
+    def _dead_home_version(self, cur: pyodbc.Cursor) -> int | None:
+        """The schema version of the queue that keeps this one's dead letters (when another does):
+        None when its dead-letter table or metadata row does not exist."""
+        home = self.target.dead_home
+        if home is None:
+            return None
+        tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, home.schema).fetchall()}
+        if home.meta not in tables or home.dead not in tables:
+            return None
+        recorded = self._recorded(cur, home)
+        return recorded.schema_version if recorded is not None else None
 
     def plan(self, observed: Observed) -> list[RingStep]:
         return plan_ring(self.target, observed, self.sql.ROUTINES)
@@ -217,6 +233,14 @@ class OdbcRing(OdbcBackend):
             if not cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
                 return
             tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, self.names.schema).fetchall()}
+            recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
+            if recorded is not None and recorded.dead_letter_queue:
+                # Its dead letters kept by another queue go with it.
+                home = QueueNames(*recorded.dead_letter_queue.split(".", 1))
+                if home.dead in {
+                    r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, home.schema).fetchall()
+                }:
+                    cur.execute(self.sql.forget_dead_letters(home))
             for statement in self.sql.drop():
                 if statement.startswith("DELETE FROM") and self.names.meta not in tables:
                     continue

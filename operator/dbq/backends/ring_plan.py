@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.errors import ConflictingObjects
+from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
+
+# Since this version, a dead-letter table is keyed by (source, msg_id): it can keep the dead
+# letters of other queues (their spec.deadLetter.queue), whose ids are their own positions.
+KEYED_DEAD_LETTERS = 10
 
 # The PostgreSQL routines (SQL Server adds internal helpers: see `MsRing.ROUTINES`).
 ROUTINES = (
@@ -29,6 +33,7 @@ class RingAction(StrEnum):
     CREATE_SEQUENCES = "create_sequences"
     RESET_POSITIONS = "reset_positions"
     CREATE_SIDE_TABLES = "create_side_tables"
+    KEY_DEAD_LETTERS = "key_dead_letters"
     SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
@@ -43,6 +48,7 @@ DONE = {
     RingAction.CREATE_SEQUENCES: "created the position and total sequences",
     RingAction.RESET_POSITIONS: "levelled the push and pop positions",
     RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging, dead-letter and archive tables",
+    RingAction.KEY_DEAD_LETTERS: "keyed the dead-letter table by source queue",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -73,6 +79,7 @@ class Recorded:
     message_bytes: int
     max_attempts: int = 0  # recorded since version 8 (0 before)
     archive: bool = False  # recorded since version 9
+    dead_letter_queue: str = ""  # recorded since version 10: RingTarget.dead_letter_queue
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class Observed:
     routines: frozenset[str] = frozenset()
     ring_rows: int = 0
     recorded: Recorded | None = None
+    # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
+    # None when it is not provisioned; not looked up when the queue keeps its own.
+    dead_home_version: int | None = None
 
 
 def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[RingStep]:
@@ -96,6 +106,18 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         steps.append(RingStep(action, why))
 
     recorded = observed.recorded
+    home = target.dead_home
+    if home is not None and observed.dead_home_version != RING_SCHEMA_VERSION:
+        found = (
+            "it is not provisioned"
+            if observed.dead_home_version is None
+            else (f"it has schema version {observed.dead_home_version}")
+        )
+        raise DeadLetterQueueNotFound(
+            f"spec.deadLetter.queue: queue {home.qualified} must be provisioned at ring schema version"
+            f" {RING_SCHEMA_VERSION} before it keeps other queues' dead letters, and {found}: retried until"
+            " that Queue is Ready"
+        )
     if recorded is not None and recorded.ring_size != target.size:
         raise ConflictingObjects(
             f"{n.schema}.{n.ring} exists with {recorded.ring_size} slots but spec.ring.size is {target.size}: "
@@ -123,6 +145,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     missing_tables = [t for t in n.tables if t != n.ring and t not in observed.tables]
     if missing_tables:
         step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
+    if recorded is not None and recorded.schema_version < KEYED_DEAD_LETTERS and n.dead in observed.tables:
+        step(
+            RingAction.KEY_DEAD_LETTERS,
+            f"dead-letter table {n.schema}.{n.dead} is of version {recorded.schema_version}: keyed by id alone",
+        )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.
         step(
@@ -136,6 +163,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         or recorded.message_bytes != target.message_bytes
         or recorded.max_attempts != target.max_attempts
         or recorded.archive != target.archive
+        or recorded.dead_letter_queue != target.dead_letter_queue
     )
     if missing_routines or stale or ring_missing:
         why = (

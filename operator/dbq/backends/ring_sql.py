@@ -13,7 +13,7 @@ from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
 from dbq.contract.ring import RingTarget, notify_channel
-from dbq.names import COUNTERS
+from dbq.names import COUNTERS, QueueNames, qualified_literal
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
 # pop in SPILL_SHARE looks there before the ring while the ring has messages, and every pop when
@@ -88,6 +88,7 @@ class RingSqlBase:
     NOW = "now()"  # the database's clock: samples are timed by one clock, whatever the operator's
     TEMPLATE_PACKAGE = ""  # where the routine template lives ...
     TEMPLATE_FILE = ""  # ... and its name
+    BACKEND = ""  # the dialect's backend name
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
@@ -104,7 +105,9 @@ class RingSqlBase:
         self.spill = f"{s}.{quote(n.spill)}"
         self.gap = f"{s}.{quote(n.gap)}"
         self.staged = f"{s}.{quote(n.staged)}"
-        self.dead = f"{s}.{quote(n.dead)}"
+        self.own_dead = f"{s}.{quote(n.dead)}"  # created and dropped with this queue
+        home = target.dead_home or n  # where this queue's dead letters go
+        self.dead = f"{quote(home.schema)}.{quote(home.dead)}"
         self.waiters = f"{s}.{quote(n.waiters)}"
         self.archive = f"{s}.{quote(n.archive)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
@@ -129,6 +132,7 @@ class RingSqlBase:
             RingAction.CREATE_SEQUENCES: self.create_sequences,
             RingAction.RESET_POSITIONS: self.reset_positions,
             RingAction.CREATE_SIDE_TABLES: self.create_side_tables,
+            RingAction.KEY_DEAD_LETTERS: self.key_dead_letters,
             RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
@@ -157,6 +161,16 @@ class RingSqlBase:
     def create_side_tables(self) -> list[str]:
         raise NotImplementedError
 
+    def key_dead_letters(self) -> list[str]:
+        raise NotImplementedError
+
+    def _dead_letter_queue(self) -> str:
+        """RingTarget.dead_letter_queue as a literal, for the metadata row."""
+        home = self.t.dead_home
+        if home is not None:
+            return qualified_literal(self.BACKEND, home)
+        return "N''" if self.BACKEND == "sqlserver" else "''"
+
     def seed_settled(self) -> list[str]:
         raise NotImplementedError
 
@@ -176,6 +190,7 @@ class RingSqlBase:
             "spill": self.spill,
             "gap": self.gap,
             "dead": self.dead,
+            "dead_source": qualified_literal(self.BACKEND, self.t.names),
             "waiters": self.waiters,
             "archive": self.archive,
             "max_attempts": int(self.t.max_attempts),
@@ -206,6 +221,15 @@ class RingSqlBase:
     def _queue_tables_list(self) -> str:
         """The queue's tables as a list of string literals (for catalog queries)."""
         return ", ".join(self.literal(t) for t in self.t.names.tables)
+
+    def meta_row(self, names: QueueNames) -> str:
+        """Every column of the metadata row of queue `names` (parameter: its name)."""
+        return f"SELECT * FROM {self.quote(names.schema)}.{self.quote(names.meta)} WHERE queue = ?"
+
+    def forget_dead_letters(self, home: QueueNames) -> str:
+        """Delete this queue's dead letters from the dead-letter table of queue `home`."""
+        table = f"{self.quote(home.schema)}.{self.quote(home.dead)}"
+        return f"DELETE FROM {table} WHERE source = {qualified_literal(self.BACKEND, self.t.names)}"
 
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]

@@ -49,17 +49,25 @@ def apply_manifests(
     def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
         return secrets.get((namespace, name)) or secrets.get(("*", "*"))
 
+    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d and d.get("kind") == "Queue"]
+    queues = {((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name")): d
+              for d in docs}  # fmt: skip
+
+    def read_queue(namespace: str, name: str) -> dict[str, Any] | None:
+        """spec.deadLetter.queue is looked up among the manifests given."""
+        return queues.get((namespace, name))
+
+    # The Queues that keep others' dead letters first (last when deleting).
+    docs.sort(key=lambda d: bool(((d.get("spec") or {}).get("deadLetter") or {}).get("queue")) != delete)
     failures = 0
-    for doc in yaml.safe_load_all(Path(path).read_text()):
-        if not doc or doc.get("kind") != "Queue":
-            continue
+    for doc in docs:
         meta = doc.get("metadata") or {}
         name, namespace = meta.get("name", "?"), meta.get("namespace", "default")
         spec = doc.get("spec") or {}
         label = f"queue {namespace}/{name}"
         if dry_run:
             try:
-                _show_plan(name, namespace, spec, read_secret, label, console)
+                _show_plan(name, namespace, spec, read_secret, read_queue, label, console)
             except DbqError as e:
                 console.print(f"[red]{label}: {e.reason}[/red]: {e}", highlight=False)
                 failures += 1
@@ -70,7 +78,9 @@ def apply_manifests(
             outcome = _delete(name, namespace, spec, read_secret)
             done = "; ".join(e.message for e in outcome.events)
         else:
-            outcome = reconcile(name, namespace, spec, meta.get("generation"), {}, read_secret)
+            outcome = reconcile(
+                name, namespace, spec, meta.get("generation"), {}, read_secret, read_queue=read_queue
+            )
             done = "Ready (" + ("; ".join(outcome.steps) if outcome.steps else "already in sync") + ")"
         if outcome.error is None:
             console.print(f"[green]{label}[/green]: {done}", highlight=False)
@@ -80,9 +90,9 @@ def apply_manifests(
     return 1 if failures else 0
 
 
-def _show_plan(name: str, namespace: str, spec: dict[str, Any], read_secret: Any, label: str,
-               console: Console) -> None:  # fmt: skip
-    _spec, _, backend = backend_for(name, namespace, spec, read_secret)
+def _show_plan(name: str, namespace: str, spec: dict[str, Any], read_secret: Any, read_queue: Any,
+               label: str, console: Console) -> None:  # fmt: skip
+    _spec, _, backend = backend_for(name, namespace, spec, read_secret, read_queue)
     try:
         steps = backend.plan(backend.observe())
     finally:

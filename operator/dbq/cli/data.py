@@ -336,26 +336,31 @@ def _ids(q: DeadLettered, given: tuple[str, ...]) -> list[Any] | None:
 @dead_letters.command("list")
 @target_options
 @click.option("--limit", default=100, show_default=True, help="At most this many, oldest first.")
+@click.option(
+    "--held", is_flag=True,
+    help="Instead: every dead letter QUEUE's table keeps, also other queues' (their spec.deadLetter.queue).",
+)  # fmt: skip
 def dead_letters_list(
     queue: str, url: str | None, schema: str | None, design: str | None, namespace: str | None, output: str,
-    limit: int,
+    limit: int, held: bool,
 ) -> None:  # fmt: skip
-    """The dead letters of QUEUE: id, attempts, last error, when pushed and dead-lettered."""
+    """The dead letters of QUEUE (wherever they are kept): id, attempts, last error, when pushed
+    and dead-lettered, and the queue they came from."""
     with opened(queue, url, schema, namespace, design) as q:
-        letters = _keeping(q, queue).dead_letters(limit)
+        letters = _keeping(q, queue).dead_letters(limit, held=held)
     if output == "json":
         click.echo(json.dumps([{"id": _id_json(d.id), "attempts": d.attempts,
                                 "error": d.error, "pushedAt": d.pushed_at, "deadAt": d.dead_at,
-                                **_body_json(d.body)} for d in letters]))  # fmt: skip
+                                "source": d.source, **_body_json(d.body)} for d in letters]))  # fmt: skip
         return
-    table = Table(title=f"dead letters of {queue}", title_justify="left")
-    for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "BODY"):
+    title = f"dead letters {'held by' if held else 'of'} {queue}"
+    table = Table(title=title, title_justify="left")
+    for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "SOURCE", "BODY"):
         table.add_column(column)
     for d in letters:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(d.dead_at))
-        table.add_row(
-            str(d.id), str(d.attempts), at, d.error or "", d.body[:60].decode(errors="backslashreplace")
-        )
+        body = d.body[:60].decode(errors="backslashreplace")
+        table.add_row(str(d.id), str(d.attempts), at, d.error or "", d.source, body)
     Console().print(table)
 
 

@@ -91,9 +91,16 @@ def _unset(value: Any) -> Any:
 
 
 def _dead_letter(row: Sequence[Any]) -> DeadLetter:
-    """A dead letter from (id, attempts, error, dead_at ms, body); pushed when its id was made."""
+    """A dead letter from (id, attempts, error, dead_at ms, body, moving_until, source); pushed
+    when its id was made."""
     return DeadLetter(
-        row[0], int(row[1] or 0), row[2], uuid_ms(row[0]) / 1000, (row[3] or 0) / 1000, bytes(row[4])
+        row[0],
+        int(row[1] or 0),
+        row[2],
+        uuid_ms(row[0]) / 1000,
+        (row[3] or 0) / 1000,
+        bytes(row[4]),
+        row[6] or "",
     )
 
 
@@ -277,9 +284,13 @@ class PipesQueue:
             raise
         self.max_pushes_per_pipe = int(meta[2])
         self.max_push_time_ms = int(meta[3])
-        # spec.deadLetter.maxAttempts (0: none) and how long archived rows live (0: no archive)
-        max_attempts, archive_ttl_s = self._x(self.cql.read_settings_2, names.queue)[0]
+        # spec.deadLetter.maxAttempts (0: none), how long archived rows live (0: no archive), and
+        # the queue whose dead table keeps this queue's dead letters ('': its own)
+        max_attempts, archive_ttl_s, kept_by = self._x(self.cql.read_settings, names.queue)[0]
         self.max_attempts, self.archive_ttl_s = int(max_attempts or 0), int(archive_ttl_s or 0)
+        self.dead_letter_keeper = QueueNames(*kept_by.split(".", 1)) if kept_by else names
+        if kept_by:
+            self.cql = PipesStatements(names, self.dead_letter_keeper)
 
     def _check_meta(self) -> list[Any]:
         """The queue's metadata row, once it is known to be a pipes queue this client speaks."""
@@ -870,7 +881,10 @@ class PipesQueue:
     ) -> list[tuple[str, tuple[Any, ...]]]:
         """The statements that move a pending message (taken over) to the dead letters."""
         text = None if error is None else error[:4000]
-        return [(self.cql.bury, (msg_id, attempts, text, now_ms(), body)), (self.cql.ack, (pipe, key))]
+        return [
+            (self.cql.bury, (msg_id, self.names.qualified, attempts, text, now_ms(), body)),
+            (self.cql.ack, (pipe, key)),
+        ]
 
     def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
         """Run `handler(message)` for each message, acked when it returns and nacked with
@@ -1048,18 +1062,22 @@ class PipesQueue:
         return out
 
     # --- dead letters ---------------------------------------------------------------------
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """The dead letters, oldest pushed first (at most `limit`)."""
-        return [_dead_letter(r) for r in self._x(self.cql.dead_letters, count_arg(limit, "limit"))]
+    def dead_letters(self, limit: int = 100, *, held: bool = False) -> list[DeadLetter]:
+        """This queue's dead letters, oldest pushed first (at most `limit`), wherever they are
+        kept (its own dead table, or spec.deadLetter.queue's). `held`: instead, every dead letter
+        this queue's table keeps, its own and other queues' (see DeadLetter.source)."""
+        if held:
+            return [_dead_letter(r) for r in self._x(self.cql.held_dead_letters, count_arg(limit, "limit"))]
+        return [_dead_letter(r) for r in self._dead_rows(None, limit)]
 
     def _dead_rows(self, ids: Iterable[uuid.UUID] | None, limit: int) -> list[Any]:
         count_arg(limit, "limit")
         if ids is None:
-            return self._x(self.cql.dead_letters, limit)
+            return self._x(self.cql.dead_letters, self.names.qualified, limit)
         wanted = list(ids)
         if not wanted or not all(isinstance(i, uuid.UUID) for i in wanted):
             raise ValueError("ids are the dead letters' ids (UUIDs), or None for the oldest")
-        return self._x(self.cql.dead_letters_by_id, wanted[:limit])
+        return self._x(self.cql.dead_letters_by_id, wanted[:limit], self.names.qualified)
 
     def redrive(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
         """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the
@@ -1124,7 +1142,7 @@ class PipesQueue:
             if rows:
                 oldest = max(oldest, (at - uuid_ms(rows[0][0])) / 1000)
         # Dead letters are few (a count of their one partition); none unless spec.deadLetter.
-        dead = int(self._x(self.cql.count_dead)[0][0]) if self.max_attempts else 0
+        dead = int(self._x(self.cql.count_dead, self.names.qualified)[0][0]) if self.max_attempts else 0
         delayed = int(self._x(self.cql.count_delayed)[0][0])
         return PipesStats(
             depth=depth, in_flight=in_flight, pushed=pushed, popped=popped, acquired=acquired,

@@ -33,6 +33,7 @@ from dbq.contract.ring import (
     announce_wait,
     archive_query,
     call_statement,
+    dead_letter_queue_query,
     dead_letters_query,
     history_bound,
     history_query,
@@ -229,6 +230,10 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
+        with self._cursor() as cur:
+            kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
+        # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue).
+        self.dead_letter_keeper = QueueNames(*kept_by.split(".", 1)) if kept_by else names
         # Single calls made at once by several threads share round trips (smart batching).
         self._pushes: Coalescer[bytes, int] | None = None
         self._pops: Coalescer[None, Message | None] | None = None
@@ -589,13 +594,22 @@ class Queue:
         return RepairResult(leases, orphans, expired, purged, holes, dead)
 
     # --- dead letters ---------------------------------------------------------------------
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """The dead letters, oldest first (at most `limit`)."""
+    def dead_letters(self, limit: int = 100, *, held: bool = False) -> list[DeadLetter]:
+        """This queue's dead letters, oldest first (at most `limit`), wherever they are kept (its
+        own table, or spec.deadLetter.queue's). `held`: instead, every dead letter this queue's
+        table keeps, its own and other queues' (see DeadLetter.source)."""
+        backend, n = self.settings.backend, count_arg(limit, "limit")
         with self._cursor() as cur:
-            rows = cur.execute(
-                dead_letters_query(self.settings.backend, self.names), count_arg(limit, "limit")
-            ).fetchall()
-        return [DeadLetter(int(r[0]), int(r[1]), r[2], float(r[3]), float(r[4]), bytes(r[5])) for r in rows]
+            if held:
+                rows = cur.execute(dead_letters_query(backend, self.names, False), n).fetchall()
+            else:
+                query = dead_letters_query(backend, self.dead_letter_keeper, True)
+                args = (n, self.names.qualified) if backend == "sqlserver" else (self.names.qualified, n)
+                rows = cur.execute(query, *args).fetchall()
+        return [
+            DeadLetter(int(r[0]), int(r[1]), r[2], float(r[3]), float(r[4]), bytes(r[5]), str(r[6]))
+            for r in rows
+        ]
 
     def redrive(self, ids: Iterable[int] | None = None, limit: int = 10_000) -> int:
         """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the

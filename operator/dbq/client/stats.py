@@ -81,6 +81,7 @@ class DeadLetter:
     pushed_at: float
     dead_at: float
     body: bytes
+    source: str = ""  # schema.queue of the queue it came from (a table may keep several queues')
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,19 @@ from dbq.names import QueueNames
 from dbq.names import pg_quote as quote
 
 # 2: dead letters (the dead table, meta.max_attempts), delayed delivery, archive (meta.archive_ttl_s)
-PIPES_SCHEMA_VERSION = 2
-META_COLUMNS_2 = ("max_attempts", "archive_ttl_s")  # what version 2 added to the metadata table
+# 3: dead letters kept by another queue (spec.deadLetter.queue: meta.dead_letter_queue, dead.source)
+PIPES_SCHEMA_VERSION = 3
+# What versions 2 and 3 added to the metadata table, with their types.
+META_COLUMNS = {"max_attempts": "int", "archive_ttl_s": "int", "dead_letter_queue": "text"}
 BUCKET = 0  # the pipes table's single partition
 
 
 class PipesStatements:
     """The statements of one queue; attributes are CQL text ready to prepare."""
 
-    def __init__(self, names: QueueNames) -> None:
+    def __init__(self, names: QueueNames, dead_letter_keeper: QueueNames | None = None) -> None:
+        """`dead_letter_keeper`: the queue whose dead table keeps this queue's dead letters
+        (spec.deadLetter.queue, in the same cluster); None: its own."""
         self.names = names
         ks = quote(names.schema)
         self.keyspace = ks
@@ -30,7 +34,9 @@ class PipesStatements:
         self.waiting = f"{ks}.{quote(names.waiting)}"
         self.pending = f"{ks}.{quote(names.pending)}"
         self.staged = f"{ks}.{quote(names.staged)}"
-        self.dead = f"{ks}.{quote(names.dead)}"
+        keeper = dead_letter_keeper or names
+        self.dead = f"{quote(keeper.schema)}.{quote(keeper.dead)}"
+        self.own_dead = f"{ks}.{quote(names.dead)}"
         self.delayed = f"{ks}.{quote(names.delayed)}"
         self.archive = f"{ks}.{quote(names.archive)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
@@ -100,21 +106,31 @@ class PipesStatements:
         self.kept_since = (
             f"SELECT acked, id, attempts, body FROM {ar} WHERE hour = ? AND acked >= minTimeuuid(?) LIMIT ?"
         )
-        # Dead letters: one partition, in id (push) order.
+        # Dead letters: one partition, in id (push) order; `source` is the queue each came from
+        # (schema.queue), as a table may keep other queues' too. Filtering on it reads only the
+        # one partition.
         dl = self.dead
         self.bury = (
-            f"INSERT INTO {dl} (bucket, id, attempts, error, dead_at, body, moving_until)"
-            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, 0)"
+            f"INSERT INTO {dl} (bucket, id, source, attempts, error, dead_at, body, moving_until)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, ?, 0)"
         )
-        dead_cols = "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until)"
-        self.dead_letters = f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} LIMIT ?"
-        self.dead_letters_by_id = f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} AND id IN ?"
+        dead_cols = (
+            "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until), source"
+        )
+        self.dead_letters = (
+            f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} AND source = ? LIMIT ? ALLOW FILTERING"
+        )
+        self.dead_letters_by_id = (
+            f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} AND id IN ? AND source = ? ALLOW FILTERING"
+        )
+        self.held_dead_letters = f"SELECT {dead_cols} FROM {self.own_dead} WHERE bucket = {BUCKET} LIMIT ?"
         # A redrive claims a dead letter first (one claim wins), as a mover claims a due message.
         self.claim_dead = (
             f"UPDATE {dl} SET moving_until = ? WHERE bucket = {BUCKET} AND id = ? IF moving_until < ?"
         )
         self.unbury = f"DELETE FROM {dl} WHERE bucket = {BUCKET} AND id = ?"
-        self.count_dead = f"SELECT count(*) FROM {dl} WHERE bucket = {BUCKET}"
+        self.count_dead = f"SELECT count(*) FROM {dl} WHERE bucket = {BUCKET} AND source = ? ALLOW FILTERING"
+        self.forget_dead_letters = f"DELETE FROM {dl} WHERE bucket = {BUCKET} AND id IN ?"
         self.head_id = f"SELECT id FROM {w} WHERE pipe = ? AND msg > ? LIMIT 1"
         self.head_id_first = f"SELECT id FROM {w} WHERE pipe = ? LIMIT 1"
 
@@ -124,8 +140,8 @@ class PipesStatements:
             f"SELECT design, schema_version, max_pushes_per_pipe, max_push_time_ms, watermark, {retired}"
             f" FROM {m} WHERE queue = ?"
         )
-        # Read once the version is known to be 2 or later (a version 1 table lacks the columns).
-        self.read_settings_2 = f"SELECT {', '.join(META_COLUMNS_2)} FROM {m} WHERE queue = ?"
+        # Read once the version is known to be this one (an older table lacks the columns).
+        self.read_settings = f"SELECT {', '.join(META_COLUMNS)} FROM {m} WHERE queue = ?"
         self.retire = (
             f"UPDATE {m} SET watermark = ?, "
             + ", ".join(f"{c} = ?" for c in retired.split(", "))

@@ -16,7 +16,7 @@ from dbq.names import QUOTE, QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 9
+RING_SCHEMA_VERSION = 10
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -63,6 +63,14 @@ class RingTarget:
     max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
     archive: bool = False  # keep acked and popped messages in the archive table ...
     archive_retention_s: float = 0.0  # ... until this old (cleanup scavenges older ones)
+    # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue,
+    # in the same database); None: its own.
+    dead_home: QueueNames | None = None
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """What the metadata row records of dead_home: schema.queue, or '' for the queue itself."""
+        return self.dead_home.qualified if self.dead_home is not None else ""
 
 
 def announce_wait(backend: str, names: QueueNames) -> str:
@@ -113,18 +121,29 @@ def recorded_query(backend: str, names: QueueNames) -> str:
     )
 
 
-def dead_letters_query(backend: str, names: QueueNames) -> str:
-    """The dead letters in id order: msg_id, attempts, error, pushed_at and dead_at (Unix
-    seconds), body (parameter: how many)."""
-    table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.dead)}"
+def dead_letter_queue_query(backend: str, names: QueueNames) -> str:
+    """Where a queue's dead letters are kept (version 10 on): schema.queue of the queue whose
+    dead-letter table has them, or '' for its own (parameter: the queue's name)."""
+    quote = QUOTE[backend]
+    return f"SELECT dead_letter_queue FROM {quote(names.schema)}.{quote(names.meta)} WHERE queue = ?"
+
+
+def dead_letters_query(backend: str, keeper: QueueNames, of_one_source: bool) -> str:
+    """The dead letters in the dead-letter table of queue `keeper`, in id order: msg_id,
+    attempts, error, pushed_at and dead_at (Unix seconds), body, source (parameters: with
+    `of_one_source`, the source queue's schema.queue; then how many)."""
+    table = f"{QUOTE[backend](keeper.schema)}.{QUOTE[backend](keeper.dead)}"
+    where = " WHERE source = ?" if of_one_source else ""
     if backend == "sqlserver":
+        # TOP's parameter comes first in the text: the source is bound after it.
         return (
             "SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0,"
-            f" DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body FROM {table} ORDER BY msg_id"
+            f" DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM {table}{where}"
+            " ORDER BY msg_id, source"
         )
     return (
         "SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8,"
-        f" body FROM {table} ORDER BY msg_id LIMIT ?"
+        f" body, source FROM {table}{where} ORDER BY msg_id, source LIMIT ?"
     )
 
 

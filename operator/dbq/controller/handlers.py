@@ -21,13 +21,14 @@ from dbq.controller import metrics, upkeep
 from dbq.controller.reconcile import (
     FORCE_DELETE,
     Event,
+    dead_letter_users,
     delete,
     lazy_backend,
     not_ready,
     reconcile,
     status_changes,
 )
-from dbq.errors import DbqError
+from dbq.errors import DbqError, QueueNotFound
 from dbq.kube import Kube
 from dbq.settings import OperatorSettings
 
@@ -61,6 +62,14 @@ def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
     if data is not None:
         _secrets[(namespace, name)] = (now, data)
     return data
+
+
+def read_queue(namespace: str, name: str) -> dict[str, Any] | None:
+    """The Queue resource, or None when it does not exist (spec.deadLetter.queue)."""
+    try:
+        return kube().get_queue(namespace, name)
+    except QueueNotFound:
+        return None
 
 
 def _forget_credentials() -> None:
@@ -128,7 +137,7 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
         current.update(seen)
     outcome = reconcile(
         meta["name"], meta["namespace"], dict(spec), meta.get("generation"), current, read_secret,
-        drift_check=drift_check,
+        read_queue=read_queue, drift_check=drift_check,
     )  # fmt: skip
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
     _write(body, current, patch, outcome.status, outcome.events)
@@ -225,8 +234,9 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
 def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
                  patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
     name, namespace = meta["name"], meta["namespace"]
+    users = dead_letter_users(name, kube().list_queues(namespace))
     outcome = delete(name, namespace, dict(spec), meta.get("generation"), dict(status), read_secret,
-                     force=annotated(meta, FORCE_DELETE))  # fmt: skip
+                     force=annotated(meta, FORCE_DELETE), dead_letter_users=users)  # fmt: skip
     _write(body, status, patch, outcome.status, outcome.events)
     if outcome.error is not None:
         delay = min(60.0, backoff(retry)) if outcome.status else backoff(retry)

@@ -23,7 +23,7 @@ from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.schedule import describe
 from dbq.errors import DbqError, InvalidSpec
-from dbq.resource import SecretReader, parse_spec, settings_for
+from dbq.resource import QueueReader, SecretReader, dead_letter_home, parse_spec, settings_for
 
 FORCE_DELETE = "dbq.dev/force-delete"
 
@@ -48,14 +48,23 @@ class Outcome:
 
 
 def backend_for(
-    name: str, namespace: str, spec_raw: dict[str, Any], read_secret: SecretReader
-) -> tuple[QueueSpec, str, QueueBackend]:
+    name: str, namespace: str, spec_raw: dict[str, Any], read_secret: SecretReader,
+    read_queue: QueueReader | None = None,
+) -> tuple[QueueSpec, str, QueueBackend]:  # fmt: skip
+    """`read_queue` finds the Queue named by spec.deadLetter.queue, which planning needs;
+    upkeep and deletion plan nothing (the database records where dead letters go) and pass none."""
     spec = parse_spec(spec_raw)
     try:
         queue = queue_name(name, spec)
     except ValueError as e:
         raise InvalidSpec(str(e)) from None
-    return spec, queue, open_backend(spec, queue, settings_for(spec, namespace, read_secret))
+    home = dead_letter_home(name, namespace, spec, read_queue) if read_queue is not None else None
+    return spec, queue, open_backend(spec, queue, settings_for(spec, namespace, read_secret), home)
+
+
+def no_queues(_namespace: str, _name: str) -> None:
+    """A QueueReader that finds no Queue (no cluster to ask)."""
+    return None
 
 
 def reconcile(
@@ -66,6 +75,7 @@ def reconcile(
     status: dict[str, Any] | None,
     read_secret: SecretReader,
     *,
+    read_queue: QueueReader = no_queues,
     drift_check: bool = False,
 ) -> Outcome:
     """Provision or repair the queue; the Outcome says what to write and announce."""
@@ -76,7 +86,7 @@ def reconcile(
     backend: QueueBackend | None = None
     conditions = old
     try:
-        spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
+        spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret, read_queue)
         # One observe and plan, under the queue's lock: apply returns what it had to do.
         result = backend.apply()
         out.steps = [s.done for s in result.steps]
@@ -227,6 +237,16 @@ def deletion_blocker(queue: str, depth: Depth) -> str | None:
     )
 
 
+def dead_letter_users(name: str, queues: Sequence[dict[str, Any]]) -> list[str]:
+    """The names of the Queues (of one namespace) whose spec.deadLetter.queue is `name`."""
+    return sorted(
+        q["metadata"]["name"]
+        for q in queues
+        if ((q.get("spec") or {}).get("deadLetter") or {}).get("queue") == name
+        and q["metadata"]["name"] != name
+    )
+
+
 def delete(
     name: str,
     namespace: str,
@@ -236,15 +256,29 @@ def delete(
     read_secret: SecretReader,
     *,
     force: bool,
+    dead_letter_users: Sequence[str] = (),
 ) -> Outcome:
     """Drop the queue's objects as its deletion policy says (`force`: even with messages in it).
     An Outcome with an error means "not yet": the caller retries later; its status carries a
-    DeletionBlocked condition when messages are in the way, and its events say why."""
+    DeletionBlocked condition when messages are in the way, or other Queues keep their dead
+    letters in its table (`dead_letter_users`, whatever `force` says), and its events say why."""
     status = dict(status or {})
     policy = spec_raw.get("deletionPolicy", DeletionPolicy.DeleteIfEmpty)
     out = Outcome()
     if policy == DeletionPolicy.Retain:
         out.events.append(Event("Normal", "Retained", "deletionPolicy Retain: database objects kept"))
+        return out
+    if dead_letter_users:
+        users = (
+            f"Queues {', '.join(dead_letter_users)} keep their dead letters in this queue's table"
+            " (spec.deadLetter.queue): redrive or purge them there and remove that field, or delete those"
+            " Queues, first"
+        )
+        out.status["conditions"] = cond.set_condition(
+            status.get("conditions"), cond.DELETION_BLOCKED, True, "DeadLetterQueueInUse", users, generation
+        )
+        out.events.append(Event("Warning", "DeletionBlocked", users))
+        out.error = DbqError(users)
         return out
     provisioned = cond.is_true(status.get("conditions"), cond.PROVISIONED)
     try:

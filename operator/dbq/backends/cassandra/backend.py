@@ -27,6 +27,7 @@ from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
+from dbq.names import QueueNames
 
 # Provisioning and teardown of one keyspace, one at a time in this process: queues share the
 # keyspace and its metadata and history tables, and the last one to go drops the keyspace.
@@ -46,7 +47,7 @@ class CassandraPipes:
         self.settings = settings
         self.names = target.names
         self.target = target
-        self.cql = cql.PipesCql(target.names)
+        self.cql = cql.PipesCql(target.names, target.dead_home)
         self._cluster: Cluster | None = None
         self._session: Session | None = None
         self._queue: PipesQueue | None = None  # a data-plane client on this session, for stats and repair
@@ -94,18 +95,45 @@ class CassandraPipes:
         columns: frozenset[str] = frozenset()
         if self.names.meta in tables:
             columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.meta))
-            found = self._run(self.cql.recorded, self.names.queue)  # as JSON: older rows lack columns
-            values = json.loads(found[0][0]) if found else {}
-            if values.get("schema_version") is not None:
-                recorded = RecordedPipes(
-                    *(int(values.get(k) or 0) for k in
-                      ("schema_version", "max_pushes_per_pipe", "max_push_time_ms", "max_attempts",
-                       "archive_ttl_s"))
-                )  # fmt: skip
+            recorded = self._recorded(self.cql, self.names)
+        dead_columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.dead))
         return PipesObserved(
             keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded,
-            meta_columns=columns,
+            meta_columns=columns, dead_columns=dead_columns, dead_home_version=self._dead_home_version(),
         )  # fmt: skip
+
+    def _recorded(self, statements: cql.PipesCql, names: QueueNames) -> RecordedPipes | None:
+        """The metadata row of queue `names` (its keyspace's metadata table exists)."""
+        found = self._run(statements.recorded, names.queue)  # as JSON: older rows lack columns
+        values = json.loads(found[0][0]) if found else {}
+        if values.get("schema_version") is None:
+            return None
+
+        def number(key: str) -> int:
+            return int(values.get(key) or 0)
+
+        return RecordedPipes(
+            number("schema_version"), number("max_pushes_per_pipe"), number("max_push_time_ms"),
+            number("max_attempts"), number("archive_ttl_s"), str(values.get("dead_letter_queue") or ""),
+        )  # fmt: skip
+
+    def _dead_home_version(self) -> int | None:
+        """The schema version of the queue that keeps this one's dead letters (when another does):
+        None when its dead table or metadata row does not exist."""
+        home = self.target.dead_home
+        if home is None:
+            return None
+        tables = {r[0] for r in self._run(cql.OBSERVE_TABLES, home.schema)}
+        if home.meta not in tables or home.dead not in tables:
+            return None
+        recorded = self._recorded(cql.PipesCql(home), home)
+        return recorded.schema_version if recorded is not None else None
+
+    def _source_dead_letters(self) -> None:
+        """Dead letters written before version 3 name no source: they are this queue's."""
+        for msg_id, source in self._run(self.cql.unsourced_dead):
+            if source is None:
+                self._run(self.cql.set_dead_source, self.names.qualified, msg_id)
 
     def plan(self, observed: PipesObserved) -> list[PipesStep]:
         return plan_pipes(self.target, observed)
@@ -119,13 +147,14 @@ class CassandraPipes:
             PipesAction.CREATE_TABLE: lambda: c.create_table(step.table),
             PipesAction.TUNE_TABLE: lambda: c.tune_table(step.table),
             PipesAction.ADD_META_COLUMNS: lambda: c.add_meta_columns,
+            PipesAction.ADD_DEAD_SOURCE: lambda: c.add_dead_source,
             PipesAction.RECORD_SETTINGS: lambda: c.record,
         }
         values: tuple[Any, ...] = ()
         if step.action is PipesAction.RECORD_SETTINGS:
             values = (
                 PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, t.archive_ttl_s,
-                self.names.queue,
+                t.dead_letter_queue, self.names.queue,
             )  # fmt: skip
         return statements[step.action](), values
 
@@ -133,6 +162,9 @@ class CassandraPipes:
         with keyspace_lock(self.settings, self.names.schema):
             steps = self.plan(self.observe())
             for step in steps:
+                if step.action is PipesAction.SOURCE_DEAD_LETTERS:  # row by row, not one statement
+                    self._source_dead_letters()
+                    continue
                 statement, values = self.render(step)
                 self._run(statement, *values)
         return ApplyResult(steps=steps, schema_version=PIPES_SCHEMA_VERSION)
@@ -199,6 +231,14 @@ class CassandraPipes:
         observed = self.observe()
         if not observed.keyspace_exists:
             return
+        kept_by = observed.recorded.dead_letter_queue if observed.recorded else ""
+        if kept_by:  # its dead letters kept by another queue go with it
+            keeper = QueueNames(*kept_by.split(".", 1))
+            if keeper.dead in {r[0] for r in self._run(cql.OBSERVE_TABLES, keeper.schema)}:
+                statements = cql.PipesCql(self.names, keeper)
+                ids = [r[0] for r in self._run(statements.dead_letters, self.names.qualified, 1_000_000)]
+                for at in range(0, len(ids), 100):
+                    self._run(statements.forget_dead_letters, ids[at : at + 100])
         for table in self.names.pipes_tables:
             self._run(self.cql.drop_table(table))
         if self.names.meta in observed.tables:

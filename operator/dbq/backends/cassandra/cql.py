@@ -36,7 +36,7 @@ purged after 3 hours instead of the default 10 days.
 from __future__ import annotations
 
 from dbq.api.models import Replication
-from dbq.contract.pipes import PipesStatements
+from dbq.contract.pipes import BUCKET, META_COLUMNS, PipesStatements
 from dbq.names import QueueNames, pg_quote
 
 GC_GRACE_SECONDS = 3 * 3600
@@ -83,16 +83,21 @@ HISTORY_OPTIONS = (
 class PipesCql(PipesStatements):
     """The data-plane statements of one queue, and those that provision it."""
 
-    def __init__(self, names: QueueNames) -> None:
-        super().__init__(names)
+    def __init__(self, names: QueueNames, dead_letter_keeper: QueueNames | None = None) -> None:
+        super().__init__(names, dead_letter_keeper)
         m = self.meta
         # --- provisioning --------------------------------------------------------------------
         self.record = (
             f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?,"
-            " max_attempts = ?, archive_ttl_s = ? WHERE queue = ?"
+            " max_attempts = ?, archive_ttl_s = ?, dead_letter_queue = ? WHERE queue = ?"
         )
         self.recorded = f"SELECT JSON * FROM {m} WHERE queue = ?"
-        self.add_meta_columns = f"ALTER TABLE {m} ADD IF NOT EXISTS (max_attempts int, archive_ttl_s int)"
+        added = ", ".join(f"{column} {kind}" for column, kind in META_COLUMNS.items())
+        self.add_meta_columns = f"ALTER TABLE {m} ADD IF NOT EXISTS ({added})"
+        # Version 3: the dead table's rows name their source queue; older rows are this queue's.
+        self.add_dead_source = f"ALTER TABLE {self.own_dead} ADD IF NOT EXISTS (source text)"
+        self.unsourced_dead = f"SELECT id, source FROM {self.own_dead} WHERE bucket = {BUCKET}"
+        self.set_dead_source = f"UPDATE {self.own_dead} SET source = ? WHERE bucket = {BUCKET} AND id = ?"
         self.forget = f"DELETE FROM {m} WHERE queue = ?"
         self.queues_in_keyspace = f"SELECT queue FROM {m}"
 
@@ -135,8 +140,9 @@ class PipesCql(PipesStatements):
     deadline timestamp, lease uuid,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
-            self.names.dead: f"""CREATE TABLE IF NOT EXISTS {self.dead} (
-    bucket int, id timeuuid, attempts int, error text, dead_at timestamp, body blob, moving_until timestamp,
+            self.names.dead: f"""CREATE TABLE IF NOT EXISTS {self.own_dead} (
+    bucket int, id timeuuid, source text, attempts int, error text, dead_at timestamp, body blob,
+    moving_until timestamp,
     PRIMARY KEY ((bucket), id)
 ) WITH CLUSTERING ORDER BY (id ASC) AND {TABLE_OPTIONS}""",
             self.names.delayed: f"""CREATE TABLE IF NOT EXISTS {self.delayed} (

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
-from dbq.contract.pipes import META_COLUMNS_2, PIPES_SCHEMA_VERSION
+from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
+from dbq.errors import DeadLetterQueueNotFound
 from dbq.names import QueueNames
 
 
@@ -22,6 +23,14 @@ class PipesTarget:
     max_push_time_ms: int
     max_attempts: int = 0  # dead-letter a message acquired this many times and not acked; 0: never
     archive_ttl_s: int = 0  # keep acked and popped messages this long; 0: no archive
+    # The queue whose dead table keeps this queue's dead letters (spec.deadLetter.queue, in the
+    # same cluster); None: its own.
+    dead_home: QueueNames | None = None
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """What the metadata row records of dead_home: keyspace.queue, or '' for the queue itself."""
+        return self.dead_home.qualified if self.dead_home is not None else ""
 
 
 class PipesAction(StrEnum):
@@ -30,6 +39,8 @@ class PipesAction(StrEnum):
     CREATE_TABLE = "create_table"
     TUNE_TABLE = "tune_table"
     ADD_META_COLUMNS = "add_meta_columns"
+    ADD_DEAD_SOURCE = "add_dead_source"
+    SOURCE_DEAD_LETTERS = "source_dead_letters"
     RECORD_SETTINGS = "record_settings"
 
 
@@ -50,7 +61,9 @@ class PipesStep:
             PipesAction.ALTER_KEYSPACE: "changed the keyspace's replication: run `nodetool repair --full` on every node",
             PipesAction.CREATE_TABLE: f"created table {self.table}",
             PipesAction.TUNE_TABLE: f"reset compaction and gc_grace_seconds of table {self.table}",
-            PipesAction.ADD_META_COLUMNS: "added the columns of schema version 2 to the metadata table",
+            PipesAction.ADD_META_COLUMNS: "added the columns of schema versions 2 and 3 to the metadata table",
+            PipesAction.ADD_DEAD_SOURCE: "added the source column to the dead-letter table",
+            PipesAction.SOURCE_DEAD_LETTERS: "named this queue the source of its older dead letters",
             PipesAction.RECORD_SETTINGS: "recorded the schema version and settings",
         }[self.action]
 
@@ -68,6 +81,7 @@ class RecordedPipes:
     max_push_time_ms: int
     max_attempts: int = 0  # recorded since schema version 2
     archive_ttl_s: int = 0  # recorded since schema version 2
+    dead_letter_queue: str = ""  # recorded since schema version 3
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,10 @@ class PipesObserved:
     tables: dict[str, TableOptions] = field(default_factory=dict)
     recorded: RecordedPipes | None = None
     meta_columns: frozenset[str] = frozenset()
+    dead_columns: frozenset[str] = frozenset()
+    # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
+    # None when it is not provisioned; not looked up when the queue keeps its own.
+    dead_home_version: int | None = None
 
 
 def options_drift(options: TableOptions) -> list[str]:
@@ -96,6 +114,17 @@ def options_drift(options: TableOptions) -> list[str]:
 def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     n = target.names
     steps: list[PipesStep] = []
+    if target.dead_home is not None and observed.dead_home_version != PIPES_SCHEMA_VERSION:
+        found = (
+            "it is not provisioned"
+            if observed.dead_home_version is None
+            else (f"it has schema version {observed.dead_home_version}")
+        )
+        raise DeadLetterQueueNotFound(
+            f"spec.deadLetter.queue: queue {target.dead_home.qualified} must be provisioned at pipes schema"
+            f" version {PIPES_SCHEMA_VERSION} before it keeps other queues' dead letters, and {found}:"
+            " retried until that Queue is Ready"
+        )
     if not observed.keyspace_exists:
         steps.append(PipesStep(PipesAction.CREATE_KEYSPACE, f"keyspace {n.schema} does not exist"))
     elif observed.replication != target.replication:
@@ -106,8 +135,8 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
         steps.append(PipesStep(PipesAction.ALTER_KEYSPACE, why))
     if n.meta not in observed.tables:
         steps.append(PipesStep(PipesAction.CREATE_TABLE, f"table {n.schema}.{n.meta} does not exist", n.meta))
-    elif missing := [c for c in META_COLUMNS_2 if c not in observed.meta_columns]:
-        why = f"table {n.schema}.{n.meta} has no {', '.join(missing)} (made by schema version 1)"
+    elif missing := [c for c in META_COLUMNS if c not in observed.meta_columns]:
+        why = f"table {n.schema}.{n.meta} has no {', '.join(missing)} (made by an older schema version)"
         steps.append(PipesStep(PipesAction.ADD_META_COLUMNS, why))
     if n.history not in observed.tables:
         why = f"statistics history table {n.schema}.{n.history} does not exist"
@@ -121,9 +150,15 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
         elif drift := options_drift(options):
             why = f"table {n.schema}.{table} has {', '.join(drift)}"
             steps.append(PipesStep(PipesAction.TUNE_TABLE, why, table))
+    if n.dead in observed.tables and "source" not in observed.dead_columns:
+        why = f"table {n.schema}.{n.dead} has no source column (made by schema version 2)"
+        steps.append(PipesStep(PipesAction.ADD_DEAD_SOURCE, why))
+    if observed.recorded is not None and observed.recorded.schema_version == 2 and n.dead in observed.tables:
+        why = f"dead letters of schema version 2 in {n.schema}.{n.dead} name no source"
+        steps.append(PipesStep(PipesAction.SOURCE_DEAD_LETTERS, why))
     want = RecordedPipes(
         PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts,
-        target.archive_ttl_s,
+        target.archive_ttl_s, target.dead_letter_queue,
     )  # fmt: skip
     if observed.recorded != want:
         why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
@@ -137,5 +172,6 @@ def _settings(recorded: RecordedPipes | None) -> str:
     return (
         f"schema version {recorded.schema_version}, a new pipe every {recorded.max_pushes_per_pipe}"
         f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts,"
-        f" archive kept {recorded.archive_ttl_s} s"
+        f" archive kept {recorded.archive_ttl_s} s, dead letters kept by"
+        f" {recorded.dead_letter_queue or 'the queue itself'}"
     )

@@ -2,7 +2,8 @@
 --
 -- Rendered by `dbq.backends.ring_sql.render_template`: each {name} is replaced by a quoted,
 -- validated identifier or an integer; nothing else in this file is touched. Placeholders:
--- {ring} {spill} {gap} {dead} {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
+-- {ring} {spill} {gap} {dead} (this queue's or spec.deadLetter.queue's; rows of this queue have
+-- source = {dead_source}) {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
 -- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
@@ -462,8 +463,8 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
     IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
-    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
-    VALUES (p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (msg_id) DO NOTHING;
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
+    VALUES ({dead_source}, p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (source, msg_id) DO NOTHING;
     PERFORM nextval('{n_dead}');
     o_ok := 2; RETURN;
   END IF;
@@ -493,9 +494,9 @@ BEGIN
     UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
     RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body),
   dead AS (
-    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
-    SELECT m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
-    WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id),
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
+    SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
+    WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
   ready AS (
     INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m
@@ -507,9 +508,9 @@ BEGIN
     DELETE FROM {spill} s USING due WHERE s.msg_id = due.msg_id AND {max_attempts} > 0 AND s.attempts >= {max_attempts}
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
   dead AS (
-    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
-    SELECT g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
-    ON CONFLICT (msg_id) DO NOTHING),
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
+    SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
+    ON CONFLICT (source, msg_id) DO NOTHING),
   ready AS (
     UPDATE {spill} s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT ({max_attempts} > 0 AND s.attempts >= {max_attempts}) RETURNING 1)
@@ -672,9 +673,9 @@ BEGIN
   WITH moved AS (
     DELETE FROM {dead} d USING (
       SELECT msg_id FROM {dead}
-      WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+      WHERE source = {dead_source} AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
       ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
-    WHERE d.msg_id = pick.msg_id
+    WHERE d.source = {dead_source} AND d.msg_id = pick.msg_id
     RETURNING d.msg_id, d.pushed_at, d.body)
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body FROM moved m
@@ -689,9 +690,9 @@ BEGIN
   -- Dead letters deleted for good (the given ids, or the oldest p_max when none are given).
   DELETE FROM {dead} d USING (
     SELECT msg_id FROM {dead}
-    WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+    WHERE source = {dead_source} AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
     ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
-  WHERE d.msg_id = pick.msg_id;
+  WHERE d.source = {dead_source} AND d.msg_id = pick.msg_id;
   GET DIAGNOSTICS o_purged = ROW_COUNT;
   PERFORM nextval('{n_purged}') FROM generate_series(1, o_purged);
 END $fn$

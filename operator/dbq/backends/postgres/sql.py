@@ -17,7 +17,7 @@ from __future__ import annotations
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.names import check_identifier
+from dbq.names import check_identifier, qualified_literal
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
 
@@ -28,6 +28,7 @@ class PgRing(RingSqlBase):
     ROUTINES: tuple[str, ...] = PG_ROUTINES
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
+    BACKEND = "postgres"
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
@@ -58,6 +59,7 @@ class PgRing(RingSqlBase):
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
+  dead_letter_queue text NOT NULL DEFAULT '',
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -99,6 +101,23 @@ ON CONFLICT (slot) DO NOTHING"""
             f"SELECT setval('{self.push_seq}', (SELECT last_value FROM {self.pop_seq}), true)",
         ]
 
+    def key_dead_letters(self) -> list[str]:
+        """A version 8 or 9 dead-letter table gains its source column (every row is this queue's)
+        and the key (source, msg_id), in the plan's transaction."""
+        n = self.t.names
+        return [
+            f"ALTER TABLE {self.own_dead} ADD COLUMN IF NOT EXISTS source text NOT NULL"
+            f" DEFAULT {qualified_literal('postgres', n)}",
+            f"ALTER TABLE {self.own_dead} ALTER COLUMN source DROP DEFAULT",
+            f"""DO $$ DECLARE v_key text; BEGIN
+  SELECT c.conname INTO v_key FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
+    JOIN pg_namespace s ON s.oid = t.relnamespace
+  WHERE s.nspname = {literal(n.schema)} AND t.relname = {literal(n.dead)} AND c.contype = 'p';
+  EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I, ADD PRIMARY KEY (source, msg_id)',
+    {literal(n.schema)}, {literal(n.dead)}, v_key);
+END $$""",
+        ]
+
     def seed_settled(self) -> list[str]:
         settled, acquired = self.count["settled"], self.count["acquired"]
         return [
@@ -128,13 +147,16 @@ ON CONFLICT (slot) DO NOTHING"""
   first_seq bigint NOT NULL,
   packed bytea NOT NULL,
   PRIMARY KEY (stage, seq))""",
-            f"""CREATE TABLE IF NOT EXISTS {self.dead} (
-  msg_id bigint PRIMARY KEY,
+            # Keyed by source queue (schema.queue) too: other queues may keep theirs here.
+            f"""CREATE TABLE IF NOT EXISTS {self.own_dead} (
+  source text NOT NULL,
+  msg_id bigint NOT NULL,
   attempts int NOT NULL,
   error text,
   pushed_at timestamptz NOT NULL,
   dead_at timestamptz NOT NULL DEFAULT now(),
-  body bytea NOT NULL)""",
+  body bytea NOT NULL,
+  PRIMARY KEY (source, msg_id))""",
             f"""CREATE TABLE IF NOT EXISTS {self.waiters} (
   id int PRIMARY KEY CHECK (id = 1),
   until timestamptz NOT NULL)""",
@@ -217,11 +239,14 @@ ON CONFLICT (slot) DO NOTHING"""
         return [
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_attempts int NOT NULL DEFAULT 0",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0",
-            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS dead_letter_queue text NOT NULL DEFAULT ''",
+            f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
+  dead_letter_queue)
 VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes},
-  {int(self.t.max_attempts)}, {int(self.t.archive)})
+  {int(self.t.max_attempts)}, {int(self.t.archive)}, {self._dead_letter_queue()})
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
-  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, updated_at = now()""",
+  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
+  updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------

@@ -439,9 +439,9 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF {max_attempts} > 0 AND (SELECT attempts FROM @taken) >= {max_attempts}
   BEGIN
-    INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
-    SELECT @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
-    WHERE NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.msg_id = @id);
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
+    SELECT {dead_source}, @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
+    WHERE NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = @id);
     COMMIT TRANSACTION;
     SET @n = NEXT VALUE FOR {n_dead};
     SELECT 2 AS o_ok; RETURN;
@@ -472,10 +472,10 @@ AS BEGIN
   DELETE FROM {spill} WITH (ROWLOCK, READPAST)
   OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
-  INSERT INTO {dead} (msg_id, attempts, error, pushed_at, body)
-  SELECT l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
+  INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
+  SELECT {dead_source}, l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
   WHERE {max_attempts} > 0 AND l.attempts >= {max_attempts}
-    AND NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.msg_id = l.msg_id);
+    AND NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body FROM @lapsed l
@@ -636,8 +636,9 @@ AS BEGIN
   BEGIN TRANSACTION;
   DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body INTO @moved
   FROM {dead} d WITH (ROWLOCK, READPAST)
-  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM {dead} x WITH (READPAST)
-    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+  WHERE d.source = {dead_source} AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM {dead} x WITH (READPAST)
+    WHERE x.source = {dead_source}
+      AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body FROM @moved m
@@ -653,8 +654,9 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @c bigint, @n bigint;
   DELETE d FROM {dead} d WITH (ROWLOCK, READPAST)
-  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM {dead} x WITH (READPAST)
-    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+  WHERE d.source = {dead_source} AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM {dead} x WITH (READPAST)
+    WHERE x.source = {dead_source}
+      AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   SET @c = @@ROWCOUNT;
   SELECT @c AS o_purged;

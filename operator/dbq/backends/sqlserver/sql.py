@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.names import check_identifier
+from dbq.names import check_identifier, qualified_literal
 from dbq.names import ms_literal as literal
 from dbq.names import ms_quote as quote
 
@@ -44,6 +44,7 @@ class MsRing(RingSqlBase):
 
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.sqlserver"
     TEMPLATE_FILE = "ring_procedures.sql"
+    BACKEND = "sqlserver"
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
@@ -76,6 +77,7 @@ CREATE TABLE {self.meta} (
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
+  dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
@@ -124,6 +126,25 @@ DECLARE @sql nvarchar(max) =
 EXEC sys.sp_executesql @sql"""
         ]
 
+    def key_dead_letters(self) -> list[str]:
+        """A version 8 or 9 dead-letter table gains its source column (every row is this queue's)
+        and the key (source, msg_id). The statements that use the new column are compiled when
+        run (sp_executesql), after the column exists."""
+        dead = self.own_dead
+        return [
+            f"""IF COL_LENGTH(N'{dead}', 'source') IS NULL
+BEGIN
+  ALTER TABLE {dead} ADD source nvarchar(300) NULL;
+  EXEC sys.sp_executesql N'UPDATE {dead} SET source = @source', N'@source nvarchar(300)',
+    @source = {qualified_literal("sqlserver", self.t.names)};
+  EXEC sys.sp_executesql N'ALTER TABLE {dead} ALTER COLUMN source nvarchar(300) NOT NULL';
+  DECLARE @sql nvarchar(max) = N'ALTER TABLE {dead} DROP CONSTRAINT ' + QUOTENAME((SELECT name
+    FROM sys.key_constraints WHERE parent_object_id = OBJECT_ID(N'{dead}') AND type = 'PK'));
+  EXEC sys.sp_executesql @sql;
+  EXEC sys.sp_executesql N'ALTER TABLE {dead} ADD PRIMARY KEY CLUSTERED (source, msg_id)';
+END"""
+        ]
+
     def seed_settled(self) -> list[str]:
         # ALTER SEQUENCE takes no variables: built from the validated name and an integer. The
         # NEXT VALUE after the restart makes last_used_value the settled total.
@@ -165,14 +186,17 @@ CREATE TABLE {self.staged} (
   first_seq bigint NOT NULL,
   packed varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (stage, seq))""",
-            f"""{self._object_missing(self.dead, "U")}
-CREATE TABLE {self.dead} (
-  msg_id bigint NOT NULL PRIMARY KEY CLUSTERED,
+            # Keyed by source queue (schema.queue) too: other queues may keep theirs here.
+            f"""{self._object_missing(self.own_dead, "U")}
+CREATE TABLE {self.own_dead} (
+  source nvarchar(300) NOT NULL,
+  msg_id bigint NOT NULL,
   attempts int NOT NULL,
   error nvarchar(4000) NULL,
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
-  body varbinary({MAX_BODY}) NOT NULL)""",
+  body varbinary({MAX_BODY}) NOT NULL,
+  PRIMARY KEY CLUSTERED (source, msg_id))""",
             # Kept like PostgreSQL's (SQL Server has no LISTEN/NOTIFY: its clients poll).
             f"""{self._object_missing(self.waiters, "U")}
 CREATE TABLE {self.waiters} (
@@ -264,18 +288,22 @@ CREATE TABLE {self.history} (
     def record_version(self) -> list[str]:
         # The columns come first, in batches of their own: the MERGE is compiled against them.
         attempts, archive = int(self.t.max_attempts), int(self.t.archive)
+        home = self._dead_letter_queue()
         return [
             *(
                 f"IF COL_LENGTH(N'{self.meta}', '{column}') IS NULL\n"
                 f"ALTER TABLE {self.meta} ADD {column} int NOT NULL DEFAULT 0"
                 for column in ("max_attempts", "archive")
             ),
+            f"IF COL_LENGTH(N'{self.meta}', 'dead_letter_queue') IS NULL\n"
+            f"ALTER TABLE {self.meta} ADD dead_letter_queue nvarchar(300) NOT NULL DEFAULT N''",
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
-  max_attempts = {attempts}, archive = {archive}, updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
-  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive});""",
+  max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {home}, updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
+    dead_letter_queue)
+  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {home});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
