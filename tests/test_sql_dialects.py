@@ -18,6 +18,7 @@ from dbq.contract.ring import (
     RingTarget,
     archive_query,
     call_statement,
+    dead_letter_queue_query,
     dead_letters_query,
     history_query,
     peek_query,
@@ -70,7 +71,11 @@ def render(ring: PgRing | MsRing) -> list[str]:
     out += [
         "-- client reads",
         peek_query(backend, ring.t.names),
-        dead_letters_query(backend, ring.t.names),
+        dead_letter_queue_query(backend, ring.t.names),
+        dead_letters_query(backend, ring.t.names, True),
+        dead_letters_query(backend, ring.t.names, False),
+        ring.meta_row(ring.t.names),
+        ring.forget_dead_letters(QueueNames("errors", "dlq")),
         archive_query(backend, ring.t.names),
         history_query(backend, ring.t.names),
         "-- staging (dbq.spark)",
@@ -119,7 +124,7 @@ def test_generated_sql_matches_the_golden_file(dialect):
 
 
 def test_every_step_the_planner_can_emit_exists_in_both_dialects():
-    upgrades_only = {RingAction.RESET_POSITIONS, RingAction.SEED_SETTLED}
+    upgrades_only = {RingAction.RESET_POSITIONS, RingAction.SEED_SETTLED, RingAction.KEY_DEAD_LETTERS}
     emitted = {s.action for s in plan_ring(TARGET, Observed())} | upgrades_only
     assert emitted == set(RingAction)
     for ring in (PgRing(TARGET), MsRing(TARGET)):
@@ -203,3 +208,15 @@ def test_packed_records_read_back_exactly():
     )
     assert list(records(blob)) == [(0, 7, 2**53, 3, b"hello"), (2, 9, 0, 0, b""), (0, 10, 0, 1, b"")]
     assert list(records(b"")) == []
+
+
+@pytest.mark.parametrize("dialect", [PgRing, MsRing])
+def test_dead_letters_kept_by_another_queue_go_to_its_table_named_by_their_source(dialect):
+    ring = dialect(replace(TARGET, dead_home=QueueNames("errors", "dlq")))
+    routines = "\n".join(ring.create_routines())
+    assert "dlq_dead" in routines and "orders_dead" not in routines
+    assert (
+        routines.count("'shopq.orders'") >= 6
+    )  # nack, repair (twice), redrive, purge: each names its source
+    assert "'errors.dlq'" in "\n".join(ring.record_version())
+    assert "orders_dead" in "\n".join(ring.create_side_tables())  # its own table is still made

@@ -12,6 +12,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
+  dead_letter_queue text NOT NULL DEFAULT '',
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -91,12 +92,14 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_staged" (
   PRIMARY KEY (stage, seq))
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_dead" (
-  msg_id bigint PRIMARY KEY,
+  source text NOT NULL,
+  msg_id bigint NOT NULL,
   attempts int NOT NULL,
   error text,
   pushed_at timestamptz NOT NULL,
   dead_at timestamptz NOT NULL DEFAULT now(),
-  body bytea NOT NULL)
+  body bytea NOT NULL,
+  PRIMARY KEY (source, msg_id))
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_waiters" (
   id int PRIMARY KEY CHECK (id = 1),
@@ -112,6 +115,20 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_archive" (
   body bytea NOT NULL)
 
 CREATE INDEX IF NOT EXISTS "orders_archive_at" ON "shopq"."orders_archive" (acked_at)
+
+-- step key_dead_letters
+
+ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT 'shopq.orders'
+
+ALTER TABLE "shopq"."orders_dead" ALTER COLUMN source DROP DEFAULT
+
+DO $$ DECLARE v_key text; BEGIN
+  SELECT c.conname INTO v_key FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
+    JOIN pg_namespace s ON s.oid = t.relnamespace
+  WHERE s.nspname = 'shopq' AND t.relname = 'orders_dead' AND c.contype = 'p';
+  EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I, ADD PRIMARY KEY (source, msg_id)',
+    'shopq', 'orders_dead', v_key);
+END $$
 
 -- step seed_settled
 
@@ -568,8 +585,8 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF 5 > 0 AND v_attempts >= 5 THEN
     IF v_spilled THEN DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id; END IF;
-    INSERT INTO "shopq"."orders_dead" (msg_id, attempts, error, pushed_at, body)
-    VALUES (p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (msg_id) DO NOTHING;
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
+    VALUES ('shopq.orders', p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (source, msg_id) DO NOTHING;
     PERFORM nextval('"shopq"."orders_n_dead"');
     o_ok := 2; RETURN;
   END IF;
@@ -599,9 +616,9 @@ BEGIN
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
     RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body),
   dead AS (
-    INSERT INTO "shopq"."orders_dead" (msg_id, attempts, error, pushed_at, body)
-    SELECT m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
-    WHERE 5 > 0 AND m.attempts >= 5 ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id),
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
+    SELECT 'shopq.orders', m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
+    WHERE 5 > 0 AND m.attempts >= 5 ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
   ready AS (
     INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m
@@ -613,9 +630,9 @@ BEGIN
     DELETE FROM "shopq"."orders_spill" s USING due WHERE s.msg_id = due.msg_id AND 5 > 0 AND s.attempts >= 5
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
   dead AS (
-    INSERT INTO "shopq"."orders_dead" (msg_id, attempts, error, pushed_at, body)
-    SELECT g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
-    ON CONFLICT (msg_id) DO NOTHING),
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
+    SELECT 'shopq.orders', g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
+    ON CONFLICT (source, msg_id) DO NOTHING),
   ready AS (
     UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT (5 > 0 AND s.attempts >= 5) RETURNING 1)
@@ -778,9 +795,9 @@ BEGIN
   WITH moved AS (
     DELETE FROM "shopq"."orders_dead" d USING (
       SELECT msg_id FROM "shopq"."orders_dead"
-      WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+      WHERE source = 'shopq.orders' AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
       ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
-    WHERE d.msg_id = pick.msg_id
+    WHERE d.source = 'shopq.orders' AND d.msg_id = pick.msg_id
     RETURNING d.msg_id, d.pushed_at, d.body)
   INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body FROM moved m
@@ -795,9 +812,9 @@ BEGIN
   -- Dead letters deleted for good (the given ids, or the oldest p_max when none are given).
   DELETE FROM "shopq"."orders_dead" d USING (
     SELECT msg_id FROM "shopq"."orders_dead"
-    WHERE p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[])
+    WHERE source = 'shopq.orders' AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
     ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
-  WHERE d.msg_id = pick.msg_id;
+  WHERE d.source = 'shopq.orders' AND d.msg_id = pick.msg_id;
   GET DIAGNOSTICS o_purged = ROW_COUNT;
   PERFORM nextval('"shopq"."orders_n_purged"') FROM generate_series(1, o_purged);
 END $fn$
@@ -821,11 +838,15 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_attempts int NOT N
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0
 
-INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
-VALUES ('orders', 'ring', 9, 1000, 300,
-  5, 1)
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue text NOT NULL DEFAULT ''
+
+INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
+  dead_letter_queue)
+VALUES ('orders', 'ring', 10, 1000, 300,
+  5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
-  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, updated_at = now()
+  max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
+  updated_at = now()
 
 -- teardown
 
@@ -949,7 +970,15 @@ SELECT "shopq"."orders_scavenge"(?, ?)
 
 SELECT msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
 
-SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body FROM "shopq"."orders_dead" ORDER BY msg_id LIMIT ?
+SELECT dead_letter_queue FROM "shopq"."dbq_queues" WHERE queue = ?
+
+SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source FROM "shopq"."orders_dead" WHERE source = ? ORDER BY msg_id, source LIMIT ?
+
+SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source FROM "shopq"."orders_dead" ORDER BY msg_id, source LIMIT ?
+
+SELECT * FROM "shopq"."dbq_queues" WHERE queue = ?
+
+DELETE FROM "errors"."dlq_dead" WHERE source = 'shopq.orders'
 
 SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8, body FROM "shopq"."orders_archive" WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?
 

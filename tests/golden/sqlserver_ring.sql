@@ -13,6 +13,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
+  dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
@@ -115,12 +116,14 @@ CREATE TABLE [shopq].[orders_staged] (
 
 IF OBJECT_ID(N'[shopq].[orders_dead]', N'U') IS NULL
 CREATE TABLE [shopq].[orders_dead] (
-  msg_id bigint NOT NULL PRIMARY KEY CLUSTERED,
+  source nvarchar(300) NOT NULL,
+  msg_id bigint NOT NULL,
   attempts int NOT NULL,
   error nvarchar(4000) NULL,
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
-  body varbinary(7000) NOT NULL)
+  body varbinary(7000) NOT NULL,
+  PRIMARY KEY CLUSTERED (source, msg_id))
 
 IF OBJECT_ID(N'[shopq].[orders_waiters]', N'U') IS NULL
 CREATE TABLE [shopq].[orders_waiters] (
@@ -137,6 +140,20 @@ CREATE TABLE [shopq].[orders_archive] (
   acked_at datetime2(3) NOT NULL,
   body varbinary(7000) NOT NULL,
   INDEX [orders_archive_at] CLUSTERED (acked_at))
+
+-- step key_dead_letters
+
+IF COL_LENGTH(N'[shopq].[orders_dead]', 'source') IS NULL
+BEGIN
+  ALTER TABLE [shopq].[orders_dead] ADD source nvarchar(300) NULL;
+  EXEC sys.sp_executesql N'UPDATE [shopq].[orders_dead] SET source = @source', N'@source nvarchar(300)',
+    @source = N'shopq.orders';
+  EXEC sys.sp_executesql N'ALTER TABLE [shopq].[orders_dead] ALTER COLUMN source nvarchar(300) NOT NULL';
+  DECLARE @sql nvarchar(max) = N'ALTER TABLE [shopq].[orders_dead] DROP CONSTRAINT ' + QUOTENAME((SELECT name
+    FROM sys.key_constraints WHERE parent_object_id = OBJECT_ID(N'[shopq].[orders_dead]') AND type = 'PK'));
+  EXEC sys.sp_executesql @sql;
+  EXEC sys.sp_executesql N'ALTER TABLE [shopq].[orders_dead] ADD PRIMARY KEY CLUSTERED (source, msg_id)';
+END
 
 -- step seed_settled
 
@@ -576,9 +593,9 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
   BEGIN
-    INSERT INTO [shopq].[orders_dead] (msg_id, attempts, error, pushed_at, body)
-    SELECT @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
-    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.msg_id = @id);
+    INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body)
+    SELECT N'shopq.orders', @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
+    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = @id);
     COMMIT TRANSACTION;
     SET @n = NEXT VALUE FOR [shopq].[orders_n_dead];
     SELECT 2 AS o_ok; RETURN;
@@ -609,10 +626,10 @@ AS BEGIN
   DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST)
   OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
-  INSERT INTO [shopq].[orders_dead] (msg_id, attempts, error, pushed_at, body)
-  SELECT l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
+  INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body)
+  SELECT N'shopq.orders', l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
   WHERE 5 > 0 AND l.attempts >= 5
-    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.msg_id = l.msg_id);
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
   INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body FROM @lapsed l
@@ -773,8 +790,9 @@ AS BEGIN
   BEGIN TRANSACTION;
   DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body INTO @moved
   FROM [shopq].[orders_dead] d WITH (ROWLOCK, READPAST)
-  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
-    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+  WHERE d.source = N'shopq.orders' AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
+    WHERE x.source = N'shopq.orders'
+      AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body FROM @moved m
@@ -790,8 +808,9 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @c bigint, @n bigint;
   DELETE d FROM [shopq].[orders_dead] d WITH (ROWLOCK, READPAST)
-  WHERE d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
-    WHERE @ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']'))
+  WHERE d.source = N'shopq.orders' AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
+    WHERE x.source = N'shopq.orders'
+      AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   SET @c = @@ROWCOUNT;
   SELECT @c AS o_purged;
@@ -819,12 +838,16 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_attempts int NOT NULL DEFAULT 0
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'archive') IS NULL
 ALTER TABLE [shopq].[dbq_queues] ADD archive int NOT NULL DEFAULT 0
 
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'dead_letter_queue') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD dead_letter_queue nvarchar(300) NOT NULL DEFAULT N''
+
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 9, message_bytes = 300,
-  max_attempts = 5, archive = 1, updated_at = SYSUTCDATETIME()
-WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive)
-  VALUES (s.queue, N'ring', 9, 1000, 300, 5, 1);
+WHEN MATCHED THEN UPDATE SET schema_version = 10, message_bytes = 300,
+  max_attempts = 5, archive = 1, dead_letter_queue = N'', updated_at = SYSUTCDATETIME()
+WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
+    dead_letter_queue)
+  VALUES (s.queue, N'ring', 10, 1000, 300, 5, 1, N'');
 
 -- teardown
 
@@ -954,7 +977,15 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_scavenge] ?, ?; COMMIT TRAN;
 
 SELECT TOP (?) msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
 
-SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body FROM [shopq].[orders_dead] ORDER BY msg_id
+SELECT dead_letter_queue FROM [shopq].[dbq_queues] WHERE queue = ?
+
+SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM [shopq].[orders_dead] WHERE source = ? ORDER BY msg_id, source
+
+SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM [shopq].[orders_dead] ORDER BY msg_id, source
+
+SELECT * FROM [shopq].[dbq_queues] WHERE queue = ?
+
+DELETE FROM [errors].[dlq_dead] WHERE source = N'shopq.orders'
 
 SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body FROM [shopq].[orders_archive] WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY
 

@@ -20,6 +20,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
+  dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 

@@ -13,9 +13,9 @@ from enum import StrEnum
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 
-# Since this version, a dead-letter table is keyed by (source, msg_id): it can keep the dead
-# letters of other queues (their spec.deadLetter.queue), whose ids are their own positions.
-KEYED_DEAD_LETTERS = 10
+# Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so
+# it can keep the dead letters of other queues (spec.deadLetter.queue), whose ids are their own.
+DEAD_LETTERS_KEYED_BY_ID = (8, 9)
 
 # The PostgreSQL routines (SQL Server adds internal helpers: see `MsRing.ROUTINES`).
 ROUTINES = (
@@ -145,7 +145,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     missing_tables = [t for t in n.tables if t != n.ring and t not in observed.tables]
     if missing_tables:
         step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
-    if recorded is not None and recorded.schema_version < KEYED_DEAD_LETTERS and n.dead in observed.tables:
+    if recorded is not None and recorded.schema_version in DEAD_LETTERS_KEYED_BY_ID and n.dead in observed.tables:
         step(
             RingAction.KEY_DEAD_LETTERS,
             f"dead-letter table {n.schema}.{n.dead} is of version {recorded.schema_version}: keyed by id alone",

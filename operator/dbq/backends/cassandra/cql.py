@@ -112,7 +112,7 @@ class PipesCql(PipesStatements):
         return {
             self.names.meta: f"""CREATE TABLE IF NOT EXISTS {self.meta} (
     queue text PRIMARY KEY, design text, schema_version int,
-    max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int, archive_ttl_s int,
+    max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int, archive_ttl_s int, dead_letter_queue text,
     watermark timeuuid, retired_pushed bigint, retired_requeued bigint, retired_popped bigint,
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp
