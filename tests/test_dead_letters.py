@@ -91,7 +91,8 @@ def test_the_dead_letter_queue_is_found_and_must_share_backend_design_and_secret
                          lambda ns, n: found.get((ns, n)))  # fmt: skip
     elsewhere = {**keeper, "spec": {**keeper["spec"], "connection": {"secretRef": {"name": "other-db"}}}}
     with pytest.raises(
-        InvalidSpec, match=r"has Secret other-db \(this queue: orders-db\); a dead-letter queue must have this queue.s backend, design"
+        InvalidSpec,
+        match=r"has Secret other-db \(this queue: orders-db\); a dead-letter queue must have this queue.s backend, design",
     ):
         dead_letter_home("orders", "shop", user, lambda ns, n: elsewhere)
     pipes = pipes_queue("dlq", "events", secret="orders-db")

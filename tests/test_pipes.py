@@ -311,6 +311,32 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(c
         backend.close()
 
 
+def test_a_queue_in_a_new_keyspace_keeps_its_dead_letters_in_another_keyspace(
+    cass_url, cassandra, make_queue
+):
+    """spec.deadLetter.queue across keyspaces: planned before its own keyspace exists."""
+    keeper = make_queue()
+    other = f"{KEYSPACE}_users"
+    spec = QueueSpec.model_validate(
+        {"backend": "cassandra", "design": "pipes", "connection": {"secretRef": {"name": "s"}, "schema": other},
+         "deadLetter": {"maxAttempts": 1}}
+    )  # fmt: skip
+    backend = open_backend(spec, "user", from_url(cass_url), keeper.names)
+    try:
+        backend.apply()
+        with connect(cass_url, "user", schema=other) as q:
+            q.push(b"bad")
+            m = q.acquire(timeout=1)
+            assert m is not None and m.nack(error="no") is True
+            assert [(d.body, d.source) for d in q.dead_letters()] == [(b"bad", f"{other}.user")]
+        assert [(d.body, d.source) for d in keeper.dead_letters(held=True)] == [(b"bad", f"{other}.user")]
+    finally:
+        backend.teardown()
+        backend.close()
+        cassandra.execute(f'DROP KEYSPACE IF EXISTS "{other}"', timeout=120)
+    assert keeper.dead_letters(held=True) == []  # gone with its queue
+
+
 def test_unknown_queue_is_named(cass_url, make_queue):
     make_queue()  # the keyspace exists
     with pytest.raises(QueueNotFound, match=f"queue nope is not provisioned in keyspace {KEYSPACE}"):

@@ -125,5 +125,8 @@ def test_dead_letters_kept_by_another_queue_wait_for_it_and_rewrite_the_routines
         ),
     )
     assert actions(ready, kept) == ["create_routines", "record_version"]
+    assert actions(Observed(dead_home_version=RING_SCHEMA_VERSION), kept) == actions(
+        Observed()
+    )  # a new queue
     moved = Recorded(RING_SCHEMA_VERSION, 1000, 300, max_attempts=3, dead_letter_queue="errors.dlq")
     assert actions(complete(dead_home_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []

@@ -53,8 +53,9 @@ class OdbcRing(OdbcBackend):
         with self._errors():
             cur = self.conn.cursor()
             schema = self.names.schema
+            dead_home_version = self._dead_home_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
-                return Observed()
+                return Observed(dead_home_version=dead_home_version)
             rels = cur.execute(self.sql.OBSERVE_RELATIONS, schema).fetchall()
             tables = frozenset(r[0] for r in rels if r[1] in ("r", "p"))
             sequences = frozenset(r[0] for r in rels if r[1] == "S")
@@ -82,7 +83,7 @@ class OdbcRing(OdbcBackend):
                 routines=routines,
                 ring_rows=int(ring_rows),
                 recorded=recorded,
-                dead_home_version=self._dead_home_version(cur),
+                dead_home_version=dead_home_version,
             )
 
     def _recorded(self, cur: pyodbc.Cursor, names: QueueNames) -> Recorded | None:

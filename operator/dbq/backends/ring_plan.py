@@ -145,7 +145,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     missing_tables = [t for t in n.tables if t != n.ring and t not in observed.tables]
     if missing_tables:
         step(RingAction.CREATE_SIDE_TABLES, f"{', '.join(missing_tables)} missing")
-    if recorded is not None and recorded.schema_version in DEAD_LETTERS_KEYED_BY_ID and n.dead in observed.tables:
+    if (
+        recorded is not None
+        and recorded.schema_version in DEAD_LETTERS_KEYED_BY_ID
+        and n.dead in observed.tables
+    ):
         step(
             RingAction.KEY_DEAD_LETTERS,
             f"dead-letter table {n.schema}.{n.dead} is of version {recorded.schema_version}: keyed by id alone",

@@ -86,7 +86,7 @@ class CassandraPipes:
         ks = self.names.schema
         rows = self._run(cql.OBSERVE_KEYSPACE, ks)
         if not rows:
-            return PipesObserved()
+            return PipesObserved(dead_home_version=self._dead_home_version())
         tables = {
             name: TableOptions(int(grace), dict(compaction or {}))
             for name, grace, compaction in self._run(cql.OBSERVE_TABLES, ks)
