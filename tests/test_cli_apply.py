@@ -62,3 +62,23 @@ def test_apply_reports_bad_input_without_touching_the_database(postgres, tmp_pat
     assert wrong.split("@")[0].split(":")[-1] not in result.output
     cur = postgres.connect().cursor()
     assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
+
+
+def test_apply_provisions_the_queue_keeping_dead_letters_first_and_deletes_it_last(postgres, tmp_path):
+    schema = f"cli_{secrets.token_hex(4)}"
+    user = queue("cli-user", deadLetter={"maxAttempts": 2, "queue": "cli-errors"}, deletionPolicy="Delete")
+    keeper = queue("cli-errors", deletionPolicy="Delete")
+    for doc in (user, keeper):
+        doc["spec"]["connection"]["schema"] = schema
+    manifest = write(tmp_path, "q.yaml", [user, keeper])  # the user first, as a person might write it
+    runner = CliRunner()
+    done = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url])
+    assert done.exit_code == 0 and done.output.count("Ready") == 2, done.output
+    cur = postgres.connect().cursor()
+    recorded = cur.execute(f"SELECT dead_letter_queue FROM \"{schema}\".dbq_queues WHERE queue = 'cli_user'")
+    assert recorded.fetchval() == f"{schema}.cli_errors"
+    alone = runner.invoke(main, ["apply", "-f", write(tmp_path, "u.yaml", [user]), "--url", postgres.url])
+    assert alone.exit_code == 1 and "DeadLetterQueueNotFound" in alone.output and "default/cli-errors" in alone.output
+    dropped = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--delete"])
+    assert dropped.exit_code == 0 and dropped.output.index("cli-user") < dropped.output.index("cli-errors")
+    assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
