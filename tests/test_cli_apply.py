@@ -78,7 +78,11 @@ def test_apply_provisions_the_queue_keeping_dead_letters_first_and_deletes_it_la
     recorded = cur.execute(f"SELECT dead_letter_queue FROM \"{schema}\".dbq_queues WHERE queue = 'cli_user'")
     assert recorded.fetchval() == f"{schema}.cli_errors"
     alone = runner.invoke(main, ["apply", "-f", write(tmp_path, "u.yaml", [user]), "--url", postgres.url])
-    assert alone.exit_code == 1 and "DeadLetterQueueNotFound" in alone.output and "default/cli-errors" in alone.output
+    assert (
+        alone.exit_code == 1
+        and "DeadLetterQueueNotFound" in alone.output
+        and "default/cli-errors" in alone.output
+    )
     dropped = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--delete"])
     assert dropped.exit_code == 0 and dropped.output.index("cli-user") < dropped.output.index("cli-errors")
     assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()

@@ -104,8 +104,8 @@ def make_queue(design: Design) -> Iterator[MakeQueue]:
         name = f"q_{secrets.token_hex(4)}"
         connection = {"secretRef": {"name": "unused"}, "schema": SCHEMA}
         spec = QueueSpec.model_validate({**design.spec, **(spec or {}), "connection": connection})
-        home = dead_letters_kept_by.names if dead_letters_kept_by is not None else None
-        backend = open_backend(spec, name, from_url(design.url), home)
+        keeper = dead_letters_kept_by.names if dead_letters_kept_by is not None else None
+        backend = open_backend(spec, name, from_url(design.url), keeper)
         try:
             backend.apply()
         finally:
@@ -273,7 +273,7 @@ def test_a_queue_torn_down_takes_its_dead_letters_from_the_queue_keeping_them(ma
     )
     backend = open_backend(
         spec, gone.names.queue, from_url(design.url)
-    )  # as deletion opens it: no home given
+    )  # as deletion opens it: no keeper given
     try:
         backend.teardown()
     finally:

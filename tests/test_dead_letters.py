@@ -17,7 +17,7 @@ from dbq.contract.ring import RingTarget
 from dbq.controller.reconcile import dead_letter_users, delete
 from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
-from dbq.resource import dead_letter_home, parse_spec
+from dbq.resource import dead_letter_keeper, parse_spec
 from tests.manifests import pipes_queue
 from tests.manifests import queue as queue_doc
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
@@ -81,27 +81,27 @@ def test_the_dead_letter_queue_is_found_and_must_share_backend_design_and_secret
     keeper = queue_doc("dlq", connection={"secretRef": {"name": "orders-db"}, "schema": "errors"})
     found = {("shop", "dlq"): keeper}
     user = parse_spec(queue_doc("orders", deadLetter={"maxAttempts": 3, "queue": "dlq"})["spec"])
-    assert dead_letter_home("orders", "shop", user, lambda ns, n: found.get((ns, n))) == QueueNames(
+    assert dead_letter_keeper("orders", "shop", user, lambda ns, n: found.get((ns, n))) == QueueNames(
         "errors", "dlq"
     )
     with pytest.raises(DeadLetterQueueNotFound, match="there is no Queue other/dlq: create it"):
-        dead_letter_home("orders", "other", user, lambda ns, n: found.get((ns, n)))
+        dead_letter_keeper("orders", "other", user, lambda ns, n: found.get((ns, n)))
     with pytest.raises(InvalidSpec, match="names this Queue itself: remove it"):
-        dead_letter_home("dlq", "shop", parse_spec(queue_doc("dlq", deadLetter={"maxAttempts": 1, "queue": "dlq"})["spec"]),
+        dead_letter_keeper("dlq", "shop", parse_spec(queue_doc("dlq", deadLetter={"maxAttempts": 1, "queue": "dlq"})["spec"]),
                          lambda ns, n: found.get((ns, n)))  # fmt: skip
     elsewhere = {**keeper, "spec": {**keeper["spec"], "connection": {"secretRef": {"name": "other-db"}}}}
     with pytest.raises(
         InvalidSpec,
         match=r"has Secret other-db \(this queue: orders-db\); a dead-letter queue must have this queue.s backend, design",
     ):
-        dead_letter_home("orders", "shop", user, lambda ns, n: elsewhere)
+        dead_letter_keeper("orders", "shop", user, lambda ns, n: elsewhere)
     pipes = pipes_queue("dlq", "events", secret="orders-db")
     with pytest.raises(
         InvalidSpec, match=r"backend cassandra \(this queue: postgres\), design pipes \(this queue: ring\)"
     ):
-        dead_letter_home("orders", "shop", user, lambda ns, n: pipes)
+        dead_letter_keeper("orders", "shop", user, lambda ns, n: pipes)
     own = parse_spec(queue_doc("orders", deadLetter={"maxAttempts": 3})["spec"])
-    assert dead_letter_home("orders", "shop", own, lambda ns, n: None) is None
+    assert dead_letter_keeper("orders", "shop", own, lambda ns, n: None) is None
 
 
 def test_a_queue_keeping_others_dead_letters_is_not_dropped_while_they_use_it():

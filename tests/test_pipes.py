@@ -139,12 +139,12 @@ def test_plan_upgrades_a_version_2_queue_in_place():
 
 def test_plan_waits_for_the_queue_keeping_the_dead_letters():
     keeper = QueueNames("errors", "dlq")
-    kept = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=2, dead_home=keeper)
+    kept = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_attempts=2, dead_letter_keeper=keeper)
     with pytest.raises(
         DeadLetterQueueNotFound, match=r"queue errors\.dlq must be provisioned.*it is not provisioned"
     ):
         plan_pipes(kept, complete())
-    assert [str(s) for s in plan_pipes(kept, complete(dead_home_version=PIPES_SCHEMA_VERSION))] == [
+    assert [str(s) for s in plan_pipes(kept, complete(keeper_version=PIPES_SCHEMA_VERSION))] == [
         "record_settings"
     ]
 

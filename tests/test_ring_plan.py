@@ -111,22 +111,20 @@ def test_dead_letters_kept_by_another_queue_wait_for_it_and_rewrite_the_routines
     """spec.deadLetter.queue: the keeper must be provisioned at this schema version (its dead-letter
     table keyed by source); a change of keeper re-creates the routines and records it."""
     keeper = QueueNames(schema="errors", queue="dlq")
-    kept = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=3, dead_home=keeper)
+    kept = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=3, dead_letter_keeper=keeper)
     with pytest.raises(
         DeadLetterQueueNotFound, match=r"queue errors\.dlq must be provisioned.*it is not provisioned"
     ):
         plan_ring(kept, complete())
     with pytest.raises(DeadLetterQueueNotFound, match="it has schema version 9"):
-        plan_ring(kept, complete(dead_home_version=9))
+        plan_ring(kept, complete(keeper_version=9))
     ready = complete(
-        dead_home_version=RING_SCHEMA_VERSION,
+        keeper_version=RING_SCHEMA_VERSION,
         recorded=Recorded(
             schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300, max_attempts=3
         ),
     )
     assert actions(ready, kept) == ["create_routines", "record_version"]
-    assert actions(Observed(dead_home_version=RING_SCHEMA_VERSION), kept) == actions(
-        Observed()
-    )  # a new queue
+    assert actions(Observed(keeper_version=RING_SCHEMA_VERSION), kept) == actions(Observed())  # a new queue
     moved = Recorded(RING_SCHEMA_VERSION, 1000, 300, max_attempts=3, dead_letter_queue="errors.dlq")
-    assert actions(complete(dead_home_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []
+    assert actions(complete(keeper_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []

@@ -212,7 +212,7 @@ def test_packed_records_read_back_exactly():
 
 @pytest.mark.parametrize("dialect", [PgRing, MsRing])
 def test_dead_letters_kept_by_another_queue_go_to_its_table_named_by_their_source(dialect):
-    ring = dialect(replace(TARGET, dead_home=QueueNames("errors", "dlq")))
+    ring = dialect(replace(TARGET, dead_letter_keeper=QueueNames("errors", "dlq")))
     routines = "\n".join(ring.create_routines())
     assert "dlq_dead" in routines and "orders_dead" not in routines
     assert (

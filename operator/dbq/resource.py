@@ -49,32 +49,34 @@ def settings_for(spec: QueueSpec, namespace: str, read_secret: SecretReader) -> 
         raise InvalidSecret(f"Secret {namespace}/{ref}: {e}") from None
 
 
-def dead_letter_home(
+def dead_letter_keeper(
     name: str, namespace: str, spec: QueueSpec, read_queue: QueueReader
 ) -> QueueNames | None:
     """The names of the queue whose dead-letter table keeps this queue's dead letters, when
     spec.deadLetter.queue names another Queue; None for the queue's own table. That Queue must
     have the same backend, design and Secret: a message moves there in the transaction (ring) or
     logged batch (pipes) that takes it off this queue."""
-    home = spec.dead_letter.queue if spec.dead_letter else None
-    if home is None:
+    keeper = spec.dead_letter.queue if spec.dead_letter else None
+    if keeper is None:
         return None
     field, secret = "spec.deadLetter.queue", spec.connection.secret_ref.name
-    if home == name:
+    if keeper == name:
         raise InvalidSpec(
             f"{field} names this Queue itself: remove it to keep dead letters in the queue's own table"
         )
-    found = read_queue(namespace, home)
+    found = read_queue(namespace, keeper)
     if found is None:
         raise DeadLetterQueueNotFound(
-            f"{field}: there is no Queue {namespace}/{home}: create it ({spec.design} on {spec.backend},"
+            f"{field}: there is no Queue {namespace}/{keeper}: create it ({spec.design} on {spec.backend},"
             f" Secret {secret}) or remove the field"
         )
     try:
         other = parse_spec(found.get("spec") or {})
-        other_queue = queue_name(home, other)
+        other_queue = queue_name(keeper, other)
     except (InvalidSpec, ValueError) as e:
-        raise DeadLetterQueueNotFound(f"{field}: Queue {namespace}/{home} has an invalid spec: {e}") from None
+        raise DeadLetterQueueNotFound(
+            f"{field}: Queue {namespace}/{keeper} has an invalid spec: {e}"
+        ) from None
     differs = [
         f"{what} {theirs} (this queue: {ours})"
         for what, ours, theirs in (
@@ -86,7 +88,7 @@ def dead_letter_home(
     ]
     if differs:
         raise InvalidSpec(
-            f"{field}: Queue {home} has {', '.join(differs)}; a dead-letter queue must have this queue's"
+            f"{field}: Queue {keeper} has {', '.join(differs)}; a dead-letter queue must have this queue's"
             " backend, design and Secret (one database), so a message moves in one transaction: name such a"
             " Queue, or remove the field to use the queue's own table"
         )

@@ -13,10 +13,10 @@ from dbq.names import QueueNames
 
 
 def open_backend(
-    spec: QueueSpec, queue: str, settings: ConnectionSettings, dead_home: QueueNames | None = None
+    spec: QueueSpec, queue: str, settings: ConnectionSettings, dead_letter_keeper: QueueNames | None = None
 ) -> QueueBackend:
     """The backend object for a Queue's spec; nothing is connected until it is used.
-    `dead_home`: the queue that keeps this one's dead letters (`dbq.resource.dead_letter_home`)."""
+    `dead_letter_keeper`: the queue that keeps this one's dead letters (`dbq.resource.dead_letter_keeper`)."""
     names = QueueNames(schema=spec.connection.schema_, queue=queue)
     if spec.backend in ("postgres", "sqlserver") and spec.design == "ring":
         from dbq.backends.odbc_ring import OdbcRing
@@ -25,7 +25,7 @@ def open_backend(
         ring = RingTarget(
             names, spec.ring.size, spec.ring.message_bytes, max_attempts,
             archive=spec.archive.enabled, archive_retention_s=seconds(spec.archive.retention),
-            dead_home=dead_home,
+            dead_letter_keeper=dead_letter_keeper,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":
@@ -40,7 +40,7 @@ def open_backend(
             max_push_time_ms=int(seconds(spec.pipes.max_push_time) * 1000),
             max_attempts=spec.dead_letter.max_attempts if spec.dead_letter else 0,
             archive_ttl_s=int(seconds(spec.archive.retention)) if spec.archive.enabled else 0,
-            dead_home=dead_home,
+            dead_letter_keeper=dead_letter_keeper,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

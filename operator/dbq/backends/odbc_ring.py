@@ -53,9 +53,9 @@ class OdbcRing(OdbcBackend):
         with self._errors():
             cur = self.conn.cursor()
             schema = self.names.schema
-            dead_home_version = self._dead_home_version(cur)
+            keeper_version = self._keeper_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
-                return Observed(dead_home_version=dead_home_version)
+                return Observed(keeper_version=keeper_version)
             rels = cur.execute(self.sql.OBSERVE_RELATIONS, schema).fetchall()
             tables = frozenset(r[0] for r in rels if r[1] in ("r", "p"))
             sequences = frozenset(r[0] for r in rels if r[1] == "S")
@@ -83,7 +83,7 @@ class OdbcRing(OdbcBackend):
                 routines=routines,
                 ring_rows=int(ring_rows),
                 recorded=recorded,
-                dead_home_version=dead_home_version,
+                keeper_version=keeper_version,
             )
 
     def _recorded(self, cur: pyodbc.Cursor, names: QueueNames) -> Recorded | None:
@@ -102,16 +102,16 @@ class OdbcRing(OdbcBackend):
             dead_letter_queue=str(values.get("dead_letter_queue") or ""),
         )
 
-    def _dead_home_version(self, cur: pyodbc.Cursor) -> int | None:
+    def _keeper_version(self, cur: pyodbc.Cursor) -> int | None:
         """The schema version of the queue that keeps this one's dead letters (when another does):
         None when its dead-letter table or metadata row does not exist."""
-        home = self.target.dead_home
-        if home is None:
+        keeper = self.target.dead_letter_keeper
+        if keeper is None:
             return None
-        tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, home.schema).fetchall()}
-        if home.meta not in tables or home.dead not in tables:
+        tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, keeper.schema).fetchall()}
+        if keeper.meta not in tables or keeper.dead not in tables:
             return None
-        recorded = self._recorded(cur, home)
+        recorded = self._recorded(cur, keeper)
         return recorded.schema_version if recorded is not None else None
 
     def plan(self, observed: Observed) -> list[RingStep]:
@@ -237,11 +237,11 @@ class OdbcRing(OdbcBackend):
             recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
             if recorded is not None and recorded.dead_letter_queue:
                 # Its dead letters kept by another queue go with it.
-                home = QueueNames(*recorded.dead_letter_queue.split(".", 1))
-                if home.dead in {
-                    r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, home.schema).fetchall()
+                keeper = QueueNames(*recorded.dead_letter_queue.split(".", 1))
+                if keeper.dead in {
+                    r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, keeper.schema).fetchall()
                 }:
-                    cur.execute(self.sql.forget_dead_letters(home))
+                    cur.execute(self.sql.forget_dead_letters(keeper))
             for statement in self.sql.drop():
                 if statement.startswith("DELETE FROM") and self.names.meta not in tables:
                     continue

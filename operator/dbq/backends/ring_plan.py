@@ -95,7 +95,7 @@ class Observed:
     recorded: Recorded | None = None
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
-    dead_home_version: int | None = None
+    keeper_version: int | None = None
 
 
 def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[RingStep]:
@@ -106,15 +106,15 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         steps.append(RingStep(action, why))
 
     recorded = observed.recorded
-    home = target.dead_home
-    if home is not None and observed.dead_home_version != RING_SCHEMA_VERSION:
+    keeper = target.dead_letter_keeper
+    if keeper is not None and observed.keeper_version != RING_SCHEMA_VERSION:
         found = (
             "it is not provisioned"
-            if observed.dead_home_version is None
-            else (f"it has schema version {observed.dead_home_version}")
+            if observed.keeper_version is None
+            else (f"it has schema version {observed.keeper_version}")
         )
         raise DeadLetterQueueNotFound(
-            f"spec.deadLetter.queue: queue {home.qualified} must be provisioned at ring schema version"
+            f"spec.deadLetter.queue: queue {keeper.qualified} must be provisioned at ring schema version"
             f" {RING_SCHEMA_VERSION} before it keeps other queues' dead letters, and {found}: retried until"
             " that Queue is Ready"
         )

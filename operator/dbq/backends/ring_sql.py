@@ -106,8 +106,8 @@ class RingSqlBase:
         self.gap = f"{s}.{quote(n.gap)}"
         self.staged = f"{s}.{quote(n.staged)}"
         self.own_dead = f"{s}.{quote(n.dead)}"  # created and dropped with this queue
-        home = target.dead_home or n  # where this queue's dead letters go
-        self.dead = f"{quote(home.schema)}.{quote(home.dead)}"
+        keeper = target.dead_letter_keeper or n  # where this queue's dead letters go
+        self.dead = f"{quote(keeper.schema)}.{quote(keeper.dead)}"
         self.waiters = f"{s}.{quote(n.waiters)}"
         self.archive = f"{s}.{quote(n.archive)}"
         self.push_seq = f"{s}.{quote(n.push_seq)}"
@@ -166,9 +166,9 @@ class RingSqlBase:
 
     def _dead_letter_queue(self) -> str:
         """RingTarget.dead_letter_queue as a literal, for the metadata row."""
-        home = self.t.dead_home
-        if home is not None:
-            return qualified_literal(self.BACKEND, home)
+        keeper = self.t.dead_letter_keeper
+        if keeper is not None:
+            return qualified_literal(self.BACKEND, keeper)
         return "N''" if self.BACKEND == "sqlserver" else "''"
 
     def seed_settled(self) -> list[str]:
@@ -226,9 +226,9 @@ class RingSqlBase:
         """Every column of the metadata row of queue `names` (parameter: its name)."""
         return f"SELECT * FROM {self.quote(names.schema)}.{self.quote(names.meta)} WHERE queue = ?"
 
-    def forget_dead_letters(self, home: QueueNames) -> str:
-        """Delete this queue's dead letters from the dead-letter table of queue `home`."""
-        table = f"{self.quote(home.schema)}.{self.quote(home.dead)}"
+    def forget_dead_letters(self, keeper: QueueNames) -> str:
+        """Delete this queue's dead letters from the dead-letter table of queue `keeper`."""
+        table = f"{self.quote(keeper.schema)}.{self.quote(keeper.dead)}"
         return f"DELETE FROM {table} WHERE source = {qualified_literal(self.BACKEND, self.t.names)}"
 
     def drop(self) -> list[str]:

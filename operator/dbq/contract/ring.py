@@ -65,12 +65,12 @@ class RingTarget:
     archive_retention_s: float = 0.0  # ... until this old (cleanup scavenges older ones)
     # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue,
     # in the same database); None: its own.
-    dead_home: QueueNames | None = None
+    dead_letter_keeper: QueueNames | None = None
 
     @property
     def dead_letter_queue(self) -> str:
-        """What the metadata row records of dead_home: schema.queue, or '' for the queue itself."""
-        return self.dead_home.qualified if self.dead_home is not None else ""
+        """What the metadata row records of dead_letter_keeper: schema.queue, or '' for the queue itself."""
+        return self.dead_letter_keeper.qualified if self.dead_letter_keeper is not None else ""
 
 
 def announce_wait(backend: str, names: QueueNames) -> str:

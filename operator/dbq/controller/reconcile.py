@@ -23,7 +23,7 @@ from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.schedule import describe
 from dbq.errors import DbqError, InvalidSpec
-from dbq.resource import QueueReader, SecretReader, dead_letter_home, parse_spec, settings_for
+from dbq.resource import QueueReader, SecretReader, dead_letter_keeper, parse_spec, settings_for
 
 FORCE_DELETE = "dbq.dev/force-delete"
 
@@ -58,8 +58,8 @@ def backend_for(
         queue = queue_name(name, spec)
     except ValueError as e:
         raise InvalidSpec(str(e)) from None
-    home = dead_letter_home(name, namespace, spec, read_queue) if read_queue is not None else None
-    return spec, queue, open_backend(spec, queue, settings_for(spec, namespace, read_secret), home)
+    keeper = dead_letter_keeper(name, namespace, spec, read_queue) if read_queue is not None else None
+    return spec, queue, open_backend(spec, queue, settings_for(spec, namespace, read_secret), keeper)
 
 
 def no_queues(_namespace: str, _name: str) -> None:
@@ -269,16 +269,16 @@ def delete(
         out.events.append(Event("Normal", "Retained", "deletionPolicy Retain: database objects kept"))
         return out
     if dead_letter_users:
-        users = (
+        why = (
             f"Queues {', '.join(dead_letter_users)} keep their dead letters in this queue's table"
-            " (spec.deadLetter.queue): redrive or purge them there and remove that field, or delete those"
-            " Queues, first"
+            " (spec.deadLetter.queue): redrive or purge them (`dbq dead-letters redrive|purge QUEUE`) and"
+            " remove that field, or delete those Queues, first"
         )
         out.status["conditions"] = cond.set_condition(
-            status.get("conditions"), cond.DELETION_BLOCKED, True, "DeadLetterQueueInUse", users, generation
+            status.get("conditions"), cond.DELETION_BLOCKED, True, "DeadLetterQueueInUse", why, generation
         )
-        out.events.append(Event("Warning", "DeletionBlocked", users))
-        out.error = DbqError(users)
+        out.events.append(Event("Warning", "DeletionBlocked", why))
+        out.error = DbqError(why)
         return out
     provisioned = cond.is_true(status.get("conditions"), cond.PROVISIONED)
     try:

@@ -47,7 +47,7 @@ class CassandraPipes:
         self.settings = settings
         self.names = target.names
         self.target = target
-        self.cql = cql.PipesCql(target.names, target.dead_home)
+        self.cql = cql.PipesCql(target.names, target.dead_letter_keeper)
         self._cluster: Cluster | None = None
         self._session: Session | None = None
         self._queue: PipesQueue | None = None  # a data-plane client on this session, for stats and repair
@@ -86,7 +86,7 @@ class CassandraPipes:
         ks = self.names.schema
         rows = self._run(cql.OBSERVE_KEYSPACE, ks)
         if not rows:
-            return PipesObserved(dead_home_version=self._dead_home_version())
+            return PipesObserved(keeper_version=self._keeper_version())
         tables = {
             name: TableOptions(int(grace), dict(compaction or {}))
             for name, grace, compaction in self._run(cql.OBSERVE_TABLES, ks)
@@ -99,7 +99,7 @@ class CassandraPipes:
         dead_columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.dead))
         return PipesObserved(
             keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded,
-            meta_columns=columns, dead_columns=dead_columns, dead_home_version=self._dead_home_version(),
+            meta_columns=columns, dead_columns=dead_columns, keeper_version=self._keeper_version(),
         )  # fmt: skip
 
     def _recorded(self, statements: cql.PipesCql, names: QueueNames) -> RecordedPipes | None:
@@ -117,16 +117,16 @@ class CassandraPipes:
             number("max_attempts"), number("archive_ttl_s"), str(values.get("dead_letter_queue") or ""),
         )  # fmt: skip
 
-    def _dead_home_version(self) -> int | None:
+    def _keeper_version(self) -> int | None:
         """The schema version of the queue that keeps this one's dead letters (when another does):
         None when its dead table or metadata row does not exist."""
-        home = self.target.dead_home
-        if home is None:
+        keeper = self.target.dead_letter_keeper
+        if keeper is None:
             return None
-        tables = {r[0] for r in self._run(cql.OBSERVE_TABLES, home.schema)}
-        if home.meta not in tables or home.dead not in tables:
+        tables = {r[0] for r in self._run(cql.OBSERVE_TABLES, keeper.schema)}
+        if keeper.meta not in tables or keeper.dead not in tables:
             return None
-        recorded = self._recorded(cql.PipesCql(home), home)
+        recorded = self._recorded(cql.PipesCql(keeper), keeper)
         return recorded.schema_version if recorded is not None else None
 
     def _source_dead_letters(self) -> None:

@@ -25,12 +25,12 @@ class PipesTarget:
     archive_ttl_s: int = 0  # keep acked and popped messages this long; 0: no archive
     # The queue whose dead table keeps this queue's dead letters (spec.deadLetter.queue, in the
     # same cluster); None: its own.
-    dead_home: QueueNames | None = None
+    dead_letter_keeper: QueueNames | None = None
 
     @property
     def dead_letter_queue(self) -> str:
-        """What the metadata row records of dead_home: keyspace.queue, or '' for the queue itself."""
-        return self.dead_home.qualified if self.dead_home is not None else ""
+        """What the metadata row records of dead_letter_keeper: keyspace.queue, or '' for the queue itself."""
+        return self.dead_letter_keeper.qualified if self.dead_letter_keeper is not None else ""
 
 
 class PipesAction(StrEnum):
@@ -94,7 +94,7 @@ class PipesObserved:
     dead_columns: frozenset[str] = frozenset()
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
-    dead_home_version: int | None = None
+    keeper_version: int | None = None
 
 
 def options_drift(options: TableOptions) -> list[str]:
@@ -114,14 +114,14 @@ def options_drift(options: TableOptions) -> list[str]:
 def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     n = target.names
     steps: list[PipesStep] = []
-    if target.dead_home is not None and observed.dead_home_version != PIPES_SCHEMA_VERSION:
+    if target.dead_letter_keeper is not None and observed.keeper_version != PIPES_SCHEMA_VERSION:
         found = (
             "it is not provisioned"
-            if observed.dead_home_version is None
-            else (f"it has schema version {observed.dead_home_version}")
+            if observed.keeper_version is None
+            else (f"it has schema version {observed.keeper_version}")
         )
         raise DeadLetterQueueNotFound(
-            f"spec.deadLetter.queue: queue {target.dead_home.qualified} must be provisioned at pipes schema"
+            f"spec.deadLetter.queue: queue {target.dead_letter_keeper.qualified} must be provisioned at pipes schema"
             f" version {PIPES_SCHEMA_VERSION} before it keeps other queues' dead letters, and {found}:"
             " retried until that Queue is Ready"
         )

@@ -288,7 +288,7 @@ CREATE TABLE {self.history} (
     def record_version(self) -> list[str]:
         # The columns come first, in batches of their own: the MERGE is compiled against them.
         attempts, archive = int(self.t.max_attempts), int(self.t.archive)
-        home = self._dead_letter_queue()
+        keeper = self._dead_letter_queue()
         return [
             *(
                 f"IF COL_LENGTH(N'{self.meta}', '{column}') IS NULL\n"
@@ -300,10 +300,10 @@ CREATE TABLE {self.history} (
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
-  max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {home}, updated_at = SYSUTCDATETIME()
+  max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {keeper}, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue)
-  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {home});""",
+  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {keeper});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
