@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything dbq's local stack and tests need, idempotently; fast when already done.
 #   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl, Lua 5.1 (Argo CD's health
-#           check), mmdebstrap, buildah and runc (the operator image: stack/image.sh, test_image.py)
+#           check), mmdebstrap, buildah and runc (the operator image: stack/image.sh, test_image.py),
+#           containerd, the CNI plugins and iptables (the single-node cluster: `dbq dev up cluster`)
 #   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
-#   Go:     kube-apiserver and etcd built from Go modules   (stack/build-kube.sh)
+#   Go:     kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager and pause
+#           built from Go modules                           (stack/build-kube.sh)
 #           helm, kubeconform, helm-unittest, kstatus        (stack/build-tools.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
@@ -18,7 +20,8 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "Debian packages"
 need=()
-for pkg in postgresql unixodbc odbc-postgresql tdsodbc openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc; do
+for pkg in postgresql unixodbc odbc-postgresql tdsodbc openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc \
+    containerd containernetworking-plugins iptables; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

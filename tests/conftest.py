@@ -69,16 +69,28 @@ def cassandra(stack: LocalStack) -> Iterator[Any]:
     cluster.shutdown()
 
 
+def for_this_module(stack: LocalStack, name: str) -> Iterator[Any]:
+    """An optional component, started for the module that asks for it (unless it runs already)
+    and stopped after it."""
+    started = not stack.component(name).ready()
+    stack.need(name)
+    yield stack.component(name)
+    if started:
+        stack.component(name).stop()
+        stack.started.remove(name)
+
+
 @pytest.fixture(scope="module")
 def cassandra3(stack: LocalStack) -> Iterator[Any]:
-    """The three-node Cassandra cluster on 127.0.0.2-4, started for the module that asks for it
-    and stopped after it (three JVMs would slow every later test on two cores)."""
-    started = not stack.cassandra3.ready()
-    stack.need("cassandra3")
-    yield stack.cassandra3
-    if started:
-        stack.cassandra3.stop()
-        stack.started.remove("cassandra3")
+    """The three-node Cassandra cluster on 127.0.0.2-4 (three JVMs would slow every later test
+    on two cores)."""
+    yield from for_this_module(stack, "cassandra3")
+
+
+@pytest.fixture(scope="module")
+def cluster(stack: LocalStack, kube: KubeHandle) -> Iterator[Any]:
+    """The single-node cluster that runs pods (no other module meets its node)."""
+    yield from for_this_module(stack, "cluster")
 
 
 @pytest.fixture(scope="session")

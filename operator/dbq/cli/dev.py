@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 
 @click.group()
 def dev() -> None:
-    """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback)."""
+    """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback); on demand a
+    three-node Cassandra (cassandra3) and a single-node cluster that runs pods (cluster)."""
 
 
 _component = click.argument(
-    "components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra", "cassandra3"])
+    "components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra", "cassandra3", "cluster"])
 )
 
 

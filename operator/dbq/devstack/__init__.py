@@ -1,5 +1,6 @@
 """The local stack dbq is developed and tested on: a real Kubernetes API server (with etcd),
-PostgreSQL, Cassandra, and Spark in local mode (no server; pyspark starts its own JVM).
+PostgreSQL, Cassandra, and Spark in local mode (no server; pyspark starts its own JVM); when
+named, a three-node Cassandra cluster and a single-node Kubernetes cluster that runs pods.
 
 `dbq dev up | down | status` drives it; the pytest fixtures call the same functions.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 
 from dbq.devstack.base import Paths, StackError
 from dbq.devstack.cassandra import Cassandra, CassandraCluster
+from dbq.devstack.cluster import Cluster
 from dbq.devstack.kube import Kube
 from dbq.devstack.postgres import Postgres
 
@@ -18,6 +20,7 @@ __all__ = [
     "OPTIONAL",
     "Cassandra",
     "CassandraCluster",
+    "Cluster",
     "Kube",
     "Paths",
     "Postgres",
@@ -26,8 +29,8 @@ __all__ = [
 ]
 
 COMPONENTS = ("kube", "postgres", "cassandra")  # what `dbq dev up` starts without arguments
-OPTIONAL = ("cassandra3",)  # started when named: `dbq dev up cassandra3`
-Component = Kube | Postgres | Cassandra | CassandraCluster
+OPTIONAL = ("cassandra3", "cluster")  # started when named: `dbq dev up cassandra3 cluster`
+Component = Kube | Postgres | Cassandra | CassandraCluster | Cluster
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Stack:
         self.postgres = Postgres(self.paths)
         self.cassandra = Cassandra(self.paths)
         self.cassandra3 = CassandraCluster(self.paths)
+        self.cluster = Cluster(self.paths, self.kube)
 
     def component(self, name: str) -> Component:
         if name not in COMPONENTS + OPTIONAL:

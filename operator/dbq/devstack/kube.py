@@ -118,6 +118,8 @@ class Kube:
             "--disable-admission-plugins=ServiceAccount",
             "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none",  # loopback may not be published as an endpoint
+            # The single-node cluster's node has no name in DNS: its kubelet is reached by address.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--v=1",
         ]
 

@@ -1,0 +1,14 @@
+// Command kubelet is the upstream node agent, built from Go modules for the
+// local single-node cluster (`dbq dev up cluster`).
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kubelet/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewKubeletCommand()))
+}

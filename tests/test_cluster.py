@@ -1,0 +1,66 @@
+"""The single-node cluster (`dbq dev up cluster`): a real kubelet, scheduler and controller
+manager beside the stack's API server run pods in containerd, on a bridge network."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from dbq.devstack.cluster import NODE, POD_SUBNET
+from tests.operator_harness import wait_for
+
+
+@pytest.fixture
+def namespace(kube) -> Iterator[str]:
+    core = client.CoreV1Api(kube.api)
+    name = f"cluster-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+def pod(name: str, image: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never"}],
+        },
+    }
+
+
+def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_the_api(
+    cluster, kube, namespace
+):
+    core = client.CoreV1Api(kube.api)
+    core.create_namespaced_pod(namespace, pod("probe", cluster.pause_image))
+
+    def running() -> Any:
+        found = core.read_namespaced_pod("probe", namespace)
+        return found if found.status.phase == "Running" else None
+
+    found = wait_for(running, 120, "pod probe Running")
+    assert found.spec.node_name == NODE
+    assert ipaddress.ip_address(found.status.pod_ip) in ipaddress.ip_network(POD_SUBNET)
+    log = wait_for(lambda: core.read_namespaced_pod_log("probe", namespace), 30, "the pod's log")
+    assert "pause: holding the pod's namespaces" in log
+    core.delete_namespaced_pod("probe", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("probe", namespace)
+        except client.ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(gone, 60, "pod probe deleted")
+    time.sleep(1)
+    running_tasks = cluster.ctr("tasks", "ls").stdout.splitlines()[1:]
+    assert all("RUNNING" not in line for line in running_tasks), running_tasks  # its processes ended
