@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from dbq.devstack.cluster import NODE, POD_SUBNET
+from dbq.devstack.base import pid_alive
+from dbq.devstack.cluster import BRIDGE, NODE, POD_SUBNET
 from tests.operator_harness import wait_for
 
 
@@ -64,3 +67,24 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
     time.sleep(1)
     running_tasks = cluster.ctr("tasks", "ls").stdout.splitlines()[1:]
     assert all("RUNNING" not in line for line in running_tasks), running_tasks  # its processes ended
+
+
+def test_stopping_it_leaves_no_process_mount_bridge_or_nat_rule_and_it_starts_again(cluster, kube, namespace):
+    core = client.CoreV1Api(kube.api)
+    core.create_namespaced_pod(namespace, pod("left-running", cluster.pause_image))
+    wait_for(
+        lambda: core.read_namespaced_pod("left-running", namespace).status.phase == "Running",
+        120,
+        "pod Running",
+    )
+    processes = [cluster.containerd, cluster.kubelet, cluster.scheduler, cluster.controller_manager]
+    pids = [p.pid() for p in processes]
+    cluster.stop()  # with a pod still running: containerd's task for it is ended too
+    assert all(p.pid() is None for p in processes) and not any(pid_alive(pid) for pid in pids if pid)
+    assert not [line for line in Path("/proc/mounts").read_text().splitlines() if f" {cluster.dir}/" in line]
+    assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0
+    nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
+    assert 'name: \\"dbq\\"' not in nat
+    assert not cluster.node_ready()
+    cluster.start()
+    assert cluster.ready()

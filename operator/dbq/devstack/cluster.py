@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
@@ -121,6 +122,7 @@ class Cluster:
         for mount in sorted((m for m in mounts if m.startswith(f"{self.dir}/")), reverse=True):
             subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+        _forget_masquerading()
         for leases in (self.dir / "cni-ipam").glob("*"):  # addresses of pods that are gone
             subprocess.run(["rm", "-rf", str(leases)], check=False)
         if self.kube.ready():
@@ -245,3 +247,18 @@ def _buildah(*args: str) -> str:
     if done.returncode != 0:
         raise StackError(f"buildah {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout
+
+
+def _forget_masquerading() -> None:
+    """Remove the NAT rules and chains the bridge plugin made for pods (its comment names the
+    network): a pod ended through containerd, not the kubelet, never had them removed."""
+    listed = subprocess.run(["iptables", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True)
+    for rule in listed.stdout.splitlines():
+        words = shlex.split(rule)
+        if words[:2] != ["-A", "POSTROUTING"] or not any(w.startswith('name: "dbq"') for w in words):
+            continue
+        subprocess.run(["iptables", "-t", "nat", "-D", *words[1:]], capture_output=True, check=False)
+        chain = words[words.index("-j") + 1] if "-j" in words else ""
+        if chain.startswith("CNI-"):
+            for flag in ("-F", "-X"):
+                subprocess.run(["iptables", "-t", "nat", flag, chain], capture_output=True, check=False)
