@@ -123,6 +123,12 @@ class QueueNames:
         """schema.queue: unique in its database; the `source` of the queue's dead letters."""
         return f"{self.schema}.{self.queue}"
 
+    @classmethod
+    def of_qualified(cls, text: str) -> QueueNames:
+        """The names of the queue `qualified` wrote as `text` (validated again)."""
+        schema, _, queue = text.partition(".")
+        return cls(schema=schema, queue=queue)
+
     @property
     def waiters(self) -> str:
         """One row: until when consumers wait on the queue (they renew it), so that pushes notify

@@ -237,7 +237,7 @@ class OdbcRing(OdbcBackend):
             recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
             if recorded is not None and recorded.dead_letter_queue:
                 # Its dead letters kept by another queue go with it.
-                keeper = QueueNames(*recorded.dead_letter_queue.split(".", 1))
+                keeper = QueueNames.of_qualified(recorded.dead_letter_queue)
                 if keeper.dead in {
                     r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, keeper.schema).fetchall()
                 }:

@@ -288,7 +288,7 @@ class PipesQueue:
         # the queue whose dead table keeps this queue's dead letters ('': its own)
         max_attempts, archive_ttl_s, kept_by = self._x(self.cql.read_settings, names.queue)[0]
         self.max_attempts, self.archive_ttl_s = int(max_attempts or 0), int(archive_ttl_s or 0)
-        self.dead_letter_keeper = QueueNames(*kept_by.split(".", 1)) if kept_by else names
+        self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
         if kept_by:
             self.cql = PipesStatements(names, self.dead_letter_keeper)
 

@@ -233,7 +233,7 @@ class Queue:
         with self._cursor() as cur:
             kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
         # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue).
-        self.dead_letter_keeper = QueueNames(*kept_by.split(".", 1)) if kept_by else names
+        self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
         # Single calls made at once by several threads share round trips (smart batching).
         self._pushes: Coalescer[bytes, int] | None = None
         self._pops: Coalescer[None, Message | None] | None = None

@@ -233,7 +233,7 @@ class CassandraPipes:
             return
         kept_by = observed.recorded.dead_letter_queue if observed.recorded else ""
         if kept_by:  # its dead letters kept by another queue go with it
-            keeper = QueueNames(*kept_by.split(".", 1))
+            keeper = QueueNames.of_qualified(kept_by)
             if keeper.dead in {r[0] for r in self._run(cql.OBSERVE_TABLES, keeper.schema)}:
                 statements = cql.PipesCql(self.names, keeper)
                 ids = [r[0] for r in self._run(statements.dead_letters, self.names.qualified, 1_000_000)]
