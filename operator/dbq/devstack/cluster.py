@@ -12,10 +12,12 @@ names as the host does (the kubelet warns MissingClusterDNS).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -53,7 +55,7 @@ class Cluster:
         )
         self.started_in = self.dir / "started-in"  # seconds the last start took
 
-    @property
+    @functools.cached_property
     def pause_image(self) -> str:
         """The pod sandbox's image, named by its binary's digest: a rebuilt pause is a new image."""
         digest = hashlib.sha256(self.kube.binary("pause").read_bytes()).hexdigest()[:12]
@@ -123,8 +125,7 @@ class Cluster:
             subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
         _forget_masquerading()
-        for leases in (self.dir / "cni-ipam").glob("*"):  # addresses of pods that are gone
-            subprocess.run(["rm", "-rf", str(leases)], check=False)
+        shutil.rmtree(self.dir / "cni-ipam", ignore_errors=True)  # addresses of pods that are gone
         if self.kube.ready():
             self._api("DELETE", f"/api/v1/nodes/{NODE}")  # a stopped node is not left NotReady
 
