@@ -6,7 +6,7 @@
 #   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
 #   Go:     kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager and pause
 #           built from Go modules                           (stack/build-kube.sh)
-#           helm, kubeconform, helm-unittest, kstatus        (stack/build-tools.sh)
+#           helm, kubeconform, helm-unittest, kstatus, CoreDNS (stack/build-tools.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
 set -euo pipefail
@@ -51,7 +51,7 @@ fi
 step "kube-apiserver and etcd (Go modules)"
 bash "$here/build-kube.sh"
 
-step "helm, kubeconform, helm-unittest, kstatus (Go modules)"
+step "helm, kubeconform, helm-unittest, kstatus, CoreDNS (Go modules)"
 bash "$here/build-tools.sh"
 
 step "Cassandra $CASSANDRA_VERSION (Maven Central)"

@@ -2,13 +2,14 @@
 # Builds the packaging tools from Go modules (no release download) into $DBQ_CACHE/bin, each
 # once per version: helm, kubeconform, helm-unittest (`untt`, built inside its module because its
 # replace directive blocks `go install`) and `kstatus` (stack/kstatus: the kstatus library Flux
-# uses, as a command). Also unpacks the Prometheus Operator's CRDs from its Go module, so the
+# uses, as a command), and CoreDNS (the single-node cluster's DNS). Also unpacks the Prometheus Operator's CRDs from its Go module, so the
 # chart's ServiceMonitor and PrometheusRule are checked against their real schemas.
 set -euo pipefail
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 KUBECONFORM_VERSION=${KUBECONFORM_VERSION:-v0.8.0}
 HELM_UNITTEST_VERSION=${HELM_UNITTEST_VERSION:-v1.1.2}
 PROMETHEUS_OPERATOR_VERSION=${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.7}
 cache=${DBQ_CACHE:-$HOME/.cache/dbq}
 bin=$cache/bin
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,6 +45,7 @@ build_kstatus() {
 build helm "$HELM_VERSION" install_to "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" helm
 build kubeconform "$KUBECONFORM_VERSION" install_to "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" kubeconform
 build untt "$HELM_UNITTEST_VERSION" build_unittest
+build coredns "$COREDNS_VERSION" install_to "github.com/coredns/coredns@$COREDNS_VERSION" coredns
 build kstatus "$(sha256sum "$here/kstatus/"{main.go,go.mod,go.sum} | sha256sum | cut -c1-12)" build_kstatus
 
 crds=$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the operator image on this machine, which reaches no image registry: a Debian bookworm
-# base image made from Debian's packages by mmdebstrap (python3, python3-venv, apt), then the
-# top-level Dockerfile built by buildah against it (--build-arg BASE=...). Prints the image's
-# name and size. Idempotent: the base is made once; the image is rebuilt only when its inputs
-# (Dockerfile, constraints.txt, pyproject.toml, operator/dbq) changed.
+# Builds dbq's images on this machine, which reaches no image registry: a Debian bookworm base
+# image made from Debian's packages by mmdebstrap (python3, python3-venv, apt), then a Dockerfile
+# built by buildah against it (--build-arg BASE=...). Prints the image's name and size.
+# Idempotent: the base is made once; an image is rebuilt only when its inputs (its Dockerfile,
+# constraints.txt, pyproject.toml, operator/dbq, images/) changed.
 #
-#   bash stack/image.sh          build (or find) the image
+#   bash stack/image.sh          the operator image (Dockerfile)
+#   bash stack/image.sh spark    the Spark image of dbq's jobs (images/spark/Dockerfile)
 #   bash stack/image.sh --lock   rewrite constraints.txt from a fresh resolution of pyproject.toml
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +14,12 @@ cache=${DBQ_CACHE:-$HOME/.cache/dbq}
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml")
 base=localhost/dbq-base:bookworm
-image=localhost/dbq-operator:$version
+case ${1:-operator} in
+  operator) image=localhost/dbq-operator:$version dockerfile=Dockerfile ;;
+  spark) image=localhost/dbq-spark:$version dockerfile=images/spark/Dockerfile ;;
+  --lock) ;;
+  *) echo "usage: bash stack/image.sh [operator|spark|--lock]" >&2; exit 2 ;;
+esac
 
 if [[ ${1:-} == --lock ]]; then
   venv=$(mktemp -d)
@@ -43,12 +49,12 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   rm -rf "$work"
 fi
 
-inputs=$(cd "$repo" && git ls-files -s Dockerfile .dockerignore constraints.txt pyproject.toml README.md operator/dbq \
-  | sha256sum | cut -c1-16)
+inputs=$(cd "$repo" && git ls-files -s "$dockerfile" .dockerignore constraints.txt pyproject.toml README.md operator/dbq \
+  images | sha256sum | cut -c1-16)
 if [[ $(buildah inspect --type image --format '{{index .ImageAnnotations "dev.dbq.inputs"}}' "$image" 2>/dev/null) == "$inputs" ]]; then
   echo "image: $image is up to date"
 else
-  echo "image: building $image from the Dockerfile (BASE=$base)"
+  echo "image: building $image from $dockerfile (BASE=$base)"
   source_url=$(git -C "$repo" remote get-url origin 2>/dev/null || true)
   # Build steps see the host's CA bundle and pip settings: where egress goes through a TLS proxy
   # with its own CA (as on this machine), pip inside the build trusts what pip outside trusts.
@@ -56,7 +62,7 @@ else
   for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do [[ -f $f ]] && trust+=(--volume "$f:$f:ro"); done
   buildah build --quiet --pull=false --network=host --layers=false "${trust[@]}" \
     --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg SOURCE="$source_url" \
-    --annotation dev.dbq.inputs="$inputs" -t "$image" "$repo" >/dev/null
+    --annotation dev.dbq.inputs="$inputs" -f "$repo/$dockerfile" -t "$image" "$repo" >/dev/null
   buildah rmi --prune >/dev/null 2>&1 || true
 fi
 buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$image"

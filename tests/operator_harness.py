@@ -20,10 +20,27 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from dbq.devstack.kube import OPERATOR_USER
-from stack.render_manifests import render
+from stack.render_manifests import package_version, render
 
 ROOT = Path(__file__).resolve().parent.parent
 G, V, P = "dbq.dev", "v1alpha1", "queues"
+IMAGE = f"localhost/dbq-operator:{package_version()}"  # what stack/image.sh builds
+
+
+def buildah(*args: str) -> str:
+    done = subprocess.run(["buildah", *args], capture_output=True, text=True, env={"BUILDAH_ISOLATION": "chroot", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})  # fmt: skip
+    assert done.returncode == 0, f"buildah {' '.join(args)}: {done.stderr}"
+    return done.stdout.strip()
+
+
+def build_operator_image() -> dict[str, Any]:
+    """The operator image (built by stack/image.sh when its inputs changed) and its OCI config."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "stack" / "image.sh")], capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, f"stack/image.sh failed:\n{done.stdout}\n{done.stderr}"
+    print(done.stdout.strip().splitlines()[-1])  # name and size
+    return dict(json.loads(buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"])
 
 
 def free_port() -> int:

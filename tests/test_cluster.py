@@ -24,6 +24,8 @@ def namespace(kube) -> Iterator[str]:
     core = client.CoreV1Api(kube.api)
     name = f"cluster-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": name}})
+    # Pods are admitted once the controller manager has made the namespace's ServiceAccount.
+    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "the default ServiceAccount")
     yield name
     core.delete_namespace(name)
 
@@ -69,7 +71,7 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
     assert all("RUNNING" not in line for line in running_tasks), running_tasks  # its processes ended
 
 
-def test_stopping_it_leaves_no_process_mount_bridge_or_nat_rule_and_it_starts_again(cluster, kube, namespace):
+def test_stopping_it_leaves_no_process_mount_network_or_rule_and_it_starts_again(cluster, kube, namespace):
     core = client.CoreV1Api(kube.api)
     core.create_namespaced_pod(namespace, pod("left-running", cluster.pause_image))
     wait_for(
@@ -77,14 +79,27 @@ def test_stopping_it_leaves_no_process_mount_bridge_or_nat_rule_and_it_starts_ag
         120,
         "pod Running",
     )
-    processes = [cluster.containerd, cluster.kubelet, cluster.scheduler, cluster.controller_manager]
+    processes = [
+        cluster.containerd,
+        cluster.kubelet,
+        cluster.scheduler,
+        cluster.controller_manager,
+        cluster.coredns,
+    ]
     pids = [p.pid() for p in processes]
+    pod_network = [
+        n for c in cluster.ctr("containers", "ls", "-q").stdout.split() for n in cluster.network_namespaces(c)
+    ]
+    assert pod_network  # the running pod's network namespace
     cluster.stop()  # with a pod still running: containerd's task for it is ended too
     assert all(p.pid() is None for p in processes) and not any(pid_alive(pid) for pid in pids if pid)
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if f" {cluster.dir}/" in line]
     assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0
-    nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
-    assert 'name: \\"dbq\\"' not in nat
+    assert not any(Path(n).exists() for n in pod_network)
+    for binary in ("iptables", "ip6tables"):
+        for table in ("nat", "filter", "mangle"):
+            rules = subprocess.run([binary, "-t", table, "-S"], capture_output=True, text=True).stdout
+            assert 'name: \\"dbq\\"' not in rules and "KUBE-" not in rules and "DBQ-" not in rules, rules
     assert not cluster.node_ready()
     cluster.start()
     assert cluster.ready()

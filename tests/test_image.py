@@ -18,28 +18,20 @@ from typing import Any
 import pytest
 import yaml
 
-from stack.render_manifests import package_version
 from tests.manifests import queue
-from tests.operator_harness import ROOT, Cluster, free_port, operator_namespace
-
-IMAGE = f"localhost/dbq-operator:{package_version()}"
-
-
-def buildah(*args: str) -> str:
-    done = subprocess.run(["buildah", *args], capture_output=True, text=True, env={"BUILDAH_ISOLATION": "chroot", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})  # fmt: skip
-    assert done.returncode == 0, f"buildah {' '.join(args)}: {done.stderr}"
-    return done.stdout.strip()
+from tests.operator_harness import (
+    IMAGE,
+    Cluster,
+    build_operator_image,
+    buildah,
+    free_port,
+    operator_namespace,
+)
 
 
 @pytest.fixture(scope="module")
 def image() -> dict[str, Any]:
-    """The image (built when its inputs changed) and its OCI config."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "stack" / "image.sh")], capture_output=True, text=True, timeout=1800
-    )
-    assert done.returncode == 0, f"stack/image.sh failed:\n{done.stdout}\n{done.stderr}"
-    print(done.stdout.strip().splitlines()[-1])  # name and size
-    return dict(json.loads(buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"])
+    return build_operator_image()
 
 
 def standalone_kubeconfig(path: Path, out: Path) -> Path:

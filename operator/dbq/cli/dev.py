@@ -50,6 +50,25 @@ def dev_down(components: tuple[str, ...]) -> None:
     Stack().down(components or COMPONENTS + OPTIONAL)
 
 
+@dev.command("import-image")
+@click.argument("images", nargs=-1, required=True)
+def dev_import_image(images: tuple[str, ...]) -> None:
+    """Copy images from buildah's store (stack/image.sh builds there) into the single-node
+    cluster's containerd, where pods with `imagePullPolicy: Never` find them."""
+    from dbq.devstack import Stack, StackError
+
+    cluster = Stack().cluster
+    try:
+        if not cluster.ready():
+            raise StackError("the single-node cluster is not running: start it with `dbq dev up cluster`")
+        for image in images:
+            cluster.import_image(image)
+            console.print(f"imported {image}", highlight=False)
+    except StackError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        sys.exit(1)
+
+
 @dev.command("status")
 def dev_status() -> None:
     """Show where each component listens and whether it is ready."""

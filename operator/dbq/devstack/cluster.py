@@ -1,13 +1,17 @@
 """A single-node cluster beside the stack's API server, so pods really run: containerd (Debian's),
 the kubelet, kube-scheduler and kube-controller-manager (built from Go modules by
 stack/build-kube.sh), a bridge network with host-local addresses on POD_SUBNET (the CNI plugins
-from Debian), and a pause image built here, as no image registry is reachable. Pods use images
-imported into containerd (`import_image`) with `imagePullPolicy: Never`.
+from Debian), CoreDNS for in-cluster names, and a pause image built here, as no image registry is
+reachable. Pods use images imported into containerd (`import_image`) with `imagePullPolicy: Never`.
+
+Pods reach the stack's services, which listen on loopback only, through NAT rules on the bridge:
+the API server as the `kubernetes` Service (KUBERNETES_SERVICE_IP:443, as in-cluster clients
+expect) and PostgreSQL at NODE_IP:PG_PORT; they arrive from 127.0.0.1. No kube-proxy runs: other
+ClusterIP Services are not routed, while headless Services resolve to pod addresses in CoreDNS.
 
 Inside a container two settings are needed: containerd keeps a container's OOM score at or above
 its own (`restrict_oom_score_adj`; lowering it is refused here), and the kubelet runs on cgroup v1
-with cgroupfs, without QoS cgroups and with swap tolerated. No cluster DNS runs yet: pods resolve
-names as the host does (the kubelet warns MissingClusterDNS).
+with cgroupfs, without QoS cgroups and with swap tolerated.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dbq.devstack.base import ManagedProcess, Paths, StackError, log_tail, wait_until
-from dbq.devstack.kube import ADMIN_USER, KUBE_VERSION, Kube
+from dbq.devstack.kube import ADMIN_USER, APISERVER_PORT, KUBE_VERSION, KUBERNETES_SERVICE_IP, Kube
+from dbq.devstack.postgres import PG_PORT
 
 NODE = "dbq-node"
 POD_SUBNET = "10.244.0.0/24"
@@ -34,6 +39,14 @@ BRIDGE = "dbq0"
 # The bridge's address: the pods' gateway and the node's address, where the kubelet serves (the
 # API server reaches it there for logs and exec; a loopback node address is refused).
 NODE_IP = "10.244.0.1"
+CLUSTER_DOMAIN = "cluster.local"
+COREDNS_READY_PORT = 18181  # CoreDNS's `ready` endpoint, on loopback
+# (address, port) a pod dials -> the loopback port it reaches.
+HOST_SERVICES = {(KUBERNETES_SERVICE_IP, 443): APISERVER_PORT, (NODE_IP, PG_PORT): PG_PORT}
+# Our NAT chains: pods' connections to HOST_SERVICES are sent to loopback, and arrive from there.
+TO_LOOPBACK, FROM_LOOPBACK = "DBQ-TO-LOOPBACK", "DBQ-FROM-LOOPBACK"
+# The chains the kubelet makes for itself (in iptables and ip6tables), removed when it stops.
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 BUILDAH_ENV = {"STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
 
 
@@ -53,6 +66,7 @@ class Cluster:
         self.controller_manager = ManagedProcess(
             "kube-controller-manager", paths.state, marker=f"kube-controller-manager-{KUBE_VERSION}"
         )
+        self.coredns = ManagedProcess("coredns", paths.state, marker=str(self.dir / "Corefile"))
         self.started_in = self.dir / "started-in"  # seconds the last start took
 
     @functools.cached_property
@@ -65,6 +79,9 @@ class Cluster:
     def start(self) -> None:
         began = time.monotonic()
         self.kube.start()
+        if not self.kube.started_with("--kubelet-client-certificate"):
+            raise StackError("the API server was started by an older dbq without a kubelet client certificate: "
+                             "restart it with `dbq dev down kube` and `dbq dev up cluster`")  # fmt: skip
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.containerd.pid() is None:
             self._write_containerd_config()
@@ -81,6 +98,15 @@ class Cluster:
             for command in (["link", "add", BRIDGE, "type", "bridge"], ["addr", "add", f"{NODE_IP}/24", "dev", BRIDGE],
                             ["link", "set", BRIDGE, "up"]):  # fmt: skip
                 subprocess.run(["ip", *command], capture_output=True, check=True)
+        _route_to_loopback()
+        if self.coredns.pid() is None:
+            self._write_corefile()
+            self.coredns.start(
+                [str(self.paths.cache / "bin" / "coredns"), "-conf", str(self.dir / "Corefile")]
+            )
+        wait_until(
+            self._coredns_ready, timeout=60, what="CoreDNS", log=self.coredns.log, alive=self.coredns.running
+        )
         if self.kubelet.pid() is None:
             self._write_kubelet_config()
             self.kubelet.start([
@@ -108,8 +134,9 @@ class Cluster:
         self.started_in.write_text(f"{time.monotonic() - began:.1f}")
 
     def stop(self) -> None:
-        for process in (self.controller_manager, self.scheduler, self.kubelet):
+        for process in (self.controller_manager, self.scheduler, self.kubelet, self.coredns):
             process.stop()
+        namespaces = []
         if self.containerd.pid() is not None:
             # The pods' processes are containerd's tasks (run by its shims), not ours: ended
             # through it, so none outlives the cluster.
@@ -117,14 +144,18 @@ class Cluster:
                 self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
                 self.ctr("tasks", "delete", "-f", task, check=False)
             for container in self.ctr("containers", "ls", "-q", check=False).stdout.split():
+                namespaces += self.network_namespaces(container)
                 self.ctr("containers", "rm", container, check=False)
         self.containerd.stop()
+        for namespace in namespaces:  # the pods' network namespaces, and with them their interfaces
+            subprocess.run(["umount", namespace], capture_output=True, check=False)
+            Path(namespace).unlink(missing_ok=True)
         # What the kubelet and containerd mounted under the cluster's directory, innermost first.
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
         for mount in sorted((m for m in mounts if m.startswith(f"{self.dir}/")), reverse=True):
             subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
-        _forget_masquerading()
+        _forget_rules()
         shutil.rmtree(self.dir / "cni-ipam", ignore_errors=True)  # addresses of pods that are gone
         if self.kube.ready():
             self._api("DELETE", f"/api/v1/nodes/{NODE}")  # a stopped node is not left NotReady
@@ -174,6 +205,25 @@ class Cluster:
         conditions = node.get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
+    def _coredns_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{COREDNS_READY_PORT}/ready", timeout=2
+            ) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def network_namespaces(self, container: str) -> list[str]:
+        """The network namespace file a pod sandbox's container was given, if any."""
+        info = json.loads(self.ctr("containers", "info", container, check=False).stdout or "{}")
+        spaces = info.get("Spec", {}).get("linux", {}).get("namespaces", [])
+        return [
+            s["path"]
+            for s in spaces
+            if s.get("type") == "network" and s.get("path", "").startswith("/var/run/netns/")
+        ]
+
     def _api(self, method: str, path: str) -> dict[str, Any]:
         request = urllib.request.Request(
             f"{self.kube.url}{path}", method=method,
@@ -219,13 +269,37 @@ state = "{self.dir / "containerd-state"}"
     conf_dir = "{cni}"
 """)
 
+    def _write_corefile(self) -> None:
+        # Cluster names from the API server; any other name as this machine resolves it.
+        (self.dir / "Corefile").write_text(f"""{CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+    bind {NODE_IP}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.kube.kubeconfig} dbq-local
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    ready 127.0.0.1:{COREDNS_READY_PORT}
+    errors
+}}
+. {{
+    bind {NODE_IP}
+    forward . /etc/resolv.conf
+    errors
+}}
+""")
+
     def _write_kubelet_config(self) -> None:
-        # Serves on the bridge only, to this machine and its pods, and trusts whoever reaches it
-        # (the API server has no client certificate for it yet).
+        # Serves on the bridge, where pods reach it too: only the API server's client certificate
+        # is accepted, and what it may do is asked of the API server (webhook).
         (self.dir / "kubelet.yaml").write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}
-authorization: {{mode: AlwaysAllow}}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {self.kube.kubelet_client_ca}}}
+authorization: {{mode: Webhook}}
+clusterDNS: [{NODE_IP}]
+clusterDomain: {CLUSTER_DOMAIN}
 address: {NODE_IP}
 port: 10250
 readOnlyPort: 0
@@ -250,16 +324,47 @@ def _buildah(*args: str) -> str:
     return done.stdout
 
 
-def _forget_masquerading() -> None:
-    """Remove the NAT rules and chains the bridge plugin made for pods (its comment names the
-    network): a pod ended through containerd, not the kubelet, never had them removed."""
-    listed = subprocess.run(["iptables", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True)
-    for rule in listed.stdout.splitlines():
-        words = shlex.split(rule)
-        if words[:2] != ["-A", "POSTROUTING"] or not any(w.startswith('name: "dbq"') for w in words):
-            continue
-        subprocess.run(["iptables", "-t", "nat", "-D", *words[1:]], capture_output=True, check=False)
-        chain = words[words.index("-j") + 1] if "-j" in words else ""
-        if chain.startswith("CNI-"):
-            for flag in ("-F", "-X"):
-                subprocess.run(["iptables", "-t", "nat", flag, chain], capture_output=True, check=False)
+def _iptables(*args: str, binary: str = "iptables", check: bool = False) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([binary, *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise StackError(f"{binary} {' '.join(args)} failed: {done.stderr.strip()}")
+    return done
+
+
+def _route_to_loopback() -> None:
+    """NAT rules by which pods on the bridge reach HOST_SERVICES on loopback (the kernel routes
+    to 127.0.0.1 from the bridge only with `route_localnet`). Idempotent."""
+    Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1")
+    for chain, hook in ((TO_LOOPBACK, "PREROUTING"), (FROM_LOOPBACK, "INPUT")):
+        _iptables("-t", "nat", "-N", chain)
+        _iptables("-t", "nat", "-F", chain, check=True)
+        if _iptables("-t", "nat", "-C", hook, "-i", BRIDGE, "-j", chain).returncode != 0:
+            _iptables("-t", "nat", "-A", hook, "-i", BRIDGE, "-j", chain, check=True)
+    for (address, port), local_port in HOST_SERVICES.items():
+        _iptables("-t", "nat", "-A", TO_LOOPBACK, "-d", address, "-p", "tcp", "--dport", str(port),
+                  "-j", "DNAT", "--to-destination", f"127.0.0.1:{local_port}", check=True)  # fmt: skip
+    _iptables("-t", "nat", "-A", FROM_LOOPBACK, "-s", POD_SUBNET, "-d", "127.0.0.1", "-j", "SNAT",
+              "--to-source", "127.0.0.1", check=True)  # fmt: skip
+
+
+def _forget_rules() -> None:
+    """Remove the iptables rules and chains the node made: ours to loopback, the kubelet's own,
+    and the bridge plugin's NAT for pods (its comment names the network; a pod ended through
+    containerd, not the kubelet, never had them removed)."""
+    ours = {TO_LOOPBACK, FROM_LOOPBACK, *KUBELET_CHAINS}
+    for binary in ("iptables", "ip6tables"):
+        for table in ("nat", "filter", "mangle"):
+            chains = set()
+            for rule in _iptables("-t", table, "-S", binary=binary).stdout.splitlines():
+                words = shlex.split(rule)
+                target = words[words.index("-j") + 1] if "-j" in words else ""
+                made_by_cni = any(w.startswith('name: "dbq"') for w in words)
+                if words[0] == "-A" and (target in ours or made_by_cni):
+                    _iptables("-t", table, "-D", *words[1:], binary=binary)
+                if target in ours or (made_by_cni and target.startswith("CNI-")):
+                    chains.add(target)
+                if words[0] == "-N" and words[1] in ours:
+                    chains.add(words[1])
+            for chain in chains:
+                for flag in ("-F", "-X"):
+                    _iptables("-t", table, flag, chain, binary=binary)

@@ -15,6 +15,8 @@ KUBE_VERSION = os.environ.get("KUBE_VERSION", "v1.33.13")
 ETCD_PORT = int(os.environ.get("DBQ_ETCD_PORT", "12379"))
 ETCD_PEER_PORT = ETCD_PORT + 1
 APISERVER_PORT = int(os.environ.get("DBQ_APISERVER_PORT", "16443"))
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 
 # Users of the static token file: an administrator for tests and set-up, and an
 # unprivileged identity used to prove the operator's RBAC is enough (and no more).
@@ -112,14 +114,14 @@ class Kube:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            # No controller-manager runs, so no pod ever gets a token; this plugin would
-            # otherwise refuse pods for lack of a default service account.
-            "--disable-admission-plugins=ServiceAccount",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none",  # loopback may not be published as an endpoint
             # The single-node cluster's node has no name in DNS: its kubelet is reached by address.
             "--kubelet-preferred-address-types=InternalIP,Hostname",
+            # How the API server proves itself to the kubelet (which trusts KUBELET_CLIENT_CA).
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
             "--v=1",
         ]
 
@@ -133,6 +135,8 @@ class Kube:
                 check=True,
                 capture_output=True,
             )
+        if not (self.pki / "kubelet-client.crt").exists():
+            self._write_kubelet_client_certificate()
         tokens = self.pki / "tokens.csv"
         if not tokens.exists():
             rows = [
@@ -141,6 +145,30 @@ class Kube:
             ]
             tokens.touch(mode=0o600)
             tokens.write_text("\n".join(rows) + "\n")
+
+    def _write_kubelet_client_certificate(self) -> None:
+        """A CA the kubelet trusts and the API server's client certificate from it, in the group
+        system:masters, so the kubelet's webhook authorization lets it read logs and exec."""
+        ca, client = self.pki / "kubelet-ca", self.pki / "kubelet-client"
+        for argv in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=dbq-kubelet-client-ca",
+             "-keyout", f"{ca}.key", "-out", f"{ca}.crt"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+             "-keyout", f"{client}.key", "-out", f"{client}.csr"],
+            ["x509", "-req", "-days", "3650", "-in", f"{client}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-out", f"{client}.crt.tmp"],
+        ):  # fmt: skip
+            subprocess.run(["openssl", *argv], check=True, capture_output=True)
+        Path(f"{client}.crt.tmp").rename(f"{client}.crt")  # last: its presence means all are there
+
+    @property
+    def kubelet_client_ca(self) -> Path:
+        return self.pki / "kubelet-ca.crt"
+
+    def started_with(self, flag: str) -> bool:
+        """Whether the running API server was started with `flag` (one started by an older dbq may not be)."""
+        pid = self.apiserver.pid()
+        return pid is not None and flag in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki / "apiserver.crt"))

@@ -1,0 +1,315 @@
+"""The operator as users meet it: installed by `helm install` of charts/dbq-operator on the
+single-node cluster (`dbq dev up cluster`), with the image stack/image.sh builds here imported into
+the node's containerd. Its pod reaches the API server with its ServiceAccount's token and the
+stack's PostgreSQL at the node's address; Queues become Ready through it.
+
+Then the fleet-health Spark job runs on Spark on Kubernetes against those Queues: spark-submit in
+cluster mode with the Spark image built here, the ServiceAccount and RBAC of manifests/spark/,
+a driver pod and an executor pod, and its Parquet report in a volume read back here.
+
+The tests of this module run in order: install, replace the pod, upgrade, Spark, uninstall."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pyodbc
+import pytest
+from kubernetes import client
+
+from dbq.devstack.base import Paths
+from dbq.devstack.cluster import NODE_IP
+from dbq.devstack.kube import ADMIN_USER
+from dbq.devstack.postgres import PG_PORT
+from tests.manifests import queue
+from tests.operator_harness import IMAGE, ROOT, Cluster, build_operator_image, wait_for
+
+HELM = Paths.from_env().cache / "bin" / "helm"
+RELEASE = "dbq"
+QUEUES = "shop"  # where the Queues are: the namespace manifests/spark/rbac.yaml grants the Spark job
+SELECTOR = "app.kubernetes.io/name=dbq-operator"
+
+
+@dataclass
+class Release:
+    """The operator's release namespace and the namespace of the Queues it watches."""
+
+    kube: Any
+    namespace: str
+    queues: Cluster
+    database: Any
+
+    def helm(self, *args: str) -> str:
+        done = subprocess.run([str(HELM), "--kubeconfig", self.kube.kubeconfig, "--namespace", self.namespace, *args],
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def install(self, verb: str = "install", *values: str) -> None:
+        """`helm install` (or `upgrade`) with the image built here; returns once the pod is Ready."""
+        self.helm(verb, RELEASE, str(ROOT / "charts" / "dbq-operator"), "--wait", "--timeout=5m",
+                  "--set", "image.repository=" + IMAGE.split(":")[0], "--set", "image.tag=" + IMAGE.split(":")[1],
+                  "--set", "image.pullPolicy=Never", "--set", f"watchNamespaces={{{self.queues.ns}}}",
+                  "--set", "operator.driftInterval=10", *values)  # fmt: skip
+
+    def pods(self) -> list[Any]:
+        core = client.CoreV1Api(self.kube.api)
+        return list(core.list_namespaced_pod(self.namespace, label_selector=SELECTOR).items)
+
+    def ready_pod(self, other_than: str = "") -> Any:
+        """The operator's one pod once it is Ready (and is not the pod `other_than`)."""
+
+        def ready() -> Any:
+            pods = [
+                p for p in self.pods() if p.metadata.uid != other_than and not p.metadata.deletion_timestamp
+            ]
+            ok = [
+                p
+                for p in pods
+                if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            ]
+            return ok[0] if len(pods) == 1 and ok else None
+
+        return wait_for(ready, 180, "the operator's pod Ready")
+
+    def database_objects(self, schema: str) -> list[tuple[str, str]]:
+        """Every table, sequence, index, type and routine in `schema`."""
+        with pyodbc.connect(self.database.odbc, autocommit=True) as db:
+            rows = db.execute(
+                "SELECT c.relkind, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = ? UNION ALL SELECT 'f', p.proname FROM pg_proc p"
+                " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ? ORDER BY 1, 2",
+                schema, schema,
+            ).fetchall()  # fmt: skip
+        return [(kind, name) for kind, name in rows]
+
+
+def fresh_namespace(core: client.CoreV1Api, name: str) -> None:
+    """Create `name` (once an earlier one of that name has finished terminating) and wait for its
+    default ServiceAccount, without which no pod is admitted."""
+
+    def absent() -> bool:
+        try:
+            core.read_namespace(name)
+        except client.ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(absent, 120, f"namespace {name} gone")
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(
+        lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount of {name}"
+    )
+
+
+@pytest.fixture(scope="module")
+def operator_image() -> dict[str, Any]:
+    return build_operator_image()
+
+
+@pytest.fixture(scope="module")
+def release(cluster, kube, postgres, operator_image) -> Iterator[Release]:
+    cluster.import_image(IMAGE)
+    core = client.CoreV1Api(kube.api)
+    operator_ns = f"dbq-op-{secrets.token_hex(3)}"
+    for name in (operator_ns, QUEUES):
+        fresh_namespace(core, name)
+    queues = Cluster(kube.api, QUEUES)
+    # The database as the pod reaches it: PostgreSQL at the node's address.
+    queues.secret(
+        "orders-db", {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")}
+    )
+    found = Release(kube, operator_ns, queues, postgres)
+    yield found
+    if RELEASE in found.helm("list", "--short"):
+        found.queues.force_delete_all(120)
+        found.helm("uninstall", RELEASE, "--wait")
+    for name in (found.namespace, found.queues.ns):
+        core.delete_namespace(name)
+
+
+def test_a_pod_reaches_the_api_server_postgres_and_cluster_names_but_not_the_kubelet(cluster, kube, release):
+    """The in-cluster paths the operator and Spark rely on, seen from inside a pod."""
+    probe = f"""
+import json, socket, ssl, urllib.request, urllib.error, pyodbc
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+out = {{"kubernetes": socket.gethostbyname("kubernetes.default.svc.cluster.local")}}
+def status(url, context, headers={{}}):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=context, timeout=10) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+token = {{"Authorization": "Bearer " + open(sa + "/token").read()}}
+out["api"] = status("https://kubernetes.default.svc/api/v1/namespaces/{release.queues.ns}/secrets",
+                    ssl.create_default_context(cafile=sa + "/ca.crt"), token)
+out["kubelet"] = status("https://{NODE_IP}:10250/pods", ssl._create_unverified_context())[0]
+dsn = "DRIVER={{PostgreSQL Unicode}};SERVER={NODE_IP};PORT={PG_PORT};DATABASE={release.database.name};UID=dbq;PWD=" + open("/etc/db/password").read().strip()
+out["postgres"] = pyodbc.connect(dsn).execute("SELECT host(inet_client_addr())").fetchval()
+print(json.dumps(out))
+"""
+    core = client.CoreV1Api(kube.api)
+    password = release.database.odbc.split("PWD=")[1].split(";")[0]
+    core.create_namespaced_secret(
+        release.queues.ns, {"metadata": {"name": "probe-db"}, "stringData": {"password": password}}
+    )
+    core.create_namespaced_pod(release.queues.ns, {
+        "metadata": {"name": "probe"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "probe", "image": IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["python3", "-c", probe],
+                                 "volumeMounts": [{"name": "db", "mountPath": "/etc/db"}]}],
+                 "volumes": [{"name": "db", "secret": {"secretName": "probe-db"}}]},
+    })  # fmt: skip
+    phase = wait_for(lambda: core.read_namespaced_pod("probe", release.queues.ns).status.phase in ("Succeeded", "Failed")
+                     and core.read_namespaced_pod("probe", release.queues.ns).status.phase, 120, "the probe pod done")  # fmt: skip
+    log = core.read_namespaced_pod_log("probe", release.queues.ns)
+    assert phase == "Succeeded", log
+    seen = json.loads(log.strip().splitlines()[-1])
+    assert seen["kubernetes"] == "10.96.0.1"  # the `kubernetes` Service, by its cluster name
+    code, refusal = seen["api"]
+    # Authenticated as the pod's ServiceAccount (which may not read Secrets), over verified TLS.
+    assert code == 403 and f"system:serviceaccount:{release.queues.ns}:default" in refusal, seen
+    assert seen["kubelet"] == 401  # only the API server's client certificate is let in
+    assert seen["postgres"] == "127.0.0.1"  # PostgreSQL on loopback, reached through the node
+    core.delete_namespaced_pod("probe", release.queues.ns)
+
+
+def test_helm_install_runs_the_operator_as_a_ready_pod_that_brings_a_queue_to_ready(release):
+    release.install()
+    pod = release.ready_pod()
+    container = pod.status.container_statuses[0]
+    assert container.ready and container.image.endswith(IMAGE.split("/")[-1]), container
+    assert pod.spec.service_account_name != "default"  # the chart's, whose RBAC is all it may use
+    schema = f"helm_{secrets.token_hex(3)}"
+    doc = queue("orders", deletionPolicy="Delete")
+    doc["spec"]["connection"]["schema"] = schema
+    release.queues.create(doc)
+    kept = queue("audit", deletionPolicy="Retain")
+    kept["spec"]["connection"]["schema"] = schema + "_kept"
+    release.queues.create(kept)
+    for name in ("orders", "audit"):
+        release.queues.wait_condition(name, "Ready", "True", timeout=120)
+    assert {"r", "f"} <= {kind for kind, _ in release.database_objects(schema)}  # tables and routines
+
+
+def test_a_deleted_operator_pod_is_replaced_and_the_replacement_converges_without_duplicates(kube, release):
+    schema = release.queues.get("orders")["spec"]["connection"]["schema"]
+    before = release.database_objects(schema)
+    old = release.ready_pod()
+    client.CoreV1Api(kube.api).delete_namespaced_pod(old.metadata.name, release.namespace)
+    new = release.ready_pod(other_than=old.metadata.uid)
+    assert new.metadata.name != old.metadata.name
+    # The replacement reconciles: a spec change made now is observed and applied.
+    generation = release.queues.patch("orders", {"spec": {"ring": {"size": 128}}})["metadata"]["generation"]
+    wait_for(lambda: release.queues.get("orders").get("status", {}).get("observedGeneration") == generation
+             and release.queues.condition("orders", "Ready").get("status") == "True", 120, "orders at its new spec")  # fmt: skip
+    after = release.database_objects(schema)
+    assert len(after) == len(set(after))
+    assert {name for _, name in after} == {name for _, name in before}, (before, after)
+
+
+def test_helm_upgrade_with_a_changed_value_rolls_the_operator(release):
+    old = release.ready_pod()
+    release.install("upgrade", "--set", "operator.upkeepTick=7")
+    new = release.ready_pod(other_than=old.metadata.uid)
+    env = {e.name: e.value for e in new.spec.containers[0].env}
+    assert env["DBQ_UPKEEP_TICK"] == "7" and new.metadata.uid != old.metadata.uid
+    release.queues.wait_condition("orders", "Ready", "True", timeout=120)
+
+
+SPARK_IMAGE = IMAGE.replace("dbq-operator", "dbq-spark")
+JOBS = "dbq-jobs"  # the Spark job's namespace in manifests/spark/rbac.yaml
+
+
+def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_to_a_volume(
+    cluster, kube, release, tmp_path
+):
+    done = subprocess.run(
+        ["bash", str(ROOT / "stack" / "image.sh"), "spark"], capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, f"stack/image.sh spark failed:\n{done.stdout}\n{done.stderr}"
+    print(done.stdout.strip().splitlines()[-1])  # name and size
+    cluster.import_image(SPARK_IMAGE)
+    core = client.CoreV1Api(kube.api)
+    kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
+    wait_for(
+        lambda: JOBS not in {n.metadata.name for n in core.list_namespace().items},
+        120,
+        f"namespace {JOBS} gone",
+    )
+    subprocess.run(
+        [*kubectl, "apply", "-f", str(ROOT / "manifests" / "spark" / "rbac.yaml")],
+        check=True,
+        capture_output=True,
+    )
+    wait_for(lambda: core.list_namespaced_service_account(JOBS).items, 30, f"the ServiceAccounts of {JOBS}")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    reports.chmod(0o777)  # written by the pods' user, 10001
+    token = tmp_path / "token"
+    token.write_text(cluster.kube.token(ADMIN_USER))
+    volume = "spark.kubernetes.{}.volumes.hostPath.reports.{}"
+    confs = {
+        "spark.kubernetes.namespace": JOBS,
+        "spark.kubernetes.container.image": SPARK_IMAGE,
+        "spark.kubernetes.container.image.pullPolicy": "Never",
+        "spark.kubernetes.authenticate.driver.serviceAccountName": "dbq-spark",
+        "spark.kubernetes.authenticate.submission.caCertFile": str(cluster.kube.pki / "apiserver.crt"),
+        "spark.kubernetes.authenticate.submission.oauthTokenFile": str(token),
+        "spark.executor.instances": "1",
+        # Two cores in all on this node, shared with the operator.
+        "spark.kubernetes.driver.request.cores": "0.4", "spark.kubernetes.executor.request.cores": "0.4",
+        "spark.driver.memory": "768m", "spark.executor.memory": "768m",
+        "spark.kubernetes.executor.deleteOnTermination": "false",  # inspected below, then deleted
+        **{volume.format(role, key): value for role in ("driver", "executor")
+           for key, value in (("mount.path", "/reports"), ("options.path", str(reports)))},
+    }  # fmt: skip
+    submit = [str(Path(sys.executable).parent / "spark-submit"), f"--master=k8s://{cluster.kube.url}", "--deploy-mode=cluster",
+              "--name=dbq-fleet-health", *(f"--conf={k}={v}" for k, v in confs.items()),
+              "local:///opt/dbq/lib/python3.11/site-packages/dbq/spark/health.py",
+              f"--namespace={QUEUES}", "--window=1h", "--output=/reports/dbq-health"]  # fmt: skip
+    try:
+        done = subprocess.run(submit, capture_output=True, text=True, timeout=900)
+        pods = core.list_namespaced_pod(JOBS).items
+        roles = {p.metadata.labels.get("spark-role"): p for p in pods}
+        driver_log = (
+            core.read_namespaced_pod_log(roles["driver"].metadata.name, JOBS) if "driver" in roles else ""
+        )
+        assert done.returncode == 0, f"spark-submit:\n{done.stderr[-3000:]}\ndriver:\n{driver_log[-5000:]}"
+        assert roles["driver"].status.phase == "Succeeded", driver_log[-5000:]
+        executor_log = core.read_namespaced_pod_log(roles["executor"].metadata.name, JOBS)
+        assert "Finished task" in executor_log  # the work ran in the executor pod
+    finally:
+        subprocess.run([*kubectl, "delete", "--wait=false", "-f", str(ROOT / "manifests" / "spark" / "rbac.yaml")],
+                       capture_output=True)  # fmt: skip
+    report = pq.read_table(reports / "dbq-health").to_pylist()
+    assert sorted(row["name"] for row in report) == ["audit", "orders"], report
+    assert all(row["namespace"] == QUEUES and row["ready"] for row in report), report
+
+
+def test_helm_uninstall_leaves_the_queues_and_a_reinstalled_operator_deletes_them_per_their_policy(
+    kube, release
+):
+    orders = release.queues.get("orders")["spec"]["connection"]["schema"]
+    audit = release.queues.get("audit")["spec"]["connection"]["schema"]
+    release.helm("uninstall", RELEASE, "--wait")
+    wait_for(lambda: not release.pods(), 120, "the operator's pod gone")
+    # The CRD (from the chart's crds/) and the Queues stay, and so does what they made.
+    assert sorted(release.queues.names()) == ["audit", "orders"]
+    assert release.database_objects(orders) and release.database_objects(audit)
+    release.queues.delete("orders")
+    release.queues.delete("audit")
+    assert release.queues.exists("orders")  # its finalizer waits for an operator
+    release.install()
+    wait_for(lambda: not release.queues.names(), 120, "queues deleted by the reinstalled operator")
+    assert release.database_objects(orders) == []  # deletionPolicy: Delete
+    assert release.database_objects(audit)  # deletionPolicy: Retain
