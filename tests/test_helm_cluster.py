@@ -12,9 +12,11 @@ The tests of this module run in order: install, replace the pod, upgrade, Spark,
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pyodbc
+import pyspark
 import pytest
 from kubernetes import client
 
@@ -34,7 +37,6 @@ from tests.operator_harness import IMAGE, ROOT, Cluster, build_operator_image, w
 
 HELM = Paths.from_env().cache / "bin" / "helm"
 RELEASE = "dbq"
-QUEUES = "shop"  # where the Queues are: the namespace manifests/spark/rbac.yaml grants the Spark job
 SELECTOR = "app.kubernetes.io/name=dbq-operator"
 
 
@@ -55,10 +57,12 @@ class Release:
 
     def install(self, verb: str = "install", *values: str) -> None:
         """`helm install` (or `upgrade`) with the image built here; returns once the pod is Ready."""
+        began = time.monotonic()
         self.helm(verb, RELEASE, str(ROOT / "charts" / "dbq-operator"), "--wait", "--timeout=5m",
                   "--set", "image.repository=" + IMAGE.split(":")[0], "--set", "image.tag=" + IMAGE.split(":")[1],
                   "--set", "image.pullPolicy=Never", "--set", f"watchNamespaces={{{self.queues.ns}}}",
                   "--set", "operator.driftInterval=10", *values)  # fmt: skip
+        print(f"helm {verb}: the operator's pod Ready in {time.monotonic() - began:.1f} s")
 
     def pods(self) -> list[Any]:
         core = client.CoreV1Api(self.kube.api)
@@ -92,24 +96,6 @@ class Release:
         return [(kind, name) for kind, name in rows]
 
 
-def fresh_namespace(core: client.CoreV1Api, name: str) -> None:
-    """Create `name` (once an earlier one of that name has finished terminating) and wait for its
-    default ServiceAccount, without which no pod is admitted."""
-
-    def absent() -> bool:
-        try:
-            core.read_namespace(name)
-        except client.ApiException as e:
-            return e.status == 404
-        return False
-
-    wait_for(absent, 120, f"namespace {name} gone")
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for(
-        lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount of {name}"
-    )
-
-
 @pytest.fixture(scope="module")
 def operator_image() -> dict[str, Any]:
     return build_operator_image()
@@ -119,10 +105,12 @@ def operator_image() -> dict[str, Any]:
 def release(cluster, kube, postgres, operator_image) -> Iterator[Release]:
     cluster.import_image(IMAGE)
     core = client.CoreV1Api(kube.api)
-    operator_ns = f"dbq-op-{secrets.token_hex(3)}"
-    for name in (operator_ns, QUEUES):
-        fresh_namespace(core, name)
-    queues = Cluster(kube.api, QUEUES)
+    suffix = secrets.token_hex(3)
+    operator_ns, queues_ns = f"dbq-op-{suffix}", f"shop-{suffix}"
+    for name in (operator_ns, queues_ns):
+        core.create_namespace({"metadata": {"name": name}})
+        wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "the default ServiceAccount")  # noqa: B023
+    queues = Cluster(kube.api, queues_ns)
     # The database as the pod reaches it: PostgreSQL at the node's address.
     queues.secret(
         "orders-db", {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")}
@@ -209,7 +197,9 @@ def test_a_deleted_operator_pod_is_replaced_and_the_replacement_converges_withou
     new = release.ready_pod(other_than=old.metadata.uid)
     assert new.metadata.name != old.metadata.name
     # The replacement reconciles: a spec change made now is observed and applied.
-    generation = release.queues.patch("orders", {"spec": {"ring": {"size": 128}}})["metadata"]["generation"]
+    generation = release.queues.patch("orders", {"spec": {"timeouts": {"visibility": "45s"}}})["metadata"][
+        "generation"
+    ]
     wait_for(lambda: release.queues.get("orders").get("status", {}).get("observedGeneration") == generation
              and release.queues.condition("orders", "Ready").get("status") == "True", 120, "orders at its new spec")  # fmt: skip
     after = release.database_objects(schema)
@@ -241,16 +231,10 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
     cluster.import_image(SPARK_IMAGE)
     core = client.CoreV1Api(kube.api)
     kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
-    wait_for(
-        lambda: JOBS not in {n.metadata.name for n in core.list_namespace().items},
-        120,
-        f"namespace {JOBS} gone",
-    )
-    subprocess.run(
-        [*kubectl, "apply", "-f", str(ROOT / "manifests" / "spark" / "rbac.yaml")],
-        check=True,
-        capture_output=True,
-    )
+    # manifests/spark/rbac.yaml as a user applies it, for the Queues' namespace in place of `shop`.
+    rbac = (ROOT / "manifests" / "spark" / "rbac.yaml").read_text()
+    rbac = rbac.replace("namespace: shop", f"namespace: {release.queues.ns}")
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=rbac, text=True, check=True, capture_output=True)
     wait_for(lambda: core.list_namespaced_service_account(JOBS).items, 30, f"the ServiceAccounts of {JOBS}")
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -266,6 +250,7 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
         "spark.kubernetes.authenticate.submission.caCertFile": str(cluster.kube.pki / "apiserver.crt"),
         "spark.kubernetes.authenticate.submission.oauthTokenFile": str(token),
         "spark.executor.instances": "1",
+        "spark.pyspark.python": "/opt/dbq/bin/python",  # the image's interpreter, for driver and executors
         # Two cores in all on this node, shared with the operator.
         "spark.kubernetes.driver.request.cores": "0.4", "spark.kubernetes.executor.request.cores": "0.4",
         "spark.driver.memory": "768m", "spark.executor.memory": "768m",
@@ -276,9 +261,17 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
     submit = [str(Path(sys.executable).parent / "spark-submit"), f"--master=k8s://{cluster.kube.url}", "--deploy-mode=cluster",
               "--name=dbq-fleet-health", *(f"--conf={k}={v}" for k, v in confs.items()),
               "local:///opt/dbq/lib/python3.11/site-packages/dbq/spark/health.py",
-              f"--namespace={QUEUES}", "--window=1h", "--output=/reports/dbq-health"]  # fmt: skip
+              f"--namespace={release.queues.ns}", "--window=1h", "--output=/reports/dbq-health"]  # fmt: skip
     try:
-        done = subprocess.run(submit, capture_output=True, text=True, timeout=900)
+        # spark-submit of the virtualenv's pyspark (SPARK_HOME), on this machine's Java 17.
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(Path(pyspark.__file__).parent),
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        began = time.monotonic()
+        done = subprocess.run(submit, capture_output=True, text=True, timeout=900, env=env)
+        print(f"spark-submit --deploy-mode cluster: the job ended in {time.monotonic() - began:.1f} s")
         pods = core.list_namespaced_pod(JOBS).items
         roles = {p.metadata.labels.get("spark-role"): p for p in pods}
         driver_log = (
@@ -289,11 +282,11 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
         executor_log = core.read_namespaced_pod_log(roles["executor"].metadata.name, JOBS)
         assert "Finished task" in executor_log  # the work ran in the executor pod
     finally:
-        subprocess.run([*kubectl, "delete", "--wait=false", "-f", str(ROOT / "manifests" / "spark" / "rbac.yaml")],
-                       capture_output=True)  # fmt: skip
+        for pod in core.list_namespaced_pod(JOBS).items:
+            core.delete_namespaced_pod(pod.metadata.name, JOBS)
     report = pq.read_table(reports / "dbq-health").to_pylist()
     assert sorted(row["name"] for row in report) == ["audit", "orders"], report
-    assert all(row["namespace"] == QUEUES and row["ready"] for row in report), report
+    assert all(row["namespace"] == release.queues.ns and row["ready"] for row in report), report
 
 
 def test_helm_uninstall_leaves_the_queues_and_a_reinstalled_operator_deletes_them_per_their_policy(

@@ -96,3 +96,15 @@ def test_health_flags_exactly_the_troubled_queues(fleet, spark, tmp_path: Path):
     )
     table = summary(list(rows.values()))
     assert table.row_count == 4 and "flags" in [c.header for c in table.columns]
+
+
+def test_no_module_of_the_spark_package_shadows_the_standard_library():
+    """spark-submit runs a job by path (`.../dbq/spark/health.py`), which puts that directory
+    first on sys.path: a module there named like a standard one (it once was `queue`) breaks
+    pyarrow's `from queue import Queue` in the driver."""
+    import sys
+
+    import dbq.spark
+
+    package = Path(dbq.spark.__file__).parent
+    assert not {p.stem for p in package.glob("*.py")} & set(sys.stdlib_module_names)

@@ -19,7 +19,7 @@ from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.options import Options
-from dbq.spark.queue import QUEUE_OPTIONS, QueueStreamWriter, StreamReader
+from dbq.spark.queue_source import QUEUE_OPTIONS, QueueStreamWriter, StreamReader
 from dbq.spark.staging import staging_of
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for

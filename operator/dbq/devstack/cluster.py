@@ -92,21 +92,9 @@ class Cluster:
         )  # fmt: skip
         if self.pause_image not in self.images():
             self._build_pause()
+        self._start_network()
         admin = str(self.kube.kubeconfig)
         pki = self.kube.pki
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
-            for command in (["link", "add", BRIDGE, "type", "bridge"], ["addr", "add", f"{NODE_IP}/24", "dev", BRIDGE],
-                            ["link", "set", BRIDGE, "up"]):  # fmt: skip
-                subprocess.run(["ip", *command], capture_output=True, check=True)
-        _route_to_loopback()
-        if self.coredns.pid() is None:
-            self._write_corefile()
-            self.coredns.start(
-                [str(self.paths.cache / "bin" / "coredns"), "-conf", str(self.dir / "Corefile")]
-            )
-        wait_until(
-            self._coredns_ready, timeout=60, what="CoreDNS", log=self.coredns.log, alive=self.coredns.running
-        )
         if self.kubelet.pid() is None:
             self._write_kubelet_config()
             self.kubelet.start([
@@ -132,6 +120,23 @@ class Cluster:
         wait_until(self.node_ready, timeout=120, what=f"node {NODE} Ready", log=self.kubelet.log,
                    alive=self.kubelet.running)  # fmt: skip
         self.started_in.write_text(f"{time.monotonic() - began:.1f}")
+
+    def _start_network(self) -> None:
+        """The bridge pods attach to, the NAT rules to the stack's services, and CoreDNS on the bridge."""
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
+            for command in (["link", "add", BRIDGE, "type", "bridge"], ["addr", "add", f"{NODE_IP}/24", "dev", BRIDGE],
+                            ["link", "set", BRIDGE, "up"]):  # fmt: skip
+                subprocess.run(["ip", *command], capture_output=True, check=True)
+        _route_to_loopback()
+        if self.coredns.pid() is None:
+            coredns = self.paths.cache / "bin" / "coredns"
+            if not coredns.exists():
+                raise StackError(f"{coredns} is missing: run `bash stack/bootstrap.sh` to build it")
+            self._write_corefile()
+            self.coredns.start([str(coredns), "-conf", str(self.dir / "Corefile")])
+        wait_until(
+            self._coredns_ready, timeout=60, what="CoreDNS", log=self.coredns.log, alive=self.coredns.running
+        )
 
     def stop(self) -> None:
         for process in (self.controller_manager, self.scheduler, self.kubelet, self.coredns):
@@ -165,7 +170,8 @@ class Cluster:
 
     def describe(self) -> str:
         took = self.started_in.read_text() if self.started_in.exists() else "?"
-        return f"node {NODE} (pods on {POD_SUBNET}, containerd {self.socket}); started in {took}s"
+        return (f"node {NODE} (pods on {POD_SUBNET}, DNS {NODE_IP}, containerd {self.socket}); "
+                f"started in {took}s")  # fmt: skip
 
     # --- images ----------------------------------------------------------------------
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

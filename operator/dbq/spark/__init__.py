@@ -9,14 +9,14 @@
     spark.readStream.format("dbq").option("queue", "orders").load() # consume, at least once
     df.write.format("dbq").option("queue", "orders").mode("append").save()  # push rows' body
 
-Each source documents its schema and options in its class docstring (`dbq.spark.status`, `dbq.spark.queue`).
+Each source documents its schema and options in its class docstring (`dbq.spark.status`, `dbq.spark.queue_source`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dbq.spark.queue import QueueSource
+from dbq.spark.queue_source import QueueSource
 from dbq.spark.status import ArchiveSource, QueuesSource, StatsSource
 
 SOURCES = (QueuesSource, StatsSource, ArchiveSource, QueueSource)
