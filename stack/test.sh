@@ -10,4 +10,4 @@ src=(operator tests); [[ -d bench ]] && src+=(bench)
 printf '\n== ruff\n';  "$venv/bin/ruff" check "${src[@]}" && "$venv/bin/ruff" format --check "${src[@]}"
 printf '\n== mypy\n';  "$venv/bin/mypy"
 printf '\n== pytest\n'
-exec "$venv/bin/python" -m pytest -ra "$@"
+exec "$venv/bin/python" -m pytest -ra --durations=25 "$@"  # the slowest 25, where CI time goes

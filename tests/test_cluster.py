@@ -6,7 +6,6 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,9 +65,12 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
         return False
 
     wait_for(gone, 60, "pod probe deleted")
-    time.sleep(1)
-    running_tasks = cluster.ctr("tasks", "ls").stdout.splitlines()[1:]
-    assert all("RUNNING" not in line for line in running_tasks), running_tasks  # its processes ended
+
+    def running_tasks() -> list[str]:
+        return [line for line in cluster.ctr("tasks", "ls").stdout.splitlines()[1:] if "RUNNING" in line]
+
+    # Its processes end: the API object can go a moment before containerd reports the tasks stopped.
+    wait_for(lambda: not running_tasks(), 30, "the pod's tasks stopped")
 
 
 def test_stopping_it_leaves_no_process_mount_network_or_rule_and_it_starts_again(cluster, kube, namespace):

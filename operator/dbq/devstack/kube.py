@@ -119,7 +119,7 @@ class Kube:
             "--endpoint-reconciler-type=none",  # loopback may not be published as an endpoint
             # The single-node cluster's node has no name in DNS: its kubelet is reached by address.
             "--kubelet-preferred-address-types=InternalIP,Hostname",
-            # How the API server proves itself to the kubelet (which trusts KUBELET_CLIENT_CA).
+            # How the API server proves itself to the kubelet (which trusts `kubelet_client_ca`).
             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'kubelet-client.key'}",
             "--v=1",
