@@ -33,14 +33,29 @@ def buildah(*args: str) -> str:
     return done.stdout.strip()
 
 
-def build_operator_image() -> dict[str, Any]:
-    """The operator image (built by stack/image.sh when its inputs changed) and its OCI config."""
+def build_image(which: str = "operator") -> None:
+    """dbq's `which` image (operator or spark), built by stack/image.sh when its inputs changed."""
     done = subprocess.run(
-        ["bash", str(ROOT / "stack" / "image.sh")], capture_output=True, text=True, timeout=1800
+        ["bash", str(ROOT / "stack" / "image.sh"), which], capture_output=True, text=True, timeout=1800
     )
-    assert done.returncode == 0, f"stack/image.sh failed:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"stack/image.sh {which} failed:\n{done.stdout}\n{done.stderr}"
     print(done.stdout.strip().splitlines()[-1])  # name and size
+
+
+def build_operator_image() -> dict[str, Any]:
+    """The operator image and its OCI config."""
+    build_image("operator")
     return dict(json.loads(buildah("inspect", "--type", "image", IMAGE))["OCIv1"]["config"])
+
+
+def new_namespace(api: client.ApiClient, name: str) -> None:
+    """Create namespace `name` and wait for its default ServiceAccount (made by the cluster's
+    controller manager), without which no pod is admitted."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(
+        lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount of {name}"
+    )
 
 
 def free_port() -> int:

@@ -15,16 +15,14 @@ from kubernetes import client
 
 from dbq.devstack.base import pid_alive
 from dbq.devstack.cluster import BRIDGE, NODE, POD_SUBNET
-from tests.operator_harness import wait_for
+from tests.operator_harness import new_namespace, wait_for
 
 
 @pytest.fixture
 def namespace(kube) -> Iterator[str]:
     core = client.CoreV1Api(kube.api)
     name = f"cluster-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": name}})
-    # Pods are admitted once the controller manager has made the namespace's ServiceAccount.
-    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "the default ServiceAccount")
+    new_namespace(kube.api, name)
     yield name
     core.delete_namespace(name)
 

@@ -33,7 +33,15 @@ from dbq.devstack.cluster import NODE_IP
 from dbq.devstack.kube import ADMIN_USER
 from dbq.devstack.postgres import PG_PORT
 from tests.manifests import queue
-from tests.operator_harness import IMAGE, ROOT, Cluster, build_operator_image, wait_for
+from tests.operator_harness import (
+    IMAGE,
+    ROOT,
+    Cluster,
+    build_image,
+    build_operator_image,
+    new_namespace,
+    wait_for,
+)
 
 HELM = Paths.from_env().cache / "bin" / "helm"
 RELEASE = "dbq"
@@ -108,8 +116,7 @@ def release(cluster, kube, postgres, operator_image) -> Iterator[Release]:
     suffix = secrets.token_hex(3)
     operator_ns, queues_ns = f"dbq-op-{suffix}", f"shop-{suffix}"
     for name in (operator_ns, queues_ns):
-        core.create_namespace({"metadata": {"name": name}})
-        wait_for(lambda: core.list_namespaced_service_account(name).items, 30, "the default ServiceAccount")  # noqa: B023
+        new_namespace(kube.api, name)
     queues = Cluster(kube.api, queues_ns)
     # The database as the pod reaches it: PostgreSQL at the node's address.
     queues.secret(
@@ -223,11 +230,7 @@ JOBS = "dbq-jobs"  # the Spark job's namespace in manifests/spark/rbac.yaml
 def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_to_a_volume(
     cluster, kube, release, tmp_path
 ):
-    done = subprocess.run(
-        ["bash", str(ROOT / "stack" / "image.sh"), "spark"], capture_output=True, text=True, timeout=1800
-    )
-    assert done.returncode == 0, f"stack/image.sh spark failed:\n{done.stdout}\n{done.stderr}"
-    print(done.stdout.strip().splitlines()[-1])  # name and size
+    build_image("spark")
     cluster.import_image(SPARK_IMAGE)
     core = client.CoreV1Api(kube.api)
     kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
