@@ -2,7 +2,12 @@
 
 A component that cannot start fails the test that needs it, with the component's log tail
 in the message. Nothing is skipped: a missing component is a broken environment.
-Components this session started are stopped at its end; ones already running are left alone.
+Components the run started are stopped at its end; ones already running are left alone.
+
+`make test` runs the modules on two pytest-xdist workers (`-n 2 --dist loadgroup`): each module
+is one group, run whole by one worker; the modules that stop or restart a component every other
+test needs (marked `serial`) run after, alone. Components are started once, under a lock, by
+whichever worker first needs them, and stopped by the controlling process when all are done.
 """
 
 from __future__ import annotations
@@ -12,34 +17,69 @@ from typing import Any
 
 import pytest
 
-from dbq.devstack import Stack, StackError
-from tests.local import KubeHandle, PgDatabase, kube_handle, local_spark, scratch_database
+from dbq.devstack import COMPONENTS, OPTIONAL, Stack, StackError
+from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_spark, scratch_database
+
+
+# Modules that run together in one group: both use the single-node cluster, and one stops it.
+GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster"}
+# The longest modules first, so that neither worker is left with a long one at the end.
+LONGEST = ("test_helm_cluster", "test_cluster", "test_cassandra_cluster", "test_spark_queue", "test_operator",
+           "test_pipes", "test_spark_kubernetes", "test_spark_health", "test_consume")  # fmt: skip
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: LONGEST.index(_module(item)) if _module(item) in LONGEST else len(LONGEST))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(GROUPS.get(_module(item), _module(item))))
+
+
+def _controller(session: pytest.Session) -> bool:
+    """Whether this process controls the run (pytest-xdist's workers have `workerinput`)."""
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _controller(session):
+        session.config.stash[RUNNING_BEFORE] = {name for name in ALL if Stack().component(name).ready()}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stops the components that the run started, once every worker is done."""
+    if _controller(session):
+        stack, before = Stack(), session.config.stash[RUNNING_BEFORE]
+        stack.down(tuple(name for name in ALL if name not in before and stack.component(name).ready()))
+
+
+ALL = COMPONENTS + OPTIONAL
+RUNNING_BEFORE = pytest.StashKey[set[str]]()
 
 
 class LocalStack(Stack):
-    """The local stack, remembering which components this test session started."""
-
-    started: list[str]
+    """The local stack, starting a component when a test needs it."""
 
     def need(self, name: str) -> None:
         component = self.component(name)
-        if component.ready():
-            return
-        try:
-            component.start()
-        except StackError as e:
-            pytest.fail(f"{name} could not start: {e}", pytrace=False)
-        self.started.append(name)
+        with exclusive(f"start-{name}"):  # two workers may need it at once
+            if component.ready():
+                return
+            try:
+                component.start()
+            except StackError as e:
+                pytest.fail(f"{name} could not start: {e}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[LocalStack]:
+def stack() -> LocalStack:
     stack = LocalStack()
-    stack.started = []
     stack.paths.state.mkdir(parents=True, exist_ok=True)
     stack.paths.state.chmod(0o755)
-    yield stack
-    stack.down(tuple(stack.started))
+    return stack
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +117,6 @@ def for_this_module(stack: LocalStack, name: str) -> Iterator[Any]:
     yield stack.component(name)
     if started:
         stack.component(name).stop()
-        stack.started.remove(name)
 
 
 @pytest.fixture(scope="module")

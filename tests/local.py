@@ -3,6 +3,7 @@ jobs the tests start (`spark_jobs.py`) and the benchmarks (`bench/`)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import sys
@@ -13,7 +14,18 @@ from typing import Any
 
 import pyodbc
 
-from dbq.devstack import Stack
+from dbq.devstack import Paths, Stack
+
+
+@contextmanager
+def exclusive(what: str) -> Iterator[None]:
+    """A lock on `what` held across every test process (the pytest-xdist workers): for the set-up
+    that two processes must not do at once, such as starting a component or applying the CRD."""
+    state = Paths.from_env().state
+    state.mkdir(parents=True, exist_ok=True)
+    with (state / f"{what}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @dataclass
@@ -31,11 +43,9 @@ def kube_handle(stack: Stack) -> KubeHandle:
 
     api = config.new_client_from_config(config_file=str(stack.kube.kubeconfig))
     client.VersionApi(api).get_code()
-    return KubeHandle(
-        kubeconfig=str(stack.kube.kubeconfig),
-        operator_kubeconfig=str(stack.kube.kubeconfig_for(OPERATOR_USER)),
-        api=api,
-    )
+    with exclusive("kubeconfig"):  # written anew by each test process
+        operator_kubeconfig = str(stack.kube.kubeconfig_for(OPERATOR_USER))
+    return KubeHandle(kubeconfig=str(stack.kube.kubeconfig), operator_kubeconfig=operator_kubeconfig, api=api)
 
 
 @dataclass

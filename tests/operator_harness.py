@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from dbq.devstack.kube import OPERATOR_USER
 from stack.render_manifests import package_version, render
+from tests.local import exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
 G, V, P = "dbq.dev", "v1alpha1", "queues"
@@ -200,13 +201,14 @@ def operator_namespace(kube: Any, postgres: Any, prefix: str) -> Cluster:
     the test database: where an operator under test is pointed."""
     ns = f"{prefix}-{secrets.token_hex(3)}"
     kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
-    subprocess.run(
-        [*kubectl, "apply", "-f", str(ROOT / "crds" / "queue.yaml")], check=True, capture_output=True
-    )
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/queues.dbq.dev", "--timeout=60s"],
-                   check=True, capture_output=True)  # fmt: skip
-    client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    apply_rbac(kube.kubeconfig, ns)
+    with exclusive("crd"):  # the CRD and the chart's ClusterRole are shared by every test process
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(ROOT / "crds" / "queue.yaml")], check=True, capture_output=True
+        )
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/queues.dbq.dev", "--timeout=60s"],
+                       check=True, capture_output=True)  # fmt: skip
+        client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        apply_rbac(kube.kubeconfig, ns)
     cluster = Cluster(kube.api, ns)
     cluster.secret("orders-db", {"url": postgres.url})
     return cluster

@@ -17,6 +17,8 @@ from dbq.client import connect
 from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
 from tests.test_operator import fresh
 
+pytestmark = pytest.mark.serial  # it stops PostgreSQL and restarts the API server under the others
+
 DETECT_S = 10.0  # Ready must follow the database within this, each way
 
 
