@@ -12,6 +12,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DBQ_CACHE:-$HOME/.cache/dbq}
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
+mkdir -p "$cache"; exec 9>"$cache/image.lock"; flock 9  # one build at a time (tests run in parallel)
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml")
 base=localhost/dbq-base:bookworm
 case ${1:-operator} in

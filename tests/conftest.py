@@ -12,14 +12,16 @@ whichever worker first needs them, and stopped by the controlling process when a
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dbq.devstack import COMPONENTS, OPTIONAL, Stack, StackError
 from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_spark, scratch_database
-
 
 # Modules that run together in one group: both use the single-node cluster, and one stops it.
 GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster"}
@@ -39,25 +41,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(GROUPS.get(_module(item), _module(item))))
 
 
-def _controller(session: pytest.Session) -> bool:
+# A file naming the components this run started, one a line: written by whichever process
+# started one (a worker), read by the controlling process at the end.
+STARTED = "DBQ_TEST_STARTED"
+
+
+def _controller(config: pytest.Config) -> bool:
     """Whether this process controls the run (pytest-xdist's workers have `workerinput`)."""
-    return not hasattr(session.config, "workerinput")
+    return not hasattr(config, "workerinput")
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if _controller(session):
-        session.config.stash[RUNNING_BEFORE] = {name for name in ALL if Stack().component(name).ready()}
+def pytest_configure(config: pytest.Config) -> None:
+    if _controller(config):  # before the workers start: they inherit the environment
+        fd, path = tempfile.mkstemp(prefix="dbq-test-started-")
+        os.close(fd)
+        os.environ[STARTED] = path
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stops the components that the run started, once every worker is done."""
-    if _controller(session):
-        stack, before = Stack(), session.config.stash[RUNNING_BEFORE]
-        stack.down(tuple(name for name in ALL if name not in before and stack.component(name).ready()))
-
-
-ALL = COMPONENTS + OPTIONAL
-RUNNING_BEFORE = pytest.StashKey[set[str]]()
+    """Stops the components this run started, once every worker is done."""
+    if _controller(session.config):
+        record = Path(os.environ.pop(STARTED))
+        started = set(record.read_text().split())
+        record.unlink()
+        stack = Stack()
+        stack.down(
+            tuple(name for name in COMPONENTS + OPTIONAL if name in started and stack.component(name).ready())
+        )
 
 
 class LocalStack(Stack):
@@ -72,6 +82,8 @@ class LocalStack(Stack):
                 component.start()
             except StackError as e:
                 pytest.fail(f"{name} could not start: {e}", pytrace=False)
+            with open(os.environ[STARTED], "a") as record:
+                record.write(name + "\n")
 
 
 @pytest.fixture(scope="session")
