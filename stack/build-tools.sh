@@ -46,7 +46,7 @@ build helm "$HELM_VERSION" install_to "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" h
 build kubeconform "$KUBECONFORM_VERSION" install_to "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" kubeconform
 build untt "$HELM_UNITTEST_VERSION" build_unittest
 build coredns "$COREDNS_VERSION" install_to "github.com/coredns/coredns@$COREDNS_VERSION" coredns
-build kstatus "$(sha256sum "$here/kstatus/"{main.go,go.mod,go.sum} | sha256sum | cut -c1-12)" build_kstatus
+build kstatus "$(cd "$here/kstatus" && sha256sum main.go go.mod go.sum | sha256sum | cut -c1-12)" build_kstatus  # by content, wherever the checkout is
 
 crds=$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION
 if [[ ! -d $crds ]]; then

@@ -13,7 +13,7 @@ printf '\n== mypy\n';  "$venv/bin/mypy"
 # time kept in $DBQ_CACHE/pytest-*.xml (JUnit). Arguments go to both runs (e.g. -k, -x).
 times=${DBQ_CACHE:-$HOME/.cache/dbq}
 printf '\n== pytest, two workers\n'
-"$venv/bin/python" -m pytest -ra --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder -m "not serial" \
+"$venv/bin/python" -m pytest -ra --durations=25 -n 2 --dist loadscope --no-loadscope-reorder -m "not serial" \
   --junitxml="$times/pytest-parallel.xml" "$@" || parallel=$?
 printf '\n== pytest, the modules that stop a shared component, alone\n'
 "$venv/bin/python" -m pytest -ra --durations=10 -m serial --junitxml="$times/pytest-serial.xml" "$@" || serial=$?

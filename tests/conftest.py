@@ -4,8 +4,8 @@ A component that cannot start fails the test that needs it, with the component's
 in the message. Nothing is skipped: a missing component is a broken environment.
 Components the run started are stopped at its end; ones already running are left alone.
 
-`make test` runs the modules on two pytest-xdist workers (`-n 2 --dist loadgroup`): each module
-is one group, run whole by one worker; the modules that stop or restart a component every other
+`make test` runs the modules on two pytest-xdist workers (`-n 2`): each module runs whole on one
+worker (GROUPS keeps some together); the modules that stop or restart a component every other
 test needs (marked `serial`) run after, alone. Components are started once, under a lock, by
 whichever worker first needs them, and stopped by the controlling process when all are done.
 """
@@ -23,22 +23,34 @@ import pytest
 from dbq.devstack import COMPONENTS, OPTIONAL, Stack, StackError
 from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_spark, scratch_database
 
-# Modules that run together in one group: both use the single-node cluster, and one stops it.
+# Modules that run together, on one worker: both use the single-node cluster, and one stops it.
 GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster"}
 # The longest modules first, so that neither worker is left with a long one at the end.
 LONGEST = ("test_helm_cluster", "test_cluster", "test_cassandra_cluster", "test_spark_queue", "test_operator",
            "test_pipes", "test_spark_kubernetes", "test_spark_health", "test_consume")  # fmt: skip
 
 
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: LONGEST.index(_module(item)) if _module(item) in LONGEST else len(LONGEST))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(GROUPS.get(_module(item), _module(item))))
+    def rank(item: pytest.Item) -> int:
+        module = _module(item.nodeid)
+        return LONGEST.index(module) if module in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)  # stable: the order within a module stays
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist hands out whole modules (GROUPS joins some), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUPS.get(_module(nodeid), _module(nodeid))
+
+    return ModuleScheduling(config, log)
 
 
 # A file naming the components this run started, one a line: written by whichever process

@@ -53,6 +53,10 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
     assert ipaddress.ip_address(found.status.pod_ip) in ipaddress.ip_network(POD_SUBNET)
     log = wait_for(lambda: core.read_namespaced_pod_log("probe", namespace), 30, "the pod's log")
     assert "pause: holding the pod's namespaces" in log
+    # Its containers, the sandbox's among them, by the labels the kubelet gives them.
+    label = f'labels."io.kubernetes.pod.namespace"=={namespace}'
+    ours = set(cluster.ctr("containers", "ls", "-q", label).stdout.split())
+    assert ours, "no container of the pod found by its labels"
     core.delete_namespaced_pod("probe", namespace)
 
     def gone() -> bool:
@@ -65,7 +69,8 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
     wait_for(gone, 60, "pod probe deleted")
 
     def running_tasks() -> list[str]:
-        return [line for line in cluster.ctr("tasks", "ls").stdout.splitlines()[1:] if "RUNNING" in line]
+        tasks = [line.split() for line in cluster.ctr("tasks", "ls").stdout.splitlines()[1:]]
+        return [task[0] for task in tasks if task[0] in ours and "RUNNING" in task]
 
     # Its processes end: the API object can go a moment before containerd reports the tasks stopped.
     wait_for(lambda: not running_tasks(), 30, "the pod's tasks stopped")
