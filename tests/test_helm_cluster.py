@@ -117,6 +117,10 @@ def release(cluster, kube, postgres, operator_image) -> Iterator[Release]:
     operator_ns, queues_ns = f"dbq-op-{suffix}", f"shop-{suffix}"
     for name in (operator_ns, queues_ns):
         new_namespace(kube.api, name)
+    # A run stopped before its `helm uninstall` leaves the release's cluster-wide RBAC behind,
+    # owned by a namespace gone since; helm would refuse to adopt it.
+    subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "delete", "clusterrole,clusterrolebinding",
+                    "-l", f"app.kubernetes.io/instance={RELEASE}"], check=True, capture_output=True)  # fmt: skip
     queues = Cluster(kube.api, queues_ns)
     # The database as the pod reaches it: PostgreSQL at the node's address.
     queues.secret(
