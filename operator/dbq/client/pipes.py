@@ -68,6 +68,9 @@ BATCH_MAX_BYTES = 4 << 20
 LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows they replace)
 LOGGED_MAX_BYTES = 24 << 10
 MOVE_SCAN_S = 0.05
+# A popper rolls back the overdue messages of the pipe it leases (nacked with a delay, or whose
+# visibility timeout passed) at most this often: while it holds the lease, no repair can.
+OWN_ROLLBACK_S = 1.0  # also how often a pipe of deferred messages leased by another is tried
 STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 # Statements prepared on a session, by text: every client on the session (the operator's, Spark
 # tasks') prepares a statement once.
@@ -226,6 +229,7 @@ class _Lease:
     until: float  # monotonic: this thread stops using the lease then
     renew_at: float
     scan_after: float = 0.0  # monotonic: when to look for a pipe with messages again
+    rollback_after: float = 0.0  # monotonic: when to roll back its overdue messages again
     # Rows read past the cursor and not taken yet. Only the lessee takes from its pipe, and its
     # pusher only appends, so they stay the pipe's next rows while the lease lasts.
     ahead: list[Any] = field(default_factory=list)
@@ -264,6 +268,9 @@ class PipesQueue:
         self._pushers: list[_Pusher] = []
         self._leases: list[_Lease] = []
         self._shared_leases: dict[str, _Lease | None] = {}  # of coalesced takes, by kind
+        # Pipes holding messages this client nacked with a delay, and when the last is due
+        # (monotonic): its takes push them again then, without waiting for a repair.
+        self._deferred: dict[uuid.UUID, float] = {}
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
         # Single calls made at once by several threads share round trips (smart batching).
         self._pushes: Coalescer[bytes, uuid.UUID] | None = None
@@ -585,8 +592,10 @@ class PipesQueue:
         count_arg(n, "n")
         deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
         while True:
+            self._roll_back_deferred()
             lease = self._working_lease()
             if lease is not None:
+                self._roll_back_own(lease)
                 got = self._take_from(lease, n, visibility)
                 if got:
                     return got
@@ -690,6 +699,37 @@ class PipesQueue:
                     fresh = self._states([state.pipe])[0] or state
                     return _Lease(owner, fresh, started + PIPE_LEASE_S - SKEW_S, started + RENEW_AFTER_S)
         return None
+
+    def _roll_back_own(self, lease: _Lease) -> None:
+        """Push the overdue messages of the leased pipe again (at most every OWN_ROLLBACK_S)."""
+        now = time.monotonic()
+        if now >= lease.rollback_after:
+            lease.rollback_after = now + OWN_ROLLBACK_S
+            self._roll_back_overdue(lease.state)
+
+    def _roll_back_deferred(self) -> None:
+        """Push again the messages this client deferred that are due, pipe by pipe; a pipe
+        another client leases is tried again later (its lessee rolls them back meanwhile)."""
+        now = time.monotonic()
+        for pipe, due in list(self._deferred.items()):
+            if due > now:
+                continue
+            state = self._states([pipe])[0]
+            if state is None or self._roll_back_overdue(state) is not None:
+                self._deferred.pop(pipe, None)
+            else:
+                self._deferred[pipe] = now + OWN_ROLLBACK_S
+
+    def _roll_back_overdue(self, state: _State) -> tuple[int, int] | None:
+        """Roll back the pipe's overdue pending messages (`_roll_back`); None when another
+        client leases the pipe."""
+        at = now_ms()
+        overdue = [
+            r
+            for r in self._x(self.cql.pending_of, state.pipe)
+            if r[5] is not None and r[5] < at - SKEW_S * 1000
+        ]
+        return self._roll_back(state, overdue) if overdue else (0, 0)
 
     def _release(self, lease: _Lease) -> None:
         with contextlib.suppress(QueueError):  # else it expires on its own
@@ -863,6 +903,8 @@ class PipesQueue:
             until = now_ms() + int(delay * 1000)
             if not self._cas(self.cql.defer, until, uuid.uuid4(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
+            due = time.monotonic() + delay + SKEW_S
+            self._deferred[m.pipe] = max(due, self._deferred.get(m.pipe, 0.0))
             return False
         if not self._cas(self.cql.take_over, uuid.uuid4(), self._retake_at(), m.pipe, m.key, m.lease):
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
@@ -924,7 +966,7 @@ class PipesQueue:
                 finished += 1
             overdue = [r for r in rows if r[5] is not None and r[5] < at - SKEW_S * 1000]
             if overdue:
-                moved, dead = self._roll_back(state, overdue)
+                moved, dead = self._roll_back(state, overdue) or (0, 0)
                 rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
                 rows = self._x(self.cql.pending_of, pipe)
             is_drained = state.remaining <= 0 and state.done_pushing(self.max_push_time_ms, at)
@@ -967,19 +1009,19 @@ class PipesQueue:
             return rows
         return [r for r in rows if self._cas(claim, until, *key(r), at)]
 
-    def _roll_back(self, state: _State, overdue: list[Any]) -> tuple[int, int]:
+    def _roll_back(self, state: _State, overdue: list[Any]) -> tuple[int, int] | None:
         """Push overdue pending messages again (or dead-letter them), holding the pipe's lease:
-        this thread's own, or one taken for the purpose (skipped while another client leases the
-        pipe). How many were rolled back, and how many of them dead-lettered."""
+        this thread's own, or one taken for the purpose. How many were rolled back, and how many
+        of them dead-lettered; None, having done nothing, while another client leases the pipe."""
         mine = self._lease()
         owner = None
         if mine is None or mine.state.pipe != state.pipe:
             if (state.lease_until or 0) > now_ms():
-                return 0, 0
+                return None
             owner = f"{self._identity}/repair/{uuid.uuid4().hex[:8]}"
             until = now_ms() + int(PIPE_LEASE_S * 1000)
             if not self._cas(self.cql.claim, owner, until, state.pipe, state.lease_until):
-                return 0, 0
+                return None
         taken: list[Any] = []
         dead: list[Any] = []
         try:
