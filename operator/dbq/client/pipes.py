@@ -12,7 +12,8 @@ How it works (see `backends/cassandra/cql.py` for the tables):
   pipes are served oldest first, so nothing starves.
 - ack checks the lease token and deadline, then deletes the pending row. nack(0) pushes the
   message again (same id, to this client's pipe) and deletes the pending row in one logged
-  batch; nack(delay) moves the deadline, so the next repair after it puts the message back.
+  batch; nack(delay) moves the deadline; once it passes, the deferring client's next take (or
+  the pipe's lessee, every OWN_ROLLBACK_S) pushes the message again.
 - `repair()` (the operator's cleanup) finishes pipes whose pusher vanished (past maxPushTime),
   rolls back pending messages past their deadline (holding that pipe's lease, so one rollback
   per message), marks pipes drained, and retires the drained pipes at the head: their totals
