@@ -26,8 +26,9 @@ from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_sp
 # Modules that run together, on one worker: both use the single-node cluster, and one stops it.
 GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster"}
 # The longest modules first, so that neither worker is left with a long one at the end.
-LONGEST = ("test_helm_cluster", "test_cluster", "test_cassandra_cluster", "test_spark_queue", "test_operator",
-           "test_pipes", "test_spark_kubernetes", "test_spark_health", "test_consume")  # fmt: skip
+LONGEST = ("test_helm_cluster", "test_cluster", "test_spark_queue", "test_cassandra_cluster", "test_operator",
+           "test_contract", "test_upkeep", "test_pipes", "test_spark_health", "test_spark_status",
+           "test_ring_client")  # fmt: skip
 
 
 def _module(nodeid: str) -> str:
