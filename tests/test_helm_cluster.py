@@ -288,9 +288,8 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
         assert roles["driver"].status.phase == "Succeeded", driver_log[-5000:]
         executor_log = core.read_namespaced_pod_log(roles["executor"].metadata.name, JOBS)
         assert "Finished task" in executor_log  # the work ran in the executor pod
-    finally:
-        for pod in core.list_namespaced_pod(JOBS).items:
-            core.delete_namespaced_pod(pod.metadata.name, JOBS)
+    finally:  # in one call: deleting the driver pod also deletes its executor (owner reference)
+        core.delete_collection_namespaced_pod(JOBS)
     report = pq.read_table(reports / "dbq-health").to_pylist()
     assert sorted(row["name"] for row in report) == ["audit", "orders"], report
     assert all(row["namespace"] == release.queues.ns and row["ready"] for row in report), report
