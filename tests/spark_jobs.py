@@ -24,7 +24,8 @@ def session(master: str) -> Any:
 
 
 def consume(args: argparse.Namespace) -> None:
-    """Stream the queue into Parquet; stop once no message came for `idle_exit` seconds."""
+    """Stream the queue into Parquet; stop once no message came for `idle_exit` seconds (a
+    batch still running counts as a message coming: under load the first takes a while)."""
     spark = session("local[2]")
     stream = (
         spark.readStream.format("dbq")
@@ -45,6 +46,8 @@ def consume(args: argparse.Namespace) -> None:
     last_batch, last_data = -1, time.monotonic()
     while query.isActive:
         time.sleep(0.2)
+        if query.status["isDataAvailable"]:  # a batch with data is planned or running: not idle
+            last_data = time.monotonic()
         progress = query.lastProgress
         if progress is None or progress["batchId"] == last_batch:
             if time.monotonic() - last_data > args.idle_exit:
