@@ -302,9 +302,13 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
     truth = sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.ring} WHERE state IN (1, 2)")
     assert truth == 0 and sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.spill}") == 0
     # stats() reads totals kept in sequences, which a rollback does not undo: a session
-    # terminated inside a take after it counted can leave in flight that many too high.
+    # terminated inside a take after it counted can leave in flight that many too high, and one
+    # terminated inside a push of 5 after it counted leaves the depth 5 too high.
     stats = q.stats()
-    assert stats.depth == 0 and 0 <= stats.in_flight <= terminations, (stats, terminations)
+    assert 0 <= stats.depth <= 5 * terminations and 0 <= stats.in_flight <= terminations, (
+        stats,
+        terminations,
+    )
     if mode == "amo":
         assert max(seen["G"].values()) == 1, "a message was delivered twice"
         missing = pushed - set(seen["G"])

@@ -75,6 +75,8 @@ def take_until(
         got = take()
         if not got:
             waker.wait(mark, min(deadline.remaining, fallback_s))
+            if deadline.remaining <= 0:
+                return take()  # a last look: a delayed message may have come due while waiting
     return got
 
 
