@@ -108,6 +108,11 @@ def _dead_letter(row: Sequence[Any]) -> DeadLetter:
     )
 
 
+def _overdue(pending: list[Any], at: int) -> list[Any]:
+    """The pending rows whose deadline passed (by more than the clock allowance) at `at` (ms)."""
+    return [r for r in pending if r[5] is not None and r[5] < at - SKEW_S * 1000]
+
+
 def uuid_ms(value: uuid.UUID) -> int:
     """Milliseconds since the epoch of a version-1 (time) UUID."""
     return (value.time - 0x01B21DD213814000) // 10_000
@@ -724,12 +729,7 @@ class PipesQueue:
     def _roll_back_overdue(self, state: _State) -> tuple[int, int] | None:
         """Roll back the pipe's overdue pending messages (`_roll_back`); None when another
         client leases the pipe."""
-        at = now_ms()
-        overdue = [
-            r
-            for r in self._x(self.cql.pending_of, state.pipe)
-            if r[5] is not None and r[5] < at - SKEW_S * 1000
-        ]
+        overdue = _overdue(self._x(self.cql.pending_of, state.pipe), now_ms())
         return self._roll_back(state, overdue) if overdue else (0, 0)
 
     def _release(self, lease: _Lease) -> None:
@@ -965,7 +965,7 @@ class PipesQueue:
                 if status == "active":
                     self._x(self.cql.set_status, "finished", at, pipe)
                 finished += 1
-            overdue = [r for r in rows if r[5] is not None and r[5] < at - SKEW_S * 1000]
+            overdue = _overdue(rows, at)
             if overdue:
                 moved, dead = self._roll_back(state, overdue) or (0, 0)
                 rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
