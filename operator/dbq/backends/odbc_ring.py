@@ -125,9 +125,8 @@ class OdbcRing(OdbcBackend):
         finished meanwhile is not applied twice; callers that only want to know use plan()."""
         with self._locked_transaction() as cur:
             steps = self.plan(self.observe())
-            for step in steps:
-                for statement in self.sql.render(step):
-                    cur.execute(statement)
+            for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
+                cur.execute(batch)
         return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
 
     # --- state ----------------------------------------------------------------------------

@@ -122,6 +122,11 @@ class RingSqlBase:
         return (self.push_seq, self.pop_seq, *self.count.values())
 
     # --- provisioning: one method per planning step -------------------------------------------
+    def batches(self, statements: list[str]) -> list[str]:
+        """How the statements of a plan are sent: one batch each (T-SQL wants CREATE PROCEDURE
+        alone in its batch)."""
+        return statements
+
     def render(self, step: RingStep) -> list[str]:
         """The statements of one planning step."""
         statements: dict[RingAction, Callable[[], list[str]]] = {

@@ -33,6 +33,11 @@ class PgRing(RingSqlBase):
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
 
+    def batches(self, statements: list[str]) -> list[str]:
+        """All in one round trip: a queue's ~55 statements one by one cost a third more server
+        time (the driver wraps each in a savepoint), which 1,000 queues applied at once feel."""
+        return [";\n".join(statements)] if statements else []
+
     def create_routines(self) -> list[str]:
         # Older versions' signatures go first, in the same transaction: CREATE OR REPLACE cannot
         # change a result type, and a leftover overload would make calls ambiguous.
