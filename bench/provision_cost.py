@@ -26,8 +26,8 @@ from dbq.names import QueueNames
 from tests.local import scratch_database
 
 
-def provision(url: str, odbc: str, one_batch: bool) -> float:
-    """Seconds to provision one new queue."""
+def provision(url: str, odbc: str, one_batch: bool) -> tuple[float, int]:
+    """Seconds to provision one new queue, and how many statements that took."""
     ring = OdbcRing(from_url(url), RingTarget(QueueNames(f"p_{secrets.token_hex(4)}", "q"), 64, 128))
     statements = [s for step in ring.plan(ring.observe()) for s in ring.sql.render(step)]
     ring.close()
@@ -39,7 +39,7 @@ def provision(url: str, odbc: str, one_batch: bool) -> float:
     conn.commit()
     took = time.perf_counter() - started
     conn.close()
-    return took
+    return took, len(statements)
 
 
 def main() -> None:
@@ -52,10 +52,15 @@ def main() -> None:
     stack.up(("postgres",))
     with scratch_database(stack, "dbq_bench_provision") as postgres:
         times: dict[str, list[float]] = {"one by one": [], "one batch": []}
+        statements = 0
         for one_batch in (False, True, True, False):
             label = "one batch" if one_batch else "one by one"
-            times[label] += [provision(postgres.url, postgres.odbc, one_batch) for _ in range(opts.queues)]
-    print(f"provisioning a 64-slot ring queue in a new schema, {2 * opts.queues} queues each way")
+            for _ in range(opts.queues):
+                took, statements = provision(postgres.url, postgres.odbc, one_batch)
+                times[label].append(took)
+    print(
+        f"provisioning a 64-slot ring queue in a new schema ({statements} statements), {2 * opts.queues} queues each way"
+    )
     for label, values in times.items():
         ms = sorted(v * 1000 for v in values)
         print(f"  {label:10s}  p50 {statistics.median(ms):6.1f} ms  p95 {ms[int(len(ms) * 0.95)]:6.1f} ms")
