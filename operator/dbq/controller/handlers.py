@@ -102,6 +102,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.INFO
     settings.execution.max_workers = SETTINGS.workers
+    # A Queue deleted while one of its timers runs (an upkeep tick, a drift check) is deleted
+    # once that tick ends: kopf looks again after this long (60 s by default).
+    settings.background.cancellation_polling = 2.0
     pool.enable(SETTINGS.db_connections)  # the queues of one database share its connections
 
 
