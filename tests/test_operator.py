@@ -363,13 +363,8 @@ def test_a_queue_deleted_while_its_timer_runs_goes_within_seconds(env):
     holder = postgres.connect(autocommit=False)
     # The drift timer (every 2 s here) waits on the schema's lock, which this test holds.
     holder.execute("SELECT pg_advisory_xact_lock(hashtext(?))", f"dbq:{schema}")
-    wait_for(
-        lambda: holder.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        ).fetchval(),
-        30,
-        "the drift timer waiting on the lock",
-    )
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
+    wait_for(lambda: holder.execute(waiting).fetchval(), 30, "the drift timer waiting on the lock")
     cluster.delete("busy-q")
     time.sleep(2)
     started = time.monotonic()
