@@ -252,7 +252,7 @@ class PipesQueue:
         pop_timeout: float = 1.0,
         ttl: float = 0.0,
         session: Session | None = None,
-        smart_batching: bool = False,  # off: on by default, 5 pipes contract tests failed (to look into)
+        smart_batching: bool = False,  # off: with it on by default, 5 pipes tests failed (not yet looked into)
     ) -> None:
         if settings.backend != "cassandra":
             raise QueueError(f"{settings.backend} has no pipes queues: connect with a cassandra:// url")
