@@ -354,21 +354,25 @@ def test_a_dead_letter_queue_is_waited_for_checked_and_kept_while_used(env):
 
 
 def test_a_queue_deleted_while_its_timer_runs_goes_within_seconds(env):
-    """kopf checks again on a timer that was running when its Queue was deleted only after
+    """kopf checks again on a sync timer that was running when its Queue was deleted only after
     settings.background.cancellation_polling (60 s by default): the deletion waited that long."""
     cluster, _, postgres = env
     doc, schema = fresh("busy-q", deletionPolicy="Delete")
     cluster.create(doc)
     cluster.wait_condition("busy-q", "Ready", "True")
     holder = postgres.connect(autocommit=False)
-    # The drift timer (every 2 s here) waits on the schema's lock, which this test holds.
-    holder.execute("SELECT pg_advisory_xact_lock(hashtext(?))", f"dbq:{schema}")
-    waiting = "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
-    wait_for(lambda: holder.execute(waiting).fetchval(), 30, "the drift timer waiting on the lock")
-    cluster.delete("busy-q")
-    time.sleep(2)
-    started = time.monotonic()
-    holder.rollback()  # the timer's tick ends, and so may the deletion
+    try:
+        # The drift timer (every 2 s here, once the Queue is 5 s unchanged) waits on the schema's
+        # lock, which this test holds.
+        holder.execute("SELECT pg_advisory_xact_lock(hashtext(?))", f"dbq:{schema}")
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
+        wait_for(lambda: holder.execute(waiting).fetchval(), 90, "the drift timer waiting on the lock")
+        cluster.delete("busy-q")
+        time.sleep(2)
+    finally:
+        started = time.monotonic()
+        holder.rollback()  # the timer's tick ends, and so may the deletion
+        holder.close()
     wait_for(lambda: not cluster.exists("busy-q"), 60, "the Queue to go")
     assert time.monotonic() - started < 15
     assert not schema_exists(postgres, schema)
