@@ -2,7 +2,8 @@
 
 Prints: apply-to-Ready p50/p95 for one queue at a time and for N queues applied together
 (created by --appliers threads, as a GitOps tool applies several at once; Ready seen by a watch
-started before the first create, so nothing polls a thousand queues meanwhile), the operator's RSS with N queues, the most connections it held to the database (sampled from
+started before the first create, so nothing polls a thousand queues meanwhile), the operator's
+RSS with N queues, the most connections it held to the database (sampled from
 pg_stat_activity every 0.5 s), and Kubernetes API writes per queue per minute at steady state
 (the operator must not hot-loop). The baseline in the same run is an idle window before any
 queue exists, so the API's own background writes are not counted against dbq.
