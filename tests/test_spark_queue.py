@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.options import Options
-from dbq.spark.queue_source import QUEUE_OPTIONS, QueueStreamWriter, StreamReader
+from dbq.spark.queue_source import QUEUE_OPTIONS, QueueStreamWriter, StreamReader, move_in_blocks
 from dbq.spark.staging import staging_of
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
@@ -255,6 +257,43 @@ def test_a_stopped_stream_gives_back_what_it_staged_ahead(queues, name):
     idle = StreamReader(Options("dbq", {**options, "stream": "idle", "batch": "10"}, QUEUE_OPTIONS))
     assert idle.latestOffset({"seq": 7}, ReadMaxRows(100)) == {"seq": 7}
     idle.stop()
+
+
+def test_a_move_that_comes_back_short_leaves_its_share_to_another_mover():
+    """CI once staged 60 of 100: one mover found nothing (its pipe was leased by the other
+    mover's thread) after the other, counting that move as under way, had stopped at the cap.
+    Forced here: the second mover's take waits until the first has taken twice, then finds
+    nothing; the first must take the rest."""
+    waiting = list(range(250))
+    staged: dict[int, int] = {}  # seq -> message
+    takes: dict[int, int] = {}  # thread -> takes that found messages
+    lock = threading.Lock()
+    second_arrived, first_took_twice = threading.Event(), threading.Event()
+    leader: list[int] = []
+
+    def take(first: int, want: int) -> int:
+        me = threading.get_ident()
+        with lock:
+            leader[:] = leader or [me]
+        if me != leader[0] and not first_took_twice.is_set():
+            second_arrived.set()
+            first_took_twice.wait(5)
+            time.sleep(0.2)  # the first mover meanwhile sees the cap reached
+            return 0
+        second_arrived.wait(5)
+        with lock:
+            got = [waiting.pop(0) for _ in range(min(want, len(waiting)))]
+            staged.update((first + 1 + i, m) for i, m in enumerate(got))
+            takes[me] = takes.get(me, 0) + 1
+            if takes[me] == 2:
+                first_took_twice.set()
+        return len(got)
+
+    with ThreadPoolExecutor(2) as pool:
+        last = move_in_blocks(take, 0, 100, 40, pool, 2)
+    assert second_arrived.is_set() and first_took_twice.is_set()
+    assert sorted(staged.values()) == list(range(100)) and len(waiting) == 150
+    assert last == max(staged) == 140  # seqs 41-80 were the empty move's block
 
 
 def test_a_ring_move_waits_for_a_position_being_written(queues):

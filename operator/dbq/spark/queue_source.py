@@ -47,7 +47,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -199,6 +199,55 @@ class SeqRange(InputPartition):
     upto: int
 
 
+def move_in_blocks(
+    take: Callable[[int, int], int],
+    after: int,
+    cap: int | None,
+    batch: int,
+    pool: ThreadPoolExecutor,
+    movers: int,
+) -> int:
+    """`take(first, want)` moves up to `want` messages as seqs first+1, first+2, ... and says how
+    many; run by `movers` threads of `pool` at once (as many as drain consumers), `batch` at a
+    time, until `cap` are moved (all that wait if None) or a take finds none. The last seq used.
+    Each take reserves its block of seqs first: a block it does not fill leaves unused seqs,
+    which an offset range simply does not find. A mover that sees the cap reached while others'
+    takes are under way waits for them: one may come back short, and its share is still due."""
+    done = threading.Condition()
+    moved, asked, last = 0, 0, after  # asked: by takes under way
+    next_first = after
+
+    def mover() -> None:
+        nonlocal moved, asked, last, next_first
+        while True:
+            with done:
+                while True:
+                    want = batch if cap is None else min(batch, cap - moved - asked)
+                    if want > 0:
+                        break
+                    if asked == 0:
+                        return
+                    done.wait()
+                first, next_first = next_first, next_first + want
+                asked += want
+            got = 0
+            try:
+                got = take(first, want)
+            finally:
+                with done:
+                    asked -= want
+                    moved += got
+                    if got:
+                        last = max(last, first + got)
+                    done.notify_all()
+            if not got:
+                return  # the queue is empty, for now
+
+    for f in [pool.submit(mover) for _ in range(movers)]:
+        f.result()
+    return last
+
+
 class _Threads:
     """The driver's threads: the movers stay the same threads from batch to batch, as a pipes
     client holds its pipe lease per thread; one more stages a batch ahead."""
@@ -279,35 +328,16 @@ class StreamReader(DataSourceStreamReader):
             ahead.result()
 
     def _stage(self, after: int, cap: int | None) -> int:
-        """Move up to `cap` messages (all that wait if None) into the stage; the last seq staged.
-        `partitions` movers at once, as many as drain consumers, each moving `batch` into a
-        block of seqs it reserved first: a block it does not fill leaves unused seqs, which an
-        offset range simply does not find."""
+        """Move up to `cap` messages (all that wait if None) into the stage; the last seq staged."""
         staging = staging_of(self._driver_queue())
-        lock = threading.Lock()
-        reserved, last = [after], [after]
-        counted = [0]  # messages moved, and asked for by moves under way
-
-        def mover() -> None:
-            while True:
-                with lock:
-                    want = self.q.batch if cap is None else min(self.q.batch, cap - counted[0])
-                    if want <= 0:
-                        return
-                    first = reserved[0]
-                    reserved[0] += want
-                    counted[0] += want
-                got = staging.take(self.stage, first, want)
-                with lock:
-                    counted[0] -= want - got
-                    if got:
-                        last[0] = max(last[0], first + got)
-                if not got:
-                    return  # the queue is empty, for now
-
-        for f in [self._threads.movers.submit(mover) for _ in range(self.q.tasks)]:
-            f.result()
-        return last[0]
+        return move_in_blocks(
+            lambda first, want: staging.take(self.stage, first, want),
+            after,
+            cap,
+            self.q.batch,
+            self._threads.movers,
+            self.q.tasks,
+        )
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         first, last = int(start["seq"]), int(end["seq"])
