@@ -360,19 +360,24 @@ def test_a_queue_deleted_while_its_timer_runs_goes_within_seconds(env):
     doc, schema = fresh("busy-q", deletionPolicy="Delete")
     cluster.create(doc)
     cluster.wait_condition("busy-q", "Ready", "True")
-    holder = postgres.connect(autocommit=False)
+    holder, watcher = postgres.connect(autocommit=False), postgres.connect()
     try:
         # The drift timer (every 2 s here, once the Queue is 5 s unchanged) waits on the schema's
-        # lock, which this test holds.
+        # lock, which this test holds. Seen from another session: within the holder's transaction
+        # pg_stat_activity stays as it was at its first read, without a session opened since.
         holder.execute("SELECT pg_advisory_xact_lock(hashtext(?))", f"dbq:{schema}")
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))"
-        wait_for(lambda: holder.execute(waiting).fetchval(), 90, "the drift timer waiting on the lock")
+        held_by = holder.execute("SELECT pg_backend_pid()").fetchval()
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))"
+        wait_for(
+            lambda: watcher.execute(waiting, held_by).fetchval(), 90, "the drift timer waiting on the lock"
+        )
         cluster.delete("busy-q")
         time.sleep(2)
     finally:
         started = time.monotonic()
         holder.rollback()  # the timer's tick ends, and so may the deletion
         holder.close()
+        watcher.close()
     wait_for(lambda: not cluster.exists("busy-q"), 60, "the Queue to go")
     assert time.monotonic() - started < 15
     assert not schema_exists(postgres, schema)
