@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dbq.client import connect
+from dbq.client import Queue, connect
 from dbq.spark.health import Thresholds, health, summary
 from tests.manifests import queue
 from tests.operator_harness import Operator, operator_namespace
@@ -47,26 +47,29 @@ def fleet(kube, postgres, spark, tmp_path_factory):
         cluster.create(doc)
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("health") / "operator.log")
     operator.start()
-    for name in ("grow-q", "drain-q", "old-q"):
-        cluster.wait_condition(name, "Ready", "True", timeout=90)
-    cluster.wait_condition("broken-q", "Ready", "False", reason="SecretNotFound")
-    queues = {
-        n: connect(postgres.url, n.replace("-", "_"), schema=schema) for n in ("grow-q", "drain-q", "old-q")
-    }
-    queues["old-q"].push(b"forgotten")
-    time.sleep(20)
-    queues["drain-q"].push_many([b"d"] * PREFILL)
-    # The pops go on until the test is done (at most as many as were pushed), the pushes stop.
-    done = threading.Event()
-    drainer = paced(PREFILL, POP_PER_S, lambda: queues["drain-q"].pop_many(1), done)
-    paced(int(WORKLOAD_S * PUSH_PER_S), PUSH_PER_S, lambda: queues["grow-q"].push(b"g")).join()
-    yield cluster, kube
-    done.set()
-    drainer.join()
-    for q in queues.values():
-        q.close()
-    cluster.force_delete_all(120)
-    operator.stop()
+    queues: dict[str, Queue] = {}
+    done = threading.Event()  # the paced pops go on until the test is done, the pushes stop
+    drainer: threading.Thread | None = None
+    try:  # whatever fails here, the operator stops (it would go on writing the queues' status)
+        for name in ("grow-q", "drain-q", "old-q"):
+            cluster.wait_condition(name, "Ready", "True", timeout=90)
+        cluster.wait_condition("broken-q", "Ready", "False", reason="SecretNotFound")
+        for n in ("grow-q", "drain-q", "old-q"):
+            queues[n] = connect(postgres.url, n.replace("-", "_"), schema=schema)
+        queues["old-q"].push(b"forgotten")
+        time.sleep(20)
+        queues["drain-q"].push_many([b"d"] * PREFILL)
+        drainer = paced(PREFILL, POP_PER_S, lambda: queues["drain-q"].pop_many(1), done)
+        paced(int(WORKLOAD_S * PUSH_PER_S), PUSH_PER_S, lambda: queues["grow-q"].push(b"g")).join()
+        yield cluster, kube
+    finally:
+        done.set()
+        if drainer is not None:
+            drainer.join()
+        for q in queues.values():
+            q.close()
+        cluster.force_delete_all(120)
+        operator.stop()
 
 
 def test_health_flags_exactly_the_troubled_queues(fleet, spark, tmp_path: Path):
