@@ -259,7 +259,13 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
     kills = Counter[str]()
     terminations = 0
     gen = 1
-    while sum(kills.values()) < 50:
+    # 50 kills, and on until the pushers have pushed enough: under load a pusher can be killed
+    # again before it has started (CI once saw 4 pushes in 50 kills).
+    give_up = time.monotonic() + 300
+    while (
+        sum(kills.values()) < 50 or len(read_logs([p for p in logs if p.name.startswith("push")])["P"]) <= 600
+    ):
+        assert time.monotonic() < give_up, f"after {kills} kills the pushers had pushed too little"
         time.sleep(rng.uniform(0.05, 0.4))
         for (role, i), proc in list(workers.items()):
             if proc.poll() is not None:  # its session was terminated: it failed, as a client would
