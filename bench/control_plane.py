@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,22 +56,57 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def api_writes(stack: Stack) -> float:
-    """Write requests the API server has served so far (all clients), from its /metrics."""
+def api_writes(stack: Stack) -> Counter[str]:
+    """Write requests the API server has served so far (all clients), from its /metrics, by
+    "VERB resource/subresource"."""
     request = urllib.request.Request(
         f"{stack.kube.url}/metrics", headers={"Authorization": f"Bearer {stack.kube.token(ADMIN_USER)}"}
     )
     with urllib.request.urlopen(request, context=stack.kube.ssl_context(), timeout=10) as resp:
         text = resp.read().decode()
-    total = 0.0
+    writes: Counter[str] = Counter()
     for line in text.splitlines():
-        if line.startswith("apiserver_request_total{") and re.search(r'verb="(POST|PUT|PATCH|DELETE)"', line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE"):
+            what = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
+            writes[f"{labels['verb']} {what}"] += float(line.rsplit(" ", 1)[1])
+    return writes
+
+
+def per_minute(since: Counter[str], until: Counter[str], minutes: float) -> dict[str, float]:
+    return {k: (until[k] - since[k]) / minutes for k in sorted(until) if until[k] > since[k]}
 
 
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User and system CPU time of a process so far (and of its children that ended)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+PROGRAMS = ("postgres", "kube-apiserver", "etcd")  # by the start of their process name
+
+
+def cpu_by_program(operator: int) -> Counter[str]:
+    """CPU time so far of the operator, and of every process of PROGRAMS on the machine (the
+    bench runs alone) with the sessions that ended, which their postmaster counts."""
+    total: Counter[str] = Counter({"operator": cpu_seconds(operator)})
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            comm = stat.read_text().split(" (", 1)[1].split(")", 1)[0]
+            for program in PROGRAMS:
+                if comm.startswith(program):
+                    total[program] += cpu_seconds(int(stat.parent.name), children=True)
+    return total
+
+
+def cores(since: Counter[str], until: Counter[str], seconds: float) -> str:
+    return ", ".join(f"{k} {(until[k] - since[k]) / seconds:.2f}" for k in ("operator", *PROGRAMS))
 
 
 def rss_mib(pid: int) -> float:
@@ -91,11 +127,15 @@ def queue(name: str, ns: str) -> dict[str, Any]:
 class ReadyWatch:
     """When each Queue of the namespace first had Ready=True, from a watch started before they
     are created (as `kubectl wait` does): no polling of a thousand queues, which would load the
-    API server the operator is measured on."""
+    API server the operator is measured on. While `counting`, it also counts which parts of
+    the Queues changed (a status field, metadata, spec), to tell what the steady writes are."""
 
     def __init__(self, custom: client.CustomObjectsApi, ns: str) -> None:
         self.custom, self.ns = custom, ns
         self.seen: dict[str, float] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+        self.counting = False
+        self.changes: Counter[str] = Counter()
         self.changed = threading.Condition()
         self.watch = watch.Watch()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -110,6 +150,9 @@ class ReadyWatch:
                 version = item["metadata"]["resourceVersion"]
                 conds = (item.get("status") or {}).get("conditions") or []
                 name = item["metadata"]["name"]
+                if self.counting:
+                    self.changes.update(changed_parts(self.last.get(name, {}), item))
+                self.last[name] = item
                 if name not in self.seen and any(
                     c["type"] == "Ready" and c["status"] == "True" for c in conds
                 ):
@@ -123,6 +166,18 @@ class ReadyWatch:
                 left = len(names - self.seen.keys())
                 raise SystemExit(f"{left} of {len(names)} queues did not become Ready within {timeout}s")
             return {n: self.seen[n] for n in names}
+
+
+def changed_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """status.<field>, metadata or spec: the parts that differ between two versions of a Queue."""
+    parts = [f"status.{k}" for k in set(old.get("status") or {}) | set(new.get("status") or {})
+             if (old.get("status") or {}).get(k) != (new.get("status") or {}).get(k)]  # fmt: skip
+    plain = {k: v for k, v in new["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    if {
+        k: v for k, v in old.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")
+    } != plain:
+        parts.append("metadata")
+    return parts + (["spec"] if old.get("spec") != new.get("spec") else [])
 
 
 class ConnectionCount:
@@ -229,7 +284,7 @@ def main() -> None:
         time.sleep(3)
         base_start, t0 = api_writes(stack), time.monotonic()
         time.sleep(20)
-        baseline = (api_writes(stack) - base_start) / (time.monotonic() - t0) * 60
+        baseline = sum(per_minute(base_start, api_writes(stack), (time.monotonic() - t0) / 60).values())
 
         singles = []
         for i in range(args.singles):
@@ -246,10 +301,12 @@ def main() -> None:
             created[name] = time.monotonic()
             custom.create_namespaced_custom_object(G, V, ns, P, queue(name, ns))
 
+        apply_cpu, apply_start = cpu_by_program(op.pid), time.monotonic()
         with ThreadPoolExecutor(args.appliers) as appliers:  # a GitOps tool applies several at once
             list(appliers.map(create, sorted(names)))
         created_all = time.monotonic()
         ready = readiness.wait(names, 600)
+        apply_cores = cores(apply_cpu, cpu_by_program(op.pid), time.monotonic() - apply_start)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
         say(f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s"
@@ -257,20 +314,30 @@ def main() -> None:
         say(f"apply-to-Ready, {args.queues} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
             f"  (all Ready after {max(ready.values()) - min(created.values()):.1f}s;"
             f" creating them took {created_all - min(created.values()):.1f}s)")  # fmt: skip
+        say(f"CPU until all were Ready, cores: {apply_cores}")
 
         time.sleep(5)
         connections.phase = "steady"
         w0, lines0, t0 = api_writes(stack), log_lines(log.name), time.monotonic()
+        cpu0 = cpu_by_program(op.pid)
+        readiness.counting = True
         time.sleep(args.steady)
+        readiness.counting = False
         minutes = (time.monotonic() - t0) / 60
-        steady = (api_writes(stack) - w0) / minutes
+        steady_cores = cores(cpu0, cpu_by_program(op.pid), minutes * 60)
+        steady_writes = per_minute(w0, api_writes(stack), minutes)
+        steady = sum(steady_writes.values())
         log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = args.queues + args.singles
         say(f"operator RSS with {total_queues} queues: {rss:.0f} MiB after apply,"
             f" {rss_mib(op.pid):.0f} MiB after steady state")  # fmt: skip
         say(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
             f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
+        say("  by request: " + ", ".join(f"{k} {v:.1f}/min" for k, v in steady_writes.items()))
+        say("  Queue changes seen by a watch: " + (", ".join(
+            f"{k} {v}" for k, v in readiness.changes.most_common()) or "none"))  # fmt: skip
         say(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
+        say(f"CPU at steady state, cores: {steady_cores}")
         connections.phase = "maintenance"
         gaps, victim_gap, held = maintenance_gaps(
             custom, stack.postgres.odbc(), ns, sorted(names), args.maintenance, connections.exclude
