@@ -142,23 +142,34 @@ class ReadyWatch:
         self.thread.start()
 
     def run(self) -> None:
-        version = self.custom.list_namespaced_custom_object(G, V, self.ns, P)["metadata"]["resourceVersion"]
+        version = self.relist()
         while True:
-            for event in self.watch.stream(self.custom.list_namespaced_custom_object, G, V, self.ns, P,
-                                           resource_version=version, timeout_seconds=240):  # fmt: skip
-                item = event["object"]
-                version = item["metadata"]["resourceVersion"]
-                conds = (item.get("status") or {}).get("conditions") or []
-                name = item["metadata"]["name"]
-                if self.counting:
-                    self.changes.update(changed_parts(self.last.get(name, {}), item))
-                self.last[name] = item
-                if name not in self.seen and any(
-                    c["type"] == "Ready" and c["status"] == "True" for c in conds
-                ):
-                    with self.changed:
-                        self.seen[name] = time.monotonic()
-                        self.changed.notify_all()
+            try:
+                for event in self.watch.stream(self.custom.list_namespaced_custom_object, G, V, self.ns, P,
+                                               resource_version=version, timeout_seconds=240):  # fmt: skip
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    self.saw(event["object"])
+            except ApiException as e:
+                if e.status != 410:  # 410: that version is compacted away; list again
+                    raise
+                version = self.relist()
+
+    def relist(self) -> str:
+        listed = self.custom.list_namespaced_custom_object(G, V, self.ns, P)
+        for item in listed["items"]:
+            self.saw(item)
+        return str(listed["metadata"]["resourceVersion"])
+
+    def saw(self, item: dict[str, Any]) -> None:
+        conds = (item.get("status") or {}).get("conditions") or []
+        name = item["metadata"]["name"]
+        if self.counting:
+            self.changes.update(changed_parts(self.last.get(name, {}), item))
+        self.last[name] = item
+        if name not in self.seen and any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+            with self.changed:
+                self.seen[name] = time.monotonic()
+                self.changed.notify_all()
 
     def wait(self, names: set[str], timeout: float) -> dict[str, float]:
         with self.changed:
