@@ -114,7 +114,11 @@ def test_teardown_keeps_a_schema_that_holds_other_things(postgres, schema):
     cur.execute(f'CREATE TABLE "{schema}".someone_elses (id int)')
     backend.teardown()
     assert cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval() == 1
-    assert backend.observe().tables == frozenset({"someone_elses"})
+    left = (
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?"
+    )
+    assert [r[0] for r in cur.execute(left, schema).fetchall()] == ["someone_elses"]
+    assert backend.observe().tables == frozenset()  # none of the queue's
     cur.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 

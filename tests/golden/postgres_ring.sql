@@ -1002,9 +1002,9 @@ DELETE FROM "shopq"."orders_staged" WHERE stage = ?
 
 SELECT count(*) FROM pg_namespace WHERE nspname = ?
 
-SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?
+SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relname = ANY (string_to_array(?, ','))
 
-SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?
+SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ? AND p.proname = ANY (string_to_array(?, ','))
 
 SELECT (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 1) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1), (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 2) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 2)
 

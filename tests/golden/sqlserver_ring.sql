@@ -1009,9 +1009,9 @@ DELETE FROM [shopq].[orders_staged] WHERE stage = ?
 
 SELECT COUNT(*) FROM sys.schemas WHERE name = ?
 
-SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO')
+SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO') AND o.name IN (SELECT value FROM STRING_SPLIT(?, ','))
 
-SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'
+SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P' AND o.name IN (SELECT value FROM STRING_SPLIT(?, ','))
 
 SELECT (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 1) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 1), (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) + (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
+
+import pyodbc
 
 from dbq.backends.ring_plan import RingStep
 from dbq.contract.ring import RingTarget
@@ -49,3 +52,10 @@ def ring_sql(backend: str, target: RingTarget) -> RingSql:
 
         return MsRing(target)
     raise InvalidSpec(f"backend {backend} has no ring queues: use postgres or sqlserver")
+
+
+def relations(cur: pyodbc.Cursor, sql: RingSql, schema: str, names: Sequence[str]) -> dict[str, str]:
+    """Those of `names` that exist in `schema` as tables or sequences, with their kind (r, p: a
+    table; S: a sequence). Looked up by name: see OBSERVE_RELATIONS."""
+    found = cur.execute(sql.OBSERVE_RELATIONS, schema, ",".join(names)).fetchall()
+    return {str(name): str(kind) for name, kind in found}

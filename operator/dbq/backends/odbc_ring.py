@@ -13,7 +13,7 @@ import time
 import pyodbc
 
 from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
-from dbq.backends.dialects import ring_sql
+from dbq.backends.dialects import relations, ring_sql
 from dbq.backends.maintenance import (
     IndexFigures,
     MaintenanceResult,
@@ -56,10 +56,14 @@ class OdbcRing(OdbcBackend):
             keeper_version = self._keeper_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
                 return Observed(keeper_version=keeper_version)
-            rels = cur.execute(self.sql.OBSERVE_RELATIONS, schema).fetchall()
-            tables = frozenset(r[0] for r in rels if r[1] in ("r", "p"))
-            sequences = frozenset(r[0] for r in rels if r[1] == "S")
-            routines = frozenset(r[0] for r in cur.execute(self.sql.OBSERVE_ROUTINES, schema).fetchall())
+            n = self.names
+            rels = relations(cur, self.sql, schema, [n.meta, n.history, *n.tables, *n.sequences])
+            tables = frozenset(name for name, kind in rels.items() if kind in ("r", "p"))
+            sequences = frozenset(name for name, kind in rels.items() if kind == "S")
+            wanted = ",".join(n.routine(r) for r in self.sql.ROUTINES)
+            routines = frozenset(
+                r[0] for r in cur.execute(self.sql.OBSERVE_ROUTINES, schema, wanted).fetchall()
+            )
             meta_exists = self.names.meta in tables
             recorded = self._recorded(cur, self.names) if meta_exists else None
             ring_rows = 0
@@ -108,7 +112,7 @@ class OdbcRing(OdbcBackend):
         keeper = self.target.dead_letter_keeper
         if keeper is None:
             return None
-        tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, keeper.schema).fetchall()}
+        tables = relations(cur, self.sql, keeper.schema, [keeper.meta, keeper.dead])
         if keeper.meta not in tables or keeper.dead not in tables:
             return None
         recorded = self._recorded(cur, keeper)
@@ -232,14 +236,12 @@ class OdbcRing(OdbcBackend):
         with self._locked_transaction() as cur:
             if not cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
                 return
-            tables = {r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, self.names.schema).fetchall()}
+            tables = relations(cur, self.sql, self.names.schema, [self.names.meta])
             recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
             if recorded is not None and recorded.dead_letter_queue:
                 # Its dead letters kept by another queue go with it.
                 keeper = QueueNames.of_qualified(recorded.dead_letter_queue)
-                if keeper.dead in {
-                    r[0] for r in cur.execute(self.sql.OBSERVE_RELATIONS, keeper.schema).fetchall()
-                }:
+                if keeper.dead in relations(cur, self.sql, keeper.schema, [keeper.dead]):
                     cur.execute(self.sql.forget_dead_letters(keeper))
             for statement in self.sql.drop():
                 if statement.startswith("DELETE FROM") and self.names.meta not in tables:

@@ -30,6 +30,7 @@ from dbq.backends.broker_plan import (
     plan_queue_maintenance,
     rebuild_advice,
 )
+from dbq.backends.dialects import relations
 from dbq.backends.maintenance import MaintenanceResult
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.sqlserver.broker_sql import BrokerSql
@@ -235,7 +236,6 @@ class ServiceBrokerQueue(OdbcBackend):
                 cur.execute(self.sql.end_all_conversations()).fetchall()
                 for statement in self.sql.drop():
                     cur.execute(statement)
-                tables = {r[0] for r in cur.execute(self.sql.shared.OBSERVE_RELATIONS, self.names.schema)}
-                if self.names.meta in tables:
+                if self.names.meta in relations(cur, self.sql.shared, self.names.schema, [self.names.meta]):
                     for statement in self.sql.shared.drop_schema_if_unused():
                         cur.execute(statement)

@@ -318,9 +318,12 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
     OBSERVE_SCHEMA = "SELECT COUNT(*) FROM sys.schemas WHERE name = ?"
     OBSERVE_RELATIONS = (
         "SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.objects o "
-        "WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO')"
+        "WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO') AND o.name IN (SELECT value FROM STRING_SPLIT(?, ','))"
     )
-    OBSERVE_ROUTINES = "SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'"
+    OBSERVE_ROUTINES = (
+        "SELECT o.name FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type = 'P'"
+        " AND o.name IN (SELECT value FROM STRING_SPLIT(?, ','))"
+    )
 
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue; released when the transaction ends."""
