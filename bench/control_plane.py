@@ -181,14 +181,16 @@ class ReadyWatch:
 
 def changed_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """status.<field>, metadata or spec: the parts that differ between two versions of a Queue."""
-    parts = [f"status.{k}" for k in set(old.get("status") or {}) | set(new.get("status") or {})
-             if (old.get("status") or {}).get(k) != (new.get("status") or {}).get(k)]  # fmt: skip
-    plain = {k: v for k, v in new["metadata"].items() if k not in ("resourceVersion", "managedFields")}
-    if {
-        k: v for k, v in old.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")
-    } != plain:
-        parts.append("metadata")
-    return parts + (["spec"] if old.get("spec") != new.get("spec") else [])
+
+    def parts(doc: dict[str, Any]) -> dict[str, Any]:
+        meta = {
+            k: v for k, v in doc.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")
+        }
+        status = {f"status.{k}": v for k, v in (doc.get("status") or {}).items()}
+        return {**status, "metadata": meta, "spec": doc.get("spec")}
+
+    before, after = parts(old), parts(new)
+    return [k for k in before.keys() | after.keys() if before.get(k) != after.get(k)]
 
 
 class ConnectionCount:
