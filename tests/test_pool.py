@@ -3,6 +3,8 @@ database, reuse, and no broken connection handed out."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
@@ -101,3 +103,32 @@ def test_after_drop_all_no_earlier_session_is_handed_out_again(postgres):
     fresh = lender.take(settings)
     assert backend_pid(fresh) not in pids
     lender.give(settings, fresh)
+
+
+def test_a_queue_gets_its_own_seat_back_while_it_is_free(postgres):
+    """With an affinity (the operator passes the queue), the same server session serves a queue
+    each time it is idle: each session then caches the plans of a share of the queues only."""
+    settings = from_url(postgres.url)
+    lender = pool.OdbcPool(limit=3, wait_s=0.3)
+    names = (f"s.q{i}" for i in range(100))
+    one = next(names)
+    other = next(n for n in names if zlib.crc32(n.encode()) % 3 != zlib.crc32(one.encode()) % 3)
+    conn = lender.take(settings, affinity=one)
+    own = backend_pid(conn)
+    lender.give(settings, conn)
+    conn = lender.take(settings, affinity=other)
+    assert backend_pid(conn) != own  # its own seat is opened, not the idle one of `one`
+    lender.give(settings, conn)
+    for _ in range(3):
+        conn = lender.take(settings, affinity=one)
+        assert backend_pid(conn) == own
+        lender.give(settings, conn)
+    held = lender.take(settings, affinity=one)
+    spare = lender.take(settings, affinity=one)  # its seat is lent: another one, at once
+    assert backend_pid(held) == own and backend_pid(spare) != own
+    third = lender.take(settings)
+    with pytest.raises(QueueUnavailable):  # still at most `limit` open
+        lender.take(settings, affinity=other)
+    for conn in (held, spare, third):
+        lender.give(settings, conn)
+    assert lender.idle(settings) == 3

@@ -28,7 +28,11 @@ class OdbcBackend:
         """The backend's connection: the operator's pool lends it (`dbq.connection.pool`)."""
         if self._conn is None:
             lender = pool.shared()
-            self._conn = connect(self.settings) if lender is None else lender.take(self.settings)
+            self._conn = (
+                connect(self.settings)
+                if lender is None
+                else lender.take(self.settings, affinity=f"{self.names.schema}.{self.names.queue}")
+            )
         return self._conn
 
     def close(self, broken: bool = False) -> None:
