@@ -59,10 +59,11 @@ def test_missing_routine_and_new_message_size_rewrite_routines():
 
 
 def test_older_schema_version_is_upgraded():
-    old = complete(
-        recorded=Recorded(schema_version=RING_SCHEMA_VERSION - 1, ring_size=1000, message_bytes=300)
-    )
-    assert actions(old) == ["key_dead_letters", "create_routines", "record_version"]
+    def at(version: int) -> Observed:
+        return complete(recorded=Recorded(schema_version=version, ring_size=1000, message_bytes=300))
+
+    assert actions(at(RING_SCHEMA_VERSION - 1)) == ["create_routines", "record_version"]
+    assert actions(at(9)) == ["key_dead_letters", "create_routines", "record_version"]
 
 
 def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():

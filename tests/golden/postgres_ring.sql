@@ -701,45 +701,52 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
   OUT o_dead bigint, OUT o_delayed bigint, OUT o_archived bigint)
-LANGUAGE plpgsql STABLE AS $fn$
-DECLARE v_settled bigint; v_pos bigint; v_oldest timestamptz; v_dead bigint; v_redriven bigint; v_purged bigint;
-  v_scavenged bigint;
-BEGIN
+-- One query in SQL, not PL/pgSQL: PostgreSQL keeps no plan of it in the session between calls.
+-- A session that measured many queues would otherwise hold all their plans, and every DDL in the
+-- database (a queue created, say) costs each session a walk over every plan it holds.
+LANGUAGE sql STABLE AS $fn$
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
   -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
   -- expired or dead-lettered; in flight are the acquisitions whose lease has not ended (acked,
   -- nacked or expired: settled); delayed are the ready ones not visible yet (a count of the
   -- spill table, which holds only redeliveries and delayed messages).
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_pushed FROM "shopq"."orders_n_pushed";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_popped FROM "shopq"."orders_n_popped";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_acquired FROM "shopq"."orders_n_acquired";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_expired FROM "shopq"."orders_n_expired";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_settled FROM "shopq"."orders_n_settled";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_dead FROM "shopq"."orders_n_dead";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_redriven FROM "shopq"."orders_n_redriven";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_purged FROM "shopq"."orders_n_purged";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO o_archived FROM "shopq"."orders_n_archived";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_scavenged FROM "shopq"."orders_n_scavenged";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pos FROM "shopq"."orders_pop_seq";
-  o_archived := greatest(o_archived - v_scavenged, 0);
-  o_in_flight := greatest(o_acquired - v_settled, 0);
-  o_dead := greatest(v_dead - v_redriven - v_purged, 0);
-  SELECT count(*) INTO o_delayed FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at > clock_timestamp();
-  o_depth := greatest(o_pushed + v_redriven - o_popped - o_expired - v_dead - o_in_flight - o_delayed, 0);
-  -- The oldest ready message, from a bounded look at the head: the next 64 positions of
-  -- the ring, the positions whose popper gave up, and the first 64 redeliveries.
-  SELECT min(pushed_at) INTO v_oldest FROM (
-    SELECT r.pushed_at FROM generate_series(v_pos + 1, v_pos + 64) p(pos)
-    JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1
-    UNION ALL
-    SELECT r.pushed_at FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
-    WHERE g.reason = 'skipped'
-    UNION ALL
-    SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s
-    WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
-  ) head;
-  o_oldest_age_s := CASE WHEN o_depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0) ELSE 0 END;
-END $fn$
+  WITH totals AS (
+    SELECT
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_pushed") AS pushed,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_popped") AS popped,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_acquired") AS acquired,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_expired") AS expired,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_settled") AS settled,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_dead") AS dead,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_redriven") AS redriven,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_purged") AS purged,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_archived") AS archived,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_scavenged") AS scavenged,
+      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_pop_seq") AS pos,
+      (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at > clock_timestamp()) AS delayed
+  ), counts AS (
+    SELECT t.*, greatest(t.acquired - t.settled, 0) AS in_flight FROM totals t
+  ), present AS (
+    SELECT c.*, greatest(c.pushed + c.redriven - c.popped - c.expired - c.dead - c.in_flight - c.delayed, 0) AS depth
+    FROM counts c
+  )
+  SELECT p.depth, p.in_flight, p.pushed, p.popped, p.acquired, p.expired,
+    -- The oldest ready message, from a bounded look at the head: the next 64 positions
+    -- of the ring, the positions whose popper gave up, and the first 64 redeliveries.
+    CASE WHEN p.depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - (
+      SELECT min(head.pushed_at) FROM (
+        SELECT r.pushed_at FROM generate_series(p.pos + 1, p.pos + 64) g(pos)
+        JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
+        UNION ALL
+        SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = x.pos % 1000 AND r.msg_id = x.pos AND r.state = 1
+        WHERE x.reason = 'skipped'
+        UNION ALL
+        SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s
+        WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
+      ) head)), 0) ELSE 0 END::float8,
+    greatest(p.dead - p.redriven - p.purged, 0), p.delayed, greatest(p.archived - p.scavenged, 0)
+  FROM present p
+$fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_defer"(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
   OUT o_ids text)
@@ -842,7 +849,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue text
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
-VALUES ('orders', 'ring', 10, 1000, 300,
+VALUES ('orders', 'ring', 11, 1000, 300,
   5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
