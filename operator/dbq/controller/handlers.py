@@ -21,6 +21,7 @@ from dbq.controller import metrics, upkeep
 from dbq.controller.reconcile import (
     FORCE_DELETE,
     Event,
+    Outcome,
     dead_letter_users,
     delete,
     lazy_backend,
@@ -143,6 +144,8 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
         read_queue=read_queue, drift_check=drift_check,
     )  # fmt: skip
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
+    if outcome.ok and not drift_check:
+        _first_upkeep(meta, spec, {**current, **outcome.status}, outcome)
     _write(body, current, patch, outcome.status, outcome.events)
     if outcome.error is not None:
         _forget_credentials()
@@ -198,6 +201,27 @@ async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status:
     # In the handler's context, as kopf runs sync handlers: kopf.event() finds its queue there.
     work = functools.partial(contextvars.copy_context().run, _upkeep, body, meta, spec, status, patch, memory)
     await asyncio.get_running_loop().run_in_executor(_ticks, work)
+
+
+def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outcome: Outcome) -> None:
+    """The first statistics, cleanup and schedule of a queue just provisioned (or of one this
+    operator has not measured yet), written with Ready in one status patch: an API write less per
+    queue, and its figures show at once. On failure the upkeep timer tries again."""
+    memory = _memory_of(meta, spec)
+    if memory.stats_at:
+        return
+    name, namespace = meta["name"], meta["namespace"]
+    try:
+        with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
+            parsed = memory.spec(meta.get("generation"), dict(spec))
+            done = upkeep.run_upkeep(
+                namespace, name, parsed, status, backend, memory, background=_maintenance
+            )
+    except DbqError as e:
+        log.info("queue %s/%s: its first upkeep is left to the timer: %s", namespace, name, e)
+        return
+    outcome.status.update(done.status)
+    outcome.events += done.events
 
 
 def _memory_of(meta: kopf.Meta, spec: kopf.Spec) -> upkeep.Memory:
