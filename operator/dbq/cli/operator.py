@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 
 import click
+
+# glibc gives the threads that allocate their own malloc arenas (up to eight per core), and what
+# is freed in one is seldom handed back: with its dozen threads the operator grew by about 45 MiB
+# after applying 1,000 queues, against about 9 MiB with two arenas (bench/control_plane.py).
+MALLOC_ARENAS = 2
+M_ARENA_MAX = -8  # glibc's mallopt() parameter
+
+
+def limit_malloc_arenas() -> bool:
+    """At most MALLOC_ARENAS, unless MALLOC_ARENA_MAX says otherwise (glibc read it at start-up);
+    nothing off glibc. Whether glibc took this limit."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS))
 
 
 class RoutineSuccessAtDebug(logging.Filter):
@@ -46,6 +66,7 @@ def run(
     namespaces: tuple[str, ...], all_namespaces: bool, liveness: str, metrics_port: int, verbose: bool
 ) -> None:
     """Run the operator against the cluster in KUBECONFIG (or in-cluster)."""
+    limit_malloc_arenas()  # before any thread starts
     import kopf
     from prometheus_client import start_http_server
 
