@@ -56,6 +56,13 @@ def test_apply_creates_the_ring_as_declared(postgres, schema):
         f'SELECT schema_version, ring_size FROM "{schema}".dbq_queues WHERE queue = ?', "orders"
     ).fetchone()
     assert tuple(version) == (RING_SCHEMA_VERSION, 128)
+    # Only the tables holding message bodies have a TOAST table (each one more file and index).
+    toasted = cur.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = ? AND c.relkind = 'r' AND c.reltoastrelid <> 0 ORDER BY 1",
+        schema,
+    ).fetchall()
+    assert [r[0] for r in toasted] == [f"orders_{t}" for t in ("archive", "dead", "ring", "spill", "staged")]
     # Applying again changes nothing.
     assert backend.apply().steps == []
     backend.teardown()

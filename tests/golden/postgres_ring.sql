@@ -5,14 +5,14 @@ CREATE SCHEMA IF NOT EXISTS "shopq"
 -- step create_meta
 
 CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
-  queue text PRIMARY KEY,
-  design text NOT NULL,
+  queue varchar(63) PRIMARY KEY,
+  design varchar(16) NOT NULL,
   schema_version int NOT NULL,
   ring_size bigint NOT NULL,
   message_bytes int NOT NULL,
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
-  dead_letter_queue text NOT NULL DEFAULT '',
+  dead_letter_queue varchar(127) NOT NULL DEFAULT '',
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_spill" (
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
   pos bigint PRIMARY KEY,
-  reason text NOT NULL CHECK (reason IN ('void', 'skipped')),
+  reason varchar(7) NOT NULL CHECK (reason IN ('void', 'skipped')),
   noted_at timestamptz NOT NULL DEFAULT now())
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_staged" (
@@ -139,7 +139,7 @@ SELECT setval('"shopq"."orders_n_settled"', greatest(v, 1), v > 0) FROM (SELECT 
 -- step create_history
 
 CREATE TABLE IF NOT EXISTS "shopq"."dbq_stats_history" (
-  queue text NOT NULL,
+  queue varchar(63) NOT NULL,
   at timestamptz NOT NULL,
   depth bigint NOT NULL,
   in_flight bigint NOT NULL,
@@ -845,7 +845,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_attempts int NOT N
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0
 
-ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue text NOT NULL DEFAULT ''
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varchar(127) NOT NULL DEFAULT ''
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
