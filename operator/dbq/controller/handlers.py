@@ -215,7 +215,7 @@ def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outc
         with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
             parsed = memory.spec(meta.get("generation"), dict(spec))
             done = upkeep.run_upkeep(
-                namespace, name, parsed, status, backend, memory, background=_maintenance
+                namespace, name, parsed, status, backend, memory, background=_maintenance, health_check=False
             )
     except DbqError as e:
         log.info("queue %s/%s: its first upkeep is left to the timer: %s", namespace, name, e)

@@ -252,6 +252,7 @@ def run_upkeep(
     now: float | None = None,
     wall: datetime | None = None,
     background: Executor | None = None,
+    health_check: bool = True,
 ) -> Upkeep:
     """Measure, clean up and maintain the queue when each is due. `backend` opens (or returns)
     the queue's backend, and is called only when something due needs the database. DbqError from
@@ -259,7 +260,11 @@ def run_upkeep(
 
     With `background`, a maintenance run goes there (it opens a connection of its own, so it
     outlives the tick's backend) and the ticks go on: a long REINDEX delays neither this queue's
-    statistics nor another's. The tick after it ends writes its status and Event."""
+    statistics nor another's. The tick after it ends writes its status and Event.
+
+    Without `health_check` the database's health check waits for the next tick that finds it due
+    (the first upkeep, run with provisioning: a check then would put the next one a whole tick
+    past HEALTH_INTERVAL_S)."""
     now = time.monotonic() if now is None else now
     wall = datetime.now(UTC) if wall is None else wall
     todo = what_is_due(spec, status, memory, now, wall)
@@ -282,7 +287,7 @@ def run_upkeep(
         out.status["maintenance"] = MaintenanceStatus.model_validate(
             {**(status.get("maintenance") or {}), **planned}
         ).wire()
-    if todo.health:
+    if todo.health and health_check:
         backend().ping()
         memory.database.checked_at = now
         out.checked = True
