@@ -203,6 +203,16 @@ async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status:
     await asyncio.get_running_loop().run_in_executor(_ticks, work)
 
 
+def _run_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], memory: upkeep.Memory,
+                health_check: bool = True) -> upkeep.Upkeep:  # fmt: skip
+    """The queue's upkeep on its backend (opened only when something due needs it); raises DbqError."""
+    name, namespace = meta["name"], meta["namespace"]
+    with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
+        parsed = memory.spec(meta.get("generation"), dict(spec))
+        return upkeep.run_upkeep(namespace, name, parsed, status, backend, memory, background=_maintenance,
+                                 health_check=health_check)  # fmt: skip
+
+
 def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outcome: Outcome) -> None:
     """The first statistics, cleanup and schedule of a queue just provisioned (or of one this
     operator has not measured yet), written with Ready in one status patch: an API write less per
@@ -210,15 +220,10 @@ def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outc
     memory = _memory_of(meta, spec)
     if memory.stats_at:
         return
-    name, namespace = meta["name"], meta["namespace"]
     try:
-        with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
-            parsed = memory.spec(meta.get("generation"), dict(spec))
-            done = upkeep.run_upkeep(
-                namespace, name, parsed, status, backend, memory, background=_maintenance, health_check=False
-            )
+        done = _run_upkeep(meta, spec, status, memory, health_check=False)
     except DbqError as e:
-        log.info("queue %s/%s: its first upkeep is left to the timer: %s", namespace, name, e)
+        log.info("queue %s/%s: its first upkeep is left to the timer: %s", meta["namespace"], meta["name"], e)
         return
     outcome.status.update(done.status)
     outcome.events += done.events
@@ -238,11 +243,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
             memory: upkeep.Memory) -> None:  # fmt: skip
     name, namespace = meta["name"], meta["namespace"]
     try:
-        with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
-            parsed = memory.spec(meta.get("generation"), dict(spec))
-            done = upkeep.run_upkeep(
-                namespace, name, parsed, dict(status), backend, memory, background=_maintenance
-            )
+        done = _run_upkeep(meta, spec, dict(status), memory)
     except DbqError as e:  # Ready=False at once, one Warning when that changes
         memory.database.failed_at = time.monotonic()  # the database's other queues check too
         _forget_credentials()
