@@ -75,8 +75,8 @@ def api_writes(stack: Stack) -> Counter[str]:
     return writes
 
 
-def per_minute(since: Counter[str], until: Counter[str], minutes: float) -> dict[str, float]:
-    return {k: (until[k] - since[k]) / minutes for k in sorted(until) if until[k] > since[k]}
+def per(since: Counter[str], until: Counter[str], unit: float) -> dict[str, float]:
+    return {k: (until[k] - since[k]) / unit for k in sorted(until) if until[k] > since[k]}
 
 
 def say(line: str) -> None:
@@ -297,7 +297,7 @@ def main() -> None:
         time.sleep(3)
         base_start, t0 = api_writes(stack), time.monotonic()
         time.sleep(20)
-        baseline = sum(per_minute(base_start, api_writes(stack), (time.monotonic() - t0) / 60).values())
+        baseline = sum(per(base_start, api_writes(stack), (time.monotonic() - t0) / 60).values())
 
         singles = []
         for i in range(args.singles):
@@ -314,12 +314,13 @@ def main() -> None:
             created[name] = time.monotonic()
             custom.create_namespaced_custom_object(G, V, ns, P, queue(name, ns))
 
-        apply_cpu, apply_start = cpu_by_program(op.pid), time.monotonic()
+        apply_cpu, apply_start, apply_writes = cpu_by_program(op.pid), time.monotonic(), api_writes(stack)
         with ThreadPoolExecutor(args.appliers) as appliers:  # a GitOps tool applies several at once
             list(appliers.map(create, sorted(names)))
         created_all = time.monotonic()
         ready = readiness.wait(names, 600)
         apply_cores = cores(apply_cpu, cpu_by_program(op.pid), time.monotonic() - apply_start)
+        writes_per_queue = per(apply_writes, api_writes(stack), args.queues)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
         say(f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s"
@@ -327,7 +328,13 @@ def main() -> None:
         say(f"apply-to-Ready, {args.queues} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
             f"  (all Ready after {max(ready.values()) - min(created.values()):.1f}s;"
             f" creating them took {created_all - min(created.values()):.1f}s)")  # fmt: skip
+        first = min(created.values())
+        say("queues Ready, by seconds since the first was created: " + ", ".join(
+            f"{t}s {sum(ready[n] - first <= t for n in names)}"
+            for t in range(10, int(max(ready.values()) - first) + 10, 10)))  # fmt: skip
         say(f"CPU until all were Ready, cores: {apply_cores}")
+        say(f"API writes until all were Ready, per queue: {sum(writes_per_queue.values()):.2f}; by request: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in writes_per_queue.items()))  # fmt: skip
 
         time.sleep(5)
         connections.phase = "steady"
@@ -338,7 +345,7 @@ def main() -> None:
         readiness.counting = False
         minutes = (time.monotonic() - t0) / 60
         steady_cores = cores(cpu0, cpu_by_program(op.pid), minutes * 60)
-        steady_writes = per_minute(w0, api_writes(stack), minutes)
+        steady_writes = per(w0, api_writes(stack), minutes)
         steady = sum(steady_writes.values())
         log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = args.queues + args.singles
