@@ -207,8 +207,8 @@ def _run_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], memory
                 health_check: bool = True) -> upkeep.Upkeep:  # fmt: skip
     """The queue's upkeep on its backend (opened only when something due needs it); raises DbqError."""
     name, namespace = meta["name"], meta["namespace"]
-    with lazy_backend(name, namespace, dict(spec), read_secret) as backend:
-        parsed = memory.spec(meta.get("generation"), dict(spec))
+    parsed = memory.spec(meta.get("generation"), dict(spec))
+    with lazy_backend(name, namespace, parsed, read_secret) as backend:
         return upkeep.run_upkeep(namespace, name, parsed, status, backend, memory, background=_maintenance,
                                  health_check=health_check)  # fmt: skip
 

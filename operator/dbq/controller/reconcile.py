@@ -48,12 +48,14 @@ class Outcome:
 
 
 def backend_for(
-    name: str, namespace: str, spec_raw: dict[str, Any], read_secret: SecretReader,
+    name: str, namespace: str, spec_raw: dict[str, Any] | QueueSpec, read_secret: SecretReader,
     read_queue: QueueReader | None = None,
 ) -> tuple[QueueSpec, str, QueueBackend]:  # fmt: skip
-    """`read_queue` finds the Queue named by spec.deadLetter.queue, which planning needs;
-    upkeep and deletion plan nothing (the database records where dead letters go) and pass none."""
-    spec = parse_spec(spec_raw)
+    """`spec_raw` is parsed unless it is a QueueSpec already (the upkeep's, parsed once per
+    generation). `read_queue` finds the Queue named by spec.deadLetter.queue, which planning
+    needs; upkeep and deletion plan nothing (the database records where dead letters go) and
+    pass none."""
+    spec = spec_raw if isinstance(spec_raw, QueueSpec) else parse_spec(spec_raw)
     try:
         queue = queue_name(name, spec)
     except ValueError as e:
@@ -207,7 +209,7 @@ def status_changes(current: dict[str, Any] | None, new: dict[str, Any]) -> dict[
 
 @contextmanager
 def lazy_backend(
-    name: str, namespace: str, spec_raw: dict[str, Any], read_secret: SecretReader
+    name: str, namespace: str, spec: QueueSpec, read_secret: SecretReader
 ) -> Iterator[Callable[[], QueueBackend]]:
     """A function that opens the queue's backend the first time it is called (reading the
     Secret then, not before) and returns the same one after; closed on leaving."""
@@ -215,7 +217,7 @@ def lazy_backend(
 
     def get() -> QueueBackend:
         if not opened:
-            opened.append(backend_for(name, namespace, spec_raw, read_secret)[2])
+            opened.append(backend_for(name, namespace, spec, read_secret)[2])
         return opened[0]
 
     try:
