@@ -26,7 +26,7 @@ from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
 from dbq.client import Queue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.names import QueueNames
 
 # The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
@@ -146,11 +146,18 @@ class OdbcRing(OdbcBackend):
     def _client(self) -> Queue:
         """One client per backend object (one connection), closed with it."""
         if self._queue is None:
-            self._queue = Queue(self.settings, self.names, connection=self.conn)
+            # It waits for nothing and serves one thread: no notifications, no smart batching.
+            self._queue = Queue(
+                self.settings, self.names, connection=self.conn, smart_batching=False, notify=False
+            )
         return self._queue
 
     def measure(self) -> QueueStats:
-        return self._client().stats()
+        """The queue's stats routine, called on the backend's connection: a data-plane client
+        would first read the queue's metadata, two round trips more on every stats tick."""
+        with self._errors():
+            statement = call_statement(self.settings.backend, self.names, "stats")
+            return QueueStats.of_row(self.conn.cursor().execute(statement).fetchall()[0])
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
@@ -175,13 +182,14 @@ class OdbcRing(OdbcBackend):
                 break
         return removed
 
-    def record_sample(self, stats: QueueStats, retention_s: float) -> None:
+    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
         with self._errors():
             cur = self.conn.cursor()
             values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
                       stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
             cur.execute(self.sql.record_sample(), *values)
-            cur.execute(self.sql.purge_history(), int(retention_s))
+            if purge:
+                cur.execute(self.sql.purge_history(), int(retention_s))
 
     def sample_since(self, window_s: float) -> Earlier | None:
         with self._errors():
