@@ -40,6 +40,20 @@ def test_rates_come_from_the_sample_a_window_ago():
     assert upkeep.rates(sample(10), Earlier(10.0, 50, 0)) == (0.0, 0.0)  # totals never run back
 
 
+def test_rates_come_from_memory_once_it_holds_every_sample_of_the_window():
+    memory = upkeep.Memory()
+    assert not memory.remembers(20.0, 100.0)
+    memory.remember_sample(sample(10), 100.0, 20.0)
+    assert not memory.remembers(20.0, 115.0)  # the table may hold a sample from before 100
+    memory.remember_sample(sample(20), 115.0, 20.0)
+    assert memory.remembers(20.0, 120.0)
+    assert memory.sample_since(20.0, 120.0) == Earlier(20.0, 10, 0)
+    memory.remember_sample(sample(30), 130.0, 20.0)  # the one of 100 is let go
+    assert list(memory.samples) == [(115.0, 20, 0), (130.0, 30, 0)]
+    assert memory.sample_since(20.0, 131.0) == Earlier(16.0, 20, 0)
+    assert not memory.remembers(60.0, 131.0)  # a wider window (a longer interval) asks the table
+
+
 def test_status_is_written_only_when_a_figure_changed_or_the_heartbeat_is_due():
     old = upkeep.stats_status(sample(10, 5, depth=5, age=100.0), (1.0, 0.5), datetime(2026, 1, 1))
     same = dict(old, measuredAt="2026-01-01T00:00:15Z", oldestMessageAgeSeconds=105.0)
@@ -241,6 +255,13 @@ def test_published_totals_are_exact_and_rates_match_the_workload(target):
             t.join()
         memory.stats_at = 0.0  # due now: the final figures
         final = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory).status["stats"]
+        # The samples the operator remembers answer as its history table does (a window that
+        # ends between two samples, half an interval off both).
+        window = upkeep.rate_window_s(spec) - 2.5  # half the 5 s interval
+        remembered, recorded = memory.sample_since(window, time.monotonic()), backend.sample_since(window)
+        assert memory.remembers(window, time.monotonic()) and remembered and recorded
+        assert (remembered.pushed, remembered.taken) == (recorded.pushed, recorded.taken)
+        assert abs(remembered.age_s - recorded.age_s) < 1.0, (remembered, recorded)
     finally:
         stop.set()
         pusher.close()

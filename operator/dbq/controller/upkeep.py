@@ -10,6 +10,7 @@ worth writing.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ STATS_HEARTBEAT_S = 3600.0
 # credentials (pooled sessions would hide a revoked password): so Ready turns False within a
 # tick or two of an outage, and True again as soon as it ends. One queue's tick asks for all.
 HEALTH_INTERVAL_S = 5.0
+# The history table's samples past the retention are removed this often (not on every tick).
+HISTORY_PURGE_S = 600.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
 REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack", "stalledConversations",
            "cleanedConversations")  # fmt: skip
@@ -82,6 +85,11 @@ class Memory:
     maintenance: Future[tuple[dict[str, Any], Event]] | None = None
     parsed: tuple[int | None, QueueSpec] | None = None  # the spec of that generation, parsed
     database: DatabaseMemory = field(default_factory=DatabaseMemory)  # shared with its database's queues
+    # The samples this operator recorded in the history table lately: (monotonic, pushed, taken),
+    # oldest first. It holds every sample taken since `samples_cover` (0: none recorded yet).
+    samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+    samples_cover: float = 0.0
+    history_purged_at: float = 0.0
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -89,6 +97,26 @@ class Memory:
         if self.parsed is None or self.parsed[0] != generation:
             self.parsed = (generation, parse_spec(raw))
         return self.parsed[1]
+
+    def remembers(self, window_s: float, now: float) -> bool:
+        """Whether `sample_since` answers as the history table would: no sample of the window
+        can be one this operator did not record (one taken before it started, say)."""
+        return 0.0 < self.samples_cover <= now - window_s
+
+    def sample_since(self, window_s: float, now: float) -> Earlier | None:
+        """The oldest remembered sample at most `window_s` old (as `QueueBackend.sample_since`)."""
+        for at, pushed, taken in self.samples:
+            if at >= now - window_s:
+                return Earlier(now - at, pushed, taken)
+        return None
+
+    def remember_sample(self, stats: QueueStats, now: float, window_s: float) -> None:
+        """A sample recorded in the history table; those older than the window are let go."""
+        self.samples.append((now, stats.pushed, stats.taken))
+        self.samples_cover = self.samples_cover or now
+        while self.samples and self.samples[0][0] < now - window_s:
+            self.samples.popleft()
+            self.samples_cover = max(self.samples_cover, now - window_s)
 
 
 @dataclass
@@ -296,8 +324,16 @@ def run_upkeep(
         out.status["schedule"] = schedule
     if todo.stats:
         stats = backend().measure()
-        earlier = backend().sample_since(rate_window_s(spec))
-        backend().record_sample(stats, seconds(spec.stats.retention))
+        window = rate_window_s(spec)
+        earlier = (
+            memory.sample_since(window, now)
+            if memory.remembers(window, now)
+            else backend().sample_since(window)
+        )
+        purge = due(memory.history_purged_at, HISTORY_PURGE_S, now)
+        backend().record_sample(stats, seconds(spec.stats.retention), purge=purge)
+        memory.remember_sample(stats, now, window)
+        memory.history_purged_at = now if purge else memory.history_purged_at
         memory.stats_at = now
         measured = rates(stats, earlier)
         new = stats_status(stats, measured, wall)

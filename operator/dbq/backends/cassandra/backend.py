@@ -210,7 +210,8 @@ class CassandraPipes:
             " compaction, and drained pipes leave as whole partitions",
         )
 
-    def record_sample(self, stats: QueueStats, retention_s: float) -> None:
+    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
+        """The retention is the sample's TTL: nothing to purge."""
         s = stats
         self._run(self.cql.record_sample, self.names.queue, int(time.time() * 1000), s.depth, s.in_flight,
                   s.pushed, s.popped, s.acquired, s.expired, float(s.oldest_age_seconds), max(int(retention_s), 1))  # fmt: skip

@@ -172,13 +172,14 @@ class ServiceBrokerQueue(OdbcBackend):
         return {"senderReplies": int(replies), "stalledConversations": int(senders),
                 "cleanedConversations": int(cleaned)}  # fmt: skip
 
-    def record_sample(self, stats: QueueStats, retention_s: float) -> None:
+    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
         with self._errors():
             cur = self.conn.cursor()
             values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
                       stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
             cur.execute(self.sql.shared.record_sample(), *values)
-            cur.execute(self.sql.shared.purge_history(), int(retention_s))
+            if purge:
+                cur.execute(self.sql.shared.purge_history(), int(retention_s))
 
     def sample_since(self, window_s: float) -> Earlier | None:
         row = self._one(self.sql.shared.sample_since(), int(window_s))
