@@ -333,7 +333,8 @@ def run_upkeep(
         purge = due(memory.history_purged_at, HISTORY_PURGE_S, now)
         backend().record_sample(stats, seconds(spec.stats.retention), purge=purge)
         memory.remember_sample(stats, now, window)
-        memory.history_purged_at = now if purge else memory.history_purged_at
+        if purge:
+            memory.history_purged_at = now
         memory.stats_at = now
         measured = rates(stats, earlier)
         new = stats_status(stats, measured, wall)
