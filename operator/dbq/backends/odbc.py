@@ -1,17 +1,23 @@
 """What the backends reached through ODBC (rings, Service Broker) share: the connection the
 operator's pool lends, driver errors translated at this edge, one transaction under the
-schema's advisory lock, and the health check on a new connection."""
+schema's advisory lock, the statistics history, and the health check on a new connection."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import pyodbc
 
+from dbq.backends.base import Earlier
+from dbq.client import QueueStats
 from dbq.connection import ConnectionSettings, pool
 from dbq.connection.odbc import connect, translate
 from dbq.names import QueueNames
+
+if TYPE_CHECKING:
+    from dbq.backends.dialects import RingSql
 
 
 class OdbcBackend:
@@ -55,6 +61,24 @@ class OdbcBackend:
     def advisory_lock(self) -> str:
         """The statement that takes the schema's lock until the transaction ends (parameter: its name)."""
         raise NotImplementedError
+
+    def history_sql(self) -> RingSql:
+        """The dialect whose statements keep the schema's statistics history."""
+        raise NotImplementedError
+
+    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
+        with self._errors():
+            cur = self.conn.cursor()
+            values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
+                      stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
+            cur.execute(self.history_sql().record_sample(), *values)
+            if purge:
+                cur.execute(self.history_sql().purge_history(), int(retention_s))
+
+    def sample_since(self, window_s: float) -> Earlier | None:
+        with self._errors():
+            row = self.conn.cursor().execute(self.history_sql().sample_since(), int(window_s)).fetchone()
+        return Earlier(float(row[0]), int(row[1]), int(row[2])) if row else None
 
     @contextmanager
     def _locked_transaction(self) -> Iterator[pyodbc.Cursor]:

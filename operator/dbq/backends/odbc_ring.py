@@ -12,8 +12,8 @@ import time
 
 import pyodbc
 
-from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
-from dbq.backends.dialects import relations, ring_sql
+from dbq.backends.base import ApplyResult, Depth, Finding
+from dbq.backends.dialects import RingSql, relations, ring_sql
 from dbq.backends.maintenance import (
     IndexFigures,
     MaintenanceResult,
@@ -124,6 +124,9 @@ class OdbcRing(OdbcBackend):
     def advisory_lock(self) -> str:
         return self.sql.advisory_lock()
 
+    def history_sql(self) -> RingSql:
+        return self.sql
+
     def apply(self) -> ApplyResult:
         """Make the database match the spec. Plans under the lock, so a plan another operator
         finished meanwhile is not applied twice; callers that only want to know use plan()."""
@@ -181,20 +184,6 @@ class OdbcRing(OdbcBackend):
             if batch < SCAVENGE_BATCH:
                 break
         return removed
-
-    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
-        with self._errors():
-            cur = self.conn.cursor()
-            values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
-                      stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
-            cur.execute(self.sql.record_sample(), *values)
-            if purge:
-                cur.execute(self.sql.purge_history(), int(retention_s))
-
-    def sample_since(self, window_s: float) -> Earlier | None:
-        with self._errors():
-            row = self.conn.cursor().execute(self.sql.sample_since(), int(window_s)).fetchone()
-        return Earlier(float(row[0]), int(row[1]), int(row[2])) if row else None
 
     # --- maintenance ----------------------------------------------------------------------
     def _measure_bloat(self, cur: pyodbc.Cursor) -> tuple[list[TableFigures], list[IndexFigures]]:

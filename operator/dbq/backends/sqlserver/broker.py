@@ -13,7 +13,7 @@ from typing import Any
 
 import pyodbc
 
-from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
+from dbq.backends.base import ApplyResult, Depth, Finding
 from dbq.backends.broker_plan import (
     DATABASE_ACTIONS,
     BrokerObserved,
@@ -30,7 +30,7 @@ from dbq.backends.broker_plan import (
     plan_queue_maintenance,
     rebuild_advice,
 )
-from dbq.backends.dialects import relations
+from dbq.backends.dialects import RingSql, relations
 from dbq.backends.maintenance import MaintenanceResult
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.sqlserver.broker_sql import BrokerSql
@@ -110,6 +110,9 @@ class ServiceBrokerQueue(OdbcBackend):
     def advisory_lock(self) -> str:
         return self.sql.shared.advisory_lock()
 
+    def history_sql(self) -> RingSql:
+        return self.sql.shared  # the schema's history table is the rings' own
+
     def _one(self, statement: str, *params: Any) -> Any:
         with self._errors():
             return self.conn.cursor().execute(statement, *params).fetchone()
@@ -171,19 +174,6 @@ class ServiceBrokerQueue(OdbcBackend):
         replies, senders, cleaned = self._one(self.sql.cleanup(), int(stalled_after_s), CLEANUP_BATCH)
         return {"senderReplies": int(replies), "stalledConversations": int(senders),
                 "cleanedConversations": int(cleaned)}  # fmt: skip
-
-    def record_sample(self, stats: QueueStats, retention_s: float, purge: bool = True) -> None:
-        with self._errors():
-            cur = self.conn.cursor()
-            values = (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired,
-                      stats.expired, float(stats.oldest_age_seconds))  # fmt: skip
-            cur.execute(self.sql.shared.record_sample(), *values)
-            if purge:
-                cur.execute(self.sql.shared.purge_history(), int(retention_s))
-
-    def sample_since(self, window_s: float) -> Earlier | None:
-        row = self._one(self.sql.shared.sample_since(), int(window_s))
-        return Earlier(float(row[0]), int(row[1]), int(row[2])) if row else None
 
     # --- maintenance ----------------------------------------------------------------------------
     def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
