@@ -697,6 +697,25 @@ BEGIN
   GET DIAGNOSTICS o_holes = ROW_COUNT;
 END $fn$
 
+CREATE OR REPLACE FUNCTION "shopq"."orders_oldest_age"(p_pos bigint) RETURNS double precision
+-- The age of the oldest ready message, from a bounded look at the head: the next 64
+-- positions after pop position p_pos, the positions whose popper gave up, and the first
+-- 64 redeliveries. Its own routine, called only for a queue that holds messages: an
+-- empty queue's stats never plan it.
+LANGUAGE sql STABLE AS $fn$
+  SELECT coalesce(extract(epoch FROM clock_timestamp() - (
+    SELECT min(head.pushed_at) FROM (
+      SELECT r.pushed_at FROM generate_series(p_pos + 1, p_pos + 64) g(pos)
+      JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
+      UNION ALL
+      SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = x.pos % 1000 AND r.msg_id = x.pos AND r.state = 1
+      WHERE x.reason = 'skipped'
+      UNION ALL
+      SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s
+      WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
+    ) head)), 0)::float8
+$fn$
+
 CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
@@ -712,17 +731,17 @@ LANGUAGE sql STABLE AS $fn$
   -- spill table, which holds only redeliveries and delayed messages).
   WITH totals AS (
     SELECT
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_pushed") AS pushed,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_popped") AS popped,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_acquired") AS acquired,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_expired") AS expired,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_settled") AS settled,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_dead") AS dead,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_redriven") AS redriven,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_purged") AS purged,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_archived") AS archived,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_n_scavenged") AS scavenged,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_pop_seq") AS pos,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_pushed"'::regclass), 0) AS pushed,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_popped"'::regclass), 0) AS popped,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_acquired"'::regclass), 0) AS acquired,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_expired"'::regclass), 0) AS expired,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_settled"'::regclass), 0) AS settled,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_dead"'::regclass), 0) AS dead,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_redriven"'::regclass), 0) AS redriven,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_purged"'::regclass), 0) AS purged,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_archived"'::regclass), 0) AS archived,
+      coalesce(pg_sequence_last_value('"shopq"."orders_n_scavenged"'::regclass), 0) AS scavenged,
+      coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) AS pos,
       (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at > clock_timestamp()) AS delayed
   ), counts AS (
     SELECT t.*, greatest(t.acquired - t.settled, 0) AS in_flight FROM totals t
@@ -731,19 +750,7 @@ LANGUAGE sql STABLE AS $fn$
     FROM counts c
   )
   SELECT p.depth, p.in_flight, p.pushed, p.popped, p.acquired, p.expired,
-    -- The oldest ready message, from a bounded look at the head: the next 64 positions
-    -- of the ring, the positions whose popper gave up, and the first 64 redeliveries.
-    CASE WHEN p.depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - (
-      SELECT min(head.pushed_at) FROM (
-        SELECT r.pushed_at FROM generate_series(p.pos + 1, p.pos + 64) g(pos)
-        JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
-        UNION ALL
-        SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = x.pos % 1000 AND r.msg_id = x.pos AND r.state = 1
-        WHERE x.reason = 'skipped'
-        UNION ALL
-        SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s
-        WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
-      ) head)), 0) ELSE 0 END::float8,
+    CASE WHEN p.depth > 0 THEN "shopq"."orders_oldest_age"(p.pos) ELSE 0 END,
     greatest(p.dead - p.redriven - p.purged, 0), p.delayed, greatest(p.archived - p.scavenged, 0)
   FROM present p
 $fn$
@@ -849,7 +856,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varc
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
-VALUES ('orders', 'ring', 11, 1000, 300,
+VALUES ('orders', 'ring', 12, 1000, 300,
   5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -892,6 +899,8 @@ DROP FUNCTION IF EXISTS "shopq"."orders_redrive"
 DROP FUNCTION IF EXISTS "shopq"."orders_purge_dead"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_scavenge"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_oldest_age"
 
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 

@@ -843,11 +843,11 @@ ALTER TABLE [shopq].[dbq_queues] ADD dead_letter_queue nvarchar(300) NOT NULL DE
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 11, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 12, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue)
-  VALUES (s.queue, N'ring', 11, 1000, 300, 5, 1, N'');
+  VALUES (s.queue, N'ring', 12, 1000, 300, 5, 1, N'');
 
 -- teardown
 

@@ -17,7 +17,7 @@ from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 # it can keep the dead letters of other queues (spec.deadLetter.queue), whose ids are their own.
 DEAD_LETTERS_KEYED_BY_ID = (8, 9)
 
-# The PostgreSQL routines (SQL Server adds internal helpers: see `MsRing.ROUTINES`).
+# The routines of every dialect (each adds its internal helpers: see `PgRing.ROUTINES`, `MsRing.ROUTINES`).
 ROUTINES = (
     "place", "push", "push_many", "take", "pop", "pop_many", "release",
     "ack", "ack_many", "nack", "repair", "void_holes", "stats",

@@ -575,6 +575,25 @@ BEGIN
   GET DIAGNOSTICS o_holes = ROW_COUNT;
 END $fn$
 --;;
+CREATE OR REPLACE FUNCTION {fn_oldest_age}(p_pos bigint) RETURNS double precision
+-- The age of the oldest ready message, from a bounded look at the head: the next {head_look}
+-- positions after pop position p_pos, the positions whose popper gave up, and the first
+-- {head_look} redeliveries. Its own routine, called only for a queue that holds messages: an
+-- empty queue's stats never plan it.
+LANGUAGE sql STABLE AS $fn$
+  SELECT coalesce(extract(epoch FROM clock_timestamp() - (
+    SELECT min(head.pushed_at) FROM (
+      SELECT r.pushed_at FROM generate_series(p_pos + 1, p_pos + {head_look}) g(pos)
+      JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1
+      UNION ALL
+      SELECT r.pushed_at FROM {gap} x JOIN {ring} r ON r.slot = x.pos % {size} AND r.msg_id = x.pos AND r.state = 1
+      WHERE x.reason = 'skipped'
+      UNION ALL
+      SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s
+      WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
+    ) head)), 0)::float8
+$fn$
+--;;
 CREATE OR REPLACE FUNCTION {fn_stats}(
   OUT o_depth bigint, OUT o_in_flight bigint, OUT o_pushed bigint, OUT o_popped bigint,
   OUT o_acquired bigint, OUT o_expired bigint, OUT o_oldest_age_s double precision,
@@ -590,17 +609,17 @@ LANGUAGE sql STABLE AS $fn$
   -- spill table, which holds only redeliveries and delayed messages).
   WITH totals AS (
     SELECT
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_pushed}) AS pushed,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_popped}) AS popped,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_acquired}) AS acquired,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_expired}) AS expired,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_settled}) AS settled,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_dead}) AS dead,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_redriven}) AS redriven,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_purged}) AS purged,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_archived}) AS archived,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {n_scavenged}) AS scavenged,
-      (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {pop_seq}) AS pos,
+      coalesce(pg_sequence_last_value({n_pushed_class}), 0) AS pushed,
+      coalesce(pg_sequence_last_value({n_popped_class}), 0) AS popped,
+      coalesce(pg_sequence_last_value({n_acquired_class}), 0) AS acquired,
+      coalesce(pg_sequence_last_value({n_expired_class}), 0) AS expired,
+      coalesce(pg_sequence_last_value({n_settled_class}), 0) AS settled,
+      coalesce(pg_sequence_last_value({n_dead_class}), 0) AS dead,
+      coalesce(pg_sequence_last_value({n_redriven_class}), 0) AS redriven,
+      coalesce(pg_sequence_last_value({n_purged_class}), 0) AS purged,
+      coalesce(pg_sequence_last_value({n_archived_class}), 0) AS archived,
+      coalesce(pg_sequence_last_value({n_scavenged_class}), 0) AS scavenged,
+      coalesce(pg_sequence_last_value({pop_seq_class}), 0) AS pos,
       (SELECT count(*) FROM {spill} WHERE state = 1 AND visible_at > clock_timestamp()) AS delayed
   ), counts AS (
     SELECT t.*, greatest(t.acquired - t.settled, 0) AS in_flight FROM totals t
@@ -609,19 +628,7 @@ LANGUAGE sql STABLE AS $fn$
     FROM counts c
   )
   SELECT p.depth, p.in_flight, p.pushed, p.popped, p.acquired, p.expired,
-    -- The oldest ready message, from a bounded look at the head: the next {head_look} positions
-    -- of the ring, the positions whose popper gave up, and the first {head_look} redeliveries.
-    CASE WHEN p.depth > 0 THEN coalesce(extract(epoch FROM clock_timestamp() - (
-      SELECT min(head.pushed_at) FROM (
-        SELECT r.pushed_at FROM generate_series(p.pos + 1, p.pos + {head_look}) g(pos)
-        JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1
-        UNION ALL
-        SELECT r.pushed_at FROM {gap} x JOIN {ring} r ON r.slot = x.pos % {size} AND r.msg_id = x.pos AND r.state = 1
-        WHERE x.reason = 'skipped'
-        UNION ALL
-        SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s
-        WHERE s.state = 1 AND s.visible_at <= clock_timestamp()
-      ) head)), 0) ELSE 0 END::float8,
+    CASE WHEN p.depth > 0 THEN {fn_oldest_age}(p.pos) ELSE 0 END,
     greatest(p.dead - p.redriven - p.purged, 0), p.delayed, greatest(p.archived - p.scavenged, 0)
   FROM present p
 $fn$

@@ -25,7 +25,7 @@ FILLFACTOR = 50
 
 
 class PgRing(RingSqlBase):
-    ROUTINES: tuple[str, ...] = PG_ROUTINES
+    ROUTINES: tuple[str, ...] = (*PG_ROUTINES, "oldest_age")  # stats calls oldest_age
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
     BACKEND = "postgres"
@@ -46,10 +46,17 @@ class PgRing(RingSqlBase):
         return drops + super().create_routines()
 
     def template_values(self) -> dict[str, object]:
-        return super().template_values() | {
-            "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
-            "row_record": _record("0", "msg_id", "lease", "attempts", "body"),
-        }
+        # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
+        # of each sequence, as a SELECT from it would.
+        read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
+        return (
+            super().template_values()
+            | {f"{key}_class": _regclass(seq) for key, seq in read.items()}
+            | {
+                "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
+                "row_record": _record("0", "msg_id", "lease", "attempts", "body"),
+            }
+        )
 
     # --- provisioning, one method per planning step ------------------------------------------
     def create_schema(self) -> list[str]:
@@ -292,6 +299,13 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
             f"(SELECT count(*) FROM {self.ring} WHERE state = 2) + "
             f"(SELECT count(*) FROM {self.spill} WHERE state = 2)"
         )
+
+
+def _regclass(qualified: str) -> str:
+    """A qualified name, its parts validated and quoted, as a regclass constant."""
+    if "'" in qualified:
+        raise ValueError(f"not a quoted, qualified name: {qualified!r}")
+    return f"'{qualified}'::regclass"
 
 
 # Earlier schema versions' signatures of the routines whose result or parameters changed since.
