@@ -2,8 +2,8 @@
 maintain, tear down.
 
 The dialect object (`dialects.ring_sql`) supplies every statement; this class only runs them.
-Statistics and repair go through the data-plane client (`dbq.client.Queue`), which calls the
-queue's own routines.
+Statistics and repair call the queue's own routines, as the data-plane client does, on the
+backend's one connection.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dbq.backends.maintenance import (
 )
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
-from dbq.client import Queue, QueueStats
+from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
-from dbq.connection.odbc import connect, translate
+from dbq.connection.odbc import RETRIES, RETRY_STATES, connect, driver_error, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.names import QueueNames
 
@@ -40,13 +40,6 @@ class OdbcRing(OdbcBackend):
         super().__init__(settings, target.names)
         self.target = target
         self.sql = ring_sql(settings.backend, target)
-        self._queue: Queue | None = None  # a data-plane client, for stats and repair
-
-    def close(self, broken: bool = False) -> None:
-        if self._queue is not None:
-            self._queue.close()
-            self._queue = None
-        super().close(broken)
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> Observed:
@@ -146,40 +139,42 @@ class OdbcRing(OdbcBackend):
             ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
             return Depth(depth=int(ready), in_flight=int(leased))
 
-    def _client(self) -> Queue:
-        """One client per backend object (one connection), closed with it."""
-        if self._queue is None:
-            # It waits for nothing and serves one thread: no notifications, no smart batching.
-            self._queue = Queue(
-                self.settings, self.names, connection=self.conn, smart_batching=False, notify=False
-            )
-        return self._queue
+    def _call(self, verb: str, *args: object) -> list[pyodbc.Row]:
+        """One call of the queue's routine `verb` on the backend's connection; one the database
+        rolled back for a deadlock or a serialization failure changed nothing, and is made again
+        (as the client does). No data-plane client: it would first read the queue's metadata."""
+        statement = call_statement(self.settings.backend, self.names, verb)
+        with self._errors():
+            for attempt in range(RETRIES + 1):
+                try:
+                    return self.conn.cursor().execute(statement, *args).fetchall()
+                except pyodbc.Error as e:
+                    if attempt == RETRIES or driver_error(e, self.settings)[0] not in RETRY_STATES:
+                        raise
+                time.sleep(0.001 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def measure(self) -> QueueStats:
-        """The queue's stats routine, called on the backend's connection: a data-plane client
-        would first read the queue's metadata, two round trips more on every stats tick."""
-        with self._errors():
-            statement = call_statement(self.settings.backend, self.names, "stats")
-            return QueueStats.of_row(self.conn.cursor().execute(statement).fetchall()[0])
+        return QueueStats.of_row(self._call("stats")[0])
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """Repair: expired leases back to ready, orphans and holes older than `stalled_after_s`
         rescued or voided, expired messages dropped, gap records purged; then archived messages
         past the retention scavenged."""
-        client = self._client()
-        r = client.repair(orphan_grace=stalled_after_s)
+        grace_ms = int(stalled_after_s * 1000)
+        r = RepairResult.of_rows(self._call("repair", grace_ms)[0], self._call("void_holes", grace_ms)[0])
         counts = {"expiredLeases": r.expired_leases, "orphans": r.orphans, "holes": r.holes,
                   "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
         if self.target.archive_retention_s > 0:
-            counts["archiveScavenged"] = self._scavenge(client)
+            counts["archiveScavenged"] = self._scavenge()
         return counts
 
-    def _scavenge(self, client: Queue) -> int:
+    def _scavenge(self) -> int:
         """Archived messages past the retention, removed in bounded batches (each its own short
         transaction), at most SCAVENGE_BATCHES of them per run: a large backlog takes several runs."""
-        removed = 0
+        removed, retention_ms = 0, int(self.target.archive_retention_s * 1000)
         for _ in range(SCAVENGE_BATCHES):
-            batch = client.scavenge_archive(self.target.archive_retention_s, SCAVENGE_BATCH)
+            batch = int(self._call("scavenge", retention_ms, SCAVENGE_BATCH)[0][0])
             removed += batch
             if batch < SCAVENGE_BATCH:
                 break

@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
 SMART_BATCH_LIMIT = 500  # at most this many waiting calls share one round trip
-RETRIES = 5  # calls rolled back for a deadlock or a serialization failure, made again
 
 
 class _Session:
@@ -85,6 +84,12 @@ class RepairResult:
     gaps_purged: int
     holes: int = 0
     dead_lettered: int = 0  # expired leases of messages acquired spec.deadLetter.maxAttempts times
+
+    @classmethod
+    def of_rows(cls, repaired: Sequence[Any], voided: Sequence[Any]) -> RepairResult:
+        """From the rows of the repair and void_holes routines."""
+        leases, orphans, expired, purged, dead = (int(v or 0) for v in repaired)
+        return cls(leases, orphans, expired, purged, int(voided[0] or 0), dead)
 
 
 class _Announcing:
@@ -299,7 +304,7 @@ class Queue:
         """One routine call, one round trip. A call the database rolled back for a deadlock or a
         serialization failure changed nothing, so it is simply made again."""
         statement = self._statements[verb]
-        for attempt in range(RETRIES + 1):
+        for attempt in range(odbc.RETRIES + 1):
             session = self._checkout()
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
@@ -308,7 +313,7 @@ class Queue:
                     session.conn.close()  # it may be broken: the next call opens a fresh one
                     raise self._translate(e) from None
                 self._checkin(session)
-                if attempt == RETRIES:
+                if attempt == odbc.RETRIES:
                     raise QueueUnavailable(
                         f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
                     ) from None
@@ -588,10 +593,7 @@ class Queue:
         Idempotent and safe while clients work; the operator's cleanup runs it on schedule.
         """
         grace_ms = int(seconds_arg(orphan_grace, "orphan_grace", 5.0) * 1000)
-        row = self._call("repair", grace_ms)[0]
-        holes = int(self._call("void_holes", grace_ms)[0][0] or 0)
-        leases, orphans, expired, purged, dead = (int(v or 0) for v in row)
-        return RepairResult(leases, orphans, expired, purged, holes, dead)
+        return RepairResult.of_rows(self._call("repair", grace_ms)[0], self._call("void_holes", grace_ms)[0])
 
     # --- dead letters ---------------------------------------------------------------------
     def dead_letters(self, limit: int = 100, *, held: bool = False) -> list[DeadLetter]:

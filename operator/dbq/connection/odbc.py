@@ -18,6 +18,7 @@ from dbq.errors import (
 CONNECT_TIMEOUT_S = 5
 # Deadlock, serialization failure: the statement was rolled back whole and may be run again.
 RETRY_STATES = frozenset({"40P01", "40001"})
+RETRIES = 5  # how many times a call rolled back so is made again
 # The object named does not exist: PostgreSQL (undefined table, schema), SQL Server (invalid
 # object name).
 UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
