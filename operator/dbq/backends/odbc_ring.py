@@ -121,8 +121,12 @@ class OdbcRing(OdbcBackend):
         return self.sql
 
     def apply(self) -> ApplyResult:
-        """Make the database match the spec. Plans under the lock, so a plan another operator
-        finished meanwhile is not applied twice; callers that only want to know use plan()."""
+        """Make the database match the spec. A first look takes no lock, so a queue that matches
+        (what a drift check finds, mostly) costs no transaction. Otherwise it plans again under
+        the lock, so a plan another operator finished meanwhile is not applied twice; callers
+        that only want to know use plan()."""
+        if not self.plan(self.observe()):
+            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
         with self._locked_transaction() as cur:
             steps = self.plan(self.observe())
             for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
