@@ -705,8 +705,8 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_oldest_age"(p_pos bigint) RETURNS dou
 LANGUAGE sql STABLE AS $fn$
   SELECT coalesce(extract(epoch FROM clock_timestamp() - (
     SELECT min(head.pushed_at) FROM (
-      SELECT r.pushed_at FROM generate_series(p_pos + 1, p_pos + 64) g(pos)
-      JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1
+      SELECT r.pushed_at FROM generate_series(1, 64) g(k)  -- constant bounds: planned as 64 rows
+      JOIN "shopq"."orders_ring" r ON r.slot = (p_pos + g.k) % 1000 AND r.msg_id = p_pos + g.k AND r.state = 1
       UNION ALL
       SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = x.pos % 1000 AND r.msg_id = x.pos AND r.state = 1
       WHERE x.reason = 'skipped'

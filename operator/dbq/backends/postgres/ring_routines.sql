@@ -583,8 +583,8 @@ CREATE OR REPLACE FUNCTION {fn_oldest_age}(p_pos bigint) RETURNS double precisio
 LANGUAGE sql STABLE AS $fn$
   SELECT coalesce(extract(epoch FROM clock_timestamp() - (
     SELECT min(head.pushed_at) FROM (
-      SELECT r.pushed_at FROM generate_series(p_pos + 1, p_pos + {head_look}) g(pos)
-      JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1
+      SELECT r.pushed_at FROM generate_series(1, {head_look}) g(k)  -- constant bounds: planned as {head_look} rows
+      JOIN {ring} r ON r.slot = (p_pos + g.k) % {size} AND r.msg_id = p_pos + g.k AND r.state = 1
       UNION ALL
       SELECT r.pushed_at FROM {gap} x JOIN {ring} r ON r.slot = x.pos % {size} AND r.msg_id = x.pos AND r.state = 1
       WHERE x.reason = 'skipped'
