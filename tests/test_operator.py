@@ -362,10 +362,12 @@ def test_a_queue_deleted_while_its_timer_runs_goes_within_seconds(env):
     cluster.wait_condition("busy-q", "Ready", "True")
     holder, watcher = postgres.connect(autocommit=False), postgres.connect()
     try:
-        # The drift timer (every 2 s here, once the Queue is 5 s unchanged) waits on the schema's
-        # lock, which this test holds. Seen from another session: within the holder's transaction
-        # pg_stat_activity stays as it was at its first read, without a session opened since.
+        # The drift timer (every 2 s here, once the Queue is 5 s unchanged) finds a routine gone,
+        # and waits on the schema's lock to make it again, which this test holds. Seen from another
+        # session: within the holder's transaction pg_stat_activity stays as it was at its first
+        # read, without a session opened since.
         holder.execute("SELECT pg_advisory_xact_lock(hashtext(?))", f"dbq:{schema}")
+        watcher.execute(f'DROP FUNCTION "{schema}".busy_q_extend')
         held_by = holder.execute("SELECT pg_backend_pid()").fetchval()
         waiting = "SELECT count(*) FROM pg_stat_activity WHERE ? = ANY (pg_blocking_pids(pid))"
         wait_for(
