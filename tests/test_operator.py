@@ -74,8 +74,13 @@ def test_apply_becomes_ready_with_the_declared_ring(env, kube):
     assert cluster.condition("ready-q", "Provisioned")["status"] == "True"
     spec = cluster.get("ready-q")["spec"]  # defaults of shared settings, none of another design's
     assert "pipes" not in spec and spec["timeouts"]["visibility"] == "30s" and spec["ring"]["size"] == 256
-    events = {e.reason: e.message for e in cluster.events("ready-q")}
-    assert {"Provisioned", "Ready"} <= set(events)
+
+    def both_events() -> dict[str, str] | None:
+        found = {e.reason: e.message for e in cluster.events("ready-q")}
+        return found if {"Provisioned", "Ready"} <= set(found) else None
+
+    # kopf posts Events beside the status patch, not before it: they may come a moment later.
+    events = wait_for(both_events, 10, "the Provisioned and Ready events")
     assert "created the ring table" in events["Provisioned"] and "does not exist" not in events["Provisioned"]
     printed = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "dbq", "ready-q"],
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
