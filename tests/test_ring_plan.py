@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, plan_ring
+from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, is_new, plan_ring
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, UnsafeName
 from dbq.names import QueueNames
@@ -36,6 +36,14 @@ def test_empty_database_gets_everything_in_order():
         "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences",
         "create_side_tables", "create_history", "create_routines", "record_version",
     ]  # fmt: skip
+
+
+def test_a_queue_is_new_only_when_none_of_its_tables_or_its_metadata_row_exist():
+    shared = Observed(schema_exists=True, meta_exists=True, tables=frozenset({NAMES.meta, NAMES.history}))
+    assert is_new(TARGET, Observed()) and is_new(TARGET, shared)  # other queues' schema and tables
+    assert not is_new(TARGET, complete())
+    assert not is_new(TARGET, complete(tables=frozenset({NAMES.dead}), recorded=None))  # its dead letters
+    assert not is_new(TARGET, Observed(recorded=complete().recorded))
 
 
 def test_matching_database_needs_nothing():

@@ -177,6 +177,39 @@ def test_an_idle_tick_is_known_without_the_database_or_a_thread():
     assert not upkeep.idle_tick(upkeep.Memory(), 2, {"backend": "oracle"}, status)  # the tick reports it
 
 
+class Calls:
+    """A real backend whose method calls are counted by name."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.names = backend, []
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.append(name)
+        return getattr(self.backend, name)
+
+
+def test_a_queue_created_empty_is_measured_at_once_and_cleaned_up_one_interval_later(postgres):
+    """Nothing to repair and no sample in the history table yet: its first upkeep (run with
+    provisioning) measures it and records a sample, and reads or purges nothing else."""
+    name = f"n_{secrets.token_hex(3)}"
+    spec = spec_for("postgres", "upkeep")
+    backend = open_backend(spec, name, from_url(postgres.url))
+    assert backend.apply().created and not backend.apply().created  # the second finds it all
+    memory, calls = upkeep.Memory(), Calls(backend)
+    memory.created(100.0)
+    first = upkeep.run_upkeep("ns", name, spec, {}, lambda: calls, memory, now=100.0, health_check=False)
+    assert calls.names == ["measure", "record_sample", "checks"], calls.names
+    assert first.status["stats"]["depth"] == 0 and "cleanup" not in first.status
+    with connect(postgres.url, name, schema="upkeep") as q:
+        q.push(b"x")
+    calls.names.clear()
+    later = upkeep.run_upkeep("ns", name, spec, {**first.status}, lambda: calls, memory, now=105.0)
+    assert "sample_since" not in calls.names and later.status["stats"]["pushRate"] == 0.2  # 1 in 5 s
+    assert later.status["cleanup"]["lastResult"]["orphans"] == 0  # due one interval (5 s) later
+    backend.teardown()
+    backend.close()
+
+
 def test_operator_settings_come_from_the_environment_and_bad_ones_are_named():
     from dbq.errors import InvalidSpec
     from dbq.settings import OperatorSettings

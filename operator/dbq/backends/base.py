@@ -40,6 +40,9 @@ class ApplyResult:
     steps: Sequence[Step] = field(default_factory=list)
     schema_version: int = 0
     findings: Sequence[Finding] = field(default_factory=list)  # health checks after applying
+    # Nothing of the queue existed before: it was created empty, so it has nothing to clean up
+    # and no statistics sample of its own yet (designs that cannot tell leave it False).
+    created: bool = False
 
     @property
     def changed(self) -> bool:

@@ -22,7 +22,7 @@ from dbq.backends.maintenance import (
     plan_maintenance,
 )
 from dbq.backends.odbc import OdbcBackend
-from dbq.backends.ring_plan import Observed, Recorded, RingStep, plan_ring
+from dbq.backends.ring_plan import Observed, Recorded, RingStep, is_new, plan_ring
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import RETRIES, RETRY_STATES, connect, driver_error, translate
@@ -128,10 +128,13 @@ class OdbcRing(OdbcBackend):
         if not self.plan(self.observe()):
             return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
         with self._locked_transaction() as cur:
-            steps = self.plan(self.observe())
+            observed = self.observe()
+            steps = self.plan(observed)
             for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
                 cur.execute(batch)
-        return ApplyResult(steps=steps, schema_version=RING_SCHEMA_VERSION)
+        return ApplyResult(
+            steps=steps, schema_version=RING_SCHEMA_VERSION, created=is_new(self.target, observed)
+        )
 
     # --- state ----------------------------------------------------------------------------
     def checks(self) -> list[Finding]:

@@ -98,6 +98,12 @@ class Observed:
     keeper_version: int | None = None
 
 
+def is_new(target: RingTarget, observed: Observed) -> bool:
+    """Whether nothing of the queue exists: no metadata row and none of its tables (the schema,
+    the metadata and history tables may be other queues')."""
+    return observed.recorded is None and not set(target.names.tables) & observed.tables
+
+
 def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[RingStep]:
     n = target.names
     steps: list[RingStep] = []

@@ -216,10 +216,13 @@ def _run_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], memory
 def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outcome: Outcome) -> None:
     """The first statistics, cleanup and schedule of a queue just provisioned (or of one this
     operator has not measured yet), written with Ready in one status patch: an API write less per
-    queue, and its figures show at once. On failure the upkeep timer tries again."""
+    queue, and its figures show at once. On failure the upkeep timer tries again. A queue created
+    empty has its first cleanup one interval later: there is nothing to repair yet."""
     memory = _memory_of(meta, spec)
     if memory.stats_at:
         return
+    if outcome.created:
+        memory.created(time.monotonic())
     try:
         done = _run_upkeep(meta, spec, status, memory, health_check=False)
     except DbqError as e:

@@ -41,6 +41,7 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     error: DbqError | None = None
     steps: list[str] = field(default_factory=list)
+    created: bool = False  # ApplyResult.created: the queue was created empty
 
     @property
     def ok(self) -> bool:
@@ -92,6 +93,7 @@ def reconcile(
         # One observe and plan, under the queue's lock: apply returns what it had to do.
         result = backend.apply()
         out.steps = [s.done for s in result.steps]
+        out.created = result.created
         if result.steps and drift_check:
             why = "; ".join(s.why for s in result.steps)
             out.events.append(Event("Warning", "Drift", f"database objects differed from the spec: {why}"))

@@ -9,6 +9,7 @@ worth writing.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -88,7 +89,7 @@ class Memory:
     # The samples this operator recorded in the history table lately: (monotonic, pushed, taken),
     # oldest first. It holds every sample taken since `samples_cover` (0: none recorded yet).
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
-    samples_cover: float = 0.0
+    samples_cover: float = 0.0  # -inf: since the queue was created
     history_purged_at: float = 0.0
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
@@ -98,10 +99,18 @@ class Memory:
             self.parsed = (generation, parse_spec(raw))
         return self.parsed[1]
 
+    def created(self, now: float) -> None:
+        """The queue was created empty just now: its first cleanup is due one interval later
+        (there is nothing to repair yet), and the history table holds no sample of it to read
+        or purge (every one there will be is one this operator records)."""
+        self.cleanup_at = now
+        self.history_purged_at = now
+        self.samples_cover = -math.inf
+
     def remembers(self, window_s: float, now: float) -> bool:
         """Whether `sample_since` answers as the history table would: no sample of the window
         can be one this operator did not record (one taken before it started, say)."""
-        return 0.0 < self.samples_cover <= now - window_s
+        return self.samples_cover != 0.0 and self.samples_cover <= now - window_s
 
     def sample_since(self, window_s: float, now: float) -> Earlier | None:
         """The oldest remembered sample at most `window_s` old (as `QueueBackend.sample_since`)."""
