@@ -99,15 +99,14 @@ def test_statistics_reach_the_prometheus_gauges():
 
 def test_cleanup_status_is_refreshed_by_its_own_heartbeat():
     quiet = {"expiredLeases": 0, "orphans": 0}
-    previous = {"lastRun": "2026-01-01T00:00:00Z"}
-    assert upkeep.cleanup_worth_writing(quiet, {}, last_write=0.0, now=5.0)  # nothing written yet
-    assert not upkeep.cleanup_worth_writing(quiet, previous, last_write=100.0, now=160.0)
-    assert upkeep.cleanup_worth_writing(
-        quiet, previous, last_write=100.0, now=100.0 + upkeep.STATS_HEARTBEAT_S
-    )
-    assert upkeep.cleanup_worth_writing({"orphans": 1}, previous, last_write=100.0, now=101.0)
-    # After an operator restart the memory is empty: the first run writes.
-    assert upkeep.cleanup_worth_writing(quiet, previous, last_write=0.0, now=3.0)
+    assert upkeep.cleanup_worth_writing(quiet, last_write=0.0, now=5.0)  # nothing written yet
+    assert not upkeep.cleanup_worth_writing(quiet, last_write=100.0, now=160.0)
+    assert upkeep.cleanup_worth_writing(quiet, last_write=100.0, now=100.0 + upkeep.STATS_HEARTBEAT_S)
+    assert upkeep.cleanup_worth_writing({"orphans": 1}, last_write=100.0, now=101.0)
+    # A queue created empty at 100 is quiet until its first repair or the heartbeat.
+    memory = upkeep.Memory()
+    memory.created(100.0)
+    assert not upkeep.cleanup_worth_writing(quiet, memory.cleanup_written_at, now=160.0)
 
 
 def test_tasks_run_when_their_interval_is_due():
@@ -205,7 +204,8 @@ def test_a_queue_created_empty_is_measured_at_once_and_cleaned_up_one_interval_l
     calls.names.clear()
     later = upkeep.run_upkeep("ns", name, spec, {**first.status}, lambda: calls, memory, now=105.0)
     assert "sample_since" not in calls.names and later.status["stats"]["pushRate"] == 0.2  # 1 in 5 s
-    assert later.status["cleanup"]["lastResult"]["orphans"] == 0  # due one interval (5 s) later
+    assert "cleanup" in calls.names  # due one interval (5 s) later; nothing repaired, nothing written
+    assert "cleanup" not in later.status and not later.events
     backend.teardown()
     backend.close()
 

@@ -101,9 +101,10 @@ class Memory:
 
     def created(self, now: float) -> None:
         """The queue was created empty just now: its first cleanup is due one interval later
-        (there is nothing to repair yet), and the history table holds no sample of it to read
-        or purge (every one there will be is one this operator records)."""
-        self.cleanup_at = now
+        and writes status.cleanup once it repairs something or the heartbeat is due (there is
+        nothing to repair yet), and the history table holds no sample of it to read or purge
+        (every one there will be is one this operator records)."""
+        self.cleanup_at = self.cleanup_written_at = now
         self.history_purged_at = now
         self.samples_cover = -math.inf
 
@@ -181,12 +182,11 @@ def worth_writing(old: dict[str, Any] | None, new: dict[str, Any], last_write: f
     }
 
 
-def cleanup_worth_writing(
-    counts: dict[str, int], previous: dict[str, Any], last_write: float, now: float
-) -> bool:
-    """Something was repaired or housekept, or nothing was written yet, or the heartbeat is due:
-    so status.cleanup.lastRun is at most STATS_HEARTBEAT_S old, without an API write per run."""
-    return any(counts.values()) or not previous or last_write == 0.0 or now - last_write >= STATS_HEARTBEAT_S
+def cleanup_worth_writing(counts: dict[str, int], last_write: float, now: float) -> bool:
+    """Something was repaired or housekept, or this operator wrote nothing yet, or the heartbeat
+    is due: so status.cleanup.lastRun is at most STATS_HEARTBEAT_S old, without an API write per
+    run. (A queue created empty counts from its creation: `Memory.created`.)"""
+    return any(counts.values()) or last_write == 0.0 or now - last_write >= STATS_HEARTBEAT_S
 
 
 def cleanup_message(counts: dict[str, int]) -> str:
@@ -369,7 +369,7 @@ def run_upkeep(
             repaired_total=int(previous.get("repairedTotal") or 0) + sum(repaired.values()),
             last_repair_at=at if repaired else previous.get("lastRepairAt"),
         )
-        if cleanup_worth_writing(counts, previous, memory.cleanup_written_at, now):
+        if cleanup_worth_writing(counts, memory.cleanup_written_at, now):
             out.status["cleanup"] = cleanup.wire()
             memory.cleanup_written_at = now
         if repaired:
