@@ -75,13 +75,15 @@ def test_apply_becomes_ready_with_the_declared_ring(env, kube):
     spec = cluster.get("ready-q")["spec"]  # defaults of shared settings, none of another design's
     assert "pipes" not in spec and spec["timeouts"]["visibility"] == "30s" and spec["ring"]["size"] == 256
 
-    def both_events() -> dict[str, str] | None:
+    def provisioned() -> dict[str, str] | None:
         found = {e.reason: e.message for e in cluster.events("ready-q")}
-        return found if {"Provisioned", "Ready"} <= set(found) else None
+        return found if "Provisioned" in found else None
 
     # kopf posts Events beside the status patch, not before it: they may come a moment later.
-    events = wait_for(both_events, 10, "the Provisioned and Ready events")
+    # Provisioned and ready in one go: one Event says both.
+    events = wait_for(provisioned, 10, "the Provisioned event")
     assert "created the ring table" in events["Provisioned"] and "does not exist" not in events["Provisioned"]
+    assert events["Provisioned"].endswith("; the queue is ready") and "Ready" not in events
     printed = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "dbq", "ready-q"],
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
     assert "postgres" in printed and "ring" in printed and "True" in printed

@@ -132,7 +132,12 @@ def reconcile(
     ready_before = (cond.condition(old, cond.READY) or {}).get("status")
     ready_now = (cond.condition(out.status.get("conditions"), cond.READY) or {}).get("status")
     if ready_before != ready_now and ready_now == "True":
-        out.events.append(Event("Normal", "Ready", "queue is ready"))
+        # A queue provisioned and ready in one go gets one Event that says both: an API write less.
+        provisioned = [e for e in out.events if e.reason == "Provisioned"]
+        if provisioned:
+            provisioned[0].message += "; the queue is ready"
+        else:
+            out.events.append(Event("Normal", "Ready", "queue is ready"))
     metrics.set_ready(namespace, name, ready_now == "True")
     return out
 
