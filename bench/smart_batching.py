@@ -12,7 +12,9 @@ messages/s, the latency of a call (p50, p99) and calls a round trip; one thread 
 on, off. The ceiling: 16 threads
 each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
 run the queue is drained and counted: every message stored was received once or is drained,
-and none twice.
+and none twice. Last, the hand-off alone: 64 and 128 threads calling a smart batcher whose
+round trip answers at once (no database), which bounds what the threads of one process can
+pass through single calls on this machine, whatever the queue.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -35,6 +37,7 @@ from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import connect
+from dbq.client.coalescing import Coalescer
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
 from dbq.devstack import Stack
@@ -162,6 +165,13 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
             print(row, flush=True)
 
 
+def hand_off(threads: int, seconds: float) -> float:
+    """Calls/s of `threads` threads through a smart batcher whose round trip answers at once."""
+    together: Coalescer[bytes, bytes] = Coalescer(lambda bodies: bodies, limit=500)
+    role = Role(threads, lambda: together(BODY))
+    return len(role.got) / run_roles([role], seconds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,6 +207,10 @@ def main() -> int:
     print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
           f" pop runs start on {PREFILL} messages; push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
+    alone = {threads: hand_off(threads, opts.seconds) for threads in (64, 128)}
+    print(f"  hand-off alone (smart batching, no database): {alone[64]:.0f} calls/s from 64 threads,"
+          f" {alone[128]:.0f} from 128; 64 pushers + 64 poppers at 3 x ceiling/2 messages/s make"
+          f" {3 * top:.0f} calls/s")  # fmt: skip
     return 0
 
 
