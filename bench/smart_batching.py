@@ -13,8 +13,9 @@ on, off. The ceiling: 16 threads
 each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
 run the queue is drained and counted: every message stored was received once or is drained,
 and none twice. Last, the hand-off alone: 64 and 128 threads calling a smart batcher whose
-round trip answers at once (no database), which bounds what the threads of one process can
-pass through single calls on this machine, whatever the queue.
+round trip answers at once (no database); with the client's own work a message in a round
+trip of 30 (push_many, pop_many; one thread), it bounds how many single calls the threads of
+one process can make a second on this machine, however fast the database.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -165,11 +166,26 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
             print(row, flush=True)
 
 
+WORK_BATCH = 30  # about what a coalesced round trip carries at 64 threads a side
+
+
+def client_work(q: Any, rounds: int = 300) -> tuple[float, float]:
+    """CPU seconds of this process a message in push_many and pop_many of WORK_BATCH, one thread."""
+    spent = []
+    for call in (lambda: q.push_many([BODY] * WORK_BATCH), lambda: q.pop_many(WORK_BATCH)):
+        started = time.process_time()
+        for _ in range(rounds):
+            call()
+        spent.append((time.process_time() - started) / rounds / WORK_BATCH)
+    return spent[0], spent[1]
+
+
 def hand_off(threads: int, seconds: float) -> float:
     """Calls/s of `threads` threads through a smart batcher whose round trip answers at once."""
     together: Coalescer[bytes, bytes] = Coalescer(lambda bodies: bodies, limit=500)
     role = Role(threads, lambda: together(BODY))
-    return len(role.got) / run_roles([role], seconds)
+    elapsed = run_roles([role], seconds)
+    return len(role.got) / elapsed
 
 
 def main() -> int:
@@ -186,6 +202,8 @@ def main() -> int:
         OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
         measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
                                               pool_size=128), opts.seconds)  # fmt: skip
+        with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
+            work = client_work(q)
     host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     url = f"cassandra://{host}:{port}"
@@ -211,6 +229,13 @@ def main() -> int:
     print(f"  hand-off alone (smart batching, no database): {alone[64]:.0f} calls/s from 64 threads,"
           f" {alone[128]:.0f} from 128; 64 pushers + 64 poppers at 3 x ceiling/2 messages/s make"
           f" {3 * top:.0f} calls/s")  # fmt: skip
+    # A call costs its hand-off plus its share of the round trip's client work, one at a time
+    # under the GIL: so at most this many calls a second, before the database's share of the CPU.
+    bound = 1 / (1 / alone[128] + sum(work) / 2)
+    print(f"  the client's own work a message in round trips of {WORK_BATCH} (one thread, CPU):"
+          f" push_many {work[0] * 1e6:.1f} us, pop_many {work[1] * 1e6:.1f} us; with the hand-off"
+          f" from 128 threads, at most {bound:.0f} calls/s ({bound / 2 / (top / 2):.2f} x ceiling/2"
+          " delivered) from one process, however fast the database")  # fmt: skip
     return 0
 
 
