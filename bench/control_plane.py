@@ -13,7 +13,7 @@ schedule becomes every minute, and the bench holds a lock its VACUUM waits on. M
 queue's statistics samples (its history table) must keep coming: printed, the gaps between
 consecutive samples of all queues in that time, against the stats interval (15 s).
 
-    ~/.cache/dbq/venv/bin/python bench/control_plane.py --queues 1000 --steady 60
+    ~/.cache/dbq/venv/bin/python -m bench.control_plane --queues 1000 --steady 60
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pyodbc
+from bench.cpu import cpu_of_programs, cpu_seconds
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -83,26 +84,12 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def cpu_seconds(pid: int, children: bool = False) -> float:
-    """User and system CPU time of a process so far (and of its children that ended)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
-
-
 PROGRAMS = ("postgres", "kube-apiserver", "etcd")  # by the start of their process name
 
 
 def cpu_by_program(operator: int) -> Counter[str]:
-    """CPU time so far of the operator, and of every process of PROGRAMS on the machine (the
-    bench runs alone) with the sessions that ended, which their postmaster counts."""
-    total: Counter[str] = Counter({"operator": cpu_seconds(operator)})
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            comm = stat.read_text().split(" (", 1)[1].split(")", 1)[0]
-            for program in PROGRAMS:
-                if comm.startswith(program):
-                    total[program] += cpu_seconds(int(stat.parent.name), children=True)
-    return total
+    """CPU time so far of the operator, and of every process of PROGRAMS on the machine."""
+    return Counter({"operator": cpu_seconds(operator)}) + cpu_of_programs(PROGRAMS)
 
 
 def cores(since: Counter[str], until: Counter[str], seconds: float) -> str:

@@ -12,10 +12,10 @@ messages/s, the latency of a call (p50, p99) and calls a round trip; one thread 
 on, off. The ceiling: 16 threads
 each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
 run the queue is drained and counted: every message stored was received once or is drained,
-and none twice. Last, the hand-off alone: 64 and 128 threads calling a smart batcher whose
-round trip answers at once (no database); with the client's own work a message in a round
-trip of 30 (push_many, pop_many; one thread), it bounds how many single calls the threads of
-one process can make a second on this machine, however fast the database.
+and none twice. Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
+alone (64 and 128 threads calling a smart batcher whose round trip answers at once, no database;
+calls/s and the cores the process used), and a message's CPU in round trips of 30 (push_many,
+pop_many; one thread), here and in PostgreSQL.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -23,6 +23,7 @@ one process can make a second on this machine, however fast the database.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import statistics
 import sys
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyodbc
+from bench.cpu import cpu_of_programs
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
@@ -169,23 +171,52 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
 WORK_BATCH = 30  # about what a coalesced round trip carries at 64 threads a side
 
 
-def client_work(q: Any, rounds: int = 300) -> tuple[float, float]:
-    """CPU seconds of this process a message in push_many and pop_many of WORK_BATCH, one thread."""
-    spent = []
-    for call in (lambda: q.push_many([BODY] * WORK_BATCH), lambda: q.pop_many(WORK_BATCH)):
-        started = time.process_time()
+def client_work(q: Any, rounds: int = 300) -> dict[str, tuple[float, float]]:
+    """CPU seconds a message in push_many and pop_many of WORK_BATCH, one thread: (this
+    process, PostgreSQL), by call."""
+    spent = {}
+    for name, call in (("push_many", lambda: q.push_many([BODY] * WORK_BATCH)),
+                       ("pop_many", lambda: q.pop_many(WORK_BATCH))):  # fmt: skip
+        client, server = time.process_time(), cpu_of_programs(["postgres"])["postgres"]
         for _ in range(rounds):
             call()
-        spent.append((time.process_time() - started) / rounds / WORK_BATCH)
-    return spent[0], spent[1]
+        spent[name] = (
+            (time.process_time() - client) / rounds / WORK_BATCH,
+            (cpu_of_programs(["postgres"])["postgres"] - server) / rounds / WORK_BATCH,
+        )
+    return spent
 
 
-def hand_off(threads: int, seconds: float) -> float:
-    """Calls/s of `threads` threads through a smart batcher whose round trip answers at once."""
+def hand_off(threads: int, seconds: float) -> tuple[float, float]:
+    """Calls/s of `threads` threads through a smart batcher whose round trip answers at once,
+    and the cores this process used meanwhile."""
     together: Coalescer[bytes, bytes] = Coalescer(lambda bodies: bodies, limit=500)
     role = Role(threads, lambda: together(BODY))
+    started = time.process_time()
     elapsed = run_roles([role], seconds)
-    return len(role.got) / elapsed
+    return len(role.got) / elapsed, (time.process_time() - started) / elapsed
+
+
+def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> None:
+    """What 64 pushers + 64 poppers at 3 x ceiling/2 would cost this machine's CPU."""
+    alone = {threads: hand_off(threads, seconds) for threads in (64, 128)}
+    print(f"  hand-off alone (smart batching, no database): {alone[64][0]:.0f} calls/s from 64 threads"
+          f" ({alone[64][1]:.2f} cores), {alone[128][0]:.0f} from 128 ({alone[128][1]:.2f} cores)")  # fmt: skip
+    push, pop = work["push_many"], work["pop_many"]
+    print(f"  a message in round trips of {WORK_BATCH} (one thread), CPU: push_many {push[0] * 1e6:.1f} us"
+          f" here + {push[1] * 1e6:.1f} us PostgreSQL, pop_many {pop[0] * 1e6:.1f} + {pop[1] * 1e6:.1f} us")  # fmt: skip
+    delivered = 3 * top / 2
+    rate, cores = alone[128]
+    need = {
+        "hand-off": 2 * delivered * cores / rate,
+        "client": delivered * (push[0] + pop[0]),
+        "PostgreSQL": delivered * (push[1] + pop[1]),
+    }
+    print(
+        f"  64 + 64 at 3 x ceiling/2 ({delivered:.0f} delivered/s) would take, at these costs: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in need.items())
+        + f" = {sum(need.values()):.2f} cores, of the machine's {os.cpu_count()}"
+    )
 
 
 def main() -> int:
@@ -225,17 +256,7 @@ def main() -> int:
     print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
           f" pop runs start on {PREFILL} messages; push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
-    alone = {threads: hand_off(threads, opts.seconds) for threads in (64, 128)}
-    print(f"  hand-off alone (smart batching, no database): {alone[64]:.0f} calls/s from 64 threads,"
-          f" {alone[128]:.0f} from 128; 64 pushers + 64 poppers at 3 x ceiling/2 messages/s make"
-          f" {3 * top:.0f} calls/s")  # fmt: skip
-    # A call costs its hand-off plus its share of the round trip's client work, one at a time
-    # under the GIL: so at most this many calls a second, before the database's share of the CPU.
-    bound = 1 / (1 / alone[128] + sum(work) / 2)
-    print(f"  the client's own work a message in round trips of {WORK_BATCH} (one thread, CPU):"
-          f" push_many {work[0] * 1e6:.1f} us, pop_many {work[1] * 1e6:.1f} us; with the hand-off"
-          f" from 128 threads, at most {bound:.0f} calls/s ({bound / 2 / (top / 2):.2f} x ceiling/2"
-          " delivered) from one process, however fast the database")  # fmt: skip
+    budget(top, work, opts.seconds)
     return 0
 
 

@@ -1,0 +1,29 @@
+"""CPU time of processes on this machine, from /proc (the benches run alone on it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User and system CPU time of a process so far (and of its children that ended)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of_programs(programs: Iterable[str]) -> Counter[str]:
+    """CPU time so far of every process whose name starts with one of `programs`, with the
+    children that ended (a postmaster counts its finished sessions), by program."""
+    programs = tuple(programs)
+    total: Counter[str] = Counter()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            comm = stat.read_text().split(" (", 1)[1].split(")", 1)[0]
+            for program in programs:
+                if comm.startswith(program):
+                    total[program] += cpu_seconds(int(stat.parent.name), children=True)
+    return total
