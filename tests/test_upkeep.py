@@ -177,14 +177,20 @@ def test_an_idle_tick_is_known_without_the_database_or_a_thread():
 
 
 class Calls:
-    """A real backend whose method calls are counted by name."""
+    """A real backend whose method calls are recorded: their names, in order, and keywords."""
 
     def __init__(self, backend: Any) -> None:
-        self.backend, self.names = backend, []
+        self.backend, self.names, self.keywords = backend, [], {}
 
     def __getattr__(self, name: str) -> Any:
-        self.names.append(name)
-        return getattr(self.backend, name)
+        method = getattr(self.backend, name)
+
+        def call(*args: Any, **keywords: Any) -> Any:
+            self.names.append(name)
+            self.keywords[name] = keywords
+            return method(*args, **keywords)
+
+        return call
 
 
 def test_a_queue_created_empty_is_measured_at_once_and_cleaned_up_one_interval_later(postgres):
@@ -198,6 +204,7 @@ def test_a_queue_created_empty_is_measured_at_once_and_cleaned_up_one_interval_l
     memory.created(100.0)
     first = upkeep.run_upkeep("ns", name, spec, {}, lambda: calls, memory, now=100.0, health_check=False)
     assert calls.names == ["measure", "record_sample", "checks"], calls.names
+    assert calls.keywords["record_sample"] == {"purge": False}
     assert first.status["stats"]["depth"] == 0 and "cleanup" not in first.status
     with connect(postgres.url, name, schema="upkeep") as q:
         q.push(b"x")
