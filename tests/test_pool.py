@@ -1,15 +1,17 @@
 """The operator's connection pool (dbq.connection.pool) on the real PostgreSQL: a bound per
-database, reuse, and no broken connection handed out."""
+database, reuse, and no broken connection handed out; and calls the database rolled back made
+again (dbq.connection.odbc.retried)."""
 
 from __future__ import annotations
 
 import zlib
 
+import pyodbc
 import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url, pool
-from dbq.connection.odbc import connect
+from dbq.connection.odbc import RETRIES, connect, retried, rolled_back
 from dbq.contract.ring import RingTarget
 from dbq.errors import QueueUnavailable
 from dbq.names import QueueNames
@@ -132,3 +134,31 @@ def test_a_queue_gets_its_own_seat_back_while_it_is_free(postgres):
     for conn in (held, spare, third):
         lender.give(settings, conn)
     assert lender.idle(settings) == 3
+
+
+def test_a_call_the_database_rolled_back_is_made_again_at_most_retries_times(postgres):
+    conn = connect(from_url(postgres.url))
+    cur = conn.cursor()
+    cur.execute("CREATE TEMP SEQUENCE tries")
+    cur.execute(
+        "CREATE FUNCTION pg_temp.flaky(fail_until bigint, code text) RETURNS bigint LANGUAGE plpgsql AS $$"
+        " DECLARE n bigint := nextval('tries'); BEGIN"
+        "   IF n <= fail_until THEN RAISE EXCEPTION 'try %', n USING ERRCODE = code; END IF;"
+        "   RETURN n; END $$"
+    )
+
+    def flaky(fail_until: int, code: str = "40001") -> int:
+        return int(conn.cursor().execute("SELECT pg_temp.flaky(?, ?)", fail_until, code).fetchval())
+
+    def tries() -> int:
+        return int(conn.cursor().execute("SELECT last_value FROM tries").fetchval())
+
+    assert retried(lambda: flaky(3)) == 4  # three serialization failures, then it went through
+    never = tries() + 100  # a bound no try of the two below reaches
+    with pytest.raises(pyodbc.Error) as failed:  # rolled back every time: the last error propagates
+        retried(lambda: flaky(never, "40P01"))
+    assert rolled_back(failed.value) and tries() == 4 + RETRIES + 1
+    with pytest.raises(pyodbc.Error) as other:  # any other error at once
+        retried(lambda: flaky(never, "22012"))
+    assert not rolled_back(other.value) and tries() == 4 + RETRIES + 2
+    conn.close()

@@ -25,7 +25,7 @@ from dbq.backends.odbc import OdbcBackend
 from dbq.backends.ring_plan import Observed, Recorded, RingStep, is_new, plan_ring
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
-from dbq.connection.odbc import RETRIES, RETRY_STATES, connect, driver_error, translate
+from dbq.connection.odbc import connect, retried, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.names import QueueNames
 
@@ -152,14 +152,7 @@ class OdbcRing(OdbcBackend):
         (as the client does). No data-plane client: it would first read the queue's metadata."""
         statement = call_statement(self.settings.backend, self.names, verb)
         with self._errors():
-            for attempt in range(RETRIES + 1):
-                try:
-                    return self.conn.cursor().execute(statement, *args).fetchall()
-                except pyodbc.Error as e:
-                    if attempt == RETRIES or driver_error(e, self.settings)[0] not in RETRY_STATES:
-                        raise
-                time.sleep(0.001 * 2**attempt)
-        raise AssertionError("unreachable")
+            return retried(lambda: self.conn.cursor().execute(statement, *args).fetchall())
 
     def measure(self) -> QueueStats:
         return QueueStats.of_row(self._call("stats")[0])

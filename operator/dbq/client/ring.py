@@ -304,27 +304,31 @@ class Queue:
         """One routine call, one round trip. A call the database rolled back for a deadlock or a
         serialization failure changed nothing, so it is simply made again."""
         statement = self._statements[verb]
-        for attempt in range(odbc.RETRIES + 1):
+
+        def once() -> list[Any]:
             session = self._checkout()
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
             except pyodbc.Error as e:
-                if odbc.driver_error(e, self.settings)[0] not in odbc.RETRY_STATES:
+                if odbc.rolled_back(e):
+                    self._checkin(session)
+                else:
                     session.conn.close()  # it may be broken: the next call opens a fresh one
-                    raise self._translate(e) from None
-                self._checkin(session)
-                if attempt == odbc.RETRIES:
-                    raise QueueUnavailable(
-                        f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
-                    ) from None
-                time.sleep(0.001 * 2**attempt)
-                continue
+                raise
             except BaseException:
                 session.conn.close()
                 raise
             self._checkin(session)
             return rows
-        raise AssertionError("unreachable")
+
+        try:
+            return odbc.retried(once)
+        except pyodbc.Error as e:
+            if odbc.rolled_back(e):
+                raise QueueUnavailable(
+                    f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
+                ) from None
+            raise self._translate(e) from None
 
     def _connect(self) -> _Session:
         return _Session(odbc.connect(self.settings))

@@ -4,6 +4,9 @@ errors translated into `dbq.errors` with the password masked. The twin of `cassa
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pyodbc
 
@@ -24,6 +27,28 @@ RETRIES = 5  # how many times a call rolled back so is made again
 UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
 # A body over the ring's messageBytes, refused by the routine (PostgreSQL raises 22001).
 TOO_LARGE_STATE = "22001"
+
+
+T = TypeVar("T")
+
+
+def rolled_back(e: pyodbc.Error) -> bool:
+    """Whether the database rolled the statement back whole (a deadlock, a serialization
+    failure): it changed nothing and may be run again."""
+    return bool(e.args) and str(e.args[0]) in RETRY_STATES
+
+
+def retried(call: Callable[[], T]) -> T:
+    """`call()`, made again after 1, 2, 4... ms while the database rolls it back, at most RETRIES
+    times; the error of the last try, or any other error at once, propagates."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except pyodbc.Error as e:
+            if not rolled_back(e):
+                raise
+        time.sleep(0.001 * 2**attempt)
+    return call()
 
 
 def connect(settings: ConnectionSettings) -> pyodbc.Connection:
