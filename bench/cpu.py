@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -27,3 +27,20 @@ def cpu_of_programs(programs: Iterable[str]) -> Counter[str]:
                 if comm.startswith(program):
                     total[program] += cpu_seconds(int(stat.parent.name), children=True)
     return total
+
+
+@contextlib.contextmanager
+def on_one_cpu() -> Iterator[int]:
+    """Every thread of this process, and the threads they start meanwhile, on one CPU, as
+    `taskset -a -c` would; the CPUs they had, back afterwards."""
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), {cpu})
+    try:
+        yield cpu
+    finally:
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task.name), allowed)

@@ -9,12 +9,14 @@ pipes (Cassandra):
   push+pop  as many pushers and as many poppers at once: messages delivered end to end
   leased    16 pushers and 16 consumers calling acquire() then ack()
 messages/s, the latency of a call (p50, p99) and calls a round trip; one thread runs off, on,
-on, off. The ceiling: 16 threads
+on, off. push+pop at 64 threads runs once more with every thread of this process on one CPU, as
+`taskset -c 0` would run it: a process of many threads that take turns under the GIL spends
+about half its CPU waking them across CPUs. The ceiling: 16 threads
 each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
 run the queue is drained and counted: every message stored was received once or is drained,
 and none twice. Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
 alone (64 and 128 threads calling a smart batcher whose round trip answers at once, no database;
-calls/s and the cores the process used), and a message's CPU in round trips of 30 (push_many,
+calls/s and the cores the process used; 128 again on one CPU), and a message's CPU in round trips of 30 (push_many,
 pop_many; one thread), here and in PostgreSQL.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
@@ -23,6 +25,7 @@ pop_many; one thread), here and in PostgreSQL.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import statistics
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyodbc
-from bench.cpu import cpu_of_programs
+from bench.cpu import cpu_of_programs, on_one_cpu
 
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
@@ -144,18 +147,20 @@ def runs(q: Any, kind: str, threads: int, seconds: float) -> tuple[float, Role, 
 def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
     """Off and on take turns at each thread count, each with a client of its own, so that what
     the queue has been through (tombstones, vacuum) weighs on both alike."""
-    plan = [(kind, threads) for kind in ("push", "pop", "push+pop") for threads in THREADS] + [("leased", 16)]
-    for kind, threads in plan:
+    plan = [(kind, threads, False) for kind in ("push", "pop", "push+pop") for threads in THREADS]
+    plan += [("leased", 16, False), ("push+pop", 64, True)]
+    for kind, threads, one_cpu in plan:
         # One thread: off, on, on, off, so that a drift of the machine during the pair weighs on
         # both alike (the 1-thread latency target is within 10%).
         for smart in (False, True, True, False) if threads == 1 else (False, True):
-            q = make(smart)
-            rate, timed, stored, received = runs(q, kind, threads, seconds)
-            coalescers = (
-                [q._pushes] if kind == "push" else [q._pops] if "pop" in kind else [q._acquires, q._acks]
-            )
-            trips = sum(c.round_trips for c in coalescers) if smart else 0
-            q.close()  # gives its pipe leases back, so that the drain finds every pipe
+            with on_one_cpu() if one_cpu else contextlib.nullcontext():
+                q = make(smart)
+                rate, timed, stored, received = runs(q, kind, threads, seconds)
+                coalescers = (
+                    [q._pushes] if kind == "push" else [q._pops] if "pop" in kind else [q._acquires, q._acks]
+                )
+                trips = sum(c.round_trips for c in coalescers) if smart else 0
+                q.close()  # gives its pipe leases back, so that the drain finds every pipe
             with make(False) as counter:
                 conserved(stored, received, drain(counter))
             calls = len(timed.seconds) * (2 if kind == "leased" else 1)
@@ -164,6 +169,7 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
                 f"  {label:5s} {kind:8s} {'on ' if smart else 'off'} {threads:3d} threads  {rate:8.0f} msg/s"
                 f"  p50 {statistics.median(ms):6.2f} ms  p99 {ms[int(len(ms) * 0.99)]:7.2f} ms"
                 f"  {calls / trips if trips else 1.0:6.1f} calls a round trip"
+                + ("  (this process on one CPU)" if one_cpu else "")
             )
             print(row, flush=True)
 
@@ -200,8 +206,11 @@ def hand_off(threads: int, seconds: float) -> tuple[float, float]:
 def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> None:
     """What 64 pushers + 64 poppers at 3 x ceiling/2 would cost this machine's CPU."""
     alone = {threads: hand_off(threads, seconds) for threads in (64, 128)}
+    with on_one_cpu():
+        pinned = hand_off(128, seconds)
     print(f"  hand-off alone (smart batching, no database): {alone[64][0]:.0f} calls/s from 64 threads"
-          f" ({alone[64][1]:.2f} cores), {alone[128][0]:.0f} from 128 ({alone[128][1]:.2f} cores)")  # fmt: skip
+          f" ({alone[64][1]:.2f} cores), {alone[128][0]:.0f} from 128 ({alone[128][1]:.2f} cores);"
+          f" 128 with this process on one CPU: {pinned[0]:.0f} ({pinned[1]:.2f} cores)")  # fmt: skip
     push, pop = work["push_many"], work["pop_many"]
     print(f"  a message in round trips of {WORK_BATCH} (one thread), CPU: push_many {push[0] * 1e6:.1f} us"
           f" here + {push[1] * 1e6:.1f} us PostgreSQL, pop_many {pop[0] * 1e6:.1f} + {pop[1] * 1e6:.1f} us")  # fmt: skip
