@@ -24,6 +24,7 @@ from dbq.backends.cassandra.plan import (
     PipesTarget,
     RecordedPipes,
     TableOptions,
+    is_new,
     plan_pipes,
 )
 from dbq.client import PipesQueue, QueueError, QueueNotFound, connect
@@ -92,6 +93,16 @@ def test_plan_from_nothing_creates_everything_in_order():
         "create_table:q_archive",
         "record_settings",
     ]
+
+
+def test_a_queue_is_new_only_when_none_of_its_tables_or_its_metadata_row_exist():
+    shared = complete(
+        tables={t: GOOD for t in ("dbq_queues", "dbq_stats_history", "other_pipes")}, recorded=None
+    )
+    assert is_new(TARGET, PipesObserved()) and is_new(TARGET, shared)  # other queues' keyspace and tables
+    assert not is_new(TARGET, complete())
+    assert not is_new(TARGET, complete(tables={"q_dead": GOOD}, recorded=None))  # its dead letters
+    assert not is_new(TARGET, PipesObserved(recorded=complete().recorded))
 
 
 def test_plan_of_a_complete_queue_is_empty():
@@ -211,8 +222,10 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
     try:
         first = backend.apply()
         assert [str(s) for s in first.steps][-1] == "record_settings"
+        assert first.created
         assert backend.plan(backend.observe()) == []
-        assert not backend.apply().changed
+        again = backend.apply()
+        assert not again.changed and not again.created
         table = f'"{KEYSPACE}"."provision_me_waiting"'
         options = cassandra.execute(
             "SELECT gc_grace_seconds, compaction FROM system_schema.tables WHERE keyspace_name = %s"

@@ -19,6 +19,7 @@ from dbq.backends.cassandra.plan import (
     PipesTarget,
     RecordedPipes,
     TableOptions,
+    is_new,
     plan_pipes,
 )
 from dbq.backends.maintenance import MaintenanceResult
@@ -160,14 +161,17 @@ class CassandraPipes:
 
     def apply(self) -> ApplyResult:
         with keyspace_lock(self.settings, self.names.schema):
-            steps = self.plan(self.observe())
+            observed = self.observe()
+            steps = self.plan(observed)
             for step in steps:
                 if step.action is PipesAction.SOURCE_DEAD_LETTERS:  # row by row, not one statement
                     self._source_dead_letters()
                     continue
                 statement, values = self.render(step)
                 self._run(statement, *values)
-        return ApplyResult(steps=steps, schema_version=PIPES_SCHEMA_VERSION)
+        return ApplyResult(
+            steps=steps, schema_version=PIPES_SCHEMA_VERSION, created=is_new(self.target, observed)
+        )
 
     # --- state ----------------------------------------------------------------------------
     def _client(self) -> PipesQueue:

@@ -111,6 +111,12 @@ def options_drift(options: TableOptions) -> list[str]:
     return drift
 
 
+def is_new(target: PipesTarget, observed: PipesObserved) -> bool:
+    """Whether nothing of the queue exists: no metadata row and none of its tables (the
+    keyspace, the metadata and history tables may be other queues')."""
+    return observed.recorded is None and not set(target.names.pipes_tables) & observed.tables.keys()
+
+
 def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     n = target.names
     steps: list[PipesStep] = []
