@@ -564,7 +564,7 @@ def test_a_large_rollback_goes_in_batches_cassandra_accepts(make_queue, cass_url
 
 
 def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
-    q = make_queue(max_pushes=100_000, smart_batching=True)  # off by default on pipes
+    q = make_queue(max_pushes=100_000, smart_batching=True)
     bodies = [b"t%02d-%03d" % (t, i) for t in range(32) for i in range(30)]
 
     def pusher(t: int) -> list[uuid.UUID]:
@@ -580,6 +580,21 @@ def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
         assert got, f"{len(taken)} of {len(bodies)}"
         taken += got
     assert sorted(m.body for m in taken) == sorted(bodies) and {m.id for m in taken} == set(ids)
+
+
+def test_the_threads_of_a_smart_batching_client_take_through_its_one_lease(make_queue):
+    """With smart batching a client leases one pipe for all its threads' takes, single or batch;
+    without, each thread leases a pipe of its own, and a second thread finds the only one taken."""
+    sent = bodies("m", 20)  # one pipe
+    for smart in (True, False):
+        q = make_queue(smart_batching=smart)
+        q.push_many(sent)
+        first = q.pop()
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(q.pop_many, 5).result()
+        assert first is not None and first.body == sent[0]
+        assert [m.body for m in second] == (sent[1:6] if smart else [])
+        assert [m.body for m in q.pop_many(5)] == (sent[6:11] if smart else sent[1:6])
 
 
 def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_queue):

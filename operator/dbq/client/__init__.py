@@ -73,8 +73,9 @@ def connect(
     """A client for `queue` (its name, or its Queue resource's metadata.name) at `url`: postgresql://user:pass@host:port/db or mssql://... (a ring;
     `?driver=...` picks the ODBC driver; `design="servicebroker"` for a Service Broker queue), or
     cassandra://[user:pass@]host1,host2:9042[?dc=...] (pipes; `schema` is the keyspace). Options:
-    visibility, push_timeout, pop_timeout, ttl (seconds); for rings also pool_size, hole_grace,
-    smart_batching and notify (PostgreSQL: woken by LISTEN/NOTIFY instead of polling)."""
+    visibility, push_timeout, pop_timeout, ttl (seconds), smart_batching (rings and pipes, on by
+    default); for rings also pool_size, hole_grace and notify (PostgreSQL: woken by LISTEN/NOTIFY
+    instead of polling)."""
     return _open(from_url(url), queue, schema or DEFAULT_SCHEMA, options, design)
 
 

@@ -43,7 +43,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 
 from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
-from dbq.client.waiting import Deadline, count_arg, seconds_arg
+from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
@@ -252,7 +252,7 @@ class PipesQueue:
         pop_timeout: float = 1.0,
         ttl: float = 0.0,
         session: Session | None = None,
-        smart_batching: bool = False,  # off: with it on by default, 5 pipes tests failed (not yet looked into)
+        smart_batching: bool = True,
     ) -> None:
         if settings.backend != "cassandra":
             raise QueueError(f"{settings.backend} has no pipes queues: connect with a cassandra:// url")
@@ -273,7 +273,11 @@ class PipesQueue:
         self._threads_lock = threading.Lock()
         self._pushers: list[_Pusher] = []
         self._leases: list[_Lease] = []
-        self._shared_leases: dict[str, _Lease | None] = {}  # of coalesced takes, by kind
+        # With smart batching, every take of this client goes through one lease, one thread at a
+        # time: the leader of a coalesced take changes, a pipe has one lessee, and a thread's
+        # single and batch takes must not lease different pipes (one popper: strict FIFO).
+        self._together_lock = threading.Lock()
+        self._shared_lease: _Lease | None = None
         # Pipes holding messages this client nacked with a delay, and when the last is due
         # (monotonic): its takes push them again then, without waiting for a repair.
         self._deferred: dict[uuid.UUID, float] = {}
@@ -285,9 +289,9 @@ class PipesQueue:
         self._acks: Coalescer[PipeMessage, None] | None = None
         if smart_batching:
             self._pushes = push_coalescer(self.push_many, BATCH_MAX_MESSAGES)
-            self._pops = take_coalescer(lambda n: self._take_together("pop", n, None), BATCH_MAX_MESSAGES)
+            self._pops = take_coalescer(lambda n: self._take_together(n, None), BATCH_MAX_MESSAGES)
             self._acquires = take_coalescer(
-                lambda n: self._take_together("acquire", n, self.visibility), BATCH_MAX_MESSAGES
+                lambda n: self._take_together(n, self.visibility), BATCH_MAX_MESSAGES
             )
             self._acks = ack_coalescer(self.ack_many, BATCH_MAX_MESSAGES)
         try:
@@ -597,6 +601,13 @@ class PipesQueue:
     def _take(self, n: int, timeout: float | None, visibility: float | None) -> list[PipeMessage]:
         count_arg(n, "n")
         deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
+        if self._pops is not None:  # smart batching: through the client's one lease
+            return take_until(lambda: self._take_together(n, visibility), deadline, None, 0.0)
+        return self._take_leased(n, deadline, visibility)
+
+    def _take_leased(self, n: int, deadline: Deadline, visibility: float | None) -> list[PipeMessage]:
+        """Up to n messages from the thread's lease (moving on to other pipes as they run dry),
+        waiting up to the deadline for the first."""
         while True:
             self._roll_back_deferred()
             lease = self._working_lease()
@@ -612,16 +623,24 @@ class PipesQueue:
             if not deadline.wait():
                 return []
 
-    def _take_together(self, kind: str, n: int, visibility: float | None) -> list[PipeMessage]:
-        """A coalesced take, made by whichever thread leads it: the takes of one kind share a pipe
-        lease of their own, since a pipe has one lessee and the leader changes."""
-        own = self._lease()
-        self._local.lease = self._shared_leases.get(kind)
-        try:
-            return self._take(n, 0, visibility)
-        finally:
-            self._shared_leases[kind] = self._lease()
-            self._local.lease = own
+    def _take_together(self, n: int, visibility: float | None) -> list[PipeMessage]:
+        """A take on the client's one lease (smart batching), without waiting."""
+        with self._client_lease():
+            return self._take_leased(n, Deadline(0), visibility)
+
+    @contextlib.contextmanager
+    def _client_lease(self) -> Iterator[None]:
+        """With smart batching, this thread holds the client's one lease meanwhile (the other
+        threads wait for it); without, its own lease stays."""
+        if self._pops is None:
+            yield
+            return
+        with self._together_lock:
+            self._local.lease = self._shared_lease
+            try:
+                yield
+            finally:
+                self._shared_lease, self._local.lease = self._lease(), None
 
     def _lease(self) -> _Lease | None:
         return getattr(self._local, "lease", None)
@@ -967,7 +986,8 @@ class PipesQueue:
                 finished += 1
             overdue = _overdue(rows, at)
             if overdue:
-                moved, dead = self._roll_back(state, overdue) or (0, 0)
+                with self._client_lease():  # the pipe may be this client's own
+                    moved, dead = self._roll_back(state, overdue) or (0, 0)
                 rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
                 rows = self._x(self.cql.pending_of, pipe)
             is_drained = state.remaining <= 0 and state.done_pushing(self.max_push_time_ms, at)
