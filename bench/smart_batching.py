@@ -16,8 +16,9 @@ each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL
 run the queue is drained and counted: every message stored was received once or is drained,
 and none twice. Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
 alone (64 and 128 threads calling a smart batcher whose round trip answers at once, no database;
-calls/s and the cores the process used; 128 again on one CPU), and a message's CPU in round trips of 30 (push_many,
-pop_many; one thread), here and in PostgreSQL.
+calls/s and the cores the process used; 128 again on one CPU), a message's CPU in round trips of
+30 (push_many, pop_many; one thread), here and in PostgreSQL, and from them the most one process
+could deliver, its threads taking turns under the GIL (an estimate: hand-off and work add up).
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -225,6 +226,15 @@ def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> 
         f"  64 + 64 at 3 x ceiling/2 ({delivered:.0f} delivered/s) would take, at these costs: "
         + ", ".join(f"{k} {v:.2f}" for k, v in need.items())
         + f" = {sum(need.values()):.2f} cores, of the machine's {os.cpu_count()}"
+    )
+    # One process's threads run Python one at a time: were the hand-off and the client's work a
+    # message all it did, a delivered message (two calls) would take 2 / (hand-off calls/s) + work.
+    work_s = push[0] + pop[0]
+    bound = {where: 1 / (2 / calls + work_s) for where, calls in (("spread", rate), ("one CPU", pinned[0]))}
+    print(
+        f"  one process's bound, estimated (1 / (2 / hand-off calls/s + client work a message)):"
+        f" {bound['spread']:.0f} delivered/s spread over the CPUs ({bound['spread'] / (top / 2):.2f} x ceiling/2),"
+        f" {bound['one CPU']:.0f} on one CPU ({bound['one CPU'] / (top / 2):.2f} x)"
     )
 
 
