@@ -49,6 +49,42 @@ def test_calls_made_during_a_round_trip_share_the_next_and_each_gets_its_answer(
     assert [len(t) for t in trips[1:]] == [4, 4]  # at most `limit` a round trip
 
 
+def test_the_callers_of_a_round_trip_return_while_the_next_is_in_flight():
+    """Answered callers are woken as their round trip ends, not held until the next one ends:
+    here the third round trip waits for a caller of the second to have returned."""
+    gates = [threading.Event() for _ in range(3)]
+    returned = threading.Event()
+    trips: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        trips.append(items)
+        if len(trips) < 3:
+            gates[len(trips)].wait(5)  # in flight while the next callers arrive
+        else:
+            assert returned.wait(5), "the second round trip's callers were not woken"
+        return items
+
+    echo = Coalescer(run, limit=2, in_flight=1)
+
+    def call_then_tell(i: int) -> int:
+        got = echo(i)
+        returned.set()
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(echo, 0)
+        time.sleep(0.1)
+        second = pool.submit(echo, 1), pool.submit(call_then_tell, 2)  # share the second round trip
+        time.sleep(0.1)
+        gates[1].set()
+        time.sleep(0.1)
+        third = pool.submit(echo, 3)  # arrives while the second is in flight
+        time.sleep(0.1)
+        gates[2].set()
+        assert (first.result(5), second[0].result(5), second[1].result(5), third.result(5)) == (0, 1, 2, 3)
+    assert trips == [[0], [1, 2], [3]]
+
+
 def test_a_failed_round_trip_fails_each_of_its_calls_and_the_next_goes_on():
     calls = iter([RuntimeError("connection lost"), None])
 
