@@ -5,7 +5,8 @@ How it works (see `backends/cassandra/cql.py` for the tables):
   (rows plus the pipe's pushed count), no read, no lock. After `maxPushesPerPipe` messages or
   `maxPushTime` it marks the pipe finished and opens a new one.
 - A popping thread leases one pipe at a time with a lightweight transaction (5 s, renewed while
-  used) and reads it from its cursor. A take deletes what it read as one range behind the cursor
+  used) and reads it from its cursor; with smart batching (the default), the client's threads
+  take through one lease, one at a time. A take deletes what it read as one range behind the cursor
   and moves the counters (and, for acquire, copies the rows to `pending`) in one single-partition
   batch, so reads at the head never meet tombstones. Poppers prefer the oldest pipe with
   messages, which gives the seed's "mostly FIFO": messages come out in push order per pipe, and
