@@ -217,9 +217,10 @@ def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> 
           f" here + {push[1] * 1e6:.1f} us PostgreSQL, pop_many {pop[0] * 1e6:.1f} + {pop[1] * 1e6:.1f} us")  # fmt: skip
     delivered = 3 * top / 2
     rate, cores = alone[128]
+    work_s = push[0] + pop[0]  # the client's CPU a delivered message
     need = {
         "hand-off": 2 * delivered * cores / rate,
-        "client": delivered * (push[0] + pop[0]),
+        "client": delivered * work_s,
         "PostgreSQL": delivered * (push[1] + pop[1]),
     }
     print(
@@ -229,7 +230,6 @@ def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> 
     )
     # One process's threads run Python one at a time: were the hand-off and the client's work a
     # message all it did, a delivered message (two calls) would take 2 / (hand-off calls/s) + work.
-    work_s = push[0] + pop[0]
     bound = {where: 1 / (2 / calls + work_s) for where, calls in (("spread", rate), ("one CPU", pinned[0]))}
     print(
         f"  one process's bound, estimated (1 / (2 / hand-off calls/s + client work a message)):"
