@@ -3,9 +3,11 @@ leads, and who gets which answer. The queues' own tests run it against the datab
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -83,6 +85,78 @@ def test_the_callers_of_a_round_trip_return_while_the_next_is_in_flight():
         gates[2].set()
         assert (first.result(5), second[0].result(5), second[1].result(5), third.result(5)) == (0, 1, 2, 3)
     assert trips == [[0], [1, 2], [3]]
+
+
+def in_thread(call: Callable[[], int]) -> Future[int]:
+    """`call` in a daemon thread: should it never return, the test fails by timeout, not hangs."""
+    done: Future[int] = Future()
+    threading.Thread(target=lambda: done.set_result(call()), daemon=True).start()
+    return done
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def interruptible() -> Iterator[Callable[[float], None]]:
+    """`interrupt(after)`: raise Interrupted in this (the main) thread `after` seconds from now,
+    by a signal, as KeyboardInterrupt comes: a lock being waited for is left with it."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    main = threading.get_ident()
+    assert main == threading.main_thread().ident
+    previous = signal.signal(signal.SIGUSR1, handler)
+    yield lambda after: threading.Timer(after, signal.pthread_kill, (main, signal.SIGUSR1)).start()
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_caller_interrupted_in_a_round_trip_in_flight_is_skipped_by_the_others_waking(
+    interruptible: Callable[[float], None],
+) -> None:
+    """The answered callers of a round trip wake one another in turn: one interrupted while its
+    round trip is in flight must not leave the callers after it waiting for its turn."""
+    gates = [threading.Event() for _ in range(3)]
+    trips: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        trips.append(items)
+        gates[len(trips)].wait(5)
+        return items
+
+    echo = Coalescer(run, limit=10, in_flight=1)
+    first = in_thread(lambda: echo(0))
+    time.sleep(0.1)
+    heir = in_thread(lambda: echo(1))  # waits first: leads the second round trip
+    time.sleep(0.1)
+    late = in_thread(lambda: time.sleep(0.1) or echo(3))  # after this caller, in its round trip
+    threading.Timer(0.2, gates[1].set).start()
+    interruptible(0.3)  # the second round trip is in flight by then
+    with pytest.raises(Interrupted):
+        echo(2)
+    gates[2].set()
+    assert (first.result(5), heir.result(5), late.result(5)) == (0, 1, 3)
+    assert trips == [[0], [1, 2, 3]]
+
+
+def test_a_caller_interrupted_while_waiting_for_a_round_trip_drops_out(
+    interruptible: Callable[[float], None],
+) -> None:
+    gate = threading.Event()
+    trips: list[list[int]] = []
+    echo = Coalescer(lambda items: trips.append(items) or (gate.wait(5) and items), limit=10)
+    leader = in_thread(lambda: echo(4))
+    time.sleep(0.05)
+    interruptible(0.05)
+    with pytest.raises(Interrupted):
+        echo(5)  # waits for the next round trip, first in line to lead it
+    after = in_thread(lambda: echo(6))
+    time.sleep(0.05)
+    gate.set()
+    assert (leader.result(5), after.result(5)) == (4, 6)
+    assert trips == [[4], [6]]
 
 
 def test_a_failed_round_trip_fails_each_of_its_calls_and_the_next_goes_on():
