@@ -9,7 +9,7 @@ pipes (Cassandra):
   push+pop  as many pushers and as many poppers at once: messages delivered end to end
   leased    16 pushers and 16 consumers calling acquire() then ack()
 messages/s, the latency of a call (p50, p99) and calls a round trip; one thread runs off, on,
-on, off. push+pop at 64 threads runs once more with every thread of this process on one CPU, as
+on, off, and the latencies of the two off runs and of the two on runs are compared pooled. push+pop at 64 threads runs once more with every thread of this process on one CPU, as
 `taskset -c 0` would run it: a process of many threads that take turns under the GIL spends
 about half its CPU waking them across CPUs. The ceiling: 16 threads
 each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
@@ -19,6 +19,7 @@ alone (64 and 128 threads calling a smart batcher whose round trip answers at on
 calls/s and the cores the process used; 128 again on one CPU), a message's CPU in round trips of
 30 (push_many, pop_many; one thread), here and in PostgreSQL, and from them the most one process
 could deliver, its threads taking turns under the GIL (an estimate: hand-off and work add up).
+The line before them sets the ring's 64 + 64 and leased results against their targets.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -149,9 +150,19 @@ def runs(
     return len(timed.got) / elapsed, timed, filled + pushers.got, received
 
 
-def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
+def p50_p99(seconds: list[float]) -> tuple[float, float]:
+    ms = sorted(v * 1000 for v in seconds)
+    return statistics.median(ms), ms[int(len(ms) * 0.99)]
+
+
+Rates = dict[tuple[str, int, bool, bool], float]  # messages/s by kind, threads, smart, on one CPU
+
+
+def measure(label: str, make: Callable[[bool], Any], seconds: float) -> Rates:
     """Off and on take turns at each thread count, each with a client of its own, so that what
-    the queue has been through (tombstones, vacuum) weighs on both alike."""
+    the queue has been through (tombstones, vacuum) weighs on both alike; the rates."""
+    rates: Rates = {}
+    alone: dict[tuple[str, bool], list[float]] = {}  # one thread's call latencies, by kind and smart
     plan = [(kind, threads, False) for kind in ("push", "pop", "push+pop") for threads in THREADS]
     plan += [("leased", 16, False), ("push+pop", 64, True)]
     for kind, threads, one_cpu in plan:
@@ -169,14 +180,22 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float) -> None:
             with make(False) as counter:
                 conserved(stored, received, drain(counter))
             calls = len(timed.seconds) * (2 if kind == "leased" else 1)
-            ms = sorted(v * 1000 for v in timed.seconds)
+            p50, p99 = p50_p99(timed.seconds)
+            rates[kind, threads, smart, one_cpu] = rate
+            if threads == 1:
+                alone.setdefault((kind, smart), []).extend(timed.seconds)
             row = (
                 f"  {label:5s} {kind:8s} {'on ' if smart else 'off'} {threads:3d} threads  {rate:8.0f} msg/s"
-                f"  p50 {statistics.median(ms):6.2f} ms  p99 {ms[int(len(ms) * 0.99)]:7.2f} ms"
+                f"  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms"
                 f"  {calls / trips if trips else 1.0:6.1f} calls a round trip"
                 + ("  (this process on one CPU)" if one_cpu else "")
             )
             print(row, flush=True)
+    for kind in ("push", "pop", "push+pop"):  # the 1-thread latency target: on within 10% of off
+        (off50, off99), (on50, on99) = (p50_p99(alone[kind, smart]) for smart in (False, True))
+        print(f"  {label:5s} {kind:8s} 1 thread, the two off runs and the two on runs pooled: p50 {off50:.3f} -> {on50:.3f} ms"
+              f" ({on50 / off50:.2f} x), p99 {off99:.3f} -> {on99:.3f} ms ({on99 / off99:.2f} x)")  # fmt: skip
+    return rates
 
 
 WORK_BATCH = 30  # about what a coalesced round trip carries at 64 threads a side
@@ -254,7 +273,7 @@ def main() -> int:
         top = ceiling(postgres.odbc, opts.seconds)
         name = f"q_{secrets.token_hex(3)}"
         OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
-        measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
+        ring = measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
                                               pool_size=128), opts.seconds)  # fmt: skip
         with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
             work = client_work(q)
@@ -279,6 +298,11 @@ def main() -> int:
     print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
           f" pop runs start on {PREFILL['ring']:,} messages (ring), {PREFILL['pipes']:,} (pipes); push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
+    half = top / 2
+    print(f"  ring 64 + 64 delivered, smart batching on: {ring['push+pop', 64, True, False]:.0f}/s spread over the CPUs"
+          f" ({ring['push+pop', 64, True, False] / half:.2f} x ceiling/2), {ring['push+pop', 64, True, True]:.0f}/s"
+          f" on one CPU ({ring['push+pop', 64, True, True] / half:.2f} x); leased 16 + 16 on/off:"
+          f" {ring['leased', 16, True, False] / ring['leased', 16, False, False]:.2f} x")  # fmt: skip
     budget(top, work, opts.seconds)
     return 0
 
