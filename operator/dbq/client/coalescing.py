@@ -109,7 +109,7 @@ class Coalescer(Generic[Item, Result]):
                 raise AssertionError(f"{len(answers)} answers for {len(batch)} calls")
         except BaseException as e:  # the round trip failed as a whole: so did each call in it
             answers = [e] * len(batch)
-        with self._lock:  # as _abandon does: a caller is abandoned before it is answered or after
+        with self._lock:  # so that a caller is abandoned (_abandon) before its answer, then skipped, or after
             for call, answer in zip(batch, answers, strict=True):
                 if isinstance(answer, BaseException):
                     call.error = answer
