@@ -23,6 +23,7 @@ from dbq.backends.broker_plan import (
     Transmission,
     broker_checks,
     dba_statement,
+    is_new,
     plan_broker,
     plan_queue_maintenance,
     rebuild_advice,
@@ -91,6 +92,23 @@ def test_a_fresh_database_gets_every_object_in_dependency_order():
 
 def test_setup_run_again_on_what_it_made_changes_nothing():
     assert plan_broker(TARGET, provisioned()) == []
+
+
+def test_a_queue_is_new_only_when_neither_its_queues_nor_its_sequences_nor_its_metadata_row_exist():
+    """A new queue is first cleaned up one interval later (ApplyResult.created)."""
+    fresh = BrokerObserved(database=DatabaseState(broker_enabled=True, broker_guid="g"))
+    other = QueueNames(schema="shopq", queue="invoices")  # another queue of the same schema
+    shared = provisioned(dataclasses.replace(TARGET, names=other), recorded_version=None)
+    assert is_new(TARGET, fresh) and is_new(TARGET, shared)
+    assert not is_new(TARGET, provisioned())
+    assert not is_new(TARGET, provisioned(recorded_version=None))  # its queues and sequences
+    assert not is_new(
+        TARGET, dataclasses.replace(fresh, queues={NAMES.sender_queue: QueueState(NAMES.sender_queue)})
+    )
+    assert not is_new(
+        TARGET, dataclasses.replace(fresh, sequences=frozenset({NAMES.counter(BROKER_COUNTERS[0])}))
+    )
+    assert not is_new(TARGET, dataclasses.replace(fresh, recorded_version=BROKER_SCHEMA_VERSION))
 
 
 def test_a_disabled_broker_is_enabled_first_as_a_database_step():

@@ -189,6 +189,18 @@ def dba_statement(action: BrokerAction, database: str) -> str:
     return f"ALTER DATABASE [{database.replace(']', ']]')}] SET TRUSTWORTHY ON"
 
 
+def is_new(target: BrokerTarget, observed: BrokerObserved) -> bool:
+    """Whether nothing of the queue exists: no metadata row, neither of its queues and none of its
+    sequences (the schema, the metadata and history tables may be other queues')."""
+    n = target.names
+    own_sequences = {n.counter(c) for c in BROKER_COUNTERS}
+    return (
+        observed.recorded_version is None
+        and not {n.queue, n.sender_queue} & observed.queues.keys()
+        and not own_sequences & observed.sequences
+    )
+
+
 def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerStep]:
     n, db = target.names, observed.database
     steps: list[BrokerStep] = []

@@ -26,6 +26,7 @@ from dbq.backends.broker_plan import (
     Transmission,
     broker_checks,
     dba_statement,
+    is_new,
     plan_broker,
     plan_queue_maintenance,
     rebuild_advice,
@@ -147,7 +148,12 @@ class ServiceBrokerQueue(OdbcBackend):
                     cur.execute(statement)
         done += steps
         after = self.observe() if done else observed
-        return ApplyResult(steps=done, schema_version=BROKER_SCHEMA_VERSION, findings=self.checks(after))
+        return ApplyResult(
+            steps=done,
+            schema_version=BROKER_SCHEMA_VERSION,
+            findings=self.checks(after),
+            created=is_new(self.target, observed),
+        )
 
     def _database_step(self, step: BrokerStep) -> None:
         try:
