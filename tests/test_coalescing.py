@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
+from dbq.client import coalescing
 from dbq.client.coalescing import Coalescer, ack_coalescer, take_coalescer
 from dbq.errors import LeaseLost
 
@@ -157,6 +158,53 @@ def test_a_caller_interrupted_while_waiting_for_a_round_trip_drops_out(
     gate.set()
     assert (leader.result(5), after.result(5)) == (4, 6)
     assert trips == [[4], [6]]
+
+
+@pytest.mark.parametrize("victim_leads", [True, False])
+def test_a_caller_interrupted_as_it_is_woken_does_what_it_was_woken_for(
+    monkeypatch: pytest.MonkeyPatch, victim_leads: bool
+) -> None:
+    """Woken to lead the next round trip, the interrupted caller hands it to the next caller in
+    it; woken with its answer, it wakes the next answered caller."""
+    victim: list[int] = []
+    wait = coalescing._Call.wait
+
+    def wait_then_interrupted(call: coalescing._Call[int, int]) -> None:
+        wait(call)
+        if threading.get_ident() in victim:
+            raise Interrupted
+
+    monkeypatch.setattr(coalescing._Call, "wait", wait_then_interrupted)
+    gates = [threading.Event() for _ in range(3)]
+    trips: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        trips.append(items)
+        gates[len(trips)].wait(5)
+        return items
+
+    def interrupted(i: int) -> int:
+        victim.append(threading.get_ident())
+        with pytest.raises(Interrupted):
+            echo(i)
+        return -1
+
+    echo = Coalescer(run, limit=10, in_flight=1)
+    first = in_thread(lambda: echo(0))
+    time.sleep(0.1)
+    callers = [in_thread(lambda: interrupted(1))] if victim_leads else [in_thread(lambda: echo(1))]
+    time.sleep(0.1)
+    callers.append(in_thread(lambda: echo(2)) if victim_leads else in_thread(lambda: interrupted(2)))
+    time.sleep(0.1)
+    callers.append(in_thread(lambda: echo(3)))
+    time.sleep(0.1)
+    for gate in gates:
+        gate.set()
+    got = [first.result(5)] + [c.result(5) for c in callers]
+    if victim_leads:  # its round trip went to caller 2
+        assert got == [0, -1, 2, 3] and trips == [[0], [2, 3]]
+    else:  # caller 2 had its answer, and woke caller 3
+        assert got == [0, 1, -1, 3] and trips == [[0], [1, 2, 3]]
 
 
 def test_a_failed_round_trip_fails_each_of_its_calls_and_the_next_goes_on():
