@@ -95,6 +95,20 @@ def in_thread(call: Callable[[], int]) -> Future[int]:
     return done
 
 
+def gated_echo() -> tuple[Coalescer[int, int], list[threading.Event], list[list[int]]]:
+    """A smart batcher whose n-th round trip (from 1) stays in flight until gates[n] is set; the
+    items of its round trips."""
+    gates = [threading.Event() for _ in range(3)]
+    trips: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        trips.append(items)
+        gates[len(trips)].wait(5)
+        return items
+
+    return Coalescer(run, limit=10, in_flight=1), gates, trips
+
+
 class Interrupted(Exception):
     pass
 
@@ -119,15 +133,7 @@ def test_a_caller_interrupted_in_a_round_trip_in_flight_is_skipped_by_the_others
 ) -> None:
     """The answered callers of a round trip wake one another in turn: one interrupted while its
     round trip is in flight must not leave the callers after it waiting for its turn."""
-    gates = [threading.Event() for _ in range(3)]
-    trips: list[list[int]] = []
-
-    def run(items: list[int]) -> list[int]:
-        trips.append(items)
-        gates[len(trips)].wait(5)
-        return items
-
-    echo = Coalescer(run, limit=10, in_flight=1)
+    echo, gates, trips = gated_echo()
     first = in_thread(lambda: echo(0))
     time.sleep(0.1)
     heir = in_thread(lambda: echo(1))  # waits first: leads the second round trip
@@ -175,13 +181,6 @@ def test_a_caller_interrupted_as_it_is_woken_does_what_it_was_woken_for(
             raise Interrupted
 
     monkeypatch.setattr(coalescing._Call, "wait", wait_then_interrupted)
-    gates = [threading.Event() for _ in range(3)]
-    trips: list[list[int]] = []
-
-    def run(items: list[int]) -> list[int]:
-        trips.append(items)
-        gates[len(trips)].wait(5)
-        return items
 
     def interrupted(i: int) -> int:
         victim.append(threading.get_ident())
@@ -189,7 +188,7 @@ def test_a_caller_interrupted_as_it_is_woken_does_what_it_was_woken_for(
             echo(i)
         return -1
 
-    echo = Coalescer(run, limit=10, in_flight=1)
+    echo, gates, trips = gated_echo()
     first = in_thread(lambda: echo(0))
     time.sleep(0.1)
     callers = [in_thread(lambda: interrupted(1))] if victim_leads else [in_thread(lambda: echo(1))]
