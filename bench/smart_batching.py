@@ -9,12 +9,13 @@ pipes (Cassandra):
   push+pop  as many pushers and as many poppers at once: messages delivered end to end
   leased    16 pushers and 16 consumers calling acquire() then ack()
 messages/s, the latency of a call (p50, p99) and calls a round trip; one thread runs off, on,
-on, off, and the latencies of the two off runs and of the two on runs are compared pooled. push+pop at 64 threads runs once more with every thread of this process on one CPU, as
-`taskset -c 0` would run it: a process of many threads that take turns under the GIL spends
-about half its CPU waking them across CPUs. The ceiling: 16 threads
-each committing a one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each
-run the queue is drained and counted: every message stored was received once or is drained,
-and none twice. Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
+on, off, and the latencies of the two off runs and of the two on runs are compared pooled.
+push+pop at 64 threads runs once more with every thread of this process on one CPU, as
+`taskset -a -c 0` would run it: a process of many threads that take turns under the GIL hands
+the GIL on about three times slower across CPUs. The ceiling: 16 threads each committing a
+one-row UPDATE of its own row, as fast as they can (PostgreSQL). After each run the queue is
+drained and counted: every message stored was received once or is drained, and none twice.
+Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
 alone (64 and 128 threads calling a smart batcher whose round trip answers at once, no database;
 calls/s and the cores the process used; 128 again on one CPU), a message's CPU in round trips of
 30 (push_many, pop_many; one thread), here and in PostgreSQL, and from them the most one process
@@ -274,7 +275,7 @@ def main() -> int:
         name = f"q_{secrets.token_hex(3)}"
         OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
         ring = measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
-                                              pool_size=128), opts.seconds)  # fmt: skip
+                                                     pool_size=128), opts.seconds)  # fmt: skip
         with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
             work = client_work(q)
     host, port = stack.cassandra.contact
