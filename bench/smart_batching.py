@@ -18,7 +18,8 @@ drained and counted: every message stored was received once or is drained, and n
 Last, what 64 + 64 threads at 3 x ceiling/2 would cost the CPU: the hand-off
 alone (64 and 128 threads calling a smart batcher whose round trip answers at once, no database;
 calls/s and the cores the process used; 128 again on one CPU), a message's CPU in round trips of
-30 (push_many, pop_many; one thread), here and in PostgreSQL, and from them the most one process
+30 (push_many, pop_many; one thread), here and in PostgreSQL, a hand-off between two threads
+(spread and on one CPU), and from them the most one process
 could deliver, its threads taking turns under the GIL (an estimate: hand-off and work add up).
 The line before them sets the ring's 64 + 64 and leased results against their targets.
 
@@ -33,6 +34,7 @@ import os
 import secrets
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -228,11 +230,38 @@ def hand_off(threads: int, seconds: float) -> tuple[float, float]:
     return len(role.got) / elapsed, (time.process_time() - started) / elapsed
 
 
+def ping_pong(rounds: int = 50_000) -> float:
+    """Seconds a hand-off takes between two threads of this process passing a turn back and
+    forth through two locks: what waking one thread that needs the GIL costs, at the least."""
+    mine, theirs = threading.Lock(), threading.Lock()
+    mine.acquire()
+    theirs.acquire()
+
+    def other() -> None:
+        for _ in range(rounds):
+            mine.acquire()
+            theirs.release()
+
+    partner = threading.Thread(target=other)
+    partner.start()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        mine.release()
+        theirs.acquire()
+    elapsed = time.perf_counter() - started
+    partner.join()
+    return elapsed / (2 * rounds)
+
+
 def budget(top: float, work: dict[str, tuple[float, float]], seconds: float) -> None:
     """What 64 pushers + 64 poppers at 3 x ceiling/2 would cost this machine's CPU."""
     alone = {threads: hand_off(threads, seconds) for threads in (64, 128)}
+    spread_turn = ping_pong()
     with on_one_cpu():
         pinned = hand_off(128, seconds)
+        pinned_turn = ping_pong()
+    print(f"  a hand-off between two threads (ping-pong through two locks): {spread_turn * 1e6:.1f} us spread over"
+          f" the CPUs, {pinned_turn * 1e6:.1f} us on one CPU")  # fmt: skip
     print(f"  hand-off alone (smart batching, no database): {alone[64][0]:.0f} calls/s from 64 threads"
           f" ({alone[64][1]:.2f} cores), {alone[128][0]:.0f} from 128 ({alone[128][1]:.2f} cores);"
           f" 128 with this process on one CPU: {pinned[0]:.0f} ({pinned[1]:.2f} cores)")  # fmt: skip
