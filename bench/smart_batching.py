@@ -329,10 +329,10 @@ def main() -> int:
           f" pop runs start on {PREFILL['ring']:,} messages (ring), {PREFILL['pipes']:,} (pipes); push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
     half = top / 2
-    print(f"  ring 64 + 64 delivered, smart batching on: {ring['push+pop', 64, True, False]:.0f}/s spread over the CPUs"
-          f" ({ring['push+pop', 64, True, False] / half:.2f} x ceiling/2), {ring['push+pop', 64, True, True]:.0f}/s"
-          f" on one CPU ({ring['push+pop', 64, True, True] / half:.2f} x); leased 16 + 16 on/off:"
-          f" {ring['leased', 16, True, False] / ring['leased', 16, False, False]:.2f} x")  # fmt: skip
+    spread, pinned = ring["push+pop", 64, True, False], ring["push+pop", 64, True, True]
+    leased = ring["leased", 16, True, False] / ring["leased", 16, False, False]
+    print(f"  ring 64 + 64 delivered, smart batching on: {spread:.0f}/s spread over the CPUs ({spread / half:.2f} x"
+          f" ceiling/2), {pinned:.0f}/s on one CPU ({pinned / half:.2f} x); leased 16 + 16 on/off: {leased:.2f} x")  # fmt: skip
     budget(top, work, opts.seconds)
     return 0
 
