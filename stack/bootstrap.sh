@@ -2,7 +2,8 @@
 # Installs everything dbq's local stack and tests need, idempotently; fast when already done.
 #   Debian: PostgreSQL server, unixODBC, psqlODBC, Java 17, openssl, Lua 5.1 (Argo CD's health
 #           check), mmdebstrap, buildah and runc (the operator image: stack/image.sh, test_image.py),
-#           containerd, the CNI plugins and iptables (the single-node cluster: `dbq dev up cluster`)
+#           containerd, the CNI plugins and iptables (the single-node cluster: `dbq dev up cluster`),
+#           Chromium and ChromeDriver (the docs site's browser check: tests/test_docs_site.py)
 #   Python: a virtualenv at $DBQ_CACHE/venv with dbq (editable) and its dev extras
 #   Go:     kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager and pause
 #           built from Go modules                           (stack/build-kube.sh)
@@ -21,7 +22,7 @@ step() { printf '\n== %s\n' "$*"; }
 step "Debian packages"
 need=()
 for pkg in postgresql unixodbc odbc-postgresql tdsodbc openjdk-17-jre-headless openssl lua5.1 mmdebstrap buildah runc \
-    containerd containernetworking-plugins iptables; do
+    containerd containernetworking-plugins iptables chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -89,7 +89,9 @@ def wanted() -> dict[Path, str]:
 def values_table(text: str) -> str:
     """The Markdown table of every value documented with a `# --` comment in values.yaml."""
     values = yaml.safe_load(text)
-    rows, path, note = [], [], []
+    rows: list[str] = []
+    path: list[str] = []
+    note: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("# --"):

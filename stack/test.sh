@@ -6,7 +6,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 bash "$repo/stack/bootstrap.sh"
 venv=${DBQ_CACHE:-$HOME/.cache/dbq}/venv
 cd "$repo"
-src=(operator tests); [[ -d bench ]] && src+=(bench)
+src=(operator tests docgen); [[ -d bench ]] && src+=(bench)
 printf '\n== ruff\n';  "$venv/bin/ruff" check "${src[@]}" && "$venv/bin/ruff" format --check "${src[@]}"
 printf '\n== mypy\n';  "$venv/bin/mypy"
 # Two workers, one module at a time each (tests/conftest.py); the slowest 25 printed, every test's

@@ -13,10 +13,15 @@ from typing import Any
 
 
 class DbqError(Exception):
-    """Base of every error dbq raises."""
+    """Base of every error dbq raises.
+
+    `fix` says what a user does about it; the docs' reference of reasons is generated from the
+    docstrings and `fix` of the classes below.
+    """
 
     reason = "Error"
     retry = True
+    fix = ""
 
 
 # The name applications catch: `from dbq.client import QueueError`.
@@ -25,8 +30,12 @@ QueueError = DbqError
 
 # --- configuration: the spec, the Secret, names -----------------------------------------------
 class InvalidSpec(DbqError):
+    """The spec asks for something dbq cannot do (a combination admission cannot check, such as a
+    dead-letter queue on another database)."""
+
     reason = "InvalidSpec"
     retry = False
+    fix = "Change the field the message names; the Queue heals on the next generation."
 
 
 class ConflictingObjects(DbqError):
@@ -34,6 +43,10 @@ class ConflictingObjects(DbqError):
 
     reason = "ConflictingObjects"
     retry = False
+    fix = (
+        "Use another spec.queueName or spec.connection.schema, or drop the objects the message lists"
+        " if nothing uses them."
+    )
 
 
 class BrokerNotUnique(DbqError):
@@ -42,20 +55,33 @@ class BrokerNotUnique(DbqError):
 
     reason = "BrokerNotUnique"
     retry = False
+    fix = (
+        "Run the ALTER DATABASE ... SET NEW_BROKER the message gives, or set"
+        " spec.serviceBroker.newBroker: true to let dbq run it."
+    )
 
 
 class DeadLetterQueueNotFound(DbqError):
     """spec.deadLetter.queue names a Queue that does not exist (yet: retried) or is invalid."""
 
     reason = "DeadLetterQueueNotFound"
+    fix = "Create the Queue spec.deadLetter.queue names (same namespace, backend, design and Secret), or fix the name."
 
 
 class SecretNotFound(DbqError):
+    """The Secret spec.connection.secretRef names does not exist in the Queue's namespace."""
+
     reason = "SecretNotFound"
+    fix = (
+        "Create the Secret (key `url`, or host/port/database/username/password); it is read on the next tick."
+    )
 
 
 class InvalidSecret(DbqError):
+    """The Secret exists but lacks a key dbq needs or holds one it cannot read."""
+
     reason = "InvalidSecret"
+    fix = "Set the key the message names in the Secret."
 
 
 class InvalidConnection(DbqError, ValueError):
@@ -63,6 +89,7 @@ class InvalidConnection(DbqError, ValueError):
 
     reason = "InvalidSecret"
     retry = False
+    fix = "Correct the URL or Secret key the message names."
 
 
 class UnsafeName(DbqError, ValueError):
@@ -70,12 +97,14 @@ class UnsafeName(DbqError, ValueError):
 
     reason = "InvalidSpec"
     retry = False
+    fix = "Use the name the message suggests: lower-case letters, digits and '_', starting with a letter."
 
 
 class KubernetesUnavailable(DbqError):
     """The Kubernetes API refused or failed a request (other than a 404)."""
 
     reason = "KubernetesUnavailable"
+    fix = "Check the API server and the operator's RBAC (the message gives the status code)."
 
 
 # --- the database --------------------------------------------------------------------------
@@ -83,6 +112,7 @@ class DatabaseError(DbqError):
     """The database failed a request; the message has no credentials."""
 
     reason = "DatabaseError"
+    fix = "Read the message (the database's own error); dbq retries."
 
 
 # The name applications catch for any database failure.
@@ -90,11 +120,19 @@ QueueUnavailable = DatabaseError
 
 
 class DatabaseUnreachable(DatabaseError):
+    """No connection to the database: down, wrong host or port, or a network policy in the way."""
+
     reason = "DatabaseUnreachable"
+    fix = (
+        "Check the host and port in the Secret and that the database listens there; Ready returns by itself."
+    )
 
 
 class AuthenticationFailed(DatabaseError):
+    """The database refused the Secret's credentials."""
+
     reason = "AuthenticationFailed"
+    fix = "Put the right user and password in the Secret; a rotated password is read on the next tick."
 
 
 # --- queue semantics -------------------------------------------------------------------------
@@ -102,6 +140,7 @@ class QueueNotFound(DbqError):
     """The queue's objects are not in the database (not provisioned, or another schema)."""
 
     reason = "QueueNotFound"
+    fix = "Check the queue name and schema (or keyspace), and that its Queue is Ready."
 
 
 class QueueFull(DbqError):
@@ -111,6 +150,7 @@ class QueueFull(DbqError):
     """
 
     reason = "QueueFull"
+    fix = "Add consumers, raise spec.ring.size (a new Queue: it is immutable), or push with a longer wait."
 
     def __init__(self, message: str, ids: list[Any] | None = None) -> None:
         super().__init__(message)
@@ -122,6 +162,7 @@ class MessageTooLarge(DbqError):
 
     reason = "MessageTooLarge"
     retry = False
+    fix = "Send a smaller body, or use a Queue with a larger spec.ring.messageBytes."
 
 
 class LeaseLost(DbqError):
@@ -133,6 +174,7 @@ class LeaseLost(DbqError):
     """
 
     reason = "LeaseLost"
+    fix = "Raise the visibility (spec.timeouts.visibility or the call's own), or extend() long work."
 
     def __init__(self, message: str, messages: list[Any] | None = None) -> None:
         super().__init__(message)

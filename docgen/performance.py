@@ -1,0 +1,243 @@
+"""The performance page's charts and tables, read from `bench/results/` (the files the benchmarks
+saved), so the figures on the page are the figures of the runs."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+_NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _first_run(text: str) -> str:
+    """The latest run of a results file: its first block, up to the next command line."""
+    blocks = re.split(r"\n(?=\$ |# ~|## )", text.strip())
+    return blocks[0]
+
+
+def _read(name: str) -> str:
+    return (RESULTS / name).read_text()
+
+
+# --- parsers --------------------------------------------------------------------------------
+def ring_vs_skiplocked(text: str | None = None) -> dict[str, dict[str, float]]:
+    """design -> short, sustained, first and last minute (messages/s), from the summary table."""
+    text = text or _read("ring_vs_skiplocked.txt")
+    out: dict[str, dict[str, float]] = {}
+    table = text.split("design          short /s", 1)[1].split("\n\n", 1)[0]
+    for line in table.strip().splitlines()[1:]:
+        name, *values = line.split()
+        figures = dict(zip(("short", "sustained", "first", "last"), values, strict=True))
+        out[name] = {k: _num(v) for k, v in figures.items() if v != "nan"}
+    return out
+
+
+def held_snapshot(text: str | None = None) -> dict[str, list[float]]:
+    """'without' / 'with' -> ring batch messages/s in each 10 s of the run."""
+    text = text or _read("ring_held_snapshot.txt")
+    out = {}
+    for held, series in re.findall(
+        r"held snapshot: (no|yes), fillfactor dbq default\n\s+per 10 s:([^\n]+)", text
+    ):
+        out["with" if held == "yes" else "without"] = [_num(v) for v in series.split()]
+    return out
+
+
+def smart_batching(text: str | None = None) -> dict[tuple[str, str, str], dict[int, float]]:
+    """(design, operation, off|on) -> threads -> messages/s, the latest run; repeated
+    single-thread runs averaged; runs pinned to one CPU left out."""
+    text = _first_run(text or _read("smart_batching.txt"))
+    runs: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    pattern = rf"^\s+(ring|pipes)\s+(\S+)\s+(off|on)\s+(\d+) threads\s+{_NUMBER} msg/s(.*)$"
+    for design, op, mode, threads, rate, rest in re.findall(pattern, text, re.M):
+        if "one CPU" not in rest:
+            runs[design, op, mode][int(threads)].append(_num(rate))
+    return {key: {t: sum(v) / len(v) for t, v in sorted(by.items())} for key, by in runs.items()}
+
+
+def stats_cost(text: str | None = None) -> list[tuple[int, float, float]]:
+    """(slots, stats() p50 ms, counting rows p50 ms), the latest run."""
+    text = _first_run(text or _read("stats_cost.txt"))
+    pattern = rf"{_NUMBER} slots .*?stats p50\s+{_NUMBER} ms.*?counting rows p50\s+{_NUMBER} ms"
+    return [(int(_num(s)), _num(a), _num(b)) for s, a, b in re.findall(pattern, text)]
+
+
+def control_plane(text: str | None = None) -> tuple[int, list[tuple[float, int]]]:
+    """(queues, [(seconds since the first create, queues Ready)]) of the latest run."""
+    text = _first_run(text or _read("control_plane_1000_queues.txt"))
+    counts = re.search(r"queues Ready, by seconds since the first was created: ([^\n]+)", text)
+    assert counts, "no 'queues Ready, by seconds' line in the latest control-plane run"
+    points = [(float(s), int(n)) for s, n in re.findall(r"(\d+)s (\d+)", counts.group(1))]
+    return points[-1][1], [(0.0, 0), *points]
+
+
+def spark_consume(text: str | None = None) -> list[tuple[str, float]]:
+    """(way, messages/s) of the latest run."""
+    text = _first_run(text or _read("spark_consume.txt"))
+    return [
+        (way.strip(), _num(rate))
+        for way, rate in re.findall(rf"^  ((?:client|Spark)[^\n]*?)\s+{_NUMBER} msg/s", text, re.M)
+    ]
+
+
+# --- tables ---------------------------------------------------------------------------------
+def ring_table() -> str:
+    rows = ["| design | 20 s from empty, /s | 5 min over 1M backlog, snapshot held, /s | first minute | last minute |",
+            "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, f in ring_vs_skiplocked().items():
+        cells = [f"{f[k]:,.0f}" if k in f else "" for k in ("short", "sustained", "first", "last")]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def smart_batching_table() -> str:
+    data = smart_batching()
+    threads = sorted({t for by in data.values() for t in by})
+    rows = ["| ring, messages/s off → on | " + " | ".join(f"{t} threads" for t in threads) + " |",
+            "|---|" + "---:|" * len(threads)]  # fmt: skip
+    for op in ("push", "pop", "push+pop", "leased"):
+        off, on = data.get(("ring", op, "off"), {}), data.get(("ring", op, "on"), {})
+        cells = [f"{off[t]:,.0f} → {on[t]:,.0f}" if t in off and t in on else "" for t in threads]
+        rows.append(f"| {op} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def stats_table() -> str:
+    rows = ["| ring slots | stats() p50 | counting the rows p50 |", "|---:|---:|---:|"]
+    rows += [f"| {s:,} | {a:.2f} ms | {b:,.1f} ms |" for s, a, b in stats_cost()]
+    return "\n".join(rows) + "\n"
+
+
+def spark_table() -> str:
+    data = spark_consume()
+    base = data[0][1]
+    rows = ["| way | messages/s | x client pop_many |", "|---|---:|---:|"]
+    rows += [f"| {way} | {rate:,.0f} | {rate / base:.2f} |" for way, rate in data]
+    return "\n".join(rows) + "\n"
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "ring": ring_table,
+    "smart-batching": smart_batching_table,
+    "stats-cost": stats_table,
+    "spark": spark_table,
+}
+
+
+# --- charts ---------------------------------------------------------------------------------
+def _png(draw: Callable[[Axes], None], size: tuple[float, float] = (7.0, 3.6)) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    fig, ax = pyplot.subplots(figsize=size, dpi=110)
+    draw(ax)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    pyplot.close(fig)
+    return out.getvalue()
+
+
+def chart_held_snapshot(ax: Axes) -> None:
+    series = held_snapshot()
+    for label, rates in series.items():
+        ax.plot(
+            [10 * (i + 1) for i in range(len(rates))],
+            rates,
+            marker="o",
+            label=f"ring batches, {label} a held snapshot",
+        )
+    ring = ring_vs_skiplocked()
+    for name in ("ring-amo", "skiplocked"):
+        f = ring[name]
+        ax.plot(
+            [30, 270],
+            [f["first"], f["last"]],
+            linestyle="--",
+            marker="s",
+            label=f"{name}, snapshot held (first and last minute)",
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds into the run")
+    ax.set_ylabel("messages/s (log)")
+    ax.legend(fontsize=7)
+
+
+def chart_smart_batching(ax: Axes) -> None:
+    for (design, op, mode), by in smart_batching().items():
+        if design == "ring" and op in ("push", "pop", "push+pop"):
+            ax.plot(
+                list(by),
+                list(by.values()),
+                marker="o",
+                linestyle="-" if mode == "on" else ":",
+                label=f"{op}, {mode}",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("threads sharing one client")
+    ax.set_ylabel("messages/s")
+    ax.legend(fontsize=7, ncol=2)
+
+
+def chart_stats_cost(ax: Axes) -> None:
+    data = stats_cost()
+    slots = [s for s, _, _ in data]
+    ax.plot(slots, [a for _, a, _ in data], marker="o", label="stats() p50")
+    ax.plot(slots, [b for _, _, b in data], marker="s", label="counting the ring's rows p50")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ring slots")
+    ax.set_ylabel("ms (log)")
+    ax.legend(fontsize=8)
+
+
+def chart_control_plane(ax: Axes) -> None:
+    queues, points = control_plane()
+    ax.plot(
+        [s for s, _ in points],
+        [n for _, n in points],
+        marker="o",
+        label=f"{queues:,} Queues created by 8 threads",
+    )
+    ax.set_xlabel("seconds since the first create")
+    ax.set_ylabel("Queues Ready")
+    ax.legend(fontsize=8)
+
+
+def chart_spark(ax: Axes) -> None:
+    data = spark_consume()
+    ax.barh([w for w, _ in data][::-1], [r for _, r in data][::-1])
+    ax.set_xlabel("messages/s")
+    ax.tick_params(axis="y", labelsize=7)
+
+
+CHARTS: dict[str, Callable[[Axes], None]] = {
+    "ring-held-snapshot.png": chart_held_snapshot,
+    "smart-batching.png": chart_smart_batching,
+    "stats-cost.png": chart_stats_cost,
+    "control-plane.png": chart_control_plane,
+    "spark-consume.png": chart_spark,
+}
+
+
+def charts() -> dict[str, bytes]:
+    """File name -> PNG of every chart."""
+    return {
+        name: _png(draw, (7.0, 4.2) if name == "spark-consume.png" else (7.0, 3.6))
+        for name, draw in CHARTS.items()
+    }

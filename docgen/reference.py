@@ -1,0 +1,171 @@
+"""Reference tables rendered from the code, so the docs cannot drift from it.
+
+Each function returns Markdown; `docgen.hooks` puts it where a page says
+`<!-- dbq:reference NAME -->`. Tests call these functions with changed inputs and check the
+output follows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from stack.render_manifests import CHART, values_table
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+    return f"`{_cell(text)}`"
+
+
+def _kind(node: dict[str, Any]) -> str:
+    kind = node.get("type", "object")
+    if kind == "array":
+        return f"list of {_kind(node.get('items', {}))}"
+    if kind == "string" and node.get("x-kubernetes-int-or-string"):
+        return "duration"
+    return str(kind)
+
+
+def _limits(node: dict[str, Any]) -> str:
+    parts = []
+    if "enum" in node:
+        parts.append("one of " + ", ".join(_code(v) for v in node["enum"]))
+    if "minimum" in node or "maximum" in node:
+        parts.append(f"{node.get('minimum', '')}..{node.get('maximum', '')}")
+    if "minLength" in node or "maxLength" in node:
+        parts.append(f"length {node.get('minLength', 0)}..{node.get('maxLength', '')}")
+    if "maxItems" in node:
+        parts.append(f"at most {node['maxItems']} items")
+    rules = [r for r in node.get("x-kubernetes-validations", []) if "oldSelf" not in r["rule"]]
+    if "pattern" in node or rules:
+        parts.append("checked at admission")
+    return "; ".join(parts)
+
+
+def _immutable(node: dict[str, Any]) -> bool:
+    return any(r.get("rule") == "self == oldSelf" for r in node.get("x-kubernetes-validations", []))
+
+
+def _fields(node: dict[str, Any], path: str) -> Iterable[tuple[str, dict[str, Any]]]:
+    for name, child in node.get("properties", {}).items():
+        child_path = f"{path}.{name}"
+        yield child_path, child
+        target = child.get("items", {}) if child.get("type") == "array" else child
+        yield from _fields(target, child_path + ("[]" if child.get("type") == "array" else ""))
+
+
+def schema_table(schema: dict[str, Any], path: str, *, with_mutability: bool = True) -> str:
+    """One row per field of an OpenAPI v3 schema (the CRD's spec or status), depth first."""
+    header = ["Field", "Type", "Default", "Allowed", "Description"]
+    if with_mutability:
+        header.insert(4, "Changes")
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for field, node in _fields(schema, path):
+        default = _code(node["default"]) if "default" in node and node["default"] != {} else ""
+        cells = [f"`{field}`", _kind(node), default, _cell(_limits(node)), _cell(node.get("description", ""))]
+        if with_mutability:
+            cells.insert(4, "immutable" if _immutable(node) else "")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def admission_rules(rules: list[dict[str, Any]]) -> str:
+    """The CEL rules that span fields, as the API server's messages."""
+    lines = []
+    for rule in rules:
+        message = rule.get("message") or rule.get("messageExpression", "")
+        lines.append(f"- {_cell(message)}")
+    return "\n".join(lines) + "\n"
+
+
+def queue_spec() -> str:
+    from dbq.api import crd
+    from dbq.api.models import ROOT_RULES, SPEC_RULES
+
+    return (
+        schema_table(crd.spec_schema(), "spec")
+        + "\nRules across fields, checked by the API server at admission (the message it returns):\n\n"
+        + admission_rules(SPEC_RULES + ROOT_RULES)
+    )
+
+
+def queue_status() -> str:
+    from dbq.api import crd
+
+    return schema_table(crd.status_schema(), "status", with_mutability=False)
+
+
+def _doc(cls: type) -> str:
+    text = inspect.getdoc(cls) or ""
+    own = cls.__dict__.get("__doc__")
+    return _cell(text.split("\n\n")[0]) if own else ""
+
+
+def error_reasons(module: ModuleType | None = None) -> str:
+    """Every reason of the error family: what it means, what to do, and how Ready reports it."""
+    from dbq import errors
+
+    family: Any = module or errors
+    classes: list[Any] = [
+        c
+        for c in vars(family).values()
+        if isinstance(c, type) and issubclass(c, family.DbqError) and c.__module__ == family.__name__
+    ]
+    by_reason: dict[str, list[Any]] = {}
+    for cls in dict.fromkeys(classes):  # definition order, aliases once
+        by_reason.setdefault(cls.reason, []).append(cls)
+    rows = [
+        "| Reason | Raised as | Condition | Meaning | Fix |",
+        "|---|---|---|---|---|",
+    ]
+    for reason, group in by_reason.items():
+        names = ", ".join(f"`{c.__name__}`" for c in group)
+        condition = "Reconciling (retried)" if all(c.retry for c in group) else "Stalled (needs a change)"
+        meaning = " ".join(d for d in (_doc(c) for c in group) if d)
+        fix = " ".join(_cell(c.__dict__["fix"]) for c in group if "fix" in c.__dict__)
+        rows.append(f"| `{reason}` | {names} | {condition} | {meaning} | {fix} |")
+    return "\n".join(rows) + "\n"
+
+
+def metrics(collectors: Iterable[Any] | None = None) -> str:
+    """Every Prometheus metric the operator serves, with its type and labels."""
+    if collectors is None:
+        from dbq.controller import metrics as module
+
+        collectors = [
+            v for v in vars(module).values() if hasattr(v, "describe") and hasattr(v, "_labelnames")
+        ]
+        collectors += [v for group in (module.STATS.values(), module.RATES) for v in group]
+    rows = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    seen = set()
+    for collector in collectors:
+        for metric in collector.describe():
+            name = metric.name + ("_total" if metric.type == "counter" else "")
+            if name in seen:
+                continue
+            seen.add(name)
+            labels = ", ".join(f"`{label}`" for label in collector._labelnames)
+            rows.append(f"| `{name}` | {metric.type} | {labels} | {_cell(metric.documentation)} |")
+    return "\n".join(rows) + "\n"
+
+
+def helm_values(values_yaml: Path | None = None) -> str:
+    return values_table((values_yaml or CHART / "values.yaml").read_text())
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "queue-spec": queue_spec,
+    "queue-status": queue_status,
+    "reasons": error_reasons,
+    "metrics": metrics,
+    "helm-values": helm_values,
+}
