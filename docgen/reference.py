@@ -22,7 +22,7 @@ def _cell(text: str) -> str:
 
 
 def _code(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+    text = value if isinstance(value, str) and value else json.dumps(value, separators=(", ", ": "))
     return f"`{_cell(text)}`"
 
 
@@ -63,19 +63,41 @@ def _fields(node: dict[str, Any], path: str) -> Iterable[tuple[str, dict[str, An
         yield from _fields(target, child_path + ("[]" if child.get("type") == "array" else ""))
 
 
+def _row(field: str, node: dict[str, Any], with_mutability: bool) -> str:
+    default = _code(node["default"]) if "default" in node and node["default"] != {} else ""
+    notes = [_cell(node.get("description", ""))]
+    if _limits(node):
+        notes.append(f"Allowed: {_cell(_limits(node))}.")
+    if with_mutability and _immutable(node):
+        notes.append("**Immutable.**")
+    return f"| `{field}` | {_kind(node)} | {default} | {' '.join(n for n in notes if n)} |"
+
+
 def schema_table(schema: dict[str, Any], path: str, *, with_mutability: bool = True) -> str:
-    """One row per field of an OpenAPI v3 schema (the CRD's spec or status), depth first."""
-    header = ["Field", "Type", "Default", "Allowed", "Description"]
-    if with_mutability:
-        header.insert(4, "Changes")
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for field, node in _fields(schema, path):
-        default = _code(node["default"]) if "default" in node and node["default"] != {} else ""
-        cells = [f"`{field}`", _kind(node), default, _cell(_limits(node)), _cell(node.get("description", ""))]
-        if with_mutability:
-            cells.insert(4, "immutable" if _immutable(node) else "")
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
+    """The fields of an OpenAPI v3 schema (the CRD's spec or status): one table of the plain
+    top-level fields, then a section per object field with a row per field below it."""
+    header = ["| Field | Type | Default | Description |", "|---|---|---|---|"]
+    plain, sections = [], []
+    for name, top in schema.get("properties", {}).items():
+        field = f"{path}.{name}"
+        inner = top.get("items", {}) if top.get("type") == "array" else top
+        if "properties" not in inner:
+            plain.append(_row(field, top, with_mutability))
+            continue
+        rows = [
+            _row(child, node, with_mutability)
+            for child, node in _fields(inner, field + ("[]" if inner is not top else ""))
+        ]
+        notes = " ".join(
+            n
+            for n in (
+                _cell(top.get("description", "")),
+                "**Immutable.**" if with_mutability and _immutable(top) else "",
+            )
+            if n
+        )
+        sections += [f"### `{field}`", "", notes, "", *header, *rows, ""]
+    return "\n".join([f"### `{path}`", "", *header, *plain, "", *sections])
 
 
 def admission_rules(rules: list[dict[str, Any]]) -> str:

@@ -1,4 +1,4 @@
-"""The package's layers import one way, downward (see README, Layout):
+"""The package's layers import one way, downward (see docs/contributing.md, Layout):
 
     cli -> controller -> backends -> client (its public API only) -> contract, connection,
     names, api, errors

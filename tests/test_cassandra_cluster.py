@@ -112,7 +112,7 @@ def test_pipes_at_quorum_keep_every_message_while_a_node_is_killed(cassandra3, t
         # Nothing is left to deliver (the passes above drained nothing more) and nothing leased.
         # stats() may still count a phantom message or a few: a take that timed out while the
         # node died and was applied later leaves its pipe's counters off by that batch (a known
-        # limitation of the pipes' counters, README "Consistency with replicas").
+        # limitation of the pipes' counters, docs/dba/cassandra.md, "Consistency").
         assert s.in_flight == 0 and passes[-1][1] == 0
     finally:
         for p in [*pushers, *poppers, repairer]:

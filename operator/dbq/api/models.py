@@ -146,7 +146,7 @@ class SecretRef(Model):
 
 
 class Connection(Model):
-    secret_ref: SecretRef
+    secret_ref: SecretRef = Field(description="The Secret to connect with, in the Queue's namespace.")
     schema_: Annotated[
         str,
         Field(
@@ -213,7 +213,10 @@ class Pipes(Model):
     max_push_time: Duration("1s", "24h") = Field(  # type: ignore[valid-type]
         default="1m", description="...or after this long, whichever comes first."
     )
-    replication: Replication = Field(default_factory=Replication)
+    replication: Replication = Field(
+        default_factory=Replication,
+        description="Replication of the keyspace dbq creates (ALTER KEYSPACE when changed).",
+    )
 
 
 EXECUTE_AS_PATTERN = r"^(OWNER|SELF|[a-z][a-z0-9_]{0,39})$"
@@ -263,7 +266,9 @@ class ServiceBroker(Model):
         "conversation of the database and needs exclusive access); else only reported.",
     )
     trustworthy: bool = Field(default=False, description="Set the database TRUSTWORTHY (only when true).")
-    checks: BrokerChecks = Field(default_factory=BrokerChecks)
+    checks: BrokerChecks = Field(
+        default_factory=BrokerChecks, description="Thresholds of the health checks that set Degraded."
+    )
 
 
 class DeadLetter(Model):
@@ -328,7 +333,9 @@ class Reindex(Model):
     ] = Field(
         default="0 3 * * *", description="Cron schedule of the maintenance window (operator's time zone)."
     )
-    threshold: Threshold = Field(default_factory=Threshold)
+    threshold: Threshold = Field(
+        default_factory=Threshold, description="Act only past these measured figures."
+    )
     online: bool = Field(default=True, description="Prefer online operations (CONCURRENTLY, ONLINE=ON).")
 
     @field_validator("schedule")
@@ -361,11 +368,11 @@ class QueueSpec(Model):
     backend: Annotated[
         Backend,
         Field(json_schema_extra=_immutable("spec.backend", "create a new Queue on the other backend")),
-    ]
+    ] = Field(description="The database: postgres, sqlserver or cassandra.")
     design: Annotated[
         Design,
         Field(json_schema_extra=_immutable("spec.design", "create a new Queue with the other design")),
-    ] = Field(description="ring (postgres, sqlserver) | servicebroker (sqlserver) | pipes (cassandra)")
+    ] = Field(description="The design: ring (postgres, sqlserver), servicebroker (sqlserver) or pipes (cassandra).")
     queue_name: Annotated[
         str | None,
         Field(
@@ -375,19 +382,35 @@ class QueueSpec(Model):
     ] = Field(
         default=None, description="Name of the queue's objects; defaults to metadata.name with '-' as '_'."
     )
-    connection: Connection
-    ring: Ring = Field(default_factory=Ring)
-    pipes: Pipes = Field(default_factory=Pipes)
-    service_broker: ServiceBroker = Field(default_factory=ServiceBroker)
+    connection: Connection = Field(
+        description="Where the queue lives: the Secret to connect with and the schema."
+    )
+    ring: Ring = Field(default_factory=Ring, description="Ring queues: the ring's size and slot size.")
+    pipes: Pipes = Field(
+        default_factory=Pipes, description="Pipes queues: when pushers start a new pipe, and replication."
+    )
+    service_broker: ServiceBroker = Field(
+        default_factory=ServiceBroker,
+        description="Service Broker queues: activation, poison handling, checks.",
+    )
     dead_letter: DeadLetter | None = Field(
         default=None,
         description="Ring and pipes queues: dead-letter messages that keep failing (absent: redeliver for ever).",
     )
-    archive: Archive = Field(default_factory=Archive)
-    timeouts: Timeouts = Field(default_factory=Timeouts)
-    reindex: Reindex = Field(default_factory=Reindex)
-    cleanup: Cleanup = Field(default_factory=Cleanup)
-    stats: Stats = Field(default_factory=Stats)
+    archive: Archive = Field(
+        default_factory=Archive,
+        description="Ring and pipes queues: keep acked and popped messages for a while.",
+    )
+    timeouts: Timeouts = Field(
+        default_factory=Timeouts, description="Defaults of the clients' waits and leases."
+    )
+    reindex: Reindex = Field(
+        default_factory=Reindex, description="The maintenance window and its thresholds."
+    )
+    cleanup: Cleanup = Field(default_factory=Cleanup, description="How often stalled messages are repaired.")
+    stats: Stats = Field(
+        default_factory=Stats, description="How often statistics are measured, and kept how long."
+    )
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.DeleteIfEmpty,
         description="On delete: Retain the database objects, Delete them, or DeleteIfEmpty (wait until drained).",

@@ -15,12 +15,16 @@ from dbq.api.models import Model
 
 
 class Condition(Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    type: str = Field(
+        description="Ready, Reconciling, Stalled, Provisioned, Degraded, DeletionBlocked or Paused."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="Why, in one word (docs: reference/reasons).")
+    message: str = Field(default="", description="What happened and what to do, without credentials.")
+    last_transition_time: str | None = Field(default=None, description="When the status last changed (UTC).")
+    observed_generation: int | None = Field(
+        default=None, description="The generation the condition is about."
+    )
 
 
 class StatsStatus(Model):
@@ -55,35 +59,37 @@ class MaintenanceStatus(Model):
 
     next_run: str = Field(description="The next maintenance window (UTC).")
     cron: str = Field(description="The schedule the window was planned from.")
-    last_run: str | None = None
-    result: Literal["Succeeded", "NotNeeded", "Skipped", "Failed"] | None = None
-    message: str | None = None
-    actions: list[str] | None = None
+    last_run: str | None = Field(default=None, description="When the last run started (UTC).")
+    result: Literal["Succeeded", "NotNeeded", "Skipped", "Failed"] | None = Field(
+        default=None, description="How the last run ended."
+    )
+    message: str | None = Field(default=None, description="The last run in words.")
+    actions: list[str] | None = Field(default=None, description="The statements the last run executed.")
     before: dict[str, float] | None = Field(default=None, description="Measured figures before the run.")
     after: dict[str, float] | None = Field(default=None, description="Measured figures after the run.")
-    duration_seconds: float | None = None
+    duration_seconds: float | None = Field(default=None, description="How long the last run took.")
 
 
 class ScheduleStatus(Model):
     """Every schedule and threshold in words (`kubectl describe queue`)."""
 
-    statistics: str
-    cleanup: str
-    maintenance: str
+    statistics: str = Field(description="When statistics are measured and how long they are kept.")
+    cleanup: str = Field(description="When cleanup runs and what it repairs.")
+    maintenance: str = Field(description="The maintenance window, its thresholds and the next run.")
     checks: str | None = Field(
         default=None, description="Service Broker: the health checks, written as conditions."
     )
 
 
 class QueueStatus(Model):
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(default=None, description="The last generation reconciled.")
     schema_version: int | None = Field(default=None, description="Version of the objects dbq created.")
     queue_name: str | None = Field(default=None, description="Name of the queue's database objects.")
     endpoint: str | None = Field(
         default=None, description="host:port/database of the queue, never credentials."
     )
-    conditions: list[Condition] | None = None
+    conditions: list[Condition] | None = Field(default=None, description="kstatus conditions (Ready first).")
     stats: StatsStatus | None = None
-    cleanup: CleanupStatus | None = None
+    cleanup: CleanupStatus | None = Field(default=None, description="The last cleanup and its totals.")
     maintenance: MaintenanceStatus | None = None
     schedule: ScheduleStatus | None = None
