@@ -93,13 +93,19 @@ def spark_consume(text: str | None = None) -> list[tuple[str, float]]:
 
 
 # --- tables ---------------------------------------------------------------------------------
+def _run_line(name: str) -> str:
+    """The latest run's heading in its results file: command, date, commit."""
+    first = _first_run(_read(name)).splitlines()[0].lstrip("$# ").strip()
+    return f"\nLatest run, from `bench/results/{name}`: `{first}`\n"
+
+
 def ring_table() -> str:
     rows = ["| design | 20 s from empty, /s | 5 min over 1M backlog, snapshot held, /s | first minute | last minute |",
             "|---|---:|---:|---:|---:|"]  # fmt: skip
     for name, f in ring_vs_skiplocked().items():
         cells = [f"{f[k]:,.0f}" if k in f else "" for k in ("short", "sustained", "first", "last")]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + _run_line("ring_vs_skiplocked.txt")
 
 
 def smart_batching_table() -> str:
@@ -111,13 +117,13 @@ def smart_batching_table() -> str:
         off, on = data.get(("ring", op, "off"), {}), data.get(("ring", op, "on"), {})
         cells = [f"{off[t]:,.0f} → {on[t]:,.0f}" if t in off and t in on else "" for t in threads]
         rows.append(f"| {op} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + _run_line("smart_batching.txt")
 
 
 def stats_table() -> str:
     rows = ["| ring slots | stats() p50 | counting the rows p50 |", "|---:|---:|---:|"]
     rows += [f"| {s:,} | {a:.2f} ms | {b:,.1f} ms |" for s, a, b in stats_cost()]
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + _run_line("stats_cost.txt")
 
 
 def spark_table() -> str:
@@ -125,10 +131,17 @@ def spark_table() -> str:
     base = data[0][1]
     rows = ["| way | messages/s | x client pop_many |", "|---|---:|---:|"]
     rows += [f"| {way} | {rate:,.0f} | {rate / base:.2f} |" for way, rate in data]
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + _run_line("spark_consume.txt")
+
+
+def control_plane_run() -> str:
+    """The latest control-plane run as the bench printed it."""
+    run = _first_run(_read("control_plane_1000_queues.txt"))
+    return "```text\n" + run + "\n```\n"
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "control-plane": control_plane_run,
     "ring": ring_table,
     "smart-batching": smart_batching_table,
     "stats-cost": stats_table,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, checks style and types, then runs pytest
+# The whole test suite: installs what is missing, checks style and types, builds the docs, then runs pytest
 # against the real local stack (started by the test fixtures when not already up).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,6 +9,8 @@ cd "$repo"
 src=(operator tests docgen); [[ -d bench ]] && src+=(bench)
 printf '\n== ruff\n';  "$venv/bin/ruff" check "${src[@]}" && "$venv/bin/ruff" format --check "${src[@]}"
 printf '\n== mypy\n';  "$venv/bin/mypy"
+printf '\n== docs (mkdocs build --strict: a broken link or a missing page fails)\n'
+NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "${DBQ_CACHE:-$HOME/.cache/dbq}/site"
 # Two workers, one module at a time each (tests/conftest.py); the slowest 25 printed, every test's
 # time kept in $DBQ_CACHE/pytest-*.xml (JUnit). Arguments go to both runs (e.g. -k, -x).
 times=${DBQ_CACHE:-$HOME/.cache/dbq}
