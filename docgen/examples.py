@@ -1,5 +1,6 @@
 """The docs' runnable examples: every fenced `sh` or `python` block right after a
-`<!-- runnable -->` line. `tests/test_docs_examples.py` runs them, page by page, in order."""
+`<!-- runnable -->` line (run against the local stack by `tests/test_docs_examples.py`), or after
+`<!-- runnable: spark -->` (Python run with a SparkSession as `spark`, by the Spark tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-_RUNNABLE = re.compile(r"^<!-- runnable -->\n```(sh|python)\n(.*?)^```$", re.M | re.S)
+_RUNNABLE = re.compile(r"^<!-- runnable(?:: (spark))? -->\n```(sh|python)\n(.*?)^```$", re.M | re.S)
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class Example:
     line: int
     language: str  # sh | python
     code: str
+    needs: str  # stack | spark
 
     def __str__(self) -> str:
         return f"docs/{self.page}:{self.line}"
@@ -25,12 +27,22 @@ class Example:
 def examples(page: Path) -> list[Example]:
     text = page.read_text()
     return [
-        Example(str(page.relative_to(DOCS)), text.count("\n", 0, m.start()) + 2, m.group(1), m.group(2))
+        Example(
+            page=str(page.relative_to(DOCS)),
+            line=text.count("\n", 0, m.start()) + 2,
+            language=m.group(2),
+            code=m.group(3),
+            needs=m.group(1) or "stack",
+        )
         for m in _RUNNABLE.finditer(text)
     ]
 
 
-def pages_with_examples(docs: Path = DOCS) -> dict[str, list[Example]]:
-    """Page (relative to docs/) -> its runnable examples in order, for every page that has some."""
-    found = {str(p.relative_to(docs)): examples(p) for p in sorted(docs.rglob("*.md"))}
-    return {page: found_here for page, found_here in found.items() if found_here}
+def pages_with_examples(needs: str = "stack", docs: Path = DOCS) -> dict[str, list[Example]]:
+    """Page (relative to docs/) -> its runnable examples that need `needs`, in order, for every
+    page that has some."""
+    found = {
+        str(p.relative_to(docs)): [e for e in examples(p) if e.needs == needs]
+        for p in sorted(docs.rglob("*.md"))
+    }
+    return {page: here for page, here in found.items() if here}

@@ -4,6 +4,7 @@ measured by the real operator."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ import pytest
 from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
+from docgen.examples import pages_with_examples
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
@@ -57,6 +59,22 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     yield cluster, kube, schema, keyspace, postgres, cassandra
     cluster.force_delete_all(120)
     operator.stop()
+
+
+def test_the_spark_guide_runs_as_written(fleet, spark, monkeypatch, capsys):
+    """The docs' `<!-- runnable: spark -->` examples, with this module's SparkSession as `spark`
+    and its namespace for `shop` (tests/test_docs_examples.py runs the others)."""
+    cluster, kube, *_ = fleet
+    monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
+    examples = [e for page in pages_with_examples("spark").values() for e in page]
+    assert examples, "the Spark guide lost its runnable example"
+    for example in examples:
+        code = re.sub(r"\bshop\b", cluster.ns, example.code)
+        exec(compile(code, str(example), "exec"), {"spark": spark})
+    shown = capsys.readouterr().out
+    for name in WORKLOAD:
+        rows = re.findall(rf"^\|\s*{name}\|", shown, re.M)
+        assert len(rows) == 2, (name, shown)  # a row in each of the two tables the example shows
 
 
 def test_dbq_queues_is_the_status_of_every_queue(fleet, spark):
