@@ -372,7 +372,9 @@ class QueueSpec(Model):
     design: Annotated[
         Design,
         Field(json_schema_extra=_immutable("spec.design", "create a new Queue with the other design")),
-    ] = Field(description="The design: ring (postgres, sqlserver), servicebroker (sqlserver) or pipes (cassandra).")
+    ] = Field(
+        description="The design: ring (postgres, sqlserver), servicebroker (sqlserver) or pipes (cassandra)."
+    )
     queue_name: Annotated[
         str | None,
         Field(
