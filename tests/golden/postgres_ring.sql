@@ -856,7 +856,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varc
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
-VALUES ('orders', 'ring', 12, 1000, 300,
+VALUES ('orders', 'ring', 13, 1000, 300,
   5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -1031,6 +1031,10 @@ INSERT INTO "shopq"."dbq_stats_history" (queue, at, depth, in_flight, pushed, po
 DELETE FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at < now() - make_interval(secs => ?)
 
 SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "shopq"."dbq_stats_history" WHERE queue = 'orders' AND at >= now() - make_interval(secs => ?) ORDER BY at LIMIT 1
+
+-- the schema's lock around provisioning and teardown
+
+SELECT pg_advisory_xact_lock(hashtext(?))
 
 -- maintenance
 

@@ -143,14 +143,14 @@ END
 ELSE SELECT CAST(NULL AS int) WHERE 1 = 0;
 SELECT ce.state, COUNT_BIG(*) FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
 WHERE s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') GROUP BY ce.state;
-SELECT TOP (10) tq.to_service_name, tq.transmission_status, DATEDIFF(second, tq.enqueue_time, GETUTCDATE()),
+SELECT TOP (10) tq.to_service_name, tq.transmission_status, DATEDIFF_BIG(second, tq.enqueue_time, GETUTCDATE()),
   COUNT_BIG(*) OVER ()
 FROM sys.transmission_queue tq
 WHERE tq.from_service_name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') OR tq.to_service_name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender')
 ORDER BY CASE WHEN tq.transmission_status = N'' THEN 1 ELSE 0 END, tq.enqueue_time;
 IF HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') = 1
 BEGIN
-  SELECT m.state, DATEDIFF(second, m.last_activated_time, GETUTCDATE()), m.tasks_waiting, 1
+  SELECT m.state, DATEDIFF_BIG(second, m.last_activated_time, GETUTCDATE()), m.tasks_waiting, 1
   FROM sys.dm_broker_queue_monitors m
   WHERE m.database_id = DB_ID() AND m.queue_id = OBJECT_ID(N'[shopq].[orders]');
 END
@@ -180,16 +180,25 @@ END;
 CLOSE stalled; DEALLOCATE stalled;
 DECLARE leftover CURSOR LOCAL FAST_FORWARD FOR
   SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
-  WHERE (s.name = N'dbq/shopq/orders' AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')
-    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders] WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle)
-    AND (ce.state IN ('DI', 'DO', 'ER') OR DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE())))
-  OR (s.name = N'dbq/shopq/orders/sender' AND ce.state = 'ER');
+  WHERE s.name = N'dbq/shopq/orders' AND (ce.state = 'DI' OR (ce.state IN ('CO', 'SI') AND DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE())))
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders] WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle);
 OPEN leftover; FETCH NEXT FROM leftover INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN
-  END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1; FETCH NEXT FROM leftover INTO @h;
+  END CONVERSATION @h; SET @cleaned += 1; FETCH NEXT FROM leftover INTO @h;
 END;
 CLOSE leftover; DEALLOCATE leftover;
+-- dbq: error path: errored conversations, and ends the other side never answered
+DECLARE failed CURSOR LOCAL FAST_FORWARD FOR
+  SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
+  WHERE (s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') AND ce.state = 'ER')
+  OR (s.name = N'dbq/shopq/orders' AND ce.state = 'DO' AND DATEADD(second, -2147483647, ce.lifetime) < DATEADD(second, -2 * @stalled, GETUTCDATE()));
+OPEN failed; FETCH NEXT FROM failed INTO @h;
+WHILE @@FETCH_STATUS = 0
+BEGIN
+  END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1; FETCH NEXT FROM failed INTO @h;
+END;
+CLOSE failed; DEALLOCATE failed;
 SELECT @replies, @senders, @cleaned;
 
 -- maintenance: figures
@@ -208,6 +217,7 @@ ALTER QUEUE [shopq].[orders] REORGANIZE WITH (LOB_COMPACTION = ON)
 
 -- teardown: end every conversation
 SET NOCOUNT ON;
+-- dbq: error path: a forced teardown drops the queue, so no conversation can end normally
 DECLARE @h uniqueidentifier, @ended int = 0;
 DECLARE every CURSOR LOCAL FAST_FORWARD FOR
   SELECT ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id WHERE s.name IN (N'dbq/shopq/orders', N'dbq/shopq/orders/sender') AND ce.state <> 'CD';
@@ -376,7 +386,8 @@ IF @target IS NOT NULL
 IF EXISTS (SELECT 1 FROM @got) SET @ms = DATEDIFF_BIG(microsecond, @sent, SYSUTCDATETIME()) / 1000;
 DECLARE @status nvarchar(4000) = ISNULL((SELECT TOP (1) transmission_status FROM sys.transmission_queue
   WHERE conversation_handle = @h), N'');
-IF @target IS NOT NULL END CONVERSATION @target WITH CLEANUP;
-END CONVERSATION @h WITH CLEANUP;
+-- Plain ends: the target's end reaches the sender's queue, where cleanup ends the sender's side.
+IF @target IS NOT NULL END CONVERSATION @target;
+ELSE END CONVERSATION @h;
 SELECT CASE WHEN @ms IS NULL THEN 0 ELSE 1 END, ISNULL(@ms, 0), @status;
 

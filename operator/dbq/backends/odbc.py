@@ -59,8 +59,15 @@ class OdbcBackend:
             raise translate(e, self.settings) from None
 
     def advisory_lock(self) -> str:
-        """The statement that takes the schema's lock until the transaction ends (parameter: its name)."""
+        """The statement that takes the schema's lock (parameter: its name), raising when it is
+        not granted; held until the transaction ends, or until `advisory_unlock` when that is a
+        statement."""
         raise NotImplementedError
+
+    def advisory_unlock(self) -> str | None:
+        """The statement that releases a session-owned schema lock (parameter: its name), or None
+        when the lock ends with the transaction."""
+        return None
 
     def history_sql(self) -> RingSql:
         """The dialect whose statements keep the schema's statistics history."""
@@ -86,12 +93,13 @@ class OdbcBackend:
         and two operators (or two handlers of one) never change one schema at once. The lock is
         the schema's, not the queue's: queues share the schema, its metadata and history tables,
         and the last one to go drops the schema."""
+        lock, unlock = f"dbq:{self.names.schema}", self.advisory_unlock()
         with self._errors():
             conn = self.conn
             conn.autocommit = False
             try:
                 cur = conn.cursor()
-                cur.execute(self.advisory_lock(), f"dbq:{self.names.schema}")
+                cur.execute(self.advisory_lock(), lock)
                 yield cur
                 conn.commit()
             except BaseException:
@@ -99,6 +107,16 @@ class OdbcBackend:
                 raise
             finally:
                 conn.autocommit = True
+                if unlock is not None:
+                    self._release(conn, unlock, lock)
+
+    def _release(self, conn: pyodbc.Connection, unlock: str, lock: str) -> None:
+        """A session-owned lock outlives the transaction: release it; if that fails, end the
+        session (which releases it) rather than hide the error the transaction raised."""
+        try:
+            conn.cursor().execute(unlock, lock)
+        except pyodbc.Error:
+            self.close(broken=True)
 
     def ping(self) -> None:
         """Whether the database answers a new connection (raises DatabaseUnreachable,

@@ -117,6 +117,9 @@ class OdbcRing(OdbcBackend):
     def advisory_lock(self) -> str:
         return self.sql.advisory_lock()
 
+    def advisory_unlock(self) -> str | None:
+        return self.sql.advisory_unlock()
+
     def history_sql(self) -> RingSql:
         return self.sql
 

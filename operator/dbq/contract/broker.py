@@ -169,6 +169,7 @@ IF @target IS NOT NULL
 IF EXISTS (SELECT 1 FROM @got) SET @ms = DATEDIFF_BIG(microsecond, @sent, SYSUTCDATETIME()) / 1000;
 DECLARE @status nvarchar(4000) = ISNULL((SELECT TOP (1) transmission_status FROM sys.transmission_queue
   WHERE conversation_handle = @h), N'');
-IF @target IS NOT NULL END CONVERSATION @target WITH CLEANUP;
-END CONVERSATION @h WITH CLEANUP;
+-- Plain ends: the target's end reaches the sender's queue, where cleanup ends the sender's side.
+IF @target IS NOT NULL END CONVERSATION @target;
+ELSE END CONVERSATION @h;
 SELECT CASE WHEN @ms IS NULL THEN 0 ELSE 1 END, ISNULL(@ms, 0), @status;"""

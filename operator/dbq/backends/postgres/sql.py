@@ -288,6 +288,9 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
         "WHERE n.nspname = ? AND p.proname = ANY (string_to_array(?, ','))"
     )
 
+    def advisory_unlock(self) -> str | None:
+        return None  # pg_advisory_xact_lock ends with the transaction
+
     def advisory_lock(self) -> str:
         """Serialises provisioning of one queue across operator replicas and restarts."""
         return "SELECT pg_advisory_xact_lock(hashtext(?))"

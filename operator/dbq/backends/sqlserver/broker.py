@@ -111,6 +111,9 @@ class ServiceBrokerQueue(OdbcBackend):
     def advisory_lock(self) -> str:
         return self.sql.shared.advisory_lock()
 
+    def advisory_unlock(self) -> str | None:
+        return self.sql.shared.advisory_unlock()
+
     def history_sql(self) -> RingSql:
         return self.sql.shared  # the schema's history table is the rings' own
 

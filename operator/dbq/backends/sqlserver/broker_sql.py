@@ -82,14 +82,14 @@ END
 ELSE SELECT CAST(NULL AS int) WHERE 1 = 0;
 SELECT ce.state, COUNT_BIG(*) FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id
 WHERE s.name IN ({self.services_list}) GROUP BY ce.state;
-SELECT TOP (10) tq.to_service_name, tq.transmission_status, DATEDIFF(second, tq.enqueue_time, GETUTCDATE()),
+SELECT TOP (10) tq.to_service_name, tq.transmission_status, DATEDIFF_BIG(second, tq.enqueue_time, GETUTCDATE()),
   COUNT_BIG(*) OVER ()
 FROM sys.transmission_queue tq
 WHERE tq.from_service_name IN ({self.services_list}) OR tq.to_service_name IN ({self.services_list})
 ORDER BY CASE WHEN tq.transmission_status = N'' THEN 1 ELSE 0 END, tq.enqueue_time;
 IF HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') = 1
 BEGIN
-  SELECT m.state, DATEDIFF(second, m.last_activated_time, GETUTCDATE()), m.tasks_waiting, 1
+  SELECT m.state, DATEDIFF_BIG(second, m.last_activated_time, GETUTCDATE()), m.tasks_waiting, 1
   FROM sys.dm_broker_queue_monitors m
   WHERE m.database_id = DB_ID() AND m.queue_id = OBJECT_ID({self._object(self.queue)});
 END
@@ -208,22 +208,29 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         """Ends, in one bounded batch: end-of-conversation replies waiting in the sender's queue;
         stalled conversations of the sender (begun by a sender that is gone: ended normally, so the
         queue still delivers their messages); and the queue's side of conversations with no
-        message left that are past twice `stalled` seconds or already ended by the sender, and the
-        sender's side of failed ones (WITH CLEANUP). Parameters: stalled seconds, batch size. Answers one row: replies ended, sender
-        conversations ended, queue conversations cleaned up."""
+        message left that are past twice `stalled` seconds or already ended by the sender (a plain
+        END CONVERSATION, which tells the other side); WITH CLEANUP only on the error path:
+        conversations in the ERROR state, and the queue's side ended here whose sender never
+        answered for twice `stalled` seconds. Parameters: stalled seconds, batch size. Answers
+        one row: replies ended, sender conversations ended, queue conversations ended."""
         endpoints = "SELECT TOP (@batch) ce.conversation_handle FROM sys.conversation_endpoints ce JOIN sys.services s ON s.service_id = ce.service_id"
         age = f"DATEADD(second, -{DIALOG_LIFETIME_S}, ce.lifetime)"
         senders = (
             f"{endpoints}\n  WHERE s.name = {self._lit(self.t.sender_service)} AND ce.state IN ('SO', 'CO')"
             f" AND {age} < DATEADD(second, -@stalled, GETUTCDATE())"
         )
-        # The queue's side once no message of it is left; the sender's side only when it failed
-        # (else the end-of-conversation handshake closes it, through the replies received above).
+        # The queue's side once no message of it is left: ended by the sender (DI), or idle for
+        # twice `stalled` (CO, SI). Plain END CONVERSATION: the sender is told.
+        idle = f"{age} < DATEADD(second, -2 * @stalled, GETUTCDATE())"
         leftovers = (
-            f"{endpoints}\n  WHERE (s.name = {self._lit(self.t.service)} AND ce.state IN ('DI', 'DO', 'ER', 'CO', 'SI')"
+            f"{endpoints}\n  WHERE s.name = {self._lit(self.t.service)} AND (ce.state = 'DI' OR (ce.state IN ('CO', 'SI') AND {idle}))"
             f"\n    AND NOT EXISTS (SELECT 1 FROM {self.queue} WITH (NOLOCK) WHERE conversation_handle = ce.conversation_handle)"
-            f"\n    AND (ce.state IN ('DI', 'DO', 'ER') OR {age} < DATEADD(second, -2 * @stalled, GETUTCDATE())))"
-            f"\n  OR (s.name = {self._lit(self.t.sender_service)} AND ce.state = 'ER')"
+        )
+        # The error path: either side in ERROR, and the queue's side ended here (DO) whose sender
+        # never answered for twice `stalled`: no handshake can close them.
+        failed = (
+            f"{endpoints}\n  WHERE (s.name IN ({self.services_list}) AND ce.state = 'ER')"
+            f"\n  OR (s.name = {self._lit(self.t.service)} AND ce.state = 'DO' AND {idle})"
         )
         return f"""SET NOCOUNT ON;
 DECLARE @stalled int = ?, @batch int = ?, @h uniqueidentifier, @replies int = 0, @senders int = 0, @cleaned int = 0;
@@ -231,7 +238,9 @@ DECLARE @got TABLE (h uniqueidentifier, kind nvarchar(256));
 RECEIVE TOP (@batch) conversation_handle, message_type_name FROM {self.sender_queue} INTO @got;
 {each_conversation("ends", "SELECT DISTINCT h FROM @got", "END CONVERSATION @h; SET @replies += 1;")}
 {each_conversation("stalled", senders, "END CONVERSATION @h; SET @senders += 1;")}
-{each_conversation("leftover", leftovers, "END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1;")}
+{each_conversation("leftover", leftovers, "END CONVERSATION @h; SET @cleaned += 1;")}
+-- dbq: error path: errored conversations, and ends the other side never answered
+{each_conversation("failed", failed, "END CONVERSATION @h WITH CLEANUP; SET @cleaned += 1;")}
 SELECT @replies, @senders, @cleaned;"""
 
     # --- maintenance ----------------------------------------------------------------------------
@@ -260,6 +269,7 @@ GROUP BY it.name"""
             f" ON s.service_id = ce.service_id WHERE s.name IN ({self.services_list}) AND ce.state <> 'CD'"
         )
         return f"""SET NOCOUNT ON;
+-- dbq: error path: a forced teardown drops the queue, so no conversation can end normally
 DECLARE @h uniqueidentifier, @ended int = 0;
 {each_conversation("every", every, "END CONVERSATION @h WITH CLEANUP; SET @ended += 1;")}
 SELECT @ended;"""

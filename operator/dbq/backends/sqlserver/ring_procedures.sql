@@ -11,14 +11,15 @@ CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms b
   @placed bit OUTPUT
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @popped bigint, @try int = 0;
+  DECLARE @popped bigint, @try int = 0, @rc int;
   SET @placed = 0;
   WHILE 1 = 1 BEGIN
     UPDATE {ring} WITH (ROWLOCK)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     WHERE slot = @id % {size} AND state = 0;
-    IF @@ROWCOUNT = 1 BEGIN SET @placed = 1; RETURN; END;
+    SET @rc = @@ROWCOUNT;
+    IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
     -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
     -- drew its position a while ago, moves to the spill table.
     SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
@@ -42,7 +43,7 @@ END
 CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint;
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
   IF DATALENGTH(@body) > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
   IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
@@ -55,9 +56,10 @@ AS BEGIN
   SET @id = NEXT VALUE FOR {push_seq};
   UPDATE {ring} WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
   WHERE slot = @id % {size} AND state = 0;
-  IF @@ROWCOUNT = 0 BEGIN
+  SET @rc = @@ROWCOUNT;
+  IF @rc = 0 BEGIN
     EXEC {fn_place} @id, @body, @ttl_ms, @now, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
@@ -97,7 +99,7 @@ AS BEGIN
     UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @now) END
+        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     FROM {ring} r JOIN @in b ON r.slot = b.id % {size}
     WHERE b.id IS NOT NULL AND r.state = 0;
     UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = b.id % {size} AND r.msg_id = b.id;
@@ -131,16 +133,17 @@ AS BEGIN
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
   WHILE @round < 10 BEGIN
     SET @round += 1;
-    IF @lease_ms <= 0
+    IF @lease_ms <= 0 BEGIN
       UPDATE {ring} WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
       WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
-    ELSE BEGIN
+      SET @got = @@ROWCOUNT;
+    END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {ring} WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
-        visible_at = DATEADD(millisecond, @lease_ms, @now), @body = body
+        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body
       WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+      SET @got = @@ROWCOUNT;
     END;
-    SET @got = @@ROWCOUNT;
     IF @got = 1 BEGIN
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped};
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
@@ -159,7 +162,8 @@ AS BEGIN
     IF @msg = @pos AND @state = 1 BEGIN
       IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
       UPDATE {ring} WITH (ROWLOCK) SET state = 0 WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1;
-      IF @@ROWCOUNT = 1 SET @n = NEXT VALUE FOR {n_expired};  -- expired (TTL): dropped
+      SET @got = @@ROWCOUNT;
+      IF @got = 1 SET @n = NEXT VALUE FOR {n_expired};  -- expired (TTL): dropped
       SET @status = 3;
       RETURN;
     END;
@@ -169,7 +173,8 @@ AS BEGIN
       RETURN;
     END;
     DELETE FROM {gap} WHERE pos = @pos AND reason = 'void';
-    IF @@ROWCOUNT = 1 BEGIN SET @status = 3; RETURN; END;
+    SET @got = @@ROWCOUNT;
+    IF @got = 1 BEGIN SET @status = 3; RETURN; END;
     IF @round = 10 OR @pos > (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
                               WHERE object_id = OBJECT_ID(N'{push_seq}')) BREAK;
     WAITFOR DELAY '00:00:00.001';
@@ -221,7 +226,7 @@ AS BEGIN
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {spill} SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
-        visible_at = DATEADD(millisecond, @lease_ms, SYSUTCDATETIME())
+        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_acquired};
     END;
@@ -305,7 +310,7 @@ AS BEGIN
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   ELSE
     UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
-      visible_at = DATEADD(millisecond, @lease_ms, @now)
+      visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now))
     OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts INTO @out
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
@@ -340,35 +345,43 @@ END
 CREATE OR ALTER PROCEDURE {fn_release} @positions nvarchar(max)
 AS BEGIN
   SET NOCOUNT ON;
+  DECLARE @released int;
   -- The popper that drew these positions gives up waiting: whoever finds their messages later
   -- (pop on an empty ring, or repair) delivers them.
   INSERT INTO {gap} (pos, reason)
   SELECT DISTINCT CAST(s.value AS bigint), 'skipped' FROM STRING_SPLIT(@positions, N',') s
   WHERE NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = CAST(s.value AS bigint));
-  SELECT @@ROWCOUNT AS o_released;
+  SET @released = @@ROWCOUNT;
+  SELECT @released AS o_released;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @n bigint;
+  DECLARE @n bigint, @rc int;
   -- if archive
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body
     INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 0
+  SET @rc = @@ROWCOUNT;
+  IF @rc = 0 BEGIN
     DELETE FROM {spill}
     OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body
       INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    SET @rc = @@ROWCOUNT;
+  END;
   -- else
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 0
+  SET @rc = @@ROWCOUNT;
+  IF @rc = 0 BEGIN
     DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    SET @rc = @@ROWCOUNT;
+  END;
   -- end if
-  IF @@ROWCOUNT = 1
+  IF @rc = 1
   BEGIN
     SET @n = NEXT VALUE FOR {n_popped};
     SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
@@ -421,15 +434,17 @@ AS BEGIN
   -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired {max_attempts}
   -- times, when that is > 0), in this transaction. A negative delay gives it back unhandled:
   -- ready at once, and this delivery does not count as an attempt.
-  DECLARE @visible datetime2(3) = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END,
-    SYSUTCDATETIME());
-  DECLARE @n bigint, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
+  -- DATEADD takes an int: the delay goes in as seconds, then the rest in milliseconds.
+  DECLARE @wait_ms bigint = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
+  DECLARE @visible datetime2(3) = DATEADD(millisecond, @wait_ms % 1000, DATEADD(second, @wait_ms / 1000, SYSUTCDATETIME()));
+  DECLARE @n bigint, @rc int, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
     spilled bit);
   BEGIN TRANSACTION;
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0 INTO @taken
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 0
+  SET @rc = @@ROWCOUNT;
+  IF @rc = 0
     DELETE FROM {spill} WITH (ROWLOCK)
     OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1 INTO @taken
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
@@ -490,7 +505,7 @@ AS BEGIN
   UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
   OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
   INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, -@orphan_grace_ms, @now)
+  WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, (-@orphan_grace_ms) % 1000, DATEADD(second, (-@orphan_grace_ms) / 1000, @now))
     AND (expires_at IS NULL OR expires_at > @now);
   SET @orphans = @@ROWCOUNT;
   -- Expired messages (TTL): free the slot; a position not drawn yet becomes void.
@@ -520,7 +535,7 @@ AS BEGIN
   SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'{pop_seq}');
   SELECT @bound = MAX(msg_id) FROM {ring}
-  WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, -@grace_ms, SYSUTCDATETIME());
+  WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, (-@grace_ms) % 1000, DATEADD(second, (-@grace_ms) / 1000, SYSUTCDATETIME()));
   IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
   INSERT INTO {gap} (pos, reason)
   SELECT c.p, 'void' FROM (
@@ -599,7 +614,8 @@ AS BEGIN
   IF @big > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
   IF @n = 0 BEGIN SELECT N'' AS o_ids; RETURN; END;
-  SET @visible = DATEADD(millisecond, CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END, @now);
+  SET @delay_ms = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
+  SET @visible = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, @now));
   EXEC sys.sp_sequence_get_range @sequence_name = N'{push_seq}', @range_size = @n, @range_first_value = @first OUTPUT;
   SET @first_id = CAST(@first AS bigint);
   BEGIN TRANSACTION;
@@ -607,7 +623,7 @@ AS BEGIN
   WHERE NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = @first_id + b.i - 1);
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
   SELECT @first_id + i - 1, 1, 0, 0, @now, @visible,
-    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms, @visible) END, body FROM @in;
+    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @visible)) END, body FROM @in;
   COMMIT TRANSACTION;
   SET @c = @n;
   WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
@@ -617,14 +633,17 @@ END
 CREATE OR ALTER PROCEDURE {fn_extend} @id bigint, @lease bigint, @visibility_ms bigint
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @until datetime2(3) = DATEADD(millisecond, CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END,
-    SYSUTCDATETIME());
+  DECLARE @rc int, @lease_ms bigint = CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END;
+  DECLARE @until datetime2(3) = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()));
   UPDATE {ring} WITH (ROWLOCK) SET visible_at = @until
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  IF @@ROWCOUNT = 0
+  SET @rc = @@ROWCOUNT;
+  IF @rc = 0 BEGIN
     UPDATE {spill} WITH (ROWLOCK) SET visible_at = @until
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
-  SELECT CASE WHEN @@ROWCOUNT = 1 THEN 1 ELSE 0 END AS o_ok;
+    SET @rc = @@ROWCOUNT;
+  END;
+  SELECT CASE WHEN @rc = 1 THEN 1 ELSE 0 END AS o_ok;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_redrive} @ids nvarchar(max), @max int

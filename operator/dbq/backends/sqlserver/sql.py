@@ -33,6 +33,15 @@ def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> s
     )
 
 
+# Releases a session-owned applock (parameter: its name) only when held: sp_releaseapplock of a
+# lock not held is an error.
+_RELEASE_SESSION_LOCK = (
+    "DECLARE @lock nvarchar(255) = ?, @released int;"
+    " IF APPLOCK_MODE('public', @lock, 'Session') <> 'NoLock'"
+    " EXEC @released = sys.sp_releaseapplock @Resource = @lock, @LockOwner = 'Session';"
+)
+
+
 class MsRing(RingSqlBase):
     # Client-facing verbs plus the internal place/claim/next (INSERT ... EXEC cannot nest, so
     # procedures call each other through OUTPUT parameters).
@@ -283,7 +292,7 @@ CREATE TABLE {self.history} (
         )
 
     def maintenance_unlock(self) -> str:
-        return "EXEC sp_releaseapplock @Resource = ?, @LockOwner = 'Session'; SELECT 1"
+        return _RELEASE_SESSION_LOCK + " SELECT 1"
 
     def record_version(self) -> list[str]:
         # The columns come first, in batches of their own: the MERGE is compiled against them.
@@ -326,8 +335,23 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
     )
 
     def advisory_lock(self) -> str:
-        """Serialises provisioning of one queue; released when the transaction ends."""
-        return "EXEC sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Transaction'"
+        """Serialises changes to one schema. Session-owned, released by `advisory_unlock` after
+        the transaction: a Transaction-owned applock needs an open transaction, which pyodbc's
+        implicit transactions have not opened yet when this runs first (sp_getapplock then
+        returns -999 and raises nothing), and an explicit BEGIN TRANSACTION would nest a second
+        one under IMPLICIT_TRANSACTIONS. Not granted (deadlock victim, cancelled): an error."""
+        return (
+            "DECLARE @granted int;\n"
+            "EXEC @granted = sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Session';\n"
+            "IF @granted < 0 BEGIN\n"
+            "  DECLARE @why nvarchar(200) = CONCAT(N'dbq: the schema lock was not granted (sp_getapplock returned ',"
+            " @granted, N')');\n"
+            "  THROW 51000, @why, 1;\n"
+            "END;"
+        )
+
+    def advisory_unlock(self) -> str | None:
+        return _RELEASE_SESSION_LOCK
 
     def depth_sql(self) -> str:
         return (
