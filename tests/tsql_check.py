@@ -87,16 +87,12 @@ def applock_unchecked(code: str) -> list[Finding]:
         if not tested:
             out.append(Finding("applock-unchecked", _around(code, m.start())))
         call = _argument(code, m.end()) + code[m.end() : m.end() + 200]
-        if re.search(r"@LockOwner\s*=\s*'Transaction'", call, re.I) or not re.search(
+        owned_by_transaction = re.search(r"@LockOwner\s*=\s*'Transaction'", call, re.I) or not re.search(
             r"@LockOwner", call, re.I
-        ):
-            if "@@TRANCOUNT" not in code.upper():
-                out.append(
-                    Finding(
-                        "applock-unchecked",
-                        "Transaction-owned lock without @@TRANCOUNT: " + _around(code, m.start()),
-                    )
-                )
+        )
+        if owned_by_transaction and "@@TRANCOUNT" not in code.upper():
+            why = "Transaction-owned lock without @@TRANCOUNT: "
+            out.append(Finding("applock-unchecked", why + _around(code, m.start())))
     return out
 
 
