@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,13 @@ from dbq.backends.broker_plan import (
     is_new,
     plan_broker,
     plan_queue_maintenance,
-    rebuild_advice,
 )
 from dbq.backends.sqlserver.broker import observation
+from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
 from dbq.controller.reconcile import deletion_blocker, health
 from dbq.controller.schedule import describe
-from dbq.errors import BrokerNotUnique, ConflictingObjects
+from dbq.errors import BrokerNotUnique, ConflictingObjects, InvalidSpec
 from dbq.names import QueueNames
 
 NAMES = QueueNames(schema="shopq", queue="orders")
@@ -306,16 +307,29 @@ def test_the_queue_is_rebuilt_or_reorganized_by_its_measured_figures(figures, ex
     assert [s.action for s in plan_queue_maintenance(figures, 30)] == expected
 
 
-def test_before_sql_server_2016_maintenance_says_what_to_run_instead():
-    assert rebuild_advice(13, "queue_messages_1") is None
-    advice = rebuild_advice(12, "queue_messages_1003150619") or ""
-    assert "DBCC DBREINDEX('sys.queue_messages_1003150619')" in advice
-    assert "dedicated admin connection" in advice
+@pytest.mark.parametrize(
+    ("major", "level", "named"),
+    [(13, 130, "SQL Server 2016 (major version 13)"), (12, 120, "SQL Server 2014 (major version 12)"),
+     (14, 120, "compatibility level is 120"), (16, 110, "SET COMPATIBILITY_LEVEL = 130")],
+)  # fmt: skip
+def test_a_server_or_database_below_the_floor_is_refused_naming_what_was_found(major, level, named):
+    with pytest.raises(InvalidSpec, match=re.escape(named)):
+        refuse_below_floor(major, level)
+    db = DatabaseState(major_version=major, compatibility_level=level)
+    with pytest.raises(InvalidSpec):
+        plan_broker(TARGET, BrokerObserved(database=db))
+
+
+def test_sql_server_2017_at_level_130_is_the_floor():
+    refuse_below_floor(14, 130)
+    assert plan_broker(
+        TARGET, BrokerObserved(database=DatabaseState(major_version=14, compatibility_level=130))
+    )
 
 
 def test_the_observation_is_read_from_the_catalogs_result_sets():
     rows = [
-        [(1, "guid-1", 0, 0, 15, 1)],
+        [(1, "guid-1", 0, 0, 15, 1, 150)],
         [("dbq/shopq/orders/message",), ("dbq/shopq/orders/tracer",)],
         [("dbq/shopq/orders/contract", "dbq/shopq/orders/message"), ("dbq/shopq/orders/contract", "dbq/shopq/orders/tracer")],
         [("orders", 0, 1, 1, "[shop].[shopq].[handle_orders]", 1, 4, "OWNER", 1, "queue_messages_77", 1200)],
@@ -328,6 +342,7 @@ def test_the_observation_is_read_from_the_catalogs_result_sets():
     ]  # fmt: skip
     observed = observation(rows, TARGET)
     assert observed.database.major_version == 15 and observed.database.schema_exists
+    assert observed.database.compatibility_level == 150
     assert observed.contract_messages == frozenset(TARGET.message_types)
     assert not observed.queues["orders"].receive_enabled and observed.queues["orders"].rows == 1200
     assert observed.tables == frozenset({"dbq_queues"}) and observed.sequences == frozenset(

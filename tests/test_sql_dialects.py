@@ -88,6 +88,7 @@ def render(ring: PgRing | MsRing) -> list[str]:
     ]
     out += [
         "-- observe",
+        *([ring.SERVER_VERSION] if ring.SERVER_VERSION else []),
         ring.OBSERVE_SCHEMA,
         ring.OBSERVE_RELATIONS,
         ring.OBSERVE_ROUTINES,

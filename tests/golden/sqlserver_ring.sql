@@ -1023,6 +1023,8 @@ DELETE FROM [shopq].[orders_staged] WHERE stage = ?
 
 -- observe
 
+SELECT CAST(PARSENAME(CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)), 4) AS int), (SELECT compatibility_level FROM sys.databases WHERE database_id = DB_ID())
+
 SELECT COUNT(*) FROM sys.schemas WHERE name = ?
 
 SELECT o.name, CASE o.type WHEN 'U' THEN 'r' WHEN 'SO' THEN 'S' END FROM sys.objects o WHERE o.schema_id = SCHEMA_ID(?) AND o.type IN ('U', 'SO') AND o.name IN (SELECT value FROM STRING_SPLIT(?, ','))

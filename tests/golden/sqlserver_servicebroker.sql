@@ -112,7 +112,8 @@ SELECT d.is_broker_enabled, CAST(d.service_broker_guid AS nvarchar(36)),
     AND o.database_id <> d.database_id) THEN 1 ELSE 0 END,
   d.is_trustworthy_on,
   CAST(PARSENAME(CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)), 4) AS int),
-  CASE WHEN SCHEMA_ID(N'shopq') IS NULL THEN 0 ELSE 1 END
+  CASE WHEN SCHEMA_ID(N'shopq') IS NULL THEN 0 ELSE 1 END,
+  d.compatibility_level
 FROM sys.databases d WHERE d.database_id = DB_ID();
 SELECT name FROM sys.service_message_types WHERE name IN (N'dbq/shopq/orders/message', N'dbq/shopq/orders/tracer');
 SELECT c.name, mt.name FROM sys.service_contracts c
@@ -359,10 +360,8 @@ SELECT conversation_id FROM sys.conversation_endpoints WHERE conversation_handle
 
 -- client: stats
 SET NOCOUNT ON;
-DECLARE @age float = 0;
-IF CAST(PARSENAME(CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)), 4) AS int) >= 13
-  EXEC sys.sp_executesql N'SELECT @age = ISNULL(DATEDIFF_BIG(millisecond, MIN(message_enqueue_time),
-    SYSDATETIMEOFFSET()), 0) / 1000.0 FROM [shopq].[orders] WITH (NOLOCK)', N'@age float OUTPUT', @age = @age OUTPUT;
+DECLARE @age float = (SELECT ISNULL(DATEDIFF_BIG(millisecond, MIN(message_enqueue_time), SYSDATETIMEOFFSET()), 0)
+  / 1000.0 FROM [shopq].[orders] WITH (NOLOCK));
 SELECT
   (SELECT ISNULL(SUM(p.rows), 0) FROM sys.internal_tables it JOIN sys.partitions p
     ON p.object_id = it.object_id AND p.index_id = 1 WHERE it.parent_object_id = OBJECT_ID(N'[shopq].[orders]')),

@@ -16,6 +16,7 @@ from typing import Any
 
 from dbq.backends.base import Finding
 from dbq.backends.maintenance import MIN_INDEX_PAGES, MaintenanceStep
+from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
 from dbq.errors import BrokerNotUnique, ConflictingObjects
 from dbq.names import QueueNames
@@ -61,8 +62,9 @@ class DatabaseState:
     broker_guid: str = ""
     guid_shared: bool = False  # another database of the instance has the same broker GUID
     trustworthy: bool = False
-    major_version: int = 16  # 13 = SQL Server 2016, the first with ALTER QUEUE ... REBUILD
+    major_version: int = 16  # 14 = SQL Server 2017, dbq's floor
     schema_exists: bool = False
+    compatibility_level: int = 150
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ def is_new(target: BrokerTarget, observed: BrokerObserved) -> bool:
 
 def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerStep]:
     n, db = target.names, observed.database
+    refuse_below_floor(db.major_version, db.compatibility_level)
     steps: list[BrokerStep] = []
 
     def step(action: BrokerAction, why: str) -> None:
@@ -342,18 +345,6 @@ def broker_checks(target: BrokerTarget, observed: BrokerObserved) -> list[Findin
 
 
 # --- maintenance -----------------------------------------------------------------
-def rebuild_advice(major_version: int, internal_table: str | None) -> str | None:
-    """None when ALTER QUEUE ... REBUILD exists (SQL Server 2016, version 13, and later); else what a
-    DBA does instead: rebuild the internal table over the dedicated admin connection."""
-    if major_version >= 13:
-        return None
-    return (
-        f"SQL Server version {major_version} has no ALTER QUEUE ... REBUILD: over the dedicated admin connection"
-        f" (sqlcmd -A) run `DBCC DBREINDEX('sys.{internal_table or 'queue_messages_<object id>'}')`"
-        " inside a maintenance window"
-    )
-
-
 @dataclass(frozen=True)
 class QueueFigures:
     """The queue's internal table, as sys.dm_db_index_physical_stats measures its clustered index."""

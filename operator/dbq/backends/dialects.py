@@ -20,6 +20,7 @@ class RingSql(Protocol):
     OBSERVE_SCHEMA: str
     OBSERVE_RELATIONS: str
     OBSERVE_ROUTINES: str
+    SERVER_VERSION: str | None  # major version and compatibility level, where there is a floor
     ring: str
     meta: str
 

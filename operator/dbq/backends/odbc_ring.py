@@ -23,6 +23,7 @@ from dbq.backends.maintenance import (
 )
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.ring_plan import Observed, Recorded, RingStep, is_new, plan_ring
+from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, retried, translate
@@ -40,11 +41,16 @@ class OdbcRing(OdbcBackend):
         super().__init__(settings, target.names)
         self.target = target
         self.sql = ring_sql(settings.backend, target)
+        self._server_checked = False
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> Observed:
         with self._errors():
             cur = self.conn.cursor()
+            if self.sql.SERVER_VERSION and not self._server_checked:
+                major, level = cur.execute(self.sql.SERVER_VERSION).fetchone()
+                refuse_below_floor(int(major), int(level))  # InvalidSpec, before anything is planned
+                self._server_checked = True
             schema = self.names.schema
             keeper_version = self._keeper_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():

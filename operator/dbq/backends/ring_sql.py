@@ -89,6 +89,7 @@ class RingSqlBase:
     TEMPLATE_PACKAGE = ""  # where the routine template lives ...
     TEMPLATE_FILE = ""  # ... and its name
     BACKEND = ""  # the dialect's backend name
+    SERVER_VERSION: str | None = None  # major version and compatibility level, where a floor is checked
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]

@@ -16,8 +16,6 @@ BROKER_COUNTERS = ("pushed", "popped", "acquired", "settled")
 # Conversations dbq begins live this long (the largest LIFETIME, also SQL Server's default), so
 # an endpoint's age is its `lifetime` minus this: cleanup finds stalled ones by age.
 DIALOG_LIFETIME_S = 2_147_483_647
-# The server's major version (13 = SQL Server 2016): ProductVersion is '13.0.1601.5'.
-MAJOR_VERSION = "CAST(PARSENAME(CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)), 4) AS int)"
 END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 
@@ -138,10 +136,8 @@ FROM @got WHERE kind IN ({self._lit(self.message_type_name)}, {self._lit(self.tr
             for c, seq in self.count.items()
         }
         return f"""SET NOCOUNT ON;
-DECLARE @age float = 0;
-IF {MAJOR_VERSION} >= 13
-  EXEC sys.sp_executesql N'SELECT @age = ISNULL(DATEDIFF_BIG(millisecond, MIN(message_enqueue_time),
-    SYSDATETIMEOFFSET()), 0) / 1000.0 FROM {self.queue} WITH (NOLOCK)', N'@age float OUTPUT', @age = @age OUTPUT;
+DECLARE @age float = (SELECT ISNULL(DATEDIFF_BIG(millisecond, MIN(message_enqueue_time), SYSDATETIMEOFFSET()), 0)
+  / 1000.0 FROM {self.queue} WITH (NOLOCK));
 SELECT
   (SELECT ISNULL(SUM(p.rows), 0) FROM sys.internal_tables it JOIN sys.partitions p
     ON p.object_id = it.object_id AND p.index_id = 1 WHERE it.parent_object_id = OBJECT_ID({self._object(self.queue)})),

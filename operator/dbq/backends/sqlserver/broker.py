@@ -29,7 +29,6 @@ from dbq.backends.broker_plan import (
     is_new,
     plan_broker,
     plan_queue_maintenance,
-    rebuild_advice,
 )
 from dbq.backends.dialects import RingSql, relations
 from dbq.backends.maintenance import MaintenanceResult
@@ -38,7 +37,7 @@ from dbq.backends.sqlserver.broker_sql import BrokerSql
 from dbq.client import QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
-from dbq.contract.broker import BROKER_SCHEMA_VERSION, MAJOR_VERSION
+from dbq.contract.broker import BROKER_SCHEMA_VERSION
 from dbq.errors import DatabaseError
 
 # Conversations cleanup ends per kind and run: a backlog is worked off over several runs.
@@ -58,7 +57,7 @@ def _sets(cur: pyodbc.Cursor, count: int) -> list[list[Any]]:
 def observation(rows: list[list[Any]], target: BrokerTarget) -> BrokerObserved:
     """The observation from the ten result sets of `BrokerSql.observe` (pure: tests feed it rows)."""
     db, types, contract, queues, services, objects, version, endpoints, transmission, monitor = rows
-    enabled, guid, shared, trustworthy, major, schema = db[0]
+    enabled, guid, shared, trustworthy, major, schema, level = db[0]
     queue_states = {
         r[0]: QueueState(
             name=r[0],
@@ -83,7 +82,7 @@ def observation(rows: list[list[Any]], target: BrokerTarget) -> BrokerObserved:
     )
     return BrokerObserved(
         database=DatabaseState(
-            bool(enabled), str(guid), bool(shared), bool(trustworthy), int(major), bool(schema)
+            bool(enabled), str(guid), bool(shared), bool(trustworthy), int(major), bool(schema), int(level)
         ),
         message_types=frozenset(r[0] for r in types),
         contract_messages=frozenset(r[1] for r in contract if r[1]) if contract else None,
@@ -188,7 +187,7 @@ class ServiceBrokerQueue(OdbcBackend):
     def maintain(self, dead_percent: float, fragmentation_percent: float, online: bool) -> MaintenanceResult:
         """Measure the queue's internal table; REBUILD or REORGANIZE it past its thresholds
         (offline operations: the schedule is the window), under the same session lock as a
-        ring's maintenance. Before SQL Server 2016 there is no such DDL: report what to do."""
+        ring's maintenance."""
         started = time.monotonic()
         lock = f"dbq-maintenance:{self.names.schema}.{self.names.queue}"
         conn = connect(self.settings)
@@ -207,12 +206,6 @@ class ServiceBrokerQueue(OdbcBackend):
                 if not steps:
                     why = "every figure is under its threshold"
                     return MaintenanceResult("NotNeeded", why, [], before, before, took)
-                major = int(cur.execute(f"SELECT {MAJOR_VERSION}").fetchval())
-                advice = rebuild_advice(major, figures.internal_table)
-                if advice:
-                    return MaintenanceResult(
-                        "Skipped", f"{steps[0].why}: {advice}", steps, before, before, took
-                    )
                 for step in steps:
                     cur.execute(self.sql.maintenance_action(step.action))
                 row = cur.execute(self.sql.queue_figures()).fetchone()

@@ -16,12 +16,12 @@ live tests run it whenever DBQ_MSSQL_DSN names a server.
 from __future__ import annotations
 
 from dbq.backends.broker_plan import BrokerAction, BrokerStep, BrokerTarget
+from dbq.backends.sqlserver.server import MAJOR_VERSION
 from dbq.backends.sqlserver.sql import MsRing
 from dbq.contract.broker import (
     BROKER_COUNTERS,
     BROKER_SCHEMA_VERSION,
     DIALOG_LIFETIME_S,
-    MAJOR_VERSION,
     BrokerStatements,
     each_conversation,
 )
@@ -51,7 +51,8 @@ SELECT d.is_broker_enabled, CAST(d.service_broker_guid AS nvarchar(36)),
     AND o.database_id <> d.database_id) THEN 1 ELSE 0 END,
   d.is_trustworthy_on,
   {MAJOR_VERSION},
-  CASE WHEN SCHEMA_ID({schema}) IS NULL THEN 0 ELSE 1 END
+  CASE WHEN SCHEMA_ID({schema}) IS NULL THEN 0 ELSE 1 END,
+  d.compatibility_level
 FROM sys.databases d WHERE d.database_id = DB_ID();
 SELECT name FROM sys.service_message_types WHERE name IN ({self._lit(t.message_types[0])}, {self._lit(t.message_types[1])});
 SELECT c.name, mt.name FROM sys.service_contracts c

@@ -15,6 +15,7 @@ validated integers; values are bound parameters.
 from __future__ import annotations
 
 from dbq.backends.ring_sql import RingSqlBase
+from dbq.backends.sqlserver import server
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.names import check_identifier, qualified_literal
 from dbq.names import ms_literal as literal
@@ -54,6 +55,9 @@ class MsRing(RingSqlBase):
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.sqlserver"
     TEMPLATE_FILE = "ring_procedures.sql"
     BACKEND = "sqlserver"
+    SERVER_VERSION: str | None = (
+        server.SERVER_VERSION
+    )  # refused below the floor: dbq.backends.sqlserver.server
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
