@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from dbq.backends.sqlserver.sql import MsRing
+from dbq.contract.broker import SEQUENCE_DRAWN
 from dbq.names import QueueNames
 from tests import tsql_check
 from tests.test_broker_sql import statements as broker_statements
@@ -32,6 +33,9 @@ PLANTED = {
         "SELECT DATEADD(millisecond, -@grace_ms, @now)",
     ],
     "cleanup-outside-error-path": ["END CONVERSATION @h WITH CLEANUP;"],
+    "sequence-read-alone": [
+        "SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[s].[q]')"
+    ],
     "above-version-floor": [
         "SELECT GREATEST(a, b) FROM t",
         "SELECT value FROM STRING_SPLIT(@s, N',', 1)",
@@ -40,6 +44,7 @@ PLANTED = {
     ],
 }
 CORRECT = [
+    f"SELECT {SEQUENCE_DRAWN} FROM sys.sequences WHERE object_id = OBJECT_ID(N'[s].[q]')",
     "DECLARE @g int; EXEC @g = sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Session',"
     " @LockTimeout = 0; SELECT CASE WHEN @g >= 0 THEN 1 ELSE 0 END",
     "IF @@TRANCOUNT = 0 THROW 51000, N'no transaction', 1; DECLARE @g int;"

@@ -16,12 +16,17 @@ Rules:
   only in a statement marked `-- dbq: error path` (errored or long-dead endpoints, forced teardown).
 - `above-version-floor`: a feature newer than dbq's floor, SQL Server 2017 (14.x) at database
   compatibility level 130.
+- `sequence-read-alone`: `sys.sequences.last_used_value` is documented for NEXT VALUE FOR only
+  (not sys.sp_sequence_get_range): a sequence's last value is read with
+  `dbq.contract.broker.SEQUENCE_DRAWN`, never from last_used_value alone.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from dbq.contract.broker import SEQUENCE_DRAWN
 
 ERROR_PATH_MARK = "-- dbq: error path"
 # Features newer than SQL Server 2017 / compatibility level 130, by their syntax.
@@ -134,6 +139,14 @@ def above_version_floor(code: str) -> list[Finding]:
     ]
 
 
+def sequence_read_alone(code: str) -> list[Finding]:
+    rest = re.sub(r"\s+", " ", code).replace(re.sub(r"\s+", " ", SEQUENCE_DRAWN), "SEQUENCE_DRAWN")
+    return [
+        Finding("sequence-read-alone", _around(rest, m.start()))
+        for m in re.finditer(r"\blast_used_value\b", rest, re.I)
+    ]
+
+
 def findings(statement: str) -> list[Finding]:
     code = _code(statement)
     return [
@@ -142,4 +155,5 @@ def findings(statement: str) -> list[Finding]:
         *dateadd_ms_overflow(code),
         *cleanup_outside_error_path(statement, code),
         *above_version_floor(code),
+        *sequence_read_alone(code),
     ]

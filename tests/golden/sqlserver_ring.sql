@@ -80,11 +80,12 @@ CREATE SEQUENCE [shopq].[orders_n_scavenged] AS bigint START WITH 1 INCREMENT BY
 
 -- step reset_positions
 
-DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
+DECLARE @level bigint = (SELECT MAX(CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END) + 1
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]')));
 DECLARE @sql nvarchar(max) =
   N'ALTER SEQUENCE [shopq].[orders_push_seq] RESTART WITH ' + CAST(@level AS nvarchar(20)) + N'; ' +
-  N'ALTER SEQUENCE [shopq].[orders_pop_seq] RESTART WITH ' + CAST(@level AS nvarchar(20)) + N';';
+  N'ALTER SEQUENCE [shopq].[orders_pop_seq] RESTART WITH ' + CAST(@level AS nvarchar(20)) + N'; ' +
+  N'DECLARE @n bigint; SET @n = NEXT VALUE FOR [shopq].[orders_push_seq]; SET @n = NEXT VALUE FOR [shopq].[orders_pop_seq];';
 EXEC sys.sp_executesql @sql
 
 -- step create_side_tables
@@ -157,7 +158,7 @@ END
 
 -- step seed_settled
 
-DECLARE @settled bigint = (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+DECLARE @settled bigint = (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]'))
   - (SELECT COUNT_BIG(*) FROM [shopq].[orders_ring] WHERE state = 2) - (SELECT COUNT_BIG(*) FROM [shopq].[orders_spill] WHERE state = 2);
 IF @settled > 0
@@ -200,7 +201,7 @@ AS BEGIN
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
     -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
     -- drew its position a while ago, moves to the spill table.
-    SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+    SELECT @popped = CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
     WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
     UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
@@ -225,7 +226,7 @@ AS BEGIN
   IF DATALENGTH(@body) > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
   IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                 * ISNULL(CAST(last_used_value AS bigint), 0))
+                 * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
       FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
   BEGIN
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
@@ -265,7 +266,7 @@ AS BEGIN
   IF @big > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
   SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                     * ISNULL(CAST(last_used_value AS bigint), 0))
+                     * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
   SET @k = CASE WHEN 1000 - @used < @n THEN CASE WHEN 1000 - @used > 0 THEN 1000 - @used ELSE 0 END
                 ELSE @n END;
@@ -351,7 +352,7 @@ AS BEGIN
     DELETE FROM [shopq].[orders_gap] WHERE pos = @pos AND reason = 'void';
     SET @got = @@ROWCOUNT;
     IF @got = 1 BEGIN SET @status = 3; RETURN; END;
-    IF @round = 10 OR @pos > (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+    IF @round = 10 OR @pos > (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
                               WHERE object_id = OBJECT_ID(N'[shopq].[orders_push_seq]')) BREAK;
     WAITFOR DELAY '00:00:00.001';
   END;
@@ -410,7 +411,7 @@ AS BEGIN
   -- 2. The ring, in push order.
   WHILE @i < 1000 BEGIN
     SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                        * ISNULL(CAST(last_used_value AS bigint), 0))
+                        * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
     IF @ahead <= 0 BEGIN
       IF @look = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
@@ -460,7 +461,7 @@ AS BEGIN
     IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                      * ISNULL(CAST(last_used_value AS bigint), 0))
+                      * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
   SET @k = @max - (SELECT COUNT(*) FROM @out);
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
@@ -624,7 +625,7 @@ AS BEGIN
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
     @expired bigint, @gaps bigint, @c bigint, @n bigint, @dead bigint;
   DECLARE @freed TABLE (msg_id bigint);
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  SELECT @popped = CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
   -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
@@ -683,7 +684,7 @@ AS BEGIN
   -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
   -- than the grace is stalled: void it (a late write becomes an orphan that repair delivers).
   DECLARE @popped bigint, @bound bigint, @holes bigint;
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  SELECT @popped = CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
   SELECT @bound = MAX(msg_id) FROM [shopq].[orders_ring]
   WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, (-@grace_ms) % 1000, DATEADD(second, (-@grace_ms) / 1000, SYSUTCDATETIME()));
@@ -716,7 +717,7 @@ AS BEGIN
     @archived = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_archived]') THEN v END),
     @scavenged = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_n_scavenged]') THEN v END),
     @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN v END)
-  FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
+  FROM (SELECT object_id, CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END AS v FROM sys.sequences
     WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_n_pushed]'), OBJECT_ID(N'[shopq].[orders_n_popped]'), OBJECT_ID(N'[shopq].[orders_n_acquired]'),
       OBJECT_ID(N'[shopq].[orders_n_expired]'), OBJECT_ID(N'[shopq].[orders_n_settled]'), OBJECT_ID(N'[shopq].[orders_n_dead]'), OBJECT_ID(N'[shopq].[orders_n_redriven]'),
       OBJECT_ID(N'[shopq].[orders_n_purged]'), OBJECT_ID(N'[shopq].[orders_n_archived]'), OBJECT_ID(N'[shopq].[orders_n_scavenged]'),

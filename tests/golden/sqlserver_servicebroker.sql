@@ -365,8 +365,8 @@ DECLARE @age float = (SELECT ISNULL(DATEDIFF_BIG(millisecond, MIN(message_enqueu
 SELECT
   (SELECT ISNULL(SUM(p.rows), 0) FROM sys.internal_tables it JOIN sys.partitions p
     ON p.object_id = it.object_id AND p.index_id = 1 WHERE it.parent_object_id = OBJECT_ID(N'[shopq].[orders]')),
-  (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]')) - (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_settled]')),
-  (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]')), (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_popped]')), (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]')), 0, @age;
+  (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]')) - (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_settled]')),
+  (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_pushed]')), (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_popped]')), (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_n_acquired]')), 0, @age;
 
 -- client: tracer token
 SET NOCOUNT ON;

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 from dbq.names import QueueNames, ms_broker_literal, ms_broker_quote, ms_quote
 
+# The last value a sequence gave out, as a bigint (0 before the first), read from a row of
+# sys.sequences. `last_used_value` is documented for NEXT VALUE FOR only, while
+# sys.sp_sequence_get_range (batches) moves `current_value`, which reads START WITH before the
+# first value: so current_value, unless the sequence has given nothing out yet.
+SEQUENCE_DRAWN = (
+    "CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1"
+    " ELSE CAST(current_value AS bigint) END"
+)
 # Version of the objects dbq creates for a Service Broker queue.
 BROKER_SCHEMA_VERSION = 1
 # The totals a Service Broker queue keeps in sequences (its catalog keeps none).
@@ -131,7 +139,7 @@ FROM @got WHERE kind IN ({self._lit(self.message_type_name)}, {self._lit(self.tr
         age s. Depth is the internal table's row count (O(1), and it includes end-of-conversation
         messages not yet received); the oldest age reads message_enqueue_time (SQL Server 2016+)."""
         total = {
-            c: f"(SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences"
+            c: f"(SELECT {SEQUENCE_DRAWN} FROM sys.sequences"
             f" WHERE object_id = OBJECT_ID({self._object(seq)}))"
             for c, seq in self.count.items()
         }

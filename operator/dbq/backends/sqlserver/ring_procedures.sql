@@ -3,7 +3,8 @@
 -- Rendered by `dbq.backends.ring_sql.render_template` with the placeholders of the PostgreSQL
 -- routines (see backends/postgres/ring_routines.sql), procedures as {fn_<verb>}, and
 -- {record}, {take_record}, {out_record} packing one answer record. A lease is 56 random bits
--- + 1; positions are read from sys.sequences.last_used_value (NULL before the first draw).
+-- + 1; positions and totals are read from sys.sequences with {drawn}: the last value given out
+-- by NEXT VALUE FOR or sys.sp_sequence_get_range, 0 before the first (dbq.contract.broker.SEQUENCE_DRAWN).
 -- INSERT ... EXEC cannot nest, so procedures call each other through OUTPUT parameters.
 -- Blocks between `-- if archive` and `-- end if` (or `-- else`) are kept only with spec.archive.
 --;;
@@ -22,7 +23,7 @@ AS BEGIN
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
     -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
     -- drew its position a while ago, moves to the spill table.
-    SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+    SELECT @popped = {drawn} FROM sys.sequences
     WHERE object_id = OBJECT_ID(N'{pop_seq}');
     UPDATE {ring} WITH (ROWLOCK) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
@@ -47,7 +48,7 @@ AS BEGIN
   IF DATALENGTH(@body) > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
   IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                 * ISNULL(CAST(last_used_value AS bigint), 0))
+                 * {drawn})
       FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'))) >= {size}
   BEGIN
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
@@ -87,7 +88,7 @@ AS BEGIN
   IF @big > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
   SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                     * ISNULL(CAST(last_used_value AS bigint), 0))
+                     * {drawn})
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
   SET @k = CASE WHEN {size} - @used < @n THEN CASE WHEN {size} - @used > 0 THEN {size} - @used ELSE 0 END
                 ELSE @n END;
@@ -175,7 +176,7 @@ AS BEGIN
     DELETE FROM {gap} WHERE pos = @pos AND reason = 'void';
     SET @got = @@ROWCOUNT;
     IF @got = 1 BEGIN SET @status = 3; RETURN; END;
-    IF @round = 10 OR @pos > (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+    IF @round = 10 OR @pos > (SELECT {drawn} FROM sys.sequences
                               WHERE object_id = OBJECT_ID(N'{push_seq}')) BREAK;
     WAITFOR DELAY '00:00:00.001';
   END;
@@ -236,7 +237,7 @@ AS BEGIN
   -- 2. The ring, in push order.
   WHILE @i < 1000 BEGIN
     SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                        * ISNULL(CAST(last_used_value AS bigint), 0))
+                        * {drawn})
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
     IF @ahead <= 0 BEGIN
       IF @look = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
@@ -286,7 +287,7 @@ AS BEGIN
     IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                      * ISNULL(CAST(last_used_value AS bigint), 0))
+                      * {drawn})
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
   SET @k = @max - (SELECT COUNT(*) FROM @out);
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
@@ -473,7 +474,7 @@ AS BEGIN
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
     @expired bigint, @gaps bigint, @c bigint, @n bigint, @dead bigint;
   DECLARE @freed TABLE (msg_id bigint);
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  SELECT @popped = {drawn} FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'{pop_seq}');
   -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
@@ -532,7 +533,7 @@ AS BEGIN
   -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
   -- than the grace is stalled: void it (a late write becomes an orphan that repair delivers).
   DECLARE @popped bigint, @bound bigint, @holes bigint;
-  SELECT @popped = ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+  SELECT @popped = {drawn} FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'{pop_seq}');
   SELECT @bound = MAX(msg_id) FROM {ring}
   WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, (-@grace_ms) % 1000, DATEADD(second, (-@grace_ms) / 1000, SYSUTCDATETIME()));
@@ -565,7 +566,7 @@ AS BEGIN
     @archived = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_archived}') THEN v END),
     @scavenged = MAX(CASE WHEN object_id = OBJECT_ID(N'{n_scavenged}') THEN v END),
     @pos = MAX(CASE WHEN object_id = OBJECT_ID(N'{pop_seq}') THEN v END)
-  FROM (SELECT object_id, ISNULL(CAST(last_used_value AS bigint), 0) AS v FROM sys.sequences
+  FROM (SELECT object_id, {drawn} AS v FROM sys.sequences
     WHERE object_id IN (OBJECT_ID(N'{n_pushed}'), OBJECT_ID(N'{n_popped}'), OBJECT_ID(N'{n_acquired}'),
       OBJECT_ID(N'{n_expired}'), OBJECT_ID(N'{n_settled}'), OBJECT_ID(N'{n_dead}'), OBJECT_ID(N'{n_redriven}'),
       OBJECT_ID(N'{n_purged}'), OBJECT_ID(N'{n_archived}'), OBJECT_ID(N'{n_scavenged}'),

@@ -1,6 +1,6 @@
 """The oldest SQL Server dbq's T-SQL runs on, and the check that refuses an older one.
 
-SQL Server 2017 (major version 14) is the floor: the ring's procedures read
+SQL Server 2017 (major version 14) is the floor: the procedures read
 `sys.sequences.last_used_value` and aggregate with `STRING_AGG`, both from 2017. The database
 must be at compatibility level 130 or more, where `OPENJSON` and `STRING_SPLIT` exist.
 """

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.backends.sqlserver import server
+from dbq.contract.broker import SEQUENCE_DRAWN
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.names import check_identifier, qualified_literal
 from dbq.names import ms_literal as literal
@@ -67,6 +68,7 @@ class MsRing(RingSqlBase):
     def template_values(self) -> dict[str, object]:
         return super().template_values() | {
             "record": _record("@status", "@id", "@lease", "@attempts", "@body"),
+            "drawn": SEQUENCE_DRAWN,
             "take_record": _record("@status", "@pos", "@lease", "@attempts", "@body"),
             "out_record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
         }
@@ -131,11 +133,12 @@ FROM n WHERE NOT EXISTS (SELECT 1 FROM {self.ring} r WHERE r.slot = n.slot)"""
     def reset_positions(self) -> list[str]:
         # ALTER SEQUENCE takes no variables: build it from the validated name and an integer.
         return [
-            f"""DECLARE @level bigint = (SELECT MAX(ISNULL(CAST(last_used_value AS bigint), 0)) + 1
+            f"""DECLARE @level bigint = (SELECT MAX({SEQUENCE_DRAWN}) + 1
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{self.push_seq}'), OBJECT_ID(N'{self.pop_seq}')));
 DECLARE @sql nvarchar(max) =
   N'ALTER SEQUENCE {self.push_seq} RESTART WITH ' + CAST(@level AS nvarchar(20)) + N'; ' +
-  N'ALTER SEQUENCE {self.pop_seq} RESTART WITH ' + CAST(@level AS nvarchar(20)) + N';';
+  N'ALTER SEQUENCE {self.pop_seq} RESTART WITH ' + CAST(@level AS nvarchar(20)) + N'; ' +
+  N'DECLARE @n bigint; SET @n = NEXT VALUE FOR {self.push_seq}; SET @n = NEXT VALUE FOR {self.pop_seq};';
 EXEC sys.sp_executesql @sql"""
         ]
 
@@ -160,10 +163,10 @@ END"""
 
     def seed_settled(self) -> list[str]:
         # ALTER SEQUENCE takes no variables: built from the validated name and an integer. The
-        # NEXT VALUE after the restart makes last_used_value the settled total.
+        # NEXT VALUE after the restart makes the settled total the last value given out.
         settled, acquired = self.count["settled"], self.count["acquired"]
         return [
-            f"""DECLARE @settled bigint = (SELECT ISNULL(CAST(last_used_value AS bigint), 0) FROM sys.sequences
+            f"""DECLARE @settled bigint = (SELECT {SEQUENCE_DRAWN} FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'{acquired}'))
   - (SELECT COUNT_BIG(*) FROM {self.ring} WHERE state = 2) - (SELECT COUNT_BIG(*) FROM {self.spill} WHERE state = 2);
 IF @settled > 0
