@@ -30,10 +30,17 @@ from dbq.backends.broker_plan import (
 )
 from dbq.backends.sqlserver.broker import observation
 from dbq.backends.sqlserver.server import refuse_below_floor
-from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
+from dbq.client import BrokerQueue
+from dbq.connection import from_url
+from dbq.contract.broker import (
+    BROKER_COUNTERS,
+    BROKER_SCHEMA_VERSION,
+    CONVERSATION_SECONDS_MAX,
+    stalled_after,
+)
 from dbq.controller.reconcile import deletion_blocker, health
 from dbq.controller.schedule import describe
-from dbq.errors import BrokerNotUnique, ConflictingObjects, InvalidSpec
+from dbq.errors import ActivationProcedureMissing, BrokerNotUnique, ConflictingObjects, InvalidSpec
 from dbq.names import QueueNames
 
 NAMES = QueueNames(schema="shopq", queue="orders")
@@ -329,7 +336,7 @@ def test_sql_server_2017_at_level_130_is_the_floor():
 
 def test_the_observation_is_read_from_the_catalogs_result_sets():
     rows = [
-        [(1, "guid-1", 0, 0, 15, 1, 150)],
+        [(1, "guid-1", 0, 0, 15, 1, 150, 1)],
         [("dbq/shopq/orders/message",), ("dbq/shopq/orders/tracer",)],
         [("dbq/shopq/orders/contract", "dbq/shopq/orders/message"), ("dbq/shopq/orders/contract", "dbq/shopq/orders/tracer")],
         [("orders", 0, 1, 1, "[shop].[shopq].[handle_orders]", 1, 4, "OWNER", 1, "queue_messages_77", 1200)],
@@ -383,3 +390,23 @@ def test_the_client_refuses_bad_arguments_before_it_connects_and_names_an_unreac
     with pytest.raises(DatabaseUnreachable) as unreachable:
         BrokerQueue(settings, NAMES)
     assert "not-the-password" not in str(unreachable.value)
+
+
+def test_a_missing_activation_procedure_is_found_before_create_or_alter_queue():
+    missing = DatabaseState(activation_procedure_exists=False)
+    with pytest.raises(ActivationProcedureMissing, match=r"\[shopq\]\.\[handle_orders\] does not exist"):
+        plan_broker(TARGET, BrokerObserved(database=missing))
+    drifted = provisioned(dataclasses.replace(TARGET, max_readers=1))  # an ALTER QUEUE names the procedure
+    with pytest.raises(ActivationProcedureMissing):
+        plan_broker(TARGET, dataclasses.replace(drifted, database=missing))
+    # A queue already as the spec says: nothing to run; the Degraded check reports the procedure.
+    healthy = provisioned()
+    gone = dataclasses.replace(healthy.database, activation_procedure_exists=False)
+    assert plan_broker(TARGET, dataclasses.replace(healthy, database=gone)) == []
+
+
+def test_cleanup_never_ends_a_conversation_a_client_may_still_use():
+    assert stalled_after(60) == 2 * CONVERSATION_SECONDS_MAX
+    assert stalled_after(3600) == 3600
+    with pytest.raises(ValueError, match="conversation_seconds must be at most 300"):
+        BrokerQueue(from_url("mssql://app:secret@127.0.0.1:1/shop"), NAMES, conversation_seconds=301)

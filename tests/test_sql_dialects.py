@@ -224,3 +224,13 @@ def test_dead_letters_kept_by_another_queue_go_to_its_table_named_by_their_sourc
     )  # nack, repair (twice), redrive, purge: each names its source
     assert "'errors.dlq'" in "\n".join(ring.record_version())
     assert "orders_dead" in "\n".join(ring.create_side_tables())  # its own table is still made
+
+
+def test_every_sql_server_procedure_runs_as_its_owner():
+    """The procedures read sys.sequences and OBJECT_ID: a login with only EXECUTE on them sees
+    those rows only through the owner's context (metadata visibility)."""
+    procedures = [s for s in MsRing(TARGET).create_routines() if "CREATE OR ALTER PROCEDURE" in s]
+    assert len(procedures) == len(MsRing.ROUTINES)
+    for statement in procedures:
+        head = statement.split("AS BEGIN", 1)[0]
+        assert head.rstrip().endswith("WITH EXECUTE AS OWNER"), head

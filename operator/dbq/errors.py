@@ -61,6 +61,14 @@ class BrokerNotUnique(DbqError):
     )
 
 
+class ActivationProcedureMissing(DbqError):
+    """spec.serviceBroker.activation names a procedure that does not exist in the queue's schema:
+    SQL Server refuses a queue whose activation names a missing procedure, so nothing is made."""
+
+    reason = "ActivationProcedureMissing"
+    fix = "Create the procedure in the queue's schema (dbq retries), or fix its name in spec.serviceBroker.activation."
+
+
 class DeadLetterQueueNotFound(DbqError):
     """spec.deadLetter.queue names a Queue that does not exist (yet: retried) or is invalid."""
 

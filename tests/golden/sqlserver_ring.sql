@@ -188,6 +188,7 @@ CREATE TABLE [shopq].[dbq_stats_history] (
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_place] @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @placed bit OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @popped bigint, @try int = 0, @rc int;
@@ -220,6 +221,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
@@ -247,6 +249,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
@@ -302,6 +305,7 @@ END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_claim] @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
@@ -360,6 +364,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_take] @pos bigint, @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
@@ -369,6 +374,7 @@ END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_next] @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
@@ -438,6 +444,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_pop] @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
@@ -446,6 +453,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_pop_many] @max int, @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
@@ -514,6 +522,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_release] @positions nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @released int;
@@ -527,6 +536,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_ack] @id bigint, @lease bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @rc int;
@@ -553,6 +563,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_ack_many] @ids nvarchar(max), @leases nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @c bigint;
@@ -581,6 +592,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_nack] @id bigint, @lease bigint, @delay_ms bigint, @error nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired 5
@@ -620,6 +632,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_repair] @orphan_grace_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
@@ -679,6 +692,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_void_holes] @grace_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
@@ -699,6 +713,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_stats]
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- From the totals, not a count of the ring (see the PostgreSQL routine).
@@ -748,6 +763,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_defer] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Delayed messages wait aside in the spill table until due; each takes a push position given
@@ -783,6 +799,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_extend] @id bigint, @lease bigint, @visibility_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @rc int, @lease_ms bigint = CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END;
@@ -799,6 +816,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_redrive] @ids nvarchar(max), @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
@@ -821,6 +839,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_purge_dead] @ids nvarchar(max), @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @c bigint, @n bigint;
@@ -835,6 +854,7 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_scavenge] @retention_ms bigint, @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- Archived messages older than the retention, the oldest @max of them: one bounded batch (see

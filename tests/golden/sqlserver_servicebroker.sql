@@ -113,7 +113,8 @@ SELECT d.is_broker_enabled, CAST(d.service_broker_guid AS nvarchar(36)),
   d.is_trustworthy_on,
   CAST(PARSENAME(CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)), 4) AS int),
   CASE WHEN SCHEMA_ID(N'shopq') IS NULL THEN 0 ELSE 1 END,
-  d.compatibility_level
+  d.compatibility_level,
+  CASE WHEN OBJECT_ID(N'[shopq].[handle_orders]', N'P') IS NULL THEN 0 ELSE 1 END
 FROM sys.databases d WHERE d.database_id = DB_ID();
 SELECT name FROM sys.service_message_types WHERE name IN (N'dbq/shopq/orders/message', N'dbq/shopq/orders/tracer');
 SELECT c.name, mt.name FROM sys.service_contracts c

@@ -18,7 +18,7 @@ from dbq.backends.base import Finding
 from dbq.backends.maintenance import MIN_INDEX_PAGES, MaintenanceStep
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.contract.broker import BROKER_COUNTERS, BROKER_SCHEMA_VERSION
-from dbq.errors import BrokerNotUnique, ConflictingObjects
+from dbq.errors import ActivationProcedureMissing, BrokerNotUnique, ConflictingObjects
 from dbq.names import QueueNames
 
 
@@ -65,6 +65,7 @@ class DatabaseState:
     major_version: int = 16  # 14 = SQL Server 2017, dbq's floor
     schema_exists: bool = False
     compatibility_level: int = 150
+    activation_procedure_exists: bool = True  # the spec's; True when it names none
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,17 @@ def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerSt
             " (a contract cannot be altered)"
         )
     queue = observed.queues.get(n.queue)
+    drift = queue_drift(target, queue) if queue is not None else []
+    if (queue is None or drift) and not db.activation_procedure_exists:
+        # Checked first: CREATE/ALTER QUEUE refuse an activation procedure that does not exist.
+        raise ActivationProcedureMissing(
+            f"spec.serviceBroker.activation.procedure [{n.schema}].[{target.activation_procedure}] does not exist:"
+            " create it first (SQL Server refuses a queue whose activation names a missing procedure); retried"
+        )
     if queue is None:
         step(BrokerAction.CREATE_QUEUE, f"queue {n.schema}.{n.queue} does not exist")
     else:
-        if drift := queue_drift(target, queue):
+        if drift:
             step(BrokerAction.ALTER_QUEUE, f"queue {n.schema}.{n.queue} has {', '.join(drift)}")
         if not queue.receive_enabled and target.re_enable_on_poison:
             step(BrokerAction.ENABLE_QUEUE, f"queue {n.schema}.{n.queue} was disabled (poison message)")

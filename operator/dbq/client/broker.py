@@ -35,7 +35,7 @@ import pyodbc
 from dbq.client.stats import HistorySample, QueueStats
 from dbq.client.waiting import count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
-from dbq.contract.broker import BrokerStatements
+from dbq.contract.broker import CONVERSATION_SECONDS_MAX, BrokerStatements
 from dbq.contract.ring import history_bound, history_query
 from dbq.errors import LeaseLost, QueueError, QueueNotFound
 from dbq.names import QueueNames
@@ -156,6 +156,11 @@ class BrokerQueue:
         self.conversation_seconds = seconds_arg(
             conversation_seconds, "conversation_seconds", 60.0, positive=True
         )
+        if self.conversation_seconds > CONVERSATION_SECONDS_MAX:
+            raise ValueError(
+                f"conversation_seconds must be at most {CONVERSATION_SECONDS_MAX:.0f}, not {conversation_seconds!r}:"
+                " the operator's cleanup ends a sender's conversation past twice that"
+            )
         self.sql = BrokerStatements(names)
         self._idle: list[pyodbc.Connection] = []
         self._send_lock = threading.Lock()

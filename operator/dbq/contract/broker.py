@@ -17,6 +17,16 @@ SEQUENCE_DRAWN = (
     "CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1"
     " ELSE CAST(current_value AS bigint) END"
 )
+# The longest a client reuses one conversation (`conversation_seconds`), and so the youngest a
+# sender's conversation cleanup may end: twice that, whatever spec.timeouts.stalledAfter says.
+CONVERSATION_SECONDS_MAX = 300.0
+
+
+def stalled_after(stalled_after_s: float) -> int:
+    """The age past which cleanup ends a sender's conversation: never one a client still uses."""
+    return int(max(stalled_after_s, 2 * CONVERSATION_SECONDS_MAX))
+
+
 # Version of the objects dbq creates for a Service Broker queue.
 BROKER_SCHEMA_VERSION = 1
 # The totals a Service Broker queue keeps in sequences (its catalog keeps none).

@@ -37,7 +37,7 @@ from dbq.backends.sqlserver.broker_sql import BrokerSql
 from dbq.client import QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import connect, translate
-from dbq.contract.broker import BROKER_SCHEMA_VERSION
+from dbq.contract.broker import BROKER_SCHEMA_VERSION, stalled_after
 from dbq.errors import DatabaseError
 
 # Conversations cleanup ends per kind and run: a backlog is worked off over several runs.
@@ -57,7 +57,7 @@ def _sets(cur: pyodbc.Cursor, count: int) -> list[list[Any]]:
 def observation(rows: list[list[Any]], target: BrokerTarget) -> BrokerObserved:
     """The observation from the ten result sets of `BrokerSql.observe` (pure: tests feed it rows)."""
     db, types, contract, queues, services, objects, version, endpoints, transmission, monitor = rows
-    enabled, guid, shared, trustworthy, major, schema, level = db[0]
+    enabled, guid, shared, trustworthy, major, schema, level, procedure = db[0]
     queue_states = {
         r[0]: QueueState(
             name=r[0],
@@ -82,7 +82,14 @@ def observation(rows: list[list[Any]], target: BrokerTarget) -> BrokerObserved:
     )
     return BrokerObserved(
         database=DatabaseState(
-            bool(enabled), str(guid), bool(shared), bool(trustworthy), int(major), bool(schema), int(level)
+            bool(enabled),
+            str(guid),
+            bool(shared),
+            bool(trustworthy),
+            int(major),
+            bool(schema),
+            int(level),
+            bool(procedure),
         ),
         message_types=frozenset(r[0] for r in types),
         contract_messages=frozenset(r[1] for r in contract if r[1]) if contract else None,
@@ -179,7 +186,9 @@ class ServiceBrokerQueue(OdbcBackend):
         return Depth(depth=stats.depth, in_flight=stats.in_flight, conversations=observed.open_conversations)
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
-        replies, senders, cleaned = self._one(self.sql.cleanup(), int(stalled_after_s), CLEANUP_BATCH)
+        replies, senders, cleaned = self._one(
+            self.sql.cleanup(), stalled_after(stalled_after_s), CLEANUP_BATCH
+        )
         return {"senderReplies": int(replies), "stalledConversations": int(senders),
                 "cleanedConversations": int(cleaned)}  # fmt: skip
 

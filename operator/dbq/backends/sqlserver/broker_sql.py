@@ -52,7 +52,8 @@ SELECT d.is_broker_enabled, CAST(d.service_broker_guid AS nvarchar(36)),
   d.is_trustworthy_on,
   {MAJOR_VERSION},
   CASE WHEN SCHEMA_ID({schema}) IS NULL THEN 0 ELSE 1 END,
-  d.compatibility_level
+  d.compatibility_level,
+  {self._procedure_exists()}
 FROM sys.databases d WHERE d.database_id = DB_ID();
 SELECT name FROM sys.service_message_types WHERE name IN ({self._lit(t.message_types[0])}, {self._lit(t.message_types[1])});
 SELECT c.name, mt.name FROM sys.service_contracts c
@@ -139,11 +140,22 @@ ELSE SELECT N'', 0, 0, 0;"""
             f" {self.tracer_type} SENT BY INITIATOR)"
         ]
 
+    def _procedure(self) -> str:
+        """The activation procedure, schema-qualified and quoted (spec.serviceBroker.activation)."""
+        name = check_identifier(str(self.t.activation_procedure), "spec.serviceBroker.activation.procedure")
+        return f"{self.schema}.{ms_quote(name)}"
+
+    def _procedure_exists(self) -> str:
+        """1 when the spec's activation procedure exists (or none is asked for), else 0."""
+        if self.t.activation_procedure is None:
+            return "1"
+        return f"CASE WHEN OBJECT_ID({self._object(self._procedure())}, N'P') IS NULL THEN 0 ELSE 1 END"
+
     def _activation(self) -> str:
         t = self.t
         if t.activation_procedure is None:
             return ""
-        proc = f"{self.schema}.{ms_quote(check_identifier(t.activation_procedure, 'spec.serviceBroker.activation.procedure'))}"
+        proc = self._procedure()
         who = (
             t.execute_as
             if t.execute_as in ("OWNER", "SELF")

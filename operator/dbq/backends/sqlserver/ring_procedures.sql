@@ -6,10 +6,13 @@
 -- + 1; positions and totals are read from sys.sequences with {drawn}: the last value given out
 -- by NEXT VALUE FOR or sys.sp_sequence_get_range, 0 before the first (dbq.contract.broker.SEQUENCE_DRAWN).
 -- INSERT ... EXEC cannot nest, so procedures call each other through OUTPUT parameters.
+-- Every procedure runs WITH EXECUTE AS OWNER: it reads sys.sequences and OBJECT_ID, whose rows a
+-- login with only EXECUTE on the procedures would not see (metadata visibility).
 -- Blocks between `-- if archive` and `-- end if` (or `-- else`) are kept only with spec.archive.
 --;;
 CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @placed bit OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @popped bigint, @try int = 0, @rc int;
@@ -42,6 +45,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
@@ -69,6 +73,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_push_many} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
@@ -124,6 +129,7 @@ END
 --;;
 CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
@@ -184,6 +190,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_take} @pos bigint, @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
@@ -193,6 +200,7 @@ END
 --;;
 CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
   @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+WITH EXECUTE AS OWNER
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
@@ -264,6 +272,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
@@ -272,6 +281,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_pop_many} @max int, @lease_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
@@ -344,6 +354,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_release} @positions nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @released int;
@@ -357,6 +368,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @rc int;
@@ -395,6 +407,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_ack_many} @ids nvarchar(max), @leases nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @c bigint;
@@ -430,6 +443,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_nack} @id bigint, @lease bigint, @delay_ms bigint, @error nvarchar(max)
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- o_ok: 0 no lease, 1 ready again after the delay, 2 dead-lettered (acquired {max_attempts}
@@ -469,6 +483,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_repair} @orphan_grace_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
@@ -528,6 +543,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_void_holes} @grace_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- Holes: positions a pusher drew and never wrote. One drawn before a message already older
@@ -548,6 +564,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_stats}
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- From the totals, not a count of the ring (see the PostgreSQL routine).
@@ -597,6 +614,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_defer} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Delayed messages wait aside in the spill table until due; each takes a push position given
@@ -632,6 +650,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_extend} @id bigint, @lease bigint, @visibility_ms bigint
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @rc int, @lease_ms bigint = CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END;
@@ -648,6 +667,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_redrive} @ids nvarchar(max), @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
@@ -670,6 +690,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_purge_dead} @ids nvarchar(max), @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @c bigint, @n bigint;
@@ -684,6 +705,7 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_scavenge} @retention_ms bigint, @max int
+WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   -- Archived messages older than the retention, the oldest @max of them: one bounded batch (see
