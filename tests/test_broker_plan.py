@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dbq.api.models import QueueSpec
+from dbq.api.models import Activation, QueueSpec
 from dbq.backends import broker_target
 from dbq.backends.base import Depth, Finding
 from dbq.backends.broker_plan import (
@@ -29,6 +29,7 @@ from dbq.backends.broker_plan import (
     plan_queue_maintenance,
 )
 from dbq.backends.sqlserver.broker import observation
+from dbq.backends.sqlserver.broker_sql import BrokerSql
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import BrokerQueue
 from dbq.connection import from_url
@@ -410,3 +411,19 @@ def test_cleanup_never_ends_a_conversation_a_client_may_still_use():
     assert stalled_after(3600) == 3600
     with pytest.raises(ValueError, match="conversation_seconds must be at most 300"):
         BrokerQueue(from_url("mssql://app:secret@127.0.0.1:1/shop"), NAMES, conversation_seconds=301)
+
+
+def test_poison_handling_is_on_only_for_an_activation_procedure():
+    """dbq's clients nack by rolling their RECEIVE back: with poison handling on, five nacks of one
+    message would disable the queue for every consumer."""
+    consumed_by_clients = QueueSpec.model_validate(
+        {"backend": "sqlserver", "design": "servicebroker", "connection": {"secretRef": {"name": "db"}}}
+    )
+    target = broker_target(consumed_by_clients, NAMES, "shop")
+    assert not target.poison_message_handling
+    assert "POISON_MESSAGE_HANDLING (STATUS = OFF)" in BrokerSql(target).create_queue()[0]
+    activated = consumed_by_clients.model_copy(deep=True)
+    activated.service_broker.activation = Activation(procedure="handle_orders")
+    assert broker_target(activated, NAMES, "shop").poison_message_handling
+    activated.service_broker.poison_message_handling = False
+    assert not broker_target(activated, NAMES, "shop").poison_message_handling

@@ -447,3 +447,56 @@ def test_concurrent_acquires_and_acks_share_round_trips_and_a_lost_lease_is_the_
 def test_smart_batching_can_be_turned_off(make_queue):
     q = make_queue(smart_batching=False)
     assert q._pushes is None and q._pops is None and q._acks is None and q.push(b"a") > 0
+
+
+def test_an_ack_on_the_common_path_acks_and_moves_the_totals(make_queue):
+    """On SQL Server the ack read @@ROWCOUNT after an IF, which may reset it: the common ack
+    would have answered "lease lost" and left the totals unmoved."""
+    q = make_queue()
+    q.push(b"one")
+    m = q.acquire(timeout=5)
+    assert m is not None
+    m.ack()
+    stats = q.stats()
+    assert (stats.depth, stats.in_flight, stats.acquired, stats.popped) == (0, 0, 1, 1)
+    with pytest.raises(LeaseLost):
+        m.ack()
+
+
+def test_a_year_long_ttl_delay_and_visibility_are_taken(make_queue):
+    """DATEADD(millisecond, ...) takes an int (about 596 hours): SQL Server adds seconds, then
+    the milliseconds left."""
+    year = 8760 * 3600.0
+    q = make_queue()
+    q.push(b"kept a year", ttl=year)
+    m = q.acquire(timeout=5, visibility=year)
+    assert m is not None and m.body == b"kept a year"
+    m.extend(year)
+    assert m.nack(delay=year) is False
+    stats = q.stats()
+    assert (stats.delayed, stats.depth, stats.in_flight) == (1, 0, 0)
+    assert q.pop(timeout=0.2) is None
+
+
+@pytest.mark.skipif(not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here")
+def test_a_user_with_only_execute_on_the_schema_pushes_and_pops():
+    """The procedures run WITH EXECUTE AS OWNER: a user without VIEW DEFINITION still has them
+    read sys.sequences (metadata visibility), so positions and totals are right."""
+    with queues(MSSQL_DSN) as make:
+        q = make()
+        user = f"dbq_app_{secrets.token_hex(3)}"
+        with q._cursor() as cur:
+            cur.execute(f"CREATE USER [{user}] WITHOUT LOGIN")
+            try:
+                cur.execute(f"GRANT EXECUTE ON SCHEMA::[{SCHEMA}] TO [{user}]")
+                cur.execute(f"EXECUTE AS USER = N'{user}'")
+                try:
+                    call = call_statement("sqlserver", q.names, "push")
+                    pushed = cur.execute(call, b"as the app", 0).fetchall()
+                    assert int(pushed[0][0]) > 0
+                    stats = cur.execute(call_statement("sqlserver", q.names, "stats")).fetchall()[0]
+                    assert (int(stats[0]), int(stats[2])) == (1, 1)  # depth, pushed
+                finally:
+                    cur.execute("REVERT")
+            finally:
+                cur.execute(f"DROP USER [{user}]")

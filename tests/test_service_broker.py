@@ -139,15 +139,27 @@ def test_a_stalled_conversation_is_ended_by_cleanup(provisioned):
     assert backend.observe().open_conversations == 0
 
 
-def test_a_queue_disabled_by_poison_message_detection_is_reported_and_re_enabled_on_opt_in(provisioned):
+def test_nacks_of_one_message_never_disable_a_queue_its_clients_consume(provisioned):
+    """A nack rolls the RECEIVE back; without an activation procedure poison-message handling
+    is off, so six in a row leave the queue enabled and the message deliverable."""
     backend, spec = provisioned
     with client(spec) as q:
-        q.push(b"poison")
-        for _ in range(5):
+        q.push(b"fails six times")
+        for _ in range(6):
             m = q.acquire(timeout=5)
-            if m is None:
-                break
+            assert m is not None and m.body == b"fails six times"
             m.nack()
+        m = q.acquire(timeout=5)
+        assert m is not None
+        m.ack()
+    assert backend.checks() == []
+    assert not backend.observe().queues["orders"].poison_handling
+
+
+def test_a_queue_disabled_by_poison_message_detection_is_reported_and_re_enabled_on_opt_in(provisioned):
+    backend, spec = provisioned
+    with backend.conn.cursor() as cur:  # what poison-message detection does to a queue
+        cur.execute(f"ALTER QUEUE [{spec['connection']['schema']}].[orders] WITH STATUS = OFF")
     [finding] = backend.checks()
     assert finding.check == "QueueDisabled"
     opted_in = open_backend(parse_spec(spec_of(spec["connection"]["schema"], reEnableOnPoison=True)), "orders",

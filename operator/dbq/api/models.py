@@ -254,7 +254,8 @@ class ServiceBroker(Model):
     )
     poison_message_handling: bool = Field(
         default=True,
-        description="Let SQL Server disable the queue after five rollbacks of one message in a row.",
+        description="With an activation procedure: let SQL Server disable the queue after five rollbacks of"
+        " one message in a row. Without one it stays off: dbq's clients nack by rolling back.",
     )
     re_enable_on_poison: bool = Field(
         default=False,

@@ -61,7 +61,11 @@ def broker_target(spec: QueueSpec, names: QueueNames, database: str) -> BrokerTa
         activation_enabled=activation.enabled if activation else False,
         max_readers=activation.max_readers if activation else 0,
         execute_as=activation.execute_as if activation else "OWNER",
-        poison_message_handling=sb.poison_message_handling,
+        # dbq's own clients give a message back by rolling its RECEIVE back (nack, a lease that
+        # ran out, a stopping consumer): with poison-message handling on, five of those in a row
+        # would disable the queue for every consumer. So it is on only with an activation
+        # procedure, whose own failures it is there to catch.
+        poison_message_handling=sb.poison_message_handling and activation is not None,
         re_enable_on_poison=sb.re_enable_on_poison,
         new_broker=sb.new_broker,
         trustworthy=sb.trustworthy,
