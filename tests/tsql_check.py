@@ -7,7 +7,7 @@ Rules:
   Transaction-owned lock is asked outside a transaction) and raises nothing: its return code must
   be kept (`EXEC @v = sp_getapplock`) and tested, and a Transaction-owned one needs
   `@@TRANCOUNT` checked in the same batch.
-- `rowcount-late`: `@@ROWCOUNT` only in `SET @v = @@ROWCOUNT` (or `+=`) right after the DML it
+- `rowcount-late`: `@@ROWCOUNT` only in `SET @v = @@ROWCOUNT` (or `+=`) right after the DML (or RECEIVE) it
   counts: statements such as IF may reset it.
 - `dateadd-ms-overflow`: `DATEADD(millisecond, n, ...)` takes an int; a bigint number of
   milliseconds past 2^31 (about 596 hours) overflows. The number must be a literal or `x % 1000`
@@ -43,7 +43,7 @@ ABOVE_FLOOR = {
     "WINDOW clause (2022)": r"\bWINDOW\s+\w+\s+AS\s*\(",
     "OPTIMIZE_FOR_SEQUENTIAL_KEY (2019)": r"\bOPTIMIZE_FOR_SEQUENTIAL_KEY\b",
 }
-_DML = re.compile(r"^(UPDATE|INSERT|DELETE|MERGE)\b", re.I)
+_DML = re.compile(r"^(UPDATE|INSERT|DELETE|MERGE|RECEIVE)\b", re.I)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,14 @@ ELSE SELECT N'', 0, 0, 0;
 SET NOCOUNT ON;
 DECLARE @stalled int = ?, @batch int = ?, @h uniqueidentifier, @replies int = 0, @senders int = 0, @cleaned int = 0;
 DECLARE @got TABLE (h uniqueidentifier, kind nvarchar(256));
-RECEIVE TOP (@batch) conversation_handle, message_type_name FROM [shopq].[orders_sender] INTO @got;
+DECLARE @taken int = 1, @received int = 0;
+-- One RECEIVE answers one conversation group: receive again until the batch or the queue ends.
+WHILE @taken > 0 AND @received < @batch
+BEGIN
+  RECEIVE TOP (@batch) conversation_handle, message_type_name FROM [shopq].[orders_sender] INTO @got;
+  SET @taken = @@ROWCOUNT;
+  SET @received += @taken;
+END;
 DECLARE ends CURSOR LOCAL FAST_FORWARD FOR
   SELECT DISTINCT h FROM @got;
 OPEN ends; FETCH NEXT FROM ends INTO @h;

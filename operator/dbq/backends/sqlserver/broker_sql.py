@@ -248,7 +248,14 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         return f"""SET NOCOUNT ON;
 DECLARE @stalled int = ?, @batch int = ?, @h uniqueidentifier, @replies int = 0, @senders int = 0, @cleaned int = 0;
 DECLARE @got TABLE (h uniqueidentifier, kind nvarchar(256));
-RECEIVE TOP (@batch) conversation_handle, message_type_name FROM {self.sender_queue} INTO @got;
+DECLARE @taken int = 1, @received int = 0;
+-- One RECEIVE answers one conversation group: receive again until the batch or the queue ends.
+WHILE @taken > 0 AND @received < @batch
+BEGIN
+  RECEIVE TOP (@batch) conversation_handle, message_type_name FROM {self.sender_queue} INTO @got;
+  SET @taken = @@ROWCOUNT;
+  SET @received += @taken;
+END;
 {each_conversation("ends", "SELECT DISTINCT h FROM @got", "END CONVERSATION @h; SET @replies += 1;")}
 {each_conversation("stalled", senders, "END CONVERSATION @h; SET @senders += 1;")}
 {each_conversation("leftover", leftovers, "END CONVERSATION @h; SET @cleaned += 1;")}
