@@ -56,9 +56,8 @@ class MsRing(RingSqlBase):
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.sqlserver"
     TEMPLATE_FILE = "ring_procedures.sql"
     BACKEND = "sqlserver"
-    SERVER_VERSION: str | None = (
-        server.SERVER_VERSION
-    )  # refused below the floor: dbq.backends.sqlserver.server
+    # Checked when planning; below the floor the queue is refused (dbq.backends.sqlserver.server).
+    SERVER_VERSION: str | None = server.SERVER_VERSION
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
