@@ -61,22 +61,6 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     operator.stop()
 
 
-def test_the_spark_guide_runs_as_written(fleet, spark, monkeypatch, capsys):
-    """The docs' `<!-- runnable: spark -->` examples, with this module's SparkSession as `spark`
-    and its namespace for `shop` (tests/test_docs_examples.py runs the others)."""
-    cluster, kube, *_ = fleet
-    monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
-    examples = [e for page in pages_with_examples("spark").values() for e in page]
-    assert examples, "the Spark guide lost its runnable example"
-    for example in examples:
-        code = re.sub(r"\bshop\b", cluster.ns, example.code)
-        exec(compile(code, str(example), "exec"), {"spark": spark})
-    shown = capsys.readouterr().out
-    for name in WORKLOAD:
-        rows = re.findall(rf"^\|\s*{name}\|", shown, re.M)
-        assert len(rows) == 2, (name, shown)  # a row in each of the two tables the example shows
-
-
 def test_dbq_queues_is_the_status_of_every_queue(fleet, spark):
     cluster, kube, *_ = fleet
     df = (
@@ -204,3 +188,20 @@ def test_dbq_drains_at_most_limit_messages_each_once(fleet, spark, stack, postgr
         spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("queue", "ring-b").option(
             "mode", "drain"
         ).load().collect()
+
+
+def test_the_spark_guide_runs_as_written(fleet, spark, monkeypatch, capsys):
+    """The docs' `<!-- runnable: spark -->` examples, with this module's SparkSession as `spark`
+    and its namespace for `shop` (tests/test_docs_examples.py runs the others). Last in the module:
+    it takes a while, and the tests above compare rates the statistics ticks keep moving."""
+    cluster, kube, *_ = fleet
+    monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
+    examples = [e for page in pages_with_examples("spark").values() for e in page]
+    assert examples, "the Spark guide lost its runnable example"
+    for example in examples:
+        code = re.sub(r"\bshop\b", cluster.ns, example.code)
+        exec(compile(code, str(example), "exec"), {"spark": spark})
+    shown = capsys.readouterr().out
+    for name in WORKLOAD:
+        rows = re.findall(rf"^\|\s*{name}\|", shown, re.M)
+        assert len(rows) == 2, (name, shown)  # a row in each of the two tables the example shows
