@@ -71,3 +71,19 @@ def test_a_ring_queue_failing_while_deletion_measures_it_is_reported_with_a_reas
                     secret_reader(postgres.url), force=True)  # fmt: skip
     assert forced.error is None and [e.reason for e in forced.events] == ["Deleted"]
     assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
+
+
+def test_a_deletion_run_again_after_it_dropped_the_queue_succeeds(postgres):
+    """kopf runs the deletion handler again when it could not remove its finalizer the first
+    time: the queue's objects are gone by then, and DeleteIfEmpty's look at the depth must not
+    fail on them (it did, for ever: "relation ..._ring does not exist")."""
+    doc = queue()
+    spec = {
+        **doc["spec"],
+        "connection": {"secretRef": {"name": "s"}, "schema": f"del_{secrets.token_hex(3)}"},
+    }
+    name = provisioned(spec, postgres.url)
+    first = delete(name, "default", spec, 1, PROVISIONED, secret_reader(postgres.url), force=False)
+    assert first.error is None and [e.reason for e in first.events] == ["Deleted"]
+    again = delete(name, "default", spec, 1, PROVISIONED, secret_reader(postgres.url), force=False)
+    assert again.error is None and [e.reason for e in again.events] == ["Deleted"]

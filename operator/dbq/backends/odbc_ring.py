@@ -26,8 +26,9 @@ from dbq.backends.ring_plan import Observed, Recorded, RingStep, is_new, plan_ri
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
-from dbq.connection.odbc import connect, retried, translate
+from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
+from dbq.errors import QueueNotFound
 from dbq.names import QueueNames
 
 # The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
@@ -152,7 +153,16 @@ class OdbcRing(OdbcBackend):
 
     def depth(self) -> Depth:
         with self._errors():
-            ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
+            try:
+                ready, leased = self.conn.cursor().execute(self.sql.depth_sql()).fetchone()
+            except pyodbc.Error as e:
+                # A deletion run again after it dropped the queue finds nothing: not an error.
+                gone = driver_error(e, self.settings)[0] in UNDEFINED_OBJECT_STATES
+                if gone and self.names.ring not in self.observe().tables:
+                    raise QueueNotFound(
+                        f"queue {self.names.queue}: its ring does not exist (dropped already)"
+                    ) from None
+                raise
             return Depth(depth=int(ready), in_flight=int(leased))
 
     def _call(self, verb: str, *args: object) -> list[pyodbc.Row]:

@@ -22,7 +22,7 @@ from dbq.backends.base import Depth, Finding, QueueBackend
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.schedule import describe
-from dbq.errors import DbqError, InvalidSpec
+from dbq.errors import DbqError, InvalidSpec, QueueNotFound
 from dbq.resource import QueueReader, SecretReader, dead_letter_keeper, parse_spec, settings_for
 
 FORCE_DELETE = "dbq.dev/force-delete"
@@ -294,7 +294,11 @@ def delete(
         _spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret)
         try:
             if policy == DeletionPolicy.DeleteIfEmpty and not force:
-                message = deletion_blocker(queue, backend.depth())
+                try:
+                    depth = backend.depth()
+                except QueueNotFound:  # dropped already (a deletion run again after it dropped them)
+                    depth = Depth(depth=0, in_flight=0)
+                message = deletion_blocker(queue, depth)
                 if message:
                     out.status["conditions"] = cond.set_condition(
                         status.get("conditions"), cond.DELETION_BLOCKED, True, "NotEmpty", message, generation
