@@ -27,7 +27,9 @@ def pipes_queue(name: str, keyspace: str, secret: str = "events-db", **spec: Any
 
 
 def service_broker_queue() -> dict[str, Any]:
-    return with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.design", "servicebroker")
+    doc = with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.design", "servicebroker")
+    del doc["spec"]["ring"]
+    return doc
 
 
 def with_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -89,6 +91,21 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         "schema",
     ),
     ("upper-case-schema", with_path(queue(), "spec.connection.schema", "Queues"), "schema"),
+    (
+        "broker-settings-on-a-ring",
+        with_path(queue(), "spec.serviceBroker", {"trustworthy": True}),
+        "spec.serviceBroker holds the settings of servicebroker queues",
+    ),
+    (
+        "pipes-settings-on-a-ring",
+        with_path(queue(), "spec.pipes", {"maxPushesPerPipe": 10}),
+        "spec.pipes holds the settings of pipes queues",
+    ),
+    (
+        "ring-settings-on-pipes",
+        with_path(pipes_queue("events", "ks"), "spec.ring", {"size": 64}),
+        "spec.ring holds the settings of ring queues",
+    ),
     ("dotted-name-without-queue-name", queue(name="orders.v2"), "set spec.queueName"),
     ("cron-garbage", with_path(queue(), "spec.reindex.schedule", "every night"), "write five fields"),
     (

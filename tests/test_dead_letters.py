@@ -104,6 +104,22 @@ def test_the_dead_letter_queue_is_found_and_must_share_backend_design_and_secret
     assert dead_letter_keeper("orders", "shop", own, lambda ns, n: None) is None
 
 
+def test_a_keeper_that_names_a_keeper_is_refused_so_no_chain_or_cycle_forms():
+    """Two Queues naming each other used to wait for each other for ever (DeadLetterQueueNotFound)."""
+    a = queue_doc("a", deadLetter={"maxAttempts": 3, "queue": "b"})
+    b = queue_doc("b", deadLetter={"maxAttempts": 3, "queue": "a"})
+    found = {("shop", "a"): a, ("shop", "b"): b}
+    read = lambda ns, n: found.get((ns, n))  # noqa: E731
+    with pytest.raises(
+        InvalidSpec, match=r"Queue b sends its own dead letters on to Queue a .*\(a -> b -> a\)"
+    ):
+        dead_letter_keeper("a", "shop", parse_spec(a["spec"]), read)
+    with pytest.raises(InvalidSpec, match=r"remove spec.deadLetter.queue from a"):
+        dead_letter_keeper("b", "shop", parse_spec(b["spec"]), read)
+    found[("shop", "b")] = queue_doc("b", deadLetter={"maxAttempts": 3})  # b keeps its own: a may use it
+    assert dead_letter_keeper("a", "shop", parse_spec(a["spec"]), read) == QueueNames("shopq", "b")
+
+
 def test_a_queue_keeping_others_dead_letters_is_not_dropped_while_they_use_it():
     users = dead_letter_users("dlq", [
         queue_doc("a", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("b", deadLetter={"maxAttempts": 1}),

@@ -10,10 +10,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from kubernetes import client
 
 from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
+from dbq.spark.health import health
 from docgen.examples import pages_with_examples
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
@@ -205,3 +207,29 @@ def test_the_spark_guide_runs_as_written(fleet, spark, monkeypatch, capsys):
     for name in WORKLOAD:
         rows = re.findall(rf"^\|\s*{name}\|", shown, re.M)
         assert len(rows) == 2, (name, shown)  # a row in each of the two tables the example shows
+
+
+def test_a_fleet_with_no_provisioned_queue_reads_as_empty(fleet, spark):
+    """Spark calls a reader once with its default partition when partitions() returns none: the
+    sources then give an empty DataFrame (they failed with a bare AssertionError), and the health
+    job reports the Queues as not Ready."""
+    cluster, kube, *_ = fleet
+    namespace = f"{cluster.ns}-none"
+    client.CoreV1Api(kube.api).create_namespace({"metadata": {"name": namespace}})
+    try:
+        unprovisioned = queue("never-ready")  # no operator watches this namespace
+        client.CustomObjectsApi(kube.api).create_namespaced_custom_object(
+            "dbq.dev", "v1alpha1", namespace, "queues", unprovisioned
+        )
+        for source in ("dbq-stats", "dbq-archive"):
+            df = (
+                spark.read.format(source)
+                .option("kubeconfig", kube.kubeconfig)
+                .option("namespace", namespace)
+                .load()
+            )
+            assert df.count() == 0, source
+        report = {r["name"]: r for r in health(spark, [namespace], kubeconfig=kube.kubeconfig).collect()}
+        assert set(report) == {"never-ready"} and report["never-ready"]["not_ready"]
+    finally:
+        client.CoreV1Api(kube.api).delete_namespace(namespace)

@@ -92,4 +92,11 @@ def dead_letter_keeper(
             " backend, design and Secret (one database), so a message moves in one transaction: name such a"
             " Queue, or remove the field to use the queue's own table"
         )
+    onward = other.dead_letter.queue if other.dead_letter else None
+    if onward:
+        raise InvalidSpec(
+            f"{field}: Queue {keeper} sends its own dead letters on to Queue {onward} (its spec.deadLetter.queue):"
+            f" a Queue that keeps dead letters must keep its own, so no chain or cycle forms ({name} -> {keeper}"
+            f" -> {onward}): name another Queue here, or remove spec.deadLetter.queue from {keeper}"
+        )
     return QueueNames(schema=other.connection.schema_, queue=other_queue)

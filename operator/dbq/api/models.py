@@ -427,6 +427,9 @@ class QueueSpec(Model):
             raise ValueError(DEAD_LETTER_HINT)
         if self.archive.enabled and self.design == "servicebroker":
             raise ValueError(ARCHIVE_HINT)
+        for field, section in (("ring", "ring"), ("pipes", "pipes"), ("service_broker", "serviceBroker")):
+            if field in self.model_fields_set and self.design != SECTION_DESIGNS[section]:
+                raise ValueError(section_error(section, str(self.design)))
         return self
 
 
@@ -434,6 +437,17 @@ def design_error(backend: str, design: str) -> str:
     return (
         f"spec.design {design} does not exist on backend {backend}: "
         "use ring with postgres or sqlserver, servicebroker with sqlserver, pipes with cassandra"
+    )
+
+
+# Each design's own settings section, refused on a Queue of another design (not ignored).
+SECTION_DESIGNS = {"ring": "ring", "pipes": "pipes", "serviceBroker": "servicebroker"}
+
+
+def section_error(section: str, design: str) -> str:
+    return (
+        f"spec.{section} holds the settings of {SECTION_DESIGNS[section]} queues and the design of this Queue"
+        f" is {design}: remove spec.{section}"
     )
 
 
@@ -459,6 +473,14 @@ SPEC_RULES = [
         "messageExpression": "'spec.design ' + self.design + ' does not exist on backend ' + self.backend + "
         "': use ring with postgres or sqlserver, servicebroker with sqlserver, pipes with cassandra'",
     },
+    *(
+        {
+            "rule": f"!has(self.{section}) || self.design == '{design}'",
+            "messageExpression": f"'spec.{section} holds the settings of {design} queues and the design of this Queue is '"
+            f" + self.design + ': remove spec.{section}'",
+        }
+        for section, design in SECTION_DESIGNS.items()
+    ),
     {
         "rule": "has(self.queueName) == has(oldSelf.queueName)",
         "message": "spec.queueName cannot be added or removed after creation; create a new Queue instead",

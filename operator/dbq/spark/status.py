@@ -172,7 +172,8 @@ class StatsReader(SelectedQueues):
         ]  # fmt: skip
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, QueuePartition)
+        if not isinstance(partition, QueuePartition):
+            return  # no queue to read: Spark's one default partition when partitions() found none
         meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
         with self.client(partition) as queue:
             samples = queue.history(partition.since, partition.until)
@@ -198,7 +199,8 @@ class ArchiveReader(SelectedQueues):
         return [QueuePartition(r, self.since, self.now) for r in resources if archived(r) and provisioned(r)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, QueuePartition)
+        if not isinstance(partition, QueuePartition):
+            return  # no queue to read: Spark's one default partition when partitions() found none
         meta, spec = partition.resource["metadata"], parse_spec(partition.resource.get("spec") or {})
         with self.client(partition) as queue:
             if isinstance(queue, BrokerQueue):  # refused at admission: a Queue edited around it
