@@ -24,6 +24,12 @@ class Example:
         return f"docs/{self.page}:{self.line}"
 
 
+def in_namespace(text: str, namespace: str) -> str:
+    """`text` (an example, a manifest) with the docs' namespace `shop` replaced by `namespace`, so a
+    test runs the examples in a namespace of its own."""
+    return re.sub(r"\bshop\b", namespace, text)
+
+
 def examples(page: Path) -> list[Example]:
     text = page.read_text()
     return [

@@ -11,7 +11,6 @@ database of this module's own.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from docgen.examples import Example, pages_with_examples
+from docgen.examples import Example, in_namespace, pages_with_examples
 from tests.local import scratch_database
 from tests.operator_harness import ROOT, Operator, operator_namespace, wait_for
 
@@ -46,10 +45,6 @@ def reader(stack, kube, tmp_path_factory):
         finally:
             cluster.force_delete_all(180)
             operator.stop()
-
-
-def in_namespace(text: str, namespace: str) -> str:
-    return re.sub(r"\bshop\b", namespace, text)
 
 
 def run(example: Example, namespace: str, env: dict[str, str]) -> str:

@@ -16,7 +16,7 @@ from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.health import health
-from docgen.examples import pages_with_examples
+from docgen.examples import in_namespace, pages_with_examples
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 
@@ -201,7 +201,7 @@ def test_the_spark_guide_runs_as_written(fleet, spark, monkeypatch, capsys):
     examples = [e for page in pages_with_examples("spark").values() for e in page]
     assert examples, "the Spark guide lost its runnable example"
     for example in examples:
-        code = re.sub(r"\bshop\b", cluster.ns, example.code)
+        code = in_namespace(example.code, cluster.ns)
         exec(compile(code, str(example), "exec"), {"spark": spark})
     shown = capsys.readouterr().out
     for name in WORKLOAD:

@@ -3,6 +3,7 @@ mistake and lets its correct form through, and nothing dbq renders for SQL Serve
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -71,6 +72,7 @@ def test_the_correct_forms_pass(statement):
     assert tsql_check.findings(statement) == []
 
 
+@functools.cache
 def rendered() -> dict[str, str]:
     """Everything dbq renders for SQL Server: the ring's steps, procedures (archive on and off,
     dead letters kept by another queue), calls, reads, locks and maintenance; Service Broker's
@@ -86,8 +88,6 @@ def rendered() -> dict[str, str]:
         ("kept dead letters", MsRing(replace(TARGET, dead_letter_keeper=QueueNames("errors", "dlq")))),
     ):
         out |= {f"{name} {i}": s for i, s in enumerate(variant.create_routines())}
-    out["schema lock"] = ring.advisory_lock()
-    out["schema unlock"] = ring.advisory_unlock() or ""
     out |= {f"broker {name}": s for name, s in broker_statements().items()}
     return out
 
