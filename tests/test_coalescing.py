@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 from dbq.client import coalescing
-from dbq.client.coalescing import Coalescer, ack_coalescer, take_coalescer
+from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer
 from dbq.errors import LeaseLost
 
 
@@ -252,7 +252,7 @@ def test_takes_ask_for_exactly_the_waiting_calls_and_those_left_without_get_none
         got, stock[:] = stock[:n], stock[n:]
         return got
 
-    pop = take_coalescer(take, limit=100)
+    pop = take_coalescer(lambda calls: take(len(calls)), limit=100)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(pop, None)
         time.sleep(0.1)
@@ -285,3 +285,46 @@ def test_each_ack_whose_lease_was_lost_gets_its_own_lease_lost():
         else:
             assert f.result() is None
     assert sorted(acked) == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_calls_share_round_trips_with_the_calls_of_the_same_options_only():
+    gate = threading.Event()
+    trips: list[tuple[str, list[int]]] = []
+
+    def coalescer(option: str) -> Coalescer[int, str]:
+        def run(items: list[int]) -> list[str]:
+            if option == "slow" and not any(o == "slow" for o, _ in trips):
+                gate.wait(5)  # the first slow round trip stays in flight while the others arrive
+            trips.append((option, items))
+            return [f"{option}{i}" for i in items]
+
+        return Coalescer(run, limit=100)
+
+    by_options: ByOptions[str, int, str] = ByOptions(coalescer)
+    with ThreadPoolExecutor(10) as pool:
+        first = pool.submit(by_options, "slow", 0)
+        time.sleep(0.1)
+        slow = [pool.submit(by_options, "slow", i) for i in range(1, 5)]
+        time.sleep(0.1)
+        # Calls of other options are not held behind the slow round trip: they come back first.
+        fast = [pool.submit(by_options, "fast", i) for i in range(5)]
+        assert sorted(f.result(timeout=5) for f in fast) == [f"fast{i}" for i in range(5)]
+        assert not first.done()
+        gate.set()
+        assert [first.result()] + [f.result() for f in slow] == [f"slow{i}" for i in range(5)]
+    slow_trips = [items for option, items in trips if option == "slow"]
+    assert slow_trips[0] == [0] and sorted(slow_trips[1]) == [1, 2, 3, 4]  # the waiting four shared one
+    assert by_options.round_trips == len(trips)
+
+
+def test_past_the_most_option_values_the_oldest_is_forgotten_and_made_again_when_called():
+    made: list[int] = []
+
+    def coalescer(option: int) -> Coalescer[int, int]:
+        made.append(option)
+        return Coalescer(lambda items: [option + i for i in items], limit=10)
+
+    by_options: ByOptions[int, int, int] = ByOptions(coalescer, most=3)
+    assert [by_options(o, 1) for o in (10, 20, 30, 10, 40, 10)] == [11, 21, 31, 11, 41, 11]
+    assert made == [10, 20, 30, 40, 10]  # 40 made the oldest (10) go; 10 is made again
+    assert by_options.round_trips == 6  # the forgotten one's round trips still count

@@ -27,7 +27,7 @@ from dbq.backends.cassandra.plan import (
     is_new,
     plan_pipes,
 )
-from dbq.client import PipesQueue, QueueError, QueueNotFound, connect
+from dbq.client import PipeMessage, PipesQueue, QueueError, QueueNotFound, connect
 from dbq.client import pipes as pipes_module
 from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
@@ -567,8 +567,8 @@ def test_concurrent_single_pushes_share_round_trips_on_pipes(make_queue):
     q = make_queue(max_pushes=100_000, smart_batching=True)
     bodies = [b"t%02d-%03d" % (t, i) for t in range(32) for i in range(30)]
 
-    def pusher(t: int) -> list[uuid.UUID]:
-        return [q.push(b"t%02d-%03d" % (t, i)) for i in range(30)]
+    def pusher(t: int) -> list[uuid.UUID]:  # half with a ttl: they share round trips among them
+        return [q.push(b"t%02d-%03d" % (t, i), ttl=600 if t % 2 else None) for i in range(30)]
 
     with ThreadPoolExecutor(32) as pool:
         ids = [i for f in [pool.submit(pusher, t) for t in range(32)] for i in f.result()]
@@ -605,7 +605,7 @@ def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_que
     calls = [0] * 16
 
     def consumer(t: int) -> None:
-        while (m := q.acquire()) is not None:
+        while (m := q.acquire(visibility=60 if t % 2 else None)) is not None:  # half with their own
             calls[t] += 1
             m.ack()
             acked[t].append(m.body)
@@ -617,6 +617,33 @@ def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_que
     assert q._acquires is not None and q._acquires.round_trips < sum(calls) / 2
     assert q._acks is not None and q._acks.round_trips < len(bodies) / 2
     assert q.pop(timeout=0) is None and q.stats().in_flight == 0
+
+
+def test_acquires_sharing_a_round_trip_each_lease_for_their_callers_visibility(make_queue, cass_url):
+    q = make_queue(max_pushes=100_000, smart_batching=True, pop_timeout=1)
+    q.push_many(bodies("v", 64))
+    held: list[tuple[int, PipeMessage]] = []
+
+    def consumer(t: int) -> None:
+        for _ in range(4):
+            m = q.acquire(visibility=2 if t % 2 else 60)
+            assert m is not None
+            held.append((t, m))
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(consumer, t) for t in range(16)]:
+            f.result()
+    assert sorted(m.body for _, m in held) == sorted(bodies("v", 64))
+    assert q._acquires is not None and q._acquires.round_trips < 64 / 2  # shared, whatever the visibility
+    short = sorted(m.body for t, m in held if t % 2)
+    q.close()  # gives its pipe lease back, so that another client may roll back
+    other = connect(cass_url, q.names.queue, schema=KEYSPACE, pop_timeout=0.2)
+    try:
+        time.sleep(2 + pipes_module.SKEW_S + 0.2)
+        assert other.repair().rolled_back == len(short)  # the 2 s leases lapsed, the 60 s ones hold
+        assert sorted(drain(other)) == short
+    finally:
+        other.close()
 
 
 def test_clients_on_one_session_prepare_each_statement_once(make_queue):

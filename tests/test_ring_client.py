@@ -17,11 +17,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
-from dbq.client import LeaseLost, MessageTooLarge, Queue, QueueError, QueueFull, QueueNotFound, connect
+from dbq.client import (
+    LeaseLost,
+    Message,
+    MessageTooLarge,
+    Queue,
+    QueueError,
+    QueueFull,
+    QueueNotFound,
+    connect,
+)
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget, call_statement
 from dbq.names import QueueNames
@@ -442,6 +452,91 @@ def test_concurrent_acquires_and_acks_share_round_trips_and_a_lost_lease_is_the_
         futures[0].result()
     assert lost.value.messages == [late]
     assert [f.result() for f in futures[1:]] == [None, None]
+
+
+def test_acquires_with_their_own_visibility_share_round_trips_with_that_visibility(make_queue):
+    """32 threads, half acquiring with visibility=2 and half with 30: each message reaches one
+    caller, the calls share round trips, and each lease lasts what its caller asked."""
+    q = make_queue(size=1024, message_bytes=16, pop_timeout=1)
+    q.push_many([b"m%04d" % i for i in range(320)])
+    taken: list[list[Message]] = [[] for _ in range(32)]
+
+    def consumer(t: int) -> None:
+        for _ in range(10):
+            m = q.acquire(timeout=1, visibility=2 if t % 2 else 30)
+            assert m is not None
+            taken[t].append(m)
+
+    with ThreadPoolExecutor(32) as pool:
+        for f in [pool.submit(consumer, t) for t in range(32)]:
+            f.result()
+    assert sorted(m.body for part in taken for m in part) == [b"m%04d" % i for i in range(320)]
+    assert q._acquires is not None and q._acquires.round_trips < 320 / 2  # shared
+    short = {m.id for t, part in enumerate(taken) if t % 2 for m in part}
+    time.sleep(2.3)
+    assert q.repair().expired_leases == len(short)  # the 2 s leases lapsed, the 30 s ones hold
+    assert {m.id for m in q.pop_many(400)} == short
+
+
+def test_pushes_with_a_ttl_or_a_delay_share_round_trips_with_the_same_options(make_queue):
+    q = make_queue(size=1024, message_bytes=16, pop_timeout=0)
+
+    def pusher(t: int) -> list[int]:
+        options = {"ttl": 60.0} if t % 2 else {"delay": 0.6}
+        return [q.push(b"t%02d-%02d" % (t, i), **options) for i in range(20)]
+
+    with ThreadPoolExecutor(32) as pool:
+        ids = [f.result() for f in [pool.submit(pusher, t) for t in range(32)]]
+    assert len({i for part in ids for i in part}) == 640
+    assert q._pushes is not None and q._pushes.round_trips < 640 / 2  # shared
+    now = q.pop_many(1000)
+    assert sorted(m.id for m in now) == sorted(i for t, part in enumerate(ids) if t % 2 for i in part)
+    time.sleep(0.7)
+    later = q.pop_many(1000, timeout=1)
+    assert sorted(m.id for m in later) == sorted(i for t, part in enumerate(ids) if not t % 2 for i in part)
+
+
+def test_a_push_on_a_full_ring_keeps_its_own_timeout_with_smart_batching(make_queue):
+    q = make_queue(size=64, message_bytes=16)
+    q.push_many([b"x"] * 64)
+    took: dict[float, float] = {}
+
+    def push(timeout: float) -> None:
+        started = time.monotonic()
+        with pytest.raises(QueueFull):
+            q.push(b"late", timeout=timeout)
+        took[timeout] = time.monotonic() - started
+
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(push, 0.2), pool.submit(push, 1.2)]:
+            f.result()
+    assert 0.2 <= took[0.2] < 1.0 and took[1.2] >= 1.2
+    assert q.stats().depth == 64  # neither stored
+
+
+def test_threads_taking_turns_keep_their_connections(make_queue):
+    """Calls that go alone (acquire_many) between shared acks: the connections they come back
+    with stay in the pool past pool_size, instead of one opened and closed a call."""
+    q = make_queue(size=4096, message_bytes=16, pool_size=2)
+    q.push_many([b"m"] * 2000)
+    connect = q._connect
+    opened = [0]
+
+    def counting() -> Any:
+        opened[0] += 1
+        return connect()
+
+    q._connect = counting  # type: ignore[method-assign]
+
+    def consumer() -> None:
+        while got := q.acquire_many(1, timeout=0):
+            got[0].ack()
+
+    with ThreadPoolExecutor(16) as pool:
+        for f in [pool.submit(consumer) for _ in range(16)]:
+            f.result()
+    assert q.stats().acquired == 2000
+    assert opened[0] <= 16  # at most one a thread
 
 
 def test_smart_batching_can_be_turned_off(make_queue):

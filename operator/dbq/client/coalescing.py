@@ -6,6 +6,10 @@ first of them leads the next one for them all (up to `limit`), and the previous 
 Each caller gets its own result or its own error. A thread's calls keep their order, since each
 returns before the next is made.
 
+Calls that carry options (a visibility, a ttl, a delay) share round trips with the calls of the
+same options (`ByOptions`: a coalescer for each option value); a caller's own timeout is kept by
+the caller, which tries again until it runs out, so it never makes a call go alone.
+
 The answered callers of a round trip wake one another in turn, each the next as it returns,
 rather than all at once by the leader: their threads run Python one at a time anyway, and woken
 together they would first queue for the GIL (a wake-up and a sleep more each, the most of a call's
@@ -16,16 +20,17 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from dbq.client.waiting import Deadline, Waker, take_until
-from dbq.errors import LeaseLost, QueueFull
+from dbq.errors import LeaseLost
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 Id = TypeVar("Id")
 Taken = TypeVar("Taken")
+Options = TypeVar("Options", bound=Hashable)
 
 
 class _Call(Generic[Item, Result]):
@@ -155,27 +160,50 @@ class Coalescer(Generic[Item, Result]):
             woken.signal()
 
 
-def push_coalescer(push_many: Callable[[list[bytes]], list[Id]], limit: int) -> Coalescer[bytes, Id]:
-    """Smart batching for push(): one push_many for the bodies of the waiting calls. Each caller
-    gets its id, or, for a body the full queue did not take, a QueueFull of its own."""
+class ByOptions(Generic[Options, Item, Result]):
+    """Smart batching for calls that carry options: a Coalescer for each option value, made at
+    its first call, so that callers with the same options share round trips (one acquire_many per
+    visibility, one push_many per ttl and delay) and a caller with other options never waits
+    behind them. At most `most` option values are kept: past that, the oldest is forgotten (its
+    callers under way finish with it; the next caller with those options makes a new one)."""
 
-    def run(bodies: list[bytes]) -> list[Id | BaseException]:
-        try:
-            return list(push_many(bodies))
-        except QueueFull as e:
-            ids = e.ids + [None] * (len(bodies) - len(e.ids))
-            return [QueueFull(str(e), [None]) if i is None else i for i in ids]
+    def __init__(self, make: Callable[[Options], Coalescer[Item, Result]], most: int = 64) -> None:
+        self._make = make
+        self._most = most
+        self._by: dict[Options, Coalescer[Item, Result]] = {}
+        self._lock = threading.Lock()
+        self._forgotten_trips = 0
 
-    return Coalescer(run, limit)
+    def __call__(self, options: Options, item: Item) -> Result:
+        together = self._by.get(options)  # a dict read is atomic: no lock on the hot path
+        if together is None:
+            together = self._add(options)
+        return together(item)
+
+    def _add(self, options: Options) -> Coalescer[Item, Result]:
+        with self._lock:
+            together = self._by.get(options)
+            if together is None:
+                if len(self._by) >= self._most:
+                    self._forgotten_trips += self._by.pop(next(iter(self._by))).round_trips
+                together = self._by[options] = self._make(options)
+            return together
+
+    @property
+    def round_trips(self) -> int:
+        """For benchmarks and tests: the round trips of every option value."""
+        with self._lock:
+            return self._forgotten_trips + sum(c.round_trips for c in self._by.values())
 
 
-def take_coalescer(take: Callable[[int], list[Taken]], limit: int) -> Coalescer[None, Taken | None]:
-    """Smart batching for pop() and acquire(): one `take(k)` for the k waiting calls, which takes
-    at most k messages, so no message is taken that no caller receives (at-most-once holds).
-    The first callers get the messages, in order; a caller left without one gets None."""
+def take_coalescer(take: Callable[[list[Item]], list[Taken]], limit: int) -> Coalescer[Item, Taken | None]:
+    """Smart batching for pop() and acquire(): one `take(items)` for the waiting calls' items
+    (None, or what a design takes per message, such as a visibility), which takes at most one
+    message an item, so no message is taken that no caller receives (at-most-once holds). The
+    first callers get the messages, in order; a caller left without one gets None."""
 
-    def run(calls: list[None]) -> list[Taken | None]:
-        got: list[Taken | None] = list(take(len(calls)))
+    def run(calls: list[Item]) -> list[Taken | None]:
+        got: list[Taken | None] = list(take(calls))
         if len(got) > len(calls):
             raise AssertionError(f"took {len(got)} messages for {len(calls)} calls")
         return got + [None] * (len(calls) - len(got))
@@ -184,15 +212,15 @@ def take_coalescer(take: Callable[[int], list[Taken]], limit: int) -> Coalescer[
 
 
 def take_one(
-    takes: Coalescer[None, Taken | None],
+    take: Callable[[], Taken | None],
     timeout: float,
     waker: Waker | None = None,
     fallback_s: float = 1.0,
     poll_first_s: float = 0.0,
 ) -> Taken | None:
-    """pop() or acquire() through a take coalescer: tried again (`waiting.take_until`) until a
-    message comes or `timeout` seconds pass (then None)."""
-    return take_until(lambda: takes(None), Deadline(timeout), waker, fallback_s, poll_first_s)
+    """pop() or acquire() through a take coalescer (`take` calls it): tried again
+    (`waiting.take_until`) until a message comes or `timeout` seconds pass (then None)."""
+    return take_until(take, Deadline(timeout), waker, fallback_s, poll_first_s)
 
 
 def ack_coalescer(ack_many: Callable[[list[Taken]], None], limit: int) -> Coalescer[Taken, None]:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 
-from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
+from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer, take_one
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings
@@ -80,6 +80,9 @@ _PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = we
 DUE_BATCHES = 40  # delayed messages moved per repair: at most this many logged batches of them
 LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
+# How long a take leases its messages: None (a pop), seconds for them all, or each message's own
+# in take order (smart batching's acquires, each caller with its visibility).
+Visibility = float | Sequence[float] | None
 
 
 LOG = logging.getLogger("dbq.pipes")
@@ -284,15 +287,22 @@ class PipesQueue:
         self._deferred: dict[uuid.UUID, float] = {}
         self._identity = f"{socket.gethostname()}/{os.getpid()}"
         # Single calls made at once by several threads share round trips (smart batching).
-        self._pushes: Coalescer[bytes, uuid.UUID] | None = None
+        # Pushes by ttl and delay; acquires all together, each message leased for its caller's visibility.
+        self._pushes: ByOptions[tuple[float, float | None], bytes, uuid.UUID] | None = None
         self._pops: Coalescer[None, PipeMessage | None] | None = None
-        self._acquires: Coalescer[None, PipeMessage | None] | None = None
+        self._acquires: Coalescer[float, PipeMessage | None] | None = None
         self._acks: Coalescer[PipeMessage, None] | None = None
         if smart_batching:
-            self._pushes = push_coalescer(self.push_many, BATCH_MAX_MESSAGES)
-            self._pops = take_coalescer(lambda n: self._take_together(n, None), BATCH_MAX_MESSAGES)
+            self._pushes = ByOptions(
+                lambda o: Coalescer(
+                    lambda bodies: self.push_many(bodies, ttl=o[0], delay=o[1]), BATCH_MAX_MESSAGES
+                )
+            )
+            self._pops = take_coalescer(
+                lambda calls: self._take_together(len(calls), None), BATCH_MAX_MESSAGES
+            )
             self._acquires = take_coalescer(
-                lambda n: self._take_together(n, self.visibility), BATCH_MAX_MESSAGES
+                lambda visibilities: self._take_together(len(visibilities), visibilities), BATCH_MAX_MESSAGES
             )
             self._acks = ack_coalescer(self.ack_many, BATCH_MAX_MESSAGES)
         try:
@@ -541,10 +551,15 @@ class PipesQueue:
     ) -> uuid.UUID:
         """Store one message; its id (a time UUID). Never waits: a pipe has no size limit. With
         `delay` (seconds), it is delivered no earlier than that from now."""
-        if self._pushes is not None and timeout is None and ttl is None and delay is None:
-            self._check_sizes([body])
-            return self._pushes(bytes(body))
-        return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
+        if self._pushes is None:
+            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
+        self._check_sizes([body])
+        seconds_arg(timeout, "timeout", self.push_timeout)
+        options = (
+            seconds_arg(ttl, "ttl", self.ttl),
+            None if delay is None else seconds_arg(delay, "delay", 0.0),
+        )
+        return self._pushes(options, bytes(body))
 
     def push_many(
         self,
@@ -579,8 +594,8 @@ class PipesQueue:
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> PipeMessage | None:
         """At-most-once: the message is gone from the queue when this returns."""
-        if self._pops is not None:
-            return take_one(self._pops, seconds_arg(timeout, "timeout", self.pop_timeout))
+        if (pops := self._pops) is not None:
+            return take_one(lambda: pops(None), seconds_arg(timeout, "timeout", self.pop_timeout))
         got = self._take(1, timeout, None)
         return got[0] if got else None
 
@@ -589,9 +604,11 @@ class PipesQueue:
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> PipeMessage | None:
         """At-least-once: ack() within `visibility` s, or the message is delivered again."""
-        if self._acquires is not None and visibility is None:
-            return take_one(self._acquires, seconds_arg(timeout, "timeout", self.pop_timeout))
-        got = self._take(1, timeout, seconds_arg(visibility, "visibility", self.visibility, positive=True))
+        seconds = seconds_arg(visibility, "visibility", self.visibility, positive=True)
+        if (acquires := self._acquires) is not None:
+            wait = seconds_arg(timeout, "timeout", self.pop_timeout)
+            return take_one(lambda: acquires(seconds), wait)
+        got = self._take(1, timeout, seconds)
         return got[0] if got else None
 
     def acquire_many(
@@ -599,14 +616,14 @@ class PipesQueue:
     ) -> list[PipeMessage]:
         return self._take(n, timeout, seconds_arg(visibility, "visibility", self.visibility, positive=True))
 
-    def _take(self, n: int, timeout: float | None, visibility: float | None) -> list[PipeMessage]:
+    def _take(self, n: int, timeout: float | None, visibility: Visibility) -> list[PipeMessage]:
         count_arg(n, "n")
         deadline = Deadline(seconds_arg(timeout, "timeout", self.pop_timeout))
         if self._pops is not None:  # smart batching: through the client's one lease
             return take_until(lambda: self._take_together(n, visibility), deadline, None, 0.0)
         return self._take_leased(n, deadline, visibility)
 
-    def _take_leased(self, n: int, deadline: Deadline, visibility: float | None) -> list[PipeMessage]:
+    def _take_leased(self, n: int, deadline: Deadline, visibility: Visibility) -> list[PipeMessage]:
         """Up to n messages from the thread's lease (moving on to other pipes as they run dry),
         waiting up to the deadline for the first."""
         while True:
@@ -624,7 +641,7 @@ class PipesQueue:
             if not deadline.wait():
                 return []
 
-    def _take_together(self, n: int, visibility: float | None) -> list[PipeMessage]:
+    def _take_together(self, n: int, visibility: Visibility) -> list[PipeMessage]:
         """A take on the client's one lease (smart batching), without waiting."""
         with self._client_lease():
             return self._take_leased(n, Deadline(0), visibility)
@@ -759,7 +776,7 @@ class PipesQueue:
             self._local.lease = None
         self._forget(lease)
 
-    def _take_from(self, lease: _Lease, n: int, visibility: float | None) -> list[PipeMessage]:
+    def _take_from(self, lease: _Lease, n: int, visibility: Visibility) -> list[PipeMessage]:
         s = lease.state
         if len(lease.ahead) < n:
             want = max(n, READ_AHEAD)
@@ -799,13 +816,14 @@ class PipesQueue:
         ]
         token = uuid.uuid4() if visibility is not None else None
         if visibility is not None:
-            until = at + int(visibility * 1000)
+            each = [visibility] * len(live) if isinstance(visibility, float) else visibility[: len(live)]
+            untils = [at + int(seconds * 1000) for seconds in each]  # fewer rows live when some expired
             parts += [
                 (
                     self.cql.lease_message,
                     (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, _unset(r[4]), until, token),
                 )
-                for r in live
+                for r, until in zip(live, untils, strict=True)
             ]
         try:
             self._batch(parts)

@@ -3,7 +3,7 @@
 Thread-safe: a `Queue` keeps a small pool of connections and each call borrows one, so threads
 may share a Queue; a `Message` may be acked from any thread. Smart batching (on unless
 `smart_batching=False`): push(), pop(), acquire() and ack() calls made by several threads while
-one of the same kind is in flight share its next round trip (push_many, pop_many or
+one of the same kind and options is in flight share its next round trip (push_many, pop_many or
 acquire_many of exactly as many messages as callers wait, ack_many; `dbq.client.coalescing`);
 a lone caller goes at once.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyodbc
 
-from dbq.client.coalescing import Coalescer, ack_coalescer, push_coalescer, take_coalescer, take_one
+from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer, take_one
 from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
@@ -59,6 +59,10 @@ if TYPE_CHECKING:
 # died between drawing and writing: the popper gives it up (release) and draws again.
 DEFAULT_HOLE_GRACE_S = 2.0
 SMART_BATCH_LIMIT = 500  # at most this many waiting calls share one round trip
+# Idle connections past pool_size are kept while the load may come back for them: closed once
+# unused this long. Closing them at once made threads that take turns (waiting in a shared round
+# trip, then calling alone) open a connection a call.
+IDLE_KEEP_S = 30.0
 
 
 class _Session:
@@ -68,6 +72,7 @@ class _Session:
     def __init__(self, conn: pyodbc.Connection) -> None:
         self.conn = conn
         self._cursors: dict[str, pyodbc.Cursor] = {}
+        self.idle_since = 0.0  # monotonic: when it last came back to the pool
 
     def cursor(self, statement: str) -> pyodbc.Cursor:
         cur = self._cursors.get(statement)
@@ -206,7 +211,7 @@ class Queue:
         self.hole_grace = seconds_arg(hole_grace, "hole_grace", 0.0)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
             raise ValueError(f"pool_size must be a whole number >= 0, not {pool_size!r}")
-        self.pool_size = pool_size  # idle connections kept for reuse
+        self.pool_size = pool_size  # idle connections kept for reuse (more while in use: IDLE_KEEP_S)
         self._idle: list[_Session] = []
         self._lent = connection
         if connection is not None:
@@ -239,16 +244,21 @@ class Queue:
             kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
         # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue).
         self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
-        # Single calls made at once by several threads share round trips (smart batching).
-        self._pushes: Coalescer[bytes, int] | None = None
+        # Single calls made at once by several threads share round trips (smart batching): pushes
+        # by ttl and delay, acquires by lease.
+        self._pushes: ByOptions[tuple[int, int | None], bytes, int] | None = None
         self._pops: Coalescer[None, Message | None] | None = None
-        self._acquires: Coalescer[None, Message | None] | None = None
+        self._acquires: ByOptions[int, None, Message | None] | None = None
         self._acks: Coalescer[Message, None] | None = None
         if smart_batching:
-            self._pushes = push_coalescer(self.push_many, SMART_BATCH_LIMIT)
-            self._pops = take_coalescer(lambda n: self._take_now(n, 0), SMART_BATCH_LIMIT)
-            self._acquires = take_coalescer(
-                lambda n: self._take_now(n, self._lease_ms(None)), SMART_BATCH_LIMIT
+            self._pushes = ByOptions(
+                lambda o: Coalescer(lambda bodies: self._store_once(bodies, *o), SMART_BATCH_LIMIT)
+            )
+            self._pops = take_coalescer(lambda calls: self._take_now(len(calls), 0), SMART_BATCH_LIMIT)
+            self._acquires = ByOptions(
+                lambda lease_ms: take_coalescer(
+                    lambda calls: self._take_now(len(calls), lease_ms), SMART_BATCH_LIMIT
+                )
             )
             self._acks = ack_coalescer(self.ack_many, SMART_BATCH_LIMIT)
         self._notifications = (
@@ -295,10 +305,24 @@ class Queue:
             return self._connect()
 
     def _checkin(self, session: _Session) -> None:
-        if len(self._idle) < self.pool_size:
-            self._idle.append(session)
-        else:
-            session.conn.close()
+        now = session.idle_since = time.monotonic()
+        self._idle.append(session)
+        if len(self._idle) > self.pool_size:
+            self._close_unused(now)
+
+    def _close_unused(self, now: float) -> None:
+        """Past pool_size, close the least recently used idle connection (the bottom of the
+        pool: checkouts take from its top) if the load has not needed it for IDLE_KEEP_S."""
+        try:
+            oldest = self._idle[0]
+        except IndexError:
+            return
+        if now - oldest.idle_since > IDLE_KEEP_S:
+            try:
+                self._idle.remove(oldest)
+            except ValueError:  # checked out meanwhile
+                return
+            oldest.conn.close()
 
     def _call(self, verb: str, *args: Any) -> list[Any]:
         """One routine call, one round trip. A call the database rolled back for a deadlock or a
@@ -367,6 +391,10 @@ class Queue:
     def _ttl_ms(self, ttl: float | None) -> int:
         return int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
 
+    @staticmethod
+    def _delay_ms(delay: float | None) -> int | None:
+        return None if delay is None else int(seconds_arg(delay, "delay", 0.0) * 1000)
+
     def push(
         self,
         body: bytes,
@@ -377,16 +405,15 @@ class Queue:
     ) -> int:
         """Store one message; its id. Waits while the ring is full, then raises QueueFull. With
         `delay` (seconds), it is delivered no earlier than that from now."""
+        if self._pushes is None:
+            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
         self._check_size(body)
-        if delay is not None:
-            return self.push_many([body], ttl=ttl, delay=delay)[0]
-        if self._pushes is not None and timeout is None and ttl is None:
-            return self._pushes(bytes(body))
-        seconds_arg(timeout, "timeout", self.push_timeout)
-        msg_id = int(self._call("push", body, self._ttl_ms(ttl))[0][0])
-        if msg_id > 0:
-            return msg_id
-        return self.push_many([body], timeout=timeout, ttl=ttl)[0]  # full: wait for room
+        options = (self._ttl_ms(ttl), self._delay_ms(delay))
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
+        while (msg_id := self._pushes(options, bytes(body))) <= 0:  # the ring is full: wait for room
+            if not deadline.wait():
+                raise self._full(deadline, 1, [None])
+        return msg_id
 
     def push_many(
         self,
@@ -401,19 +428,14 @@ class Queue:
         are delivered once due, among the ring's messages; `ttl` then counts from that time."""
         for body in bodies:
             self._check_size(body)
-        if delay is not None:
-            delay_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
-            lengths = ",".join(str(len(b)) for b in bodies)
-            text = self._call(
-                "defer", b"".join(bytes(b) for b in bodies), lengths, self._ttl_ms(ttl), delay_ms
-            )[0][0]
-            return [int(v) for v in text.split(",")] if text else []
+        ttl_ms, delay_ms = self._ttl_ms(ttl), self._delay_ms(delay)
+        deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
+        if delay_ms is not None:
+            return self._store_once([bytes(b) for b in bodies], ttl_ms, delay_ms)
         ids: list[int | None] = [None] * len(bodies)
         todo = list(range(len(bodies)))
-        deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
-        ttl_ms = self._ttl_ms(ttl)
         while todo:
-            got = self._push_once([bytes(bodies[i]) for i in todo], ttl_ms)
+            got = self._store_once([bytes(bodies[i]) for i in todo], ttl_ms, None)
             left = []
             for i, msg_id in zip(todo, got, strict=True):
                 if msg_id > 0:
@@ -424,34 +446,45 @@ class Queue:
                 deadline.restart()
             todo = left
             if todo and not deadline.wait():
-                raise QueueFull(
-                    f"queue {self.names.queue} stayed full ({self.size} slots) for {deadline.timeout:g}s:"
-                    f" {len(todo)} of {len(bodies)} messages not stored; add consumers, or raise"
-                    " spec.ring.size (a new Queue) or spec.timeouts.pushWait",
-                    ids,
-                )
+                raise self._full(deadline, len(bodies), ids)
         return [i for i in ids if i is not None]
 
-    def _push_once(self, bodies: list[bytes], ttl_ms: int) -> list[int]:
-        if len(bodies) == 1:
+    def _full(self, deadline: Deadline, total: int, ids: list[int | None]) -> QueueFull:
+        left = sum(i is None for i in ids)
+        return QueueFull(
+            f"queue {self.names.queue} stayed full ({self.size} slots) for {deadline.timeout:g}s:"
+            f" {left} of {total} messages not stored; add consumers, or raise"
+            " spec.ring.size (a new Queue) or spec.timeouts.pushWait",
+            ids,
+        )
+
+    def _store_once(self, bodies: list[bytes], ttl_ms: int, delay_ms: int | None) -> list[int]:
+        """One round trip: the ids of the bodies, in order, 0 for each the full ring did not take
+        (push, push_many), or, with a delay, ids for them all (defer: they wait aside)."""
+        if delay_ms is None and len(bodies) == 1:
             return [int(self._call("push", bodies[0], ttl_ms)[0][0])]
         lengths = ",".join(str(len(b)) for b in bodies)
-        text = self._call("push_many", b"".join(bodies), lengths, ttl_ms)[0][0]
+        if delay_ms is None:
+            text = self._call("push_many", b"".join(bodies), lengths, ttl_ms)[0][0]
+        else:
+            text = self._call("defer", b"".join(bodies), lengths, ttl_ms, delay_ms)[0][0]
         return [int(v) for v in text.split(",")] if text else []
 
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> Message | None:
         """At-most-once: the message is gone from the queue once returned. None if none came in time."""
-        return self._take_one(self._pops, 0, timeout)
+        pops = self._pops
+        return self._take_one(None if pops is None else lambda: pops(None), 0, timeout)
 
     def pop_many(self, n: int, timeout: float | None = None) -> list[Message]:
         return self._take(n, timeout, lease_ms=0)
 
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> Message | None:
         """At-least-once: the message is leased for `visibility` seconds; ack() it, or it comes back."""
-        if visibility is None:
-            return self._take_one(self._acquires, self._lease_ms(None), timeout)
-        return self._take_one(None, self._lease_ms(visibility), timeout)
+        lease_ms, acquires = self._lease_ms(visibility), self._acquires
+        return self._take_one(
+            None if acquires is None else lambda: acquires(lease_ms, None), lease_ms, timeout
+        )
 
     def acquire_many(
         self, n: int, timeout: float | None = None, visibility: float | None = None
@@ -459,9 +492,10 @@ class Queue:
         return self._take(n, timeout, lease_ms=self._lease_ms(visibility))
 
     def _take_one(
-        self, together: Coalescer[None, Message | None] | None, lease_ms: int, timeout: float | None
+        self, together: Callable[[], Message | None] | None, lease_ms: int, timeout: float | None
     ) -> Message | None:
-        """One message, taken with the other callers waiting at once when `together` is given."""
+        """One message, taken with the other callers waiting at once when `together` (a call of
+        a take coalescer) is given."""
         if together is not None:
             return take_one(
                 together, seconds_arg(timeout, "timeout", self.pop_timeout), self._waker(), FALLBACK_S
