@@ -159,7 +159,11 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
         cur.execute(f"DROP FUNCTION {fn}")
         cur.execute(f"CREATE FUNCTION {fn}({args}) RETURNS {result} LANGUAGE sql AS {body}")
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 3')
-    assert [str(s) for s in backend.plan(backend.observe())] == ["create_routines", "record_version"]
+    assert [str(s) for s in backend.plan(backend.observe())] == [
+        "index_spill",
+        "create_routines",
+        "record_version",
+    ]
     backend.apply()
     signatures = cur.execute(
         "SELECT p.proname, pg_get_function_identity_arguments(p.oid) FROM pg_proc p"
@@ -206,7 +210,7 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     cur.execute(f'DROP SEQUENCE "{schema}".orders_n_settled')  # what version 6 had
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 6')
     assert [str(s) for s in backend.plan(backend.observe())] == [
-        "create_sequences", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "seed_settled", "create_routines", "record_version"
     ]  # fmt: skip
     backend.apply()
     q.close()
@@ -231,9 +235,9 @@ ADDED = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [9, 8, 7])
+@pytest.mark.parametrize("version", [13, 9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
-    """Version 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
+    """Version 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
     column); 9 added the archive (a table, two totals, a routine, a metadata column); 8 added
     dead letters, delayed delivery and lease extension, and a nack with the error. A queue of any
     older version gets them in place, with every message, lease and dead letter it holds."""
@@ -253,6 +257,8 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
         for verb in ADDED[added]["routines"]:
             cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
         cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN {ADDED[added]["column"]}')
+    if version < 14:
+        cur.execute(f'DROP INDEX "{schema}".orders_spill_due')
     if version in (8, 9):  # a dead-letter table keyed by id alone, holding one dead letter
         dead = f'"{schema}".orders_dead'
         cur.execute(f"ALTER TABLE {dead} DROP COLUMN source")  # its key goes with it
@@ -266,15 +272,17 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        9: ["key_dead_letters", "create_routines", "record_version"],
+        13: ["index_spill", "create_routines", "record_version"],
+        9: ["key_dead_letters", "index_spill", "create_routines", "record_version"],
         8: [
             "create_sequences",
             "create_side_tables",
             "key_dead_letters",
+            "index_spill",
             "create_routines",
             "record_version",
         ],
-        7: ["create_sequences", "create_side_tables", "create_routines", "record_version"],
+        7: ["create_sequences", "create_side_tables", "index_spill", "create_routines", "record_version"],
     }[version]
     backend.apply()
     assert backend.plan(backend.observe()) == []

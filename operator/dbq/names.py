@@ -145,6 +145,11 @@ class QueueNames:
         return self._("archive_at")
 
     @property
+    def spill_index(self) -> str:
+        """The spill table's messages by state and due time: what a pop looks for there."""
+        return self._("spill_due")
+
+    @property
     def tables(self) -> tuple[str, ...]:
         return (self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive)
 

@@ -116,6 +116,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_archive" (
 
 CREATE INDEX IF NOT EXISTS "orders_archive_at" ON "shopq"."orders_archive" (acked_at)
 
+CREATE INDEX IF NOT EXISTS "orders_spill_due" ON "shopq"."orders_spill" (state, visible_at)
+
 -- step key_dead_letters
 
 ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT 'shopq.orders'
@@ -129,6 +131,10 @@ DO $$ DECLARE v_key text; BEGIN
   EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT %I, ADD PRIMARY KEY (source, msg_id)',
     'shopq', 'orders_dead', v_key);
 END $$
+
+-- step index_spill
+
+CREATE INDEX IF NOT EXISTS "orders_spill_due" ON "shopq"."orders_spill" (state, visible_at)
 
 -- step seed_settled
 
@@ -426,8 +432,11 @@ BEGIN
       END IF;
       v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
       IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
+      -- A run of positions that will never be written (delayed messages push void ones): the
+      -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
+      -- on until it finds a message or no position is ahead (each turn spends one position).
       v_i := v_i + 1;
-      IF v_i >= 1000 THEN o_status := 1; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
+      IF v_i % 1000 = 0 THEN v_look := true; CONTINUE attempt; END IF;
     END LOOP;
   END LOOP;
 END $fn$
@@ -856,7 +865,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varc
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
-VALUES ('orders', 'ring', 13, 1000, 300,
+VALUES ('orders', 'ring', 14, 1000, 300,
   5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,

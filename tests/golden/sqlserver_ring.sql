@@ -142,6 +142,8 @@ CREATE TABLE [shopq].[orders_archive] (
   body varbinary(7000) NOT NULL,
   INDEX [orders_archive_at] CLUSTERED (acked_at))
 
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[shopq].[orders_spill]') AND name = N'orders_spill_due') CREATE INDEX [orders_spill_due] ON [shopq].[orders_spill] (state, visible_at)
+
 -- step key_dead_letters
 
 IF COL_LENGTH(N'[shopq].[orders_dead]', 'source') IS NULL
@@ -155,6 +157,10 @@ BEGIN
   EXEC sys.sp_executesql @sql;
   EXEC sys.sp_executesql N'ALTER TABLE [shopq].[orders_dead] ADD PRIMARY KEY CLUSTERED (source, msg_id)';
 END
+
+-- step index_spill
+
+IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[shopq].[orders_spill]') AND name = N'orders_spill_due') CREATE INDEX [orders_spill_due] ON [shopq].[orders_spill] (state, visible_at)
 
 -- step seed_settled
 
@@ -415,7 +421,7 @@ AS BEGIN
     RETURN;
   END;
   -- 2. The ring, in push order.
-  WHILE @i < 1000 BEGIN
+  WHILE 1 = 1 BEGIN
     SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
                         * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
@@ -438,9 +444,12 @@ AS BEGIN
     EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
+    -- A run of positions that will never be written (delayed messages push void ones): the
+    -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
+    -- on until it finds a message or no position is ahead (each turn spends one position).
     SET @i += 1;
+    IF @i % 1000 = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
   END;
-  SELECT @status = 1, @id = NULL;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_pop] @lease_ms bigint
@@ -880,11 +889,11 @@ ALTER TABLE [shopq].[dbq_queues] ADD dead_letter_queue nvarchar(300) NOT NULL DE
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 13, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 14, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue)
-  VALUES (s.queue, N'ring', 13, 1000, 300, 5, 1, N'');
+  VALUES (s.queue, N'ring', 14, 1000, 300, 5, 1, N'');
 
 -- teardown
 

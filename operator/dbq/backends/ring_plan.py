@@ -16,6 +16,9 @@ from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 # Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so
 # it can keep the dead letters of other queues (spec.deadLetter.queue), whose ids are their own.
 DEAD_LETTERS_KEYED_BY_ID = (8, 9)
+# Since 14 the spill table is indexed by (state, visible_at): delayed messages pushed in bulk wait
+# there, and a pop looking for the next due one scanned and sorted them all.
+SPILL_INDEXED_SINCE = 14
 
 # The routines of every dialect (each adds its internal helpers: see `PgRing.ROUTINES`, `MsRing.ROUTINES`).
 ROUTINES = (
@@ -34,6 +37,7 @@ class RingAction(StrEnum):
     RESET_POSITIONS = "reset_positions"
     CREATE_SIDE_TABLES = "create_side_tables"
     KEY_DEAD_LETTERS = "key_dead_letters"
+    INDEX_SPILL = "index_spill"
     SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
@@ -49,6 +53,7 @@ DONE = {
     RingAction.RESET_POSITIONS: "levelled the push and pop positions",
     RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging, dead-letter and archive tables",
     RingAction.KEY_DEAD_LETTERS: "keyed the dead-letter table by source queue",
+    RingAction.INDEX_SPILL: "indexed the spill table by due time",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -159,6 +164,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         step(
             RingAction.KEY_DEAD_LETTERS,
             f"dead-letter table {n.schema}.{n.dead} is of version {recorded.schema_version}: keyed by id alone",
+        )
+    if recorded is not None and recorded.schema_version < SPILL_INDEXED_SINCE and n.spill in observed.tables:
+        step(
+            RingAction.INDEX_SPILL,
+            f"spill table {n.schema}.{n.spill} is of version {recorded.schema_version}: not indexed by due time",
         )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.

@@ -139,6 +139,7 @@ class RingSqlBase:
             RingAction.RESET_POSITIONS: self.reset_positions,
             RingAction.CREATE_SIDE_TABLES: self.create_side_tables,
             RingAction.KEY_DEAD_LETTERS: self.key_dead_letters,
+            RingAction.INDEX_SPILL: self.index_spill,
             RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
@@ -168,6 +169,9 @@ class RingSqlBase:
         raise NotImplementedError
 
     def key_dead_letters(self) -> list[str]:
+        raise NotImplementedError
+
+    def index_spill(self) -> list[str]:
         raise NotImplementedError
 
     def _dead_letter_queue(self) -> str:

@@ -285,8 +285,11 @@ BEGIN
       END IF;
       v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
       IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
+      -- A run of positions that will never be written (delayed messages push void ones): the
+      -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
+      -- on until it finds a message or no position is ahead (each turn spends one position).
       v_i := v_i + 1;
-      IF v_i >= 1000 THEN o_status := 1; RETURN {record}; END IF;
+      IF v_i % 1000 = 0 THEN v_look := true; CONTINUE attempt; END IF;
     END LOOP;
   END LOOP;
 END $fn$

@@ -185,6 +185,12 @@ END $$""",
   acked_at timestamptz NOT NULL,
   body bytea NOT NULL)""",
             f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.archive_index)} ON {self.archive} (acked_at)",
+            *self.index_spill(),
+        ]
+
+    def index_spill(self) -> list[str]:
+        return [
+            f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.spill_index)} ON {self.spill} (state, visible_at)"
         ]
 
     def create_history(self) -> list[str]:

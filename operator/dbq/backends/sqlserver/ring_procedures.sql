@@ -243,7 +243,7 @@ AS BEGIN
     RETURN;
   END;
   -- 2. The ring, in push order.
-  WHILE @i < 1000 BEGIN
+  WHILE 1 = 1 BEGIN
     SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
                         * {drawn})
     FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
@@ -266,9 +266,12 @@ AS BEGIN
     EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
+    -- A run of positions that will never be written (delayed messages push void ones): the
+    -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
+    -- on until it finds a message or no position is ahead (each turn spends one position).
     SET @i += 1;
+    IF @i % 1000 = 0 BEGIN SET @look = 1; GOTO redeliveries; END;
   END;
-  SELECT @status = 1, @id = NULL;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint

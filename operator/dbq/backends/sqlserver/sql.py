@@ -227,6 +227,14 @@ CREATE TABLE {self.archive} (
   acked_at datetime2(3) NOT NULL,
   body varbinary({MAX_BODY}) NOT NULL,
   INDEX {quote(self.t.names.archive_index)} CLUSTERED (acked_at))""",
+            *self.index_spill(),
+        ]
+
+    def index_spill(self) -> list[str]:
+        index = self.t.names.spill_index
+        return [
+            f"IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'{self.spill}') AND name = {literal(index)})"
+            f" CREATE INDEX {quote(index)} ON {self.spill} (state, visible_at)"
         ]
 
     def create_history(self) -> list[str]:
