@@ -22,6 +22,11 @@ calls/s and the cores the process used; 128 again on one CPU), a message's CPU i
 (spread and on one CPU), and from them the most one process
 could deliver, its threads taking turns under the GIL (an estimate: hand-off and work add up).
 The line before them sets the ring's 64 + 64 and leased results against their targets.
+Calls with their own options (ring and pipes, 32 threads on one client, the client's default
+pool): acquire(visibility=5) then ack(), pop(timeout=0.5), push(ttl=60) and push(delay=0.01),
+off and on, each beside the default call of its kind (acquire() then ack(), pop(), push()) in the
+same run; the targets: on at least 1.5 x its own off, and within 1.5 x the default call's on.
+`--options-only` runs these alone.
 
     ~/.cache/dbq/venv/bin/python -m bench.smart_batching --seconds 3
 """
@@ -131,12 +136,68 @@ def pop_id(q: Any) -> Any:
     return None if m is None else m.id
 
 
-def acquire_and_ack(q: Any) -> Any:
-    m = q.acquire(timeout=0.05)
+def acquire_and_ack(q: Any, **options: Any) -> Any:
+    m = q.acquire(**(options or {"timeout": 0.05}))
     if m is None:
         return None
     m.ack()
     return m.id
+
+
+OPTION_THREADS = 32
+OPTION_PREFILL = 100_000  # more than 32 takers deliver in --seconds 3 at their best
+# The calls of the option cases: (kind, the call), by name; an option case's default call is the
+# one of its kind with no options.
+CALLS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "acquire()+ack": ("leased", lambda q: acquire_and_ack(q, timeout=None)),
+    "acquire(visibility=5)+ack": ("leased", lambda q: acquire_and_ack(q, visibility=5)),
+    "pop()": ("pop", lambda q: getattr(q.pop(), "id", None)),
+    "pop(timeout=0.5)": ("pop", lambda q: getattr(q.pop(timeout=0.5), "id", None)),
+    "push()": ("push", lambda q: q.push(BODY)),
+    "push(ttl=60)": ("push", lambda q: q.push(BODY, ttl=60)),
+    "push(delay=0.01)": ("push", lambda q: q.push(BODY, delay=0.01)),
+}
+DEFAULT_CALL = {"leased": "acquire()+ack", "pop": "pop()", "push": "push()"}
+
+
+def option_cases(label: str, make: Callable[[bool], Any], seconds: float) -> list[str]:
+    """Each call of CALLS from 32 threads of one client, off then on; conservation checked after
+    each run. The rates, then one line a case against the targets; the cases that missed them."""
+    rates: dict[tuple[str, bool], float] = {}
+    for name, (kind, call) in CALLS.items():
+        for smart in (False, True):
+            q = make(smart)
+            filled = q.push_many([BODY] * OPTION_PREFILL) if kind != "push" else []
+            role = Role(OPTION_THREADS, lambda q=q, call=call: call(q))
+            elapsed = run_roles([role], seconds)
+            together = {"push": q._pushes, "pop": q._pops, "leased": q._acquires}[kind]
+            trips = together.round_trips if smart else 0
+            q.close()
+            with make(False) as counter:
+                if "delay" in name:
+                    time.sleep(0.05)  # all due
+                    while label == "pipes" and counter.repair().delayed_due:
+                        pass  # each repair moves up to 2,000 due delayed messages to a pipe
+                stored, received = (role.got, []) if kind == "push" else (filled, role.got)
+                conserved(stored, received, drain(counter))
+            if kind != "push" and len(received) == len(filled):
+                print(f"  {label:5s} {name}: the queue ran dry; raise OPTION_PREFILL", flush=True)
+            rate = rates[name, smart] = len(role.got) / elapsed
+            p50, p99 = p50_p99(role.seconds)
+            print(f"  {label:5s} {OPTION_THREADS} threads  {name:26s} {'on ' if smart else 'off'} {rate:8.0f} msg/s"
+                  f"  p50 {p50:6.2f} ms  p99 {p99:7.2f} ms  {len(role.got) / trips if trips else 1.0:6.1f} calls a round trip",
+                  flush=True)  # fmt: skip
+    missed = []
+    for name, (kind, _) in CALLS.items():
+        if name in DEFAULT_CALL.values():
+            continue
+        off, on, default = rates[name, False], rates[name, True], rates[DEFAULT_CALL[kind], True]
+        met = on >= 1.5 * off and on >= default / 1.5
+        print(f"  {label:5s} {name}: on / off {on / off:.2f} x (target >= 1.5), on / {DEFAULT_CALL[kind]} on"
+              f" {on / default:.2f} x (target >= 0.67): {'met' if met else 'MISSED'}")  # fmt: skip
+        if not met:
+            missed.append(f"{label} {name}")
+    return missed
 
 
 def runs(
@@ -296,17 +357,22 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--options-only", action="store_true", help="only the calls with their own options")
     opts = parser.parse_args()
     stack = Stack()
     stack.up(("postgres", "cassandra"))
+    missed: list[str] = []
     with scratch_database(stack, "dbq_bench_sb") as postgres:
         top = ceiling(postgres.odbc, opts.seconds)
         name = f"q_{secrets.token_hex(3)}"
         OdbcRing(from_url(postgres.url), RingTarget(QueueNames("bench", name), 262_144, 128)).apply()
-        ring = measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
-                                                     pool_size=128), opts.seconds)  # fmt: skip
-        with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
-            work = client_work(q)
+        missed += option_cases("ring", lambda smart: connect(postgres.url, name, schema="bench",
+                                                             smart_batching=smart), opts.seconds)  # fmt: skip
+        if not opts.options_only:
+            ring = measure("ring", lambda smart: connect(postgres.url, name, schema="bench", smart_batching=smart,
+                                                         pool_size=128), opts.seconds)  # fmt: skip
+            with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
+                work = client_work(q)
     host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     url = f"cassandra://{host}:{port}"
@@ -320,11 +386,19 @@ def main() -> int:
     backend = open_backend(spec, name, from_url(url))
     backend.apply()
     try:
-        measure("pipes", lambda smart: connect(url, name, schema=keyspace, smart_batching=smart, pop_timeout=0),
-                opts.seconds)  # fmt: skip
+        pipes = lambda smart: connect(url, name, schema=keyspace, smart_batching=smart, pop_timeout=0)  # noqa: E731
+        missed += option_cases("pipes", pipes, opts.seconds)
+        if not opts.options_only:
+            measure("pipes", pipes, opts.seconds)
     finally:
         backend.teardown()
         backend.close()
+    print(
+        "calls with their own options: "
+        + (f"targets MISSED by {', '.join(missed)}" if missed else "every target met")
+    )
+    if opts.options_only:
+        return 0
     print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
           f" pop runs start on {PREFILL['ring']:,} messages (ring), {PREFILL['pipes']:,} (pipes); push+pop and leased count messages delivered")  # fmt: skip
     print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")

@@ -67,6 +67,23 @@ def smart_batching(text: str | None = None) -> dict[tuple[str, str, str], dict[i
     return {key: {t: sum(v) / len(v) for t, v in sorted(by.items())} for key, by in runs.items()}
 
 
+def smart_batching_options(text: str | None = None) -> list[tuple[str, str, float, float, float, float]]:
+    """(design, call, off, on messages/s, on / off, on / the default call's on) of each call with
+    its own options, the latest run."""
+    text = _first_run(text or _read("smart_batching_options.txt"))
+    rates = {
+        (design, call, mode): _num(rate)
+        for design, call, mode, rate in re.findall(
+            rf"^\s+(ring|pipes)\s+\d+ threads\s+(\S+)\s+(off|on)\s+{_NUMBER} msg/s", text, re.M
+        )
+    }
+    pattern = rf"^\s+(ring|pipes)\s+(\S+): on / off {_NUMBER} x .*?, on / \S+ on {_NUMBER} x"
+    return [
+        (design, call, rates[design, call, "off"], rates[design, call, "on"], _num(up), _num(near))
+        for design, call, up, near in re.findall(pattern, text, re.M)
+    ]
+
+
 def stats_cost(text: str | None = None) -> list[tuple[int, float, float]]:
     """(slots, stats() p50 ms, counting rows p50 ms), the latest run."""
     text = _first_run(text or _read("stats_cost.txt"))
@@ -120,6 +137,16 @@ def smart_batching_table() -> str:
     return "\n".join(rows) + "\n" + _run_line("smart_batching.txt")
 
 
+def smart_batching_options_table() -> str:
+    rows = ["| design | call | off, /s | on, /s | on / off | on / default call on |",
+            "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    rows += [
+        f"| {design} | `{call}` | {off:,.0f} | {on:,.0f} | {up:.2f} | {near:.2f} |"
+        for design, call, off, on, up, near in smart_batching_options()
+    ]
+    return "\n".join(rows) + "\n" + _run_line("smart_batching_options.txt")
+
+
 def stats_table() -> str:
     rows = ["| ring slots | stats() p50 | counting the rows p50 |", "|---:|---:|---:|"]
     rows += [f"| {s:,} | {a:.2f} ms | {b:,.1f} ms |" for s, a, b in stats_cost()]
@@ -144,6 +171,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "control-plane": control_plane_run,
     "ring": ring_table,
     "smart-batching": smart_batching_table,
+    "smart-batching-options": smart_batching_options_table,
     "stats-cost": stats_table,
     "spark": spark_table,
 }
