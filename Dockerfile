@@ -16,7 +16,7 @@ RUN python3 -m venv /opt/dbq \
  && /opt/dbq/bin/pip install --no-cache-dir --disable-pip-version-check -q wheel \
  && /opt/dbq/bin/pip wheel --no-cache-dir --disable-pip-version-check -q --no-deps -w /wheels /src \
  && /opt/dbq/bin/pip install --no-cache-dir --disable-pip-version-check -q --no-compile \
-      -c /src/constraints.txt /wheels/*.whl \
+      -c /src/constraints.txt "$(ls /wheels/*.whl)[operator]" \
  && /opt/dbq/bin/pip uninstall -q -y pip setuptools wheel \
  && rm -rf /opt/dbq/lib/python3*/site-packages/kubernetes/aio \
  && find /opt/dbq -name __pycache__ -prune -exec rm -rf {} +

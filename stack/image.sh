@@ -24,7 +24,7 @@ esac
 
 if [[ ${1:-} == --lock ]]; then
   venv=$(mktemp -d)
-  python3 -m venv "$venv" && "$venv/bin/pip" install -q "$repo"
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q "$repo[operator]"
   { echo "# The operator image's pinned dependencies (Dockerfile: pip install -c constraints.txt)."
     echo "# Regenerate with: bash stack/image.sh --lock"
     "$venv/bin/pip" freeze --exclude dbq-operator; } > "$repo/constraints.txt"

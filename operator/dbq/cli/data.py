@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -27,20 +27,21 @@ from rich.table import Table
 
 from dbq.api.durations import time_or_ago
 from dbq.client import (
-    AnyQueue,
     BrokerMessage,
     BrokerQueue,
     ConsumeStats,
     Message,
-    PipeMessage,
-    PipesQueue,
     Queue,
     RateMeter,
     connect,
     connect_resource,
 )
 from dbq.errors import DbqError
-from dbq.kube import current_namespace
+
+if TYPE_CHECKING:  # pipes need Cassandra's driver, which the lean install leaves out
+    from dbq.client import AnyQueue, PipeMessage, PipesQueue
+
+    DeadLettered = Queue | PipesQueue  # the designs that keep dead letters and archives
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,6 +76,8 @@ def opened(
         if url:
             q = connect(url, queue, schema=schema, design=design)
         else:
+            from dbq.kube import current_namespace  # the kubernetes client: the `kube` extra
+
             q = connect_resource(queue, namespace or current_namespace())
     except (DbqError, ValueError) as e:  # each names what to fix: a missing Secret, a bad spec
         raise click.ClickException(str(e)) from None
@@ -174,7 +177,7 @@ def stats(
             ("ringSize", "RING SIZE", q.size)
             if isinstance(q, Queue)
             else ("openPipes", "OPEN PIPES", len(getattr(s, "pipes", ())))
-            if isinstance(q, PipesQueue)
+            if not isinstance(q, BrokerQueue)
             else None
         )
     if output == "json":
@@ -313,11 +316,8 @@ def dead_letters() -> None:
     """The dead letters of a ring or pipes queue with spec.deadLetter."""
 
 
-DeadLettered = Queue | PipesQueue  # the designs that keep dead letters and archives
-
-
 def _keeping(q: AnyQueue, queue: str, what: str = "dead letters") -> DeadLettered:
-    if not isinstance(q, Queue | PipesQueue):
+    if isinstance(q, BrokerQueue):
         raise click.ClickException(f"{queue} is a Service Broker queue: it keeps no {what}")
     return q
 

@@ -10,14 +10,12 @@ with connect("postgresql://app:secret@db:5432/shop", "orders") as q:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dbq import kube
 from dbq.api.durations import seconds
 from dbq.api.models import queue_name
 from dbq.client.broker import BrokerMessage, BrokerQueue
 from dbq.client.consume import ConsumeStats, consume
-from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
 from dbq.client.rates import RateMeter
 from dbq.client.ring import Message, Queue, RepairResult
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
@@ -62,8 +60,29 @@ __all__ = [
     "from_resource",
 ]
 
+if TYPE_CHECKING:
+    from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
+
+    AnyQueue = Queue | PipesQueue | BrokerQueue
+
+# Cassandra's client loads with its driver, which the lean install leaves out (the `cassandra`
+# extra): `dbq.client.PipesQueue` and the others import it when first named.
+_PIPES_NAMES = ("PipeMessage", "PipesQueue", "PipesRepair", "PipesStats")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PIPES_NAMES:
+        from dbq.client import pipes
+
+        return getattr(pipes, name)
+    if name == "AnyQueue":
+        from dbq.client.pipes import PipesQueue
+
+        return Queue | PipesQueue | BrokerQueue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 DEFAULT_SCHEMA = "dbq"
-AnyQueue = Queue | PipesQueue | BrokerQueue
 PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl", "smart_batching")
 
 
@@ -92,6 +111,8 @@ def connect_resource(
 ) -> AnyQueue:
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
     in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
+    from dbq import kube  # the kubernetes client: the `kube` extra
+
     api = kube.Kube(api_client)
     return _from_resource(api.get_queue(namespace, name), api.read_secret, options)
 
@@ -123,5 +144,7 @@ def _open(
     if design == "servicebroker":
         return BrokerQueue(settings, names, **options)
     if settings.backend == "cassandra":
+        from dbq.client.pipes import PipesQueue
+
         return PipesQueue(settings, names, **{k: v for k, v in options.items() if k in PIPES_OPTIONS})
     return Queue(settings, names, **options)
