@@ -1,0 +1,209 @@
+"""What a delivered message costs PostgreSQL: dbq's ring beside a hand-built SKIP LOCKED queue.
+
+Per message pushed and taken, on each path, measured over the same number of messages for both:
+- pop:     push() then pop() (at most once); baseline INSERT, then DELETE of the oldest row
+           (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING;
+- leased:  push(), acquire(), ack() (at least once); baseline INSERT, an UPDATE setting a
+           visibility time on the oldest visible row (SKIP LOCKED) RETURNING, then DELETE by id
+           (what PGMQ's send/read/delete do);
+- batch:   push_many(100) then pop_many(100); baseline one INSERT of 100 rows, one DELETE of the
+           100 oldest (SKIP LOCKED) RETURNING.
+Bodies of 300 bytes, --workers threads each with its own connection, each doing whole cycles.
+The ring at 10,000, 100,000 and 1,000,000 slots (the baseline's table has no size: it runs beside
+each). Every run starts right after a CHECKPOINT and has another half-way, so the full-page
+images a first touch after a checkpoint writes are counted, as a production server's periodic
+checkpoints would cause them.
+
+The figures: WAL bytes (pg_current_wal_lsn), full-page images (pg_stat_wal.wal_fpi), buffers
+written (pg_stat_bgwriter: by checkpoints, the background writer and backends), all a message;
+and PostgreSQL's CPU a message: every postgres process (sessions, WAL writer, checkpointer), from
+/proc. The line of each path ends with dbq / baseline for WAL and CPU.
+
+    ~/.cache/dbq/venv/bin/python -m bench.server_cost --messages 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyodbc
+from bench.cpu import cpu_of_programs
+from bench.ring_vs_skiplocked import BATCH, BODY, SCHEMA, admin, bench_database
+
+from dbq.backends.odbc_ring import OdbcRing
+from dbq.client import Queue, connect
+from dbq.connection import from_url
+from dbq.contract.ring import RingTarget
+from dbq.names import QueueNames
+
+SIZES = (10_000, 100_000, 1_000_000)
+PATHS = ("pop", "leased", "batch")
+TABLE = f"{SCHEMA}.sl_queue"
+BASELINE = {
+    "push": f"INSERT INTO {TABLE} (body) VALUES (?)",
+    "push_many": f"INSERT INTO {TABLE} (body) SELECT ? FROM generate_series(1, {BATCH})",
+    "pop": f"DELETE FROM {TABLE} WHERE id = (SELECT id FROM {TABLE} ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    " RETURNING id, body",
+    "read": f"UPDATE {TABLE} SET vt = clock_timestamp() + interval '60 seconds' WHERE id = (SELECT id FROM {TABLE}"
+    " WHERE vt <= clock_timestamp() ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, body",
+    "delete": f"DELETE FROM {TABLE} WHERE id = ?",
+    "pop_many": f"DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE} ORDER BY id LIMIT {BATCH}"
+    " FOR UPDATE SKIP LOCKED) RETURNING id, body",
+}
+
+
+@dataclass
+class Cost:
+    messages: int
+    wal_bytes: float
+    fpi: float
+    buffers: float
+    cpu_s: float
+
+    def per_message(self) -> tuple[float, float, float, float]:
+        n = self.messages
+        return self.wal_bytes / n, self.fpi / n, self.buffers / n, self.cpu_s / n * 1e6
+
+
+def server_counters(cur: pyodbc.Cursor) -> tuple[str, int, int]:
+    lsn = cur.execute("SELECT pg_current_wal_lsn()::text").fetchval()
+    fpi = int(cur.execute("SELECT wal_fpi FROM pg_stat_wal").fetchval())
+    written = int(
+        cur.execute(
+            "SELECT buffers_checkpoint + buffers_clean + buffers_backend FROM pg_stat_bgwriter"
+        ).fetchval()
+    )
+    return lsn, fpi, written
+
+
+def rows_of(cur: pyodbc.Cursor, statement: str) -> list[pyodbc.Row]:
+    """The rows a RETURNING statement answered; psqlODBC raises "No results" when it matched none."""
+    try:
+        return cur.execute(statement).fetchall()
+    except pyodbc.ProgrammingError:
+        return []
+
+
+def baseline_cycle(odbc: str, path: str) -> Callable[[], int]:
+    cur = pyodbc.connect(odbc, autocommit=True).cursor()
+
+    def pop() -> int:
+        cur.execute(BASELINE["push"], BODY)
+        return len(rows_of(cur, BASELINE["pop"]))
+
+    def leased() -> int:
+        cur.execute(BASELINE["push"], BODY)
+        rows = rows_of(cur, BASELINE["read"])
+        for row in rows:
+            cur.execute(BASELINE["delete"], row[0])
+        return len(rows)
+
+    def batch() -> int:
+        cur.execute(BASELINE["push_many"], BODY)
+        return len(rows_of(cur, BASELINE["pop_many"]))
+
+    return {"pop": pop, "leased": leased, "batch": batch}[path]
+
+
+def ring_cycle(q: Queue, path: str) -> Callable[[], int]:
+    def leased() -> int:
+        q.push(BODY)
+        m = q.acquire(timeout=0)
+        if m is None:
+            return 0
+        m.ack()
+        return 1
+
+    bodies = [BODY] * BATCH
+    return {
+        "pop": lambda: (q.push(BODY), q.pop(timeout=0) is not None)[1],
+        "leased": leased,
+        "batch": lambda: (q.push_many(bodies), len(q.pop_many(BATCH, timeout=0)))[1],
+    }[path]
+
+
+def run(cycles: list[Callable[[], int]], messages: int, admin_cur: pyodbc.Cursor) -> Cost:
+    """The cycles' threads until `messages` are delivered, a CHECKPOINT before and half-way."""
+    admin_cur.execute("CHECKPOINT")
+    lsn, fpi, written = server_counters(admin_cur)
+    cpu = cpu_of_programs(["postgres"])["postgres"]
+    delivered = [0] * len(cycles)
+    halfway = threading.Event()
+
+    def loop(i: int, cycle: Callable[[], int]) -> None:
+        while sum(delivered) < messages:
+            delivered[i] += cycle()
+            if not halfway.is_set() and sum(delivered) >= messages / 2:
+                halfway.set()
+
+    threads = [threading.Thread(target=loop, args=(i, c)) for i, c in enumerate(cycles)]
+    for t in threads:
+        t.start()
+    halfway.wait()
+    admin_cur.execute("CHECKPOINT")
+    for t in threads:
+        t.join()
+    cpu = cpu_of_programs(["postgres"])["postgres"] - cpu
+    end_lsn, end_fpi, end_written = server_counters(admin_cur)
+    wal = int(admin_cur.execute("SELECT pg_wal_lsn_diff(?, ?)", end_lsn, lsn).fetchval())
+    return Cost(sum(delivered), wal, end_fpi - fpi, end_written - written, cpu)
+
+
+def fresh_baseline(cur: pyodbc.Cursor) -> None:
+    cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    cur.execute(
+        f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, body bytea NOT NULL,"
+        " vt timestamptz NOT NULL DEFAULT clock_timestamp(), created_at timestamptz NOT NULL DEFAULT now())"
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=20_000, help="messages delivered in each run")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    a = p.parse_args()
+    _, url, odbc = bench_database()
+    cur = admin(odbc)
+    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+    print(f"per message delivered, {len(BODY)}-byte bodies, {a.workers} workers, {a.messages:,} messages a run,"
+          " a CHECKPOINT before each run and half-way")  # fmt: skip
+    print(
+        f"  {'ring slots':>10} {'path':6} {'system':8} {'WAL B':>8} {'FPI':>7} {'buffers':>8} {'CPU us':>7}"
+    )
+    for size in (int(s) for s in a.sizes.split(",")):
+        queue = f"cost_{size}"
+        backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, len(BODY)))
+        backend.apply()
+        cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
+        for path in PATHS:
+            fresh_baseline(cur)
+            baseline = run([baseline_cycle(odbc, path) for _ in range(a.workers)], a.messages, cur)
+            clients = [
+                connect(url, queue, schema=SCHEMA, pool_size=1, notify=False, smart_batching=False)
+                for _ in range(a.workers)
+            ]
+            ring = run([ring_cycle(q, path) for q in clients], a.messages, cur)
+            for q in clients:
+                q.close()
+            for system, cost in (("baseline", baseline), ("dbq", ring)):
+                wal, fpi, buffers, cpu = cost.per_message()
+                print(
+                    f"  {size:>10,} {path:6} {system:8} {wal:8.0f} {fpi:7.3f} {buffers:8.3f} {cpu:7.1f}",
+                    flush=True,
+                )
+            (rw, *_, rc), (bw, *_, bc) = ring.per_message(), baseline.per_message()
+            print(
+                f"  {size:>10,} {path:6} dbq / baseline: WAL {rw / bw:.2f} x, CPU {rc / bc:.2f} x", flush=True
+            )
+        backend.teardown()
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
