@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The operator as users run it: the single-node cluster, the operator image built here and
 # imported into its containerd, `helm install` of charts/dbq-operator, and the example queue Ready
-# through the operator's pod (which reaches PostgreSQL at the node's address, 10.244.0.1).
+# through the operator's pod (which reaches PostgreSQL at the node's address, 10.244.0.1, as the
+# node itself does: the CLI, a local Spark job and the pod share the Secret).
 # `dbq dev down` stops the cluster and with it the pod; the release stays in the API server.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +31,7 @@ cat <<EOT
 
 The operator runs as a pod (helm release dbq-operator in dbq-system) and shop/orders is Ready. Try next:
   export KUBECONFIG=$KUBECONFIG PATH=$cache/venv/bin:$cache/bin:\$PATH
+  dbq push orders -n shop hello && dbq pop orders -n shop   # from the node, through the same Secret
   kubectl -n dbq-system logs deploy/dbq-operator
   kubectl -n dbq-system delete pod -l app.kubernetes.io/name=dbq-operator   # the Deployment replaces it
   helm -n dbq-system uninstall dbq-operator                                        # the Queues stay

@@ -198,6 +198,17 @@ def test_helm_install_runs_the_operator_as_a_ready_pod_that_brings_a_queue_to_re
     for name in ("orders", "audit"):
         release.queues.wait_condition(name, "Ready", "True", timeout=120)
     assert {"r", "f"} <= {kind for kind, _ in release.database_objects(schema)}  # tables and routines
+    # The node reaches the database at the address the Secret names for pods, as the CLI, a local
+    # Spark job or a test on it would: `dbq push`/`dbq pop` from here, by the Queue resource.
+    env = {**os.environ, "KUBECONFIG": release.kube.kubeconfig}
+    dbq = [sys.executable, "-m", "dbq.cli"]
+    pushed = subprocess.run([*dbq, "push", "orders", "-n", release.queues.ns, "from the node"],
+                            env=env, capture_output=True, text=True)  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
+    popped = subprocess.run([*dbq, "pop", "orders", "-n", release.queues.ns, "--timeout", "5", "-o", "json"],
+                            env=env, capture_output=True, text=True)  # fmt: skip
+    assert popped.returncode == 0, popped.stderr
+    assert [m["body"] for m in json.loads(popped.stdout)] == ["from the node"]
 
 
 def test_a_deleted_operator_pod_is_replaced_and_the_replacement_converges_without_duplicates(kube, release):

@@ -339,13 +339,22 @@ def _iptables(*args: str, binary: str = "iptables", check: bool = False) -> subp
 
 def _route_to_loopback() -> None:
     """NAT rules by which pods on the bridge reach HOST_SERVICES on loopback (the kernel routes
-    to 127.0.0.1 from the bridge only with `route_localnet`). Idempotent."""
+    to 127.0.0.1 from the bridge only with `route_localnet`), and so does the node itself, so
+    that one address (a Secret's url naming NODE_IP) serves a pod and the CLI, a local Spark job
+    or a test alike. Idempotent."""
     Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1")
-    for chain, hook in ((TO_LOOPBACK, "PREROUTING"), (FROM_LOOPBACK, "INPUT")):
+    hooks = (
+        (TO_LOOPBACK, "PREROUTING", ["-i", BRIDGE]),  # from pods
+        (TO_LOOPBACK, "OUTPUT", ["-o", "lo"]),  # from the node: its own addresses route through lo
+        (FROM_LOOPBACK, "INPUT", ["-i", BRIDGE]),
+        (FROM_LOOPBACK, "POSTROUTING", ["-o", "lo"]),
+    )
+    for chain in (TO_LOOPBACK, FROM_LOOPBACK):
         _iptables("-t", "nat", "-N", chain)
         _iptables("-t", "nat", "-F", chain, check=True)
-        if _iptables("-t", "nat", "-C", hook, "-i", BRIDGE, "-j", chain).returncode != 0:
-            _iptables("-t", "nat", "-A", hook, "-i", BRIDGE, "-j", chain, check=True)
+    for chain, hook, where in hooks:
+        if _iptables("-t", "nat", "-C", hook, *where, "-j", chain).returncode != 0:
+            _iptables("-t", "nat", "-A", hook, *where, "-j", chain, check=True)
     for (address, port), local_port in HOST_SERVICES.items():
         _iptables("-t", "nat", "-A", TO_LOOPBACK, "-d", address, "-p", "tcp", "--dport", str(port),
                   "-j", "DNAT", "--to-destination", f"127.0.0.1:{local_port}", check=True)  # fmt: skip
