@@ -8,7 +8,7 @@ Per message pushed and taken, on each path, measured over the same number of mes
            (what PGMQ's send/read/delete do);
 - batch:   push_many(100) then pop_many(100); baseline one INSERT of 100 rows, one DELETE of the
            100 oldest (SKIP LOCKED) RETURNING.
-Bodies of 300 bytes, --workers threads each with its own connection, each doing whole cycles.
+Bodies of 300 random bytes (a new one each message), --workers threads each with its own connection, each doing whole cycles.
 The ring at 10,000, 100,000 and 1,000,000 slots (the baseline's table has no size: it runs beside
 each). Every run starts right after a CHECKPOINT and has another half-way, so the full-page
 images a first touch after a checkpoint writes are counted, as a production server's periodic
@@ -17,7 +17,9 @@ checkpoints would cause them.
 The figures: WAL bytes (pg_current_wal_lsn), full-page images (pg_stat_wal.wal_fpi), buffers
 written (pg_stat_bgwriter: by checkpoints, the background writer and backends), all a message;
 and PostgreSQL's CPU a message: every postgres process (sessions, WAL writer, checkpointer), from
-/proc. The line of each path ends with dbq / baseline for WAL and CPU.
+/proc. The line of each path ends with dbq / baseline for WAL and CPU. Then where the WAL went,
+bytes a message by record type (pg_waldump --stats over the run's WAL, kept by a replication
+slot meanwhile), full-page images apart.
 
     ~/.cache/dbq/venv/bin/python -m bench.server_cost --messages 20000
 """
@@ -25,14 +27,19 @@ and PostgreSQL's CPU a message: every postgres process (sessions, WAL writer, ch
 from __future__ import annotations
 
 import argparse
+import glob
+import os
+import re
+import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyodbc
 from bench.cpu import cpu_of_programs
-from bench.ring_vs_skiplocked import BATCH, BODY, SCHEMA, admin, bench_database
+from bench.ring_vs_skiplocked import BATCH, SCHEMA, admin, bench_database
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
@@ -42,10 +49,14 @@ from dbq.names import QueueNames
 
 SIZES = (10_000, 100_000, 1_000_000)
 PATHS = ("pop", "leased", "batch")
+BODY_BYTES = 300
+SLOT = "dbq_bench_server_cost"  # keeps the runs' WAL until pg_waldump has read it
 TABLE = f"{SCHEMA}.sl_queue"
 BASELINE = {
     "push": f"INSERT INTO {TABLE} (body) VALUES (?)",
-    "push_many": f"INSERT INTO {TABLE} (body) SELECT ? FROM generate_series(1, {BATCH})",
+    # the bodies sent as one value and cut apart, as the ring's push_many does
+    "push_many": f"INSERT INTO {TABLE} (body) SELECT substring(?::bytea FROM (g - 1) * {BODY_BYTES} + 1 FOR {BODY_BYTES})"
+    f" FROM generate_series(1, {BATCH}) g",
     "pop": f"DELETE FROM {TABLE} WHERE id = (SELECT id FROM {TABLE} ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
     " RETURNING id, body",
     "read": f"UPDATE {TABLE} SET vt = clock_timestamp() + interval '60 seconds' WHERE id = (SELECT id FROM {TABLE}"
@@ -56,6 +67,10 @@ BASELINE = {
 }
 
 
+def body() -> bytes:
+    return os.urandom(BODY_BYTES)
+
+
 @dataclass
 class Cost:
     messages: int
@@ -63,6 +78,7 @@ class Cost:
     fpi: float
     buffers: float
     cpu_s: float
+    wal_range: tuple[str, str]
 
     def per_message(self) -> tuple[float, float, float, float]:
         n = self.messages
@@ -92,18 +108,18 @@ def baseline_cycle(odbc: str, path: str) -> Callable[[], int]:
     cur = pyodbc.connect(odbc, autocommit=True).cursor()
 
     def pop() -> int:
-        cur.execute(BASELINE["push"], BODY)
+        cur.execute(BASELINE["push"], body())
         return len(rows_of(cur, BASELINE["pop"]))
 
     def leased() -> int:
-        cur.execute(BASELINE["push"], BODY)
+        cur.execute(BASELINE["push"], body())
         rows = rows_of(cur, BASELINE["read"])
         for row in rows:
             cur.execute(BASELINE["delete"], row[0])
         return len(rows)
 
     def batch() -> int:
-        cur.execute(BASELINE["push_many"], BODY)
+        cur.execute(BASELINE["push_many"], b"".join(body() for _ in range(BATCH)))
         return len(rows_of(cur, BASELINE["pop_many"]))
 
     return {"pop": pop, "leased": leased, "batch": batch}[path]
@@ -111,18 +127,17 @@ def baseline_cycle(odbc: str, path: str) -> Callable[[], int]:
 
 def ring_cycle(q: Queue, path: str) -> Callable[[], int]:
     def leased() -> int:
-        q.push(BODY)
+        q.push(body())
         m = q.acquire(timeout=0)
         if m is None:
             return 0
         m.ack()
         return 1
 
-    bodies = [BODY] * BATCH
     return {
-        "pop": lambda: (q.push(BODY), q.pop(timeout=0) is not None)[1],
+        "pop": lambda: (q.push(body()), q.pop(timeout=0) is not None)[1],
         "leased": leased,
-        "batch": lambda: (q.push_many(bodies), len(q.pop_many(BATCH, timeout=0)))[1],
+        "batch": lambda: (q.push_many([body() for _ in range(BATCH)]), len(q.pop_many(BATCH, timeout=0)))[1],
     }[path]
 
 
@@ -150,7 +165,25 @@ def run(cycles: list[Callable[[], int]], messages: int, admin_cur: pyodbc.Cursor
     cpu = cpu_of_programs(["postgres"])["postgres"] - cpu
     end_lsn, end_fpi, end_written = server_counters(admin_cur)
     wal = int(admin_cur.execute("SELECT pg_wal_lsn_diff(?, ?)", end_lsn, lsn).fetchval())
-    return Cost(sum(delivered), wal, end_fpi - fpi, end_written - written, cpu)
+    return Cost(sum(delivered), wal, end_fpi - fpi, end_written - written, cpu, (lsn, end_lsn))
+
+
+def where_wal_went(wal_dir: str, cost: Cost) -> str:
+    """Bytes a message by WAL record type over the run (pg_waldump --stats=record), the largest
+    first, full-page images summed apart."""
+    waldump = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_waldump"))[-1]
+    start, end = cost.wal_range
+    out = subprocess.run([waldump, "--stats=record", "-p", wal_dir, "-s", start, "-e", end],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    records: Counter[str] = Counter()
+    fpi = 0
+    number = r"(\d+)\s+\(\s*[\d.]+\)"
+    for name, _, size, fpi_size in re.findall(rf"^(\S+)\s+{number}\s+{number}\s+{number}", out, re.M):
+        records[name] += int(size)
+        fpi += int(fpi_size)
+    n = cost.messages
+    shown = [f"{name} {size / n:.0f}" for name, size in records.most_common() if size / n >= 1]
+    return ", ".join([*shown, f"full-page images {fpi / n:.0f}"])
 
 
 def fresh_baseline(cur: pyodbc.Cursor) -> None:
@@ -161,23 +194,15 @@ def fresh_baseline(cur: pyodbc.Cursor) -> None:
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--messages", type=int, default=20_000, help="messages delivered in each run")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
-    a = p.parse_args()
-    _, url, odbc = bench_database()
-    cur = admin(odbc)
-    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-    print(f"per message delivered, {len(BODY)}-byte bodies, {a.workers} workers, {a.messages:,} messages a run,"
+def measure(a: argparse.Namespace, url: str, odbc: str, cur: pyodbc.Cursor, wal_dir: str) -> None:
+    print(f"per message delivered, {BODY_BYTES}-byte bodies, {a.workers} workers, {a.messages:,} messages a run,"
           " a CHECKPOINT before each run and half-way")  # fmt: skip
     print(
         f"  {'ring slots':>10} {'path':6} {'system':8} {'WAL B':>8} {'FPI':>7} {'buffers':>8} {'CPU us':>7}"
     )
     for size in (int(s) for s in a.sizes.split(",")):
         queue = f"cost_{size}"
-        backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, len(BODY)))
+        backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, BODY_BYTES))
         backend.apply()
         cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
         for path in PATHS:
@@ -200,8 +225,29 @@ def main() -> int:
             print(
                 f"  {size:>10,} {path:6} dbq / baseline: WAL {rw / bw:.2f} x, CPU {rc / bc:.2f} x", flush=True
             )
+            for system, cost in (("baseline", baseline), ("dbq", ring)):
+                print(f"      {system} WAL, bytes a message: {where_wal_went(wal_dir, cost)}", flush=True)
         backend.teardown()
         backend.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=20_000, help="messages delivered in each run")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    a = p.parse_args()
+    pg, url, odbc = bench_database()
+    cur = admin(odbc)
+    cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+    cur.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", SLOT
+    )
+    cur.execute("SELECT pg_create_physical_replication_slot(?, true)", SLOT)
+    try:
+        measure(a, url, odbc, cur, str(pg.data / "pg_wal"))
+    finally:
+        cur.execute("SELECT pg_drop_replication_slot(?)", SLOT)
     return 0
 
 

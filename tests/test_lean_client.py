@@ -46,7 +46,10 @@ def queue(postgres) -> Iterator[tuple[str, str]]:
 
 def installed(bin_dir: Path) -> set[str]:
     out = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True, check=True
+        [str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return {p["name"] for p in json.loads(out)}
 
