@@ -14,12 +14,11 @@ each). Every run starts right after a CHECKPOINT and has another half-way, so th
 images a first touch after a checkpoint writes are counted, as a production server's periodic
 checkpoints would cause them.
 
-The figures: WAL bytes (pg_current_wal_lsn), full-page images (pg_stat_wal.wal_fpi), buffers
-written (pg_stat_bgwriter: by checkpoints, the background writer and backends), all a message;
+The figures: WAL bytes (pg_current_wal_lsn), of them full-page images and the rest (pg_waldump
+--stats over the run's WAL, kept meanwhile by a replication slot), buffers written (pg_stat_bgwriter: by checkpoints, the background writer and backends), all a message;
 and PostgreSQL's CPU a message: every postgres process (sessions, WAL writer, checkpointer), from
-/proc. The line of each path ends with dbq / baseline for WAL and CPU. Then where the WAL went,
-bytes a message by record type (pg_waldump --stats over the run's WAL, kept by a replication
-slot meanwhile), full-page images apart.
+/proc. The line of each path ends with dbq / baseline for WAL, WAL without full-page images, and
+CPU. Then where the WAL went: bytes a message by record type, full-page images apart.
 
     ~/.cache/dbq/venv/bin/python -m bench.server_cost --messages 20000
 """
@@ -75,25 +74,42 @@ def body() -> bytes:
 class Cost:
     messages: int
     wal_bytes: float
-    fpi: float
     buffers: float
     cpu_s: float
-    wal_range: tuple[str, str]
+    records: Counter[str]  # WAL bytes by record type, full-page images left out
+    fpi_bytes: int
 
-    def per_message(self) -> tuple[float, float, float, float]:
+    def per_message(self) -> tuple[float, float, float, float, float]:
+        """WAL, of it full-page images and the rest (bytes), buffers written, CPU (us)."""
         n = self.messages
-        return self.wal_bytes / n, self.fpi / n, self.buffers / n, self.cpu_s / n * 1e6
+        rest = self.wal_bytes - self.fpi_bytes
+        return self.wal_bytes / n, self.fpi_bytes / n, rest / n, self.buffers / n, self.cpu_s / n * 1e6
+
+    def where_wal_went(self) -> str:
+        n = self.messages
+        shown = [f"{name} {size / n:.0f}" for name, size in self.records.most_common() if size / n >= 1]
+        return ", ".join([*shown, f"full-page images {self.fpi_bytes / n:.0f}"])
 
 
-def server_counters(cur: pyodbc.Cursor) -> tuple[str, int, int]:
+def server_counters(cur: pyodbc.Cursor) -> tuple[str, int]:
     lsn = cur.execute("SELECT pg_current_wal_lsn()::text").fetchval()
-    fpi = int(cur.execute("SELECT wal_fpi FROM pg_stat_wal").fetchval())
-    written = int(
-        cur.execute(
-            "SELECT buffers_checkpoint + buffers_clean + buffers_backend FROM pg_stat_bgwriter"
-        ).fetchval()
-    )
-    return lsn, fpi, written
+    written = cur.execute("SELECT buffers_checkpoint + buffers_clean + buffers_backend FROM pg_stat_bgwriter")
+    return lsn, int(written.fetchval())
+
+
+def wal_records(wal_dir: str, start: str, end: str) -> tuple[Counter[str], int]:
+    """WAL bytes by record type between two positions, without full-page images, and the bytes
+    of full-page images (pg_waldump --stats=record)."""
+    waldump = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_waldump"))[-1]
+    out = subprocess.run([waldump, "--stats=record", "-p", wal_dir, "-s", start, "-e", end],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    records: Counter[str] = Counter()
+    fpi = 0
+    number = r"(\d+)\s+\(\s*[\d.]+\)"
+    for name, _, size, fpi_size in re.findall(rf"^(\S+)\s+{number}\s+{number}\s+{number}", out, re.M):
+        records[name] += int(size)
+        fpi += int(fpi_size)
+    return records, fpi
 
 
 def rows_of(cur: pyodbc.Cursor, statement: str) -> list[pyodbc.Row]:
@@ -141,10 +157,10 @@ def ring_cycle(q: Queue, path: str) -> Callable[[], int]:
     }[path]
 
 
-def run(cycles: list[Callable[[], int]], messages: int, admin_cur: pyodbc.Cursor) -> Cost:
+def run(cycles: list[Callable[[], int]], messages: int, admin_cur: pyodbc.Cursor, wal_dir: str) -> Cost:
     """The cycles' threads until `messages` are delivered, a CHECKPOINT before and half-way."""
     admin_cur.execute("CHECKPOINT")
-    lsn, fpi, written = server_counters(admin_cur)
+    lsn, written = server_counters(admin_cur)
     cpu = cpu_of_programs(["postgres"])["postgres"]
     delivered = [0] * len(cycles)
     halfway = threading.Event()
@@ -163,27 +179,10 @@ def run(cycles: list[Callable[[], int]], messages: int, admin_cur: pyodbc.Cursor
     for t in threads:
         t.join()
     cpu = cpu_of_programs(["postgres"])["postgres"] - cpu
-    end_lsn, end_fpi, end_written = server_counters(admin_cur)
+    end_lsn, end_written = server_counters(admin_cur)
     wal = int(admin_cur.execute("SELECT pg_wal_lsn_diff(?, ?)", end_lsn, lsn).fetchval())
-    return Cost(sum(delivered), wal, end_fpi - fpi, end_written - written, cpu, (lsn, end_lsn))
-
-
-def where_wal_went(wal_dir: str, cost: Cost) -> str:
-    """Bytes a message by WAL record type over the run (pg_waldump --stats=record), the largest
-    first, full-page images summed apart."""
-    waldump = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_waldump"))[-1]
-    start, end = cost.wal_range
-    out = subprocess.run([waldump, "--stats=record", "-p", wal_dir, "-s", start, "-e", end],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    records: Counter[str] = Counter()
-    fpi = 0
-    number = r"(\d+)\s+\(\s*[\d.]+\)"
-    for name, _, size, fpi_size in re.findall(rf"^(\S+)\s+{number}\s+{number}\s+{number}", out, re.M):
-        records[name] += int(size)
-        fpi += int(fpi_size)
-    n = cost.messages
-    shown = [f"{name} {size / n:.0f}" for name, size in records.most_common() if size / n >= 1]
-    return ", ".join([*shown, f"full-page images {fpi / n:.0f}"])
+    records, fpi = wal_records(wal_dir, lsn, end_lsn)
+    return Cost(sum(delivered), wal, end_written - written, cpu, records, fpi)
 
 
 def fresh_baseline(cur: pyodbc.Cursor) -> None:
@@ -197,9 +196,8 @@ def fresh_baseline(cur: pyodbc.Cursor) -> None:
 def measure(a: argparse.Namespace, url: str, odbc: str, cur: pyodbc.Cursor, wal_dir: str) -> None:
     print(f"per message delivered, {BODY_BYTES}-byte bodies, {a.workers} workers, {a.messages:,} messages a run,"
           " a CHECKPOINT before each run and half-way")  # fmt: skip
-    print(
-        f"  {'ring slots':>10} {'path':6} {'system':8} {'WAL B':>8} {'FPI':>7} {'buffers':>8} {'CPU us':>7}"
-    )
+    print(f"  {'ring slots':>10} {'path':6} {'system':8} {'WAL B':>7} {'FPI B':>7} {'rest B':>7}"
+          f" {'buffers':>8} {'CPU us':>7}")  # fmt: skip
     for size in (int(s) for s in a.sizes.split(",")):
         queue = f"cost_{size}"
         backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, BODY_BYTES))
@@ -207,26 +205,23 @@ def measure(a: argparse.Namespace, url: str, odbc: str, cur: pyodbc.Cursor, wal_
         cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
         for path in PATHS:
             fresh_baseline(cur)
-            baseline = run([baseline_cycle(odbc, path) for _ in range(a.workers)], a.messages, cur)
+            baseline = run([baseline_cycle(odbc, path) for _ in range(a.workers)], a.messages, cur, wal_dir)
             clients = [
                 connect(url, queue, schema=SCHEMA, pool_size=1, notify=False, smart_batching=False)
                 for _ in range(a.workers)
             ]
-            ring = run([ring_cycle(q, path) for q in clients], a.messages, cur)
+            ring = run([ring_cycle(q, path) for q in clients], a.messages, cur, wal_dir)
             for q in clients:
                 q.close()
             for system, cost in (("baseline", baseline), ("dbq", ring)):
-                wal, fpi, buffers, cpu = cost.per_message()
-                print(
-                    f"  {size:>10,} {path:6} {system:8} {wal:8.0f} {fpi:7.3f} {buffers:8.3f} {cpu:7.1f}",
-                    flush=True,
-                )
-            (rw, *_, rc), (bw, *_, bc) = ring.per_message(), baseline.per_message()
-            print(
-                f"  {size:>10,} {path:6} dbq / baseline: WAL {rw / bw:.2f} x, CPU {rc / bc:.2f} x", flush=True
-            )
+                wal, fpi, rest, buffers, cpu = cost.per_message()
+                print(f"  {size:>10,} {path:6} {system:8} {wal:7.0f} {fpi:7.0f} {rest:7.0f} {buffers:8.3f} {cpu:7.1f}",
+                      flush=True)  # fmt: skip
+            (rw, _, rr, _, rc), (bw, _, br, _, bc) = ring.per_message(), baseline.per_message()
+            print(f"  {size:>10,} {path:6} dbq / baseline: WAL {rw / bw:.2f} x, without full-page images"
+                  f" {rr / br:.2f} x, CPU {rc / bc:.2f} x", flush=True)  # fmt: skip
             for system, cost in (("baseline", baseline), ("dbq", ring)):
-                print(f"      {system} WAL, bytes a message: {where_wal_went(wal_dir, cost)}", flush=True)
+                print(f"      {system} WAL, bytes a message: {cost.where_wal_went()}", flush=True)
         backend.teardown()
         backend.close()
 
