@@ -28,7 +28,6 @@ from dbq.errors import LeaseLost
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
-Id = TypeVar("Id")
 Taken = TypeVar("Taken")
 Options = TypeVar("Options", bound=Hashable)
 
