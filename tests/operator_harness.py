@@ -79,8 +79,11 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 class Operator:
     """One `dbq run -n NAMESPACE` process; restartable and killable."""
 
-    def __init__(self, kube: Any, namespace: str, log: Path, drift_interval: float = 2.0) -> None:
+    def __init__(
+        self, kube: Any, namespace: str, log: Path, drift_interval: float = 2.0, args: tuple[str, ...] = ()
+    ) -> None:
         self.kubeconfig = kube.operator_kubeconfig
+        self.args = args  # more `dbq run` options
         self.namespace = namespace
         self.log = log
         self.drift_interval = drift_interval
@@ -98,7 +101,7 @@ class Operator:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dbq.cli", "run", "-n", self.namespace,
                  "--metrics-port", str(self.metrics_port),
-                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz", *self.args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 

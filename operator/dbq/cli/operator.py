@@ -5,6 +5,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import socket
+import sys
+from urllib.parse import urlsplit
 
 import click
 
@@ -61,9 +64,42 @@ def crd() -> None:
 @click.option(
     "--metrics-port", default=9090, show_default=True, type=int, help="Prometheus port; 0 disables."
 )
+@click.option(
+    "--leader-elect", is_flag=True, help="Act only while holding the Lease (for two or more replicas)."
+)
+@click.option("--lease-namespace", envvar="POD_NAMESPACE", help="The Lease's namespace (env POD_NAMESPACE).")
+@click.option("--lease-name", default="dbq-operator", show_default=True)
+@click.option(
+    "--identity",
+    envvar="POD_NAME",
+    help="This replica's name in the Lease (env POD_NAME; default: host name).",
+)
+@click.option(
+    "--lease-duration", default=15.0, show_default=True, help="Seconds a standby waits out a silent holder."
+)
+@click.option(
+    "--renew-deadline",
+    default=10.0,
+    show_default=True,
+    help="Seconds the holder may fail to renew before it exits.",
+)
+@click.option(
+    "--retry-period", default=2.0, show_default=True, help="Seconds between tries to take or renew the Lease."
+)
 @click.option("--verbose", "-v", is_flag=True)
 def run(
-    namespaces: tuple[str, ...], all_namespaces: bool, liveness: str, metrics_port: int, verbose: bool
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    liveness: str,
+    metrics_port: int,
+    leader_elect: bool,
+    lease_namespace: str | None,
+    lease_name: str,
+    identity: str | None,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
+    verbose: bool,
 ) -> None:
     """Run the operator against the cluster in KUBECONFIG (or in-cluster)."""
     limit_malloc_arenas()  # before any thread starts
@@ -71,20 +107,47 @@ def run(
     from prometheus_client import start_http_server
 
     import dbq.controller.handlers  # noqa: F401  (registers the handlers)
+    from dbq.controller import leadership, metrics
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     logging.getLogger("kopf.objects").addFilter(RoutineSuccessAtDebug())
+    if leader_elect:  # checked before anything listens
+        if not lease_namespace:
+            raise click.BadParameter(
+                "give the Lease's namespace (or set POD_NAMESPACE)", param_hint="--lease-namespace"
+            )
+        try:
+            lease = leadership.LeaseSettings(
+                lease_namespace, identity or socket.gethostname(), lease_name, lease_duration, renew_deadline,
+                retry_period,
+            )  # fmt: skip
+        except ValueError as e:
+            raise click.BadParameter(
+                str(e), param_hint="--lease-duration/--renew-deadline/--retry-period"
+            ) from None
     if metrics_port:
         start_http_server(metrics_port)
-    kopf.run(
-        standalone=True,
-        clusterwide=all_namespaces or not namespaces,
-        namespaces=list(namespaces),
-        liveness_endpoint=liveness or None,
-    )
+
+    def act() -> None:
+        kopf.run(
+            standalone=True,
+            clusterwide=all_namespaces or not namespaces,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness or None,
+        )
+
+    if not leader_elect:
+        metrics.LEADER.set(1)
+        act()
+        return
+    from dbq import kube
+
+    address = urlsplit(liveness) if liveness else None
+    health = (address.hostname or "0.0.0.0", address.port or 80) if address else None
+    sys.exit(leadership.run_elected(lease, kube.Kube().api_client, act, health, on_leading=metrics.leading))
 
 
 COMMANDS = (crd, run)

@@ -35,6 +35,19 @@ RATES = (
     Gauge("dbq_queue_pop_rate", "Pops and acquires per second over the rate window", _LABELS),
 )
 CLEANUP = Counter("dbq_queue_cleanup_total", "What cleanup repaired or removed, by kind", [*_LABELS, "kind"])
+LEADER = Gauge("dbq_leader", "1 while this replica acts (holds the operator's Lease), 0 while it stands by")
+LEADER_TRANSITIONS = Counter("dbq_leader_transitions_total", "Times this replica became the leader")
+
+
+_leads = [False]  # whether this replica leads, as last told
+
+
+def leading(now: bool) -> None:
+    """This replica became the leader (True) or stands by (False)."""
+    if now and not _leads[0]:
+        LEADER_TRANSITIONS.inc()
+    _leads[0] = now
+    LEADER.set(1 if now else 0)
 
 
 def reconciled(*, ok: bool, seconds: float, reason: str = "") -> None:

@@ -1,0 +1,280 @@
+"""Leader election on a Lease (dbq.controller.leadership) against the real API server: one
+holder at a time, takeover only after the lease stood still, optimistic concurrency between
+candidates that saw the same record, a graceful release, and a holder that loses the Lease
+stopping at once; then `dbq run --leader-elect` replicas (real operator processes, real
+PostgreSQL): one acts, the standby serves its probes and metrics only, and takes over when the
+leader stops, is killed, or loses the Lease (exit 1)."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kubernetes import client
+
+from dbq.controller.leadership import Elector, LeaseSettings
+from tests.manifests import queue
+from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
+
+NAMESPACE = "default"
+FAST = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry_period": 0.2}
+
+
+@pytest.fixture
+def lease(kube) -> Iterator[str]:
+    name = f"dbq-test-{secrets.token_hex(3)}"
+    yield name
+    try:
+        client.CoordinationV1Api(kube.api).delete_namespaced_lease(name, NAMESPACE)
+    except client.ApiException as e:
+        assert e.status == 404
+
+
+def elector(kube, lease: str, identity: str) -> Elector:
+    return Elector(kube.api, LeaseSettings(NAMESPACE, identity, lease, **FAST))
+
+
+def read(kube, lease: str) -> client.V1LeaseSpec:
+    return client.CoordinationV1Api(kube.api).read_namespaced_lease(lease, NAMESPACE).spec
+
+
+def test_one_candidate_holds_the_lease_and_the_other_waits_while_it_is_renewed(kube, lease):
+    a, b = elector(kube, lease, "a"), elector(kube, lease, "b")
+    assert a.try_acquire_or_renew() is True  # creates it
+    assert b.try_acquire_or_renew() is False
+    spec = read(kube, lease)
+    assert (spec.holder_identity, spec.lease_duration_seconds, spec.lease_transitions) == ("a", 2, 0)
+    for _ in range(4):  # renewed within its duration: b never takes it
+        time.sleep(0.6)
+        assert a.try_acquire_or_renew() is True
+        assert b.try_acquire_or_renew() is False
+    assert read(kube, lease).holder_identity == "a"
+
+
+def test_a_standby_takes_over_only_once_the_record_stood_still_for_the_lease_duration(kube, lease):
+    a, b = elector(kube, lease, "a"), elector(kube, lease, "b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # b sees the record now: it ages from here
+    seen = time.monotonic()
+    while not b.try_acquire_or_renew():
+        time.sleep(0.1)
+    waited = time.monotonic() - seen
+    assert 2.0 <= waited < 3.0, waited  # a stopped renewing: b waited out the lease, no longer
+    spec = read(kube, lease)
+    assert (spec.holder_identity, spec.lease_transitions) == ("b", 1)
+    assert a.try_acquire_or_renew() is False  # the old holder sees it lost
+
+
+def test_of_candidates_that_saw_the_same_free_lease_exactly_one_takes_it(kube, lease):
+    candidates = [elector(kube, lease, f"c{i}") for i in range(8)]
+    for round_ in range(5):  # on a Lease to create, then on a released one
+        gate = threading.Barrier(len(candidates))
+
+        def attempt(c: Elector, gate: threading.Barrier = gate) -> bool:
+            gate.wait()
+            return c.try_acquire_or_renew()
+
+        with ThreadPoolExecutor(len(candidates)) as pool:
+            won = [c for c, ok in zip(candidates, pool.map(attempt, candidates), strict=True) if ok]
+        assert len(won) == 1, (round_, [c.settings.identity for c in won])
+        assert read(kube, lease).holder_identity == won[0].settings.identity
+        assert won[0].release() is True
+
+
+def test_a_released_lease_is_taken_at_the_next_try_and_only_the_holder_may_release(kube, lease):
+    a, b = elector(kube, lease, "a"), elector(kube, lease, "b")
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    assert b.release() is False  # not b's to give
+    assert a.release() is True
+    spec = read(kube, lease)
+    assert (spec.holder_identity, spec.lease_duration_seconds) == (None, 1)
+    assert b.try_acquire_or_renew() is True  # no waiting for a released Lease
+    assert read(kube, lease).holder_identity == "b"
+
+
+def test_a_holder_whose_lease_was_taken_stops_at_once(kube, lease):
+    a = elector(kube, lease, "a")
+    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
+    runner.start()
+    try:
+        assert started.wait(5) and a.leading
+        time.sleep(1.0)
+        assert not stopped.is_set()  # renewing
+        api = client.CoordinationV1Api(kube.api)
+        taken = api.read_namespaced_lease(lease, NAMESPACE)
+        taken.spec.holder_identity = "intruder"  # as a candidate that took it would write
+        api.replace_namespaced_lease(lease, NAMESPACE, taken)
+        took_at = time.monotonic()
+        assert stopped.wait(5)
+        assert time.monotonic() - took_at < 0.2 + 0.5  # at its next renewal, not after the deadline
+        assert not a.leading
+    finally:
+        stop.set()
+        runner.join(5)
+
+
+def test_a_holder_that_cannot_reach_the_api_server_stops_after_the_renew_deadline(kube, lease):
+    a = elector(kube, lease, "a")
+    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
+    runner.start()
+    try:
+        assert started.wait(5)
+        cut_off = client.Configuration(host="https://127.0.0.1:9")  # nothing listens there
+        a._api = client.CoordinationV1Api(client.ApiClient(cut_off))
+        cut_at = time.monotonic()
+        assert stopped.wait(5)
+        assert 1.5 - 0.2 <= time.monotonic() - cut_at < 1.5 + 0.5  # its last renewal + renewDeadline
+        assert read(kube, lease).holder_identity == "a"  # left to expire: a standby waits it out
+    finally:
+        stop.set()
+        runner.join(5)
+
+
+def test_a_stopped_run_returns_still_holding_the_lease_for_its_caller_to_release(kube, lease):
+    a = elector(kube, lease, "a")
+    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
+    runner.start()
+    assert started.wait(5)
+    stop.set()
+    runner.join(5)
+    assert not runner.is_alive() and not stopped.is_set()
+    assert read(kube, lease).holder_identity == "a"
+    assert a.release() and read(kube, lease).holder_identity is None
+
+
+@pytest.mark.parametrize(
+    ("timings", "named"),
+    [
+        ({"lease_duration": 10, "renew_deadline": 10, "retry_period": 2}, "renewDeadline < leaseDuration"),
+        ({"lease_duration": 15, "renew_deadline": 2, "retry_period": 2}, "retryPeriod < renewDeadline"),
+        ({"lease_duration": 15, "renew_deadline": 10, "retry_period": 0}, "0 < retryPeriod"),
+    ],
+)
+def test_settings_that_could_let_two_replicas_act_are_refused(timings, named):
+    with pytest.raises(ValueError, match=named):
+        LeaseSettings("dbq-system", "pod-a", **timings)
+
+
+# --- dbq run --leader-elect ----------------------------------------------------------------------
+REPLICA_TIMINGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
+
+
+def grant_leases(kube, namespace: str) -> None:
+    """What the chart will grant the operator in its own namespace: its Lease, nothing more."""
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(namespace, {
+        "metadata": {"name": "dbq-leases"},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "verbs": ["get", "create", "update"]}],
+    })  # fmt: skip
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "dbq-leases"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dbq-leases"},
+        "subjects": [{"kind": "ServiceAccount", "name": "dbq-operator", "namespace": "dbq-system"}],
+    })  # fmt: skip
+
+
+def scrape(replica: Operator, path: str) -> str:
+    port = replica.metrics_port if path == "/metrics" else replica.health_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return response.read().decode()
+
+
+def leads(replica: Operator) -> float:
+    line = next(x for x in scrape(replica, "/metrics").splitlines() if x.startswith("dbq_leader "))
+    return float(line.split()[1])
+
+
+def holder(kube, namespace: str) -> str | None:
+    try:
+        return (
+            client.CoordinationV1Api(kube.api)
+            .read_namespaced_lease("dbq-operator", namespace)
+            .spec.holder_identity
+        )
+    except client.ApiException as e:
+        assert e.status == 404
+        return None
+
+
+@pytest.fixture
+def replicas(kube, postgres, tmp_path) -> Iterator[tuple[Cluster, dict[str, Operator]]]:
+    cluster = operator_namespace(kube, postgres, "lead")
+    grant_leases(kube, cluster.ns)
+    made: dict[str, Operator] = {}
+
+    def replica(name: str) -> Operator:
+        args = ("--leader-elect", "--lease-namespace", cluster.ns, "--identity", name, *REPLICA_TIMINGS)
+        made[name] = Operator(kube, cluster.ns, tmp_path / f"{name}.log", args=args)
+        made[name].start()
+        return made[name]
+
+    replica("one")
+    wait_for(lambda: holder(kube, cluster.ns) == "one", 60, "replica one holding the Lease")
+    replica("two")
+    yield cluster, made
+    if not any(r.proc is not None and r.proc.poll() is None for r in made.values()):
+        replica("cleanup")  # the Queues' finalizers are the operator's to remove
+    cluster.force_delete_all(120)
+    for r in made.values():
+        r.stop()
+    client.CoreV1Api(kube.api).delete_namespace(cluster.ns)
+
+
+def test_one_replica_acts_the_standby_serves_probes_and_takes_over_when_the_leader_stops(kube, replicas):
+    cluster, made = replicas
+    one, two = made["one"], made["two"]
+    wait_for(lambda: _serves(two), 30, "the standby's /healthz and /metrics")
+    assert '"leader": false' in scrape(two, "/healthz")
+    assert leads(one) == 1 and leads(two) == 0
+    cluster.create(queue("first"))
+    cluster.wait_condition("first", "Ready", "True", timeout=60)
+    assert "Creation is processed" in one.log_text()
+    assert "kopf" not in two.log_text()  # the standby ran no handler and started no kopf at all
+    # A graceful stop: the leader releases the Lease, and the standby takes it at its next try.
+    assert one.proc is not None
+    stopped_at = time.monotonic()
+    one.stop()
+    assert one.proc.returncode == 0
+    wait_for(lambda: holder(kube, cluster.ns) == "two", 10, "replica two holding the Lease")
+    assert time.monotonic() - stopped_at < 0.5 + 3 + 5  # retry period + 3 s, and the stop itself
+    cluster.create(queue("second"))
+    cluster.wait_condition("second", "Ready", "True", timeout=30)
+    assert leads(two) == 1
+    assert "dbq_leader_transitions_total 1.0" in scrape(two, "/metrics")
+
+
+def test_a_killed_leader_is_waited_out_and_a_leader_that_lost_the_lease_exits(kube, replicas):
+    cluster, made = replicas
+    one, two = made["one"], made["two"]
+    wait_for(lambda: _serves(two), 30, "the standby's /healthz and /metrics")
+    one.kill()  # SIGKILL: the Lease stays held until it stands still for its duration
+    killed_at = time.monotonic()
+    cluster.create(queue("after-kill"))
+    wait_for(lambda: holder(kube, cluster.ns) == "two", 15, "replica two holding the Lease")
+    assert time.monotonic() - killed_at < 3 + 0.5 + 2  # lease duration + retry period + 2 s
+    cluster.wait_condition("after-kill", "Ready", "True", timeout=30)
+    # Another candidate writes the Lease as its own: the leader sees it lost and exits 1 at once.
+    api = client.CoordinationV1Api(kube.api)
+    lease = api.read_namespaced_lease("dbq-operator", cluster.ns)
+    lease.spec.holder_identity = "someone-else"
+    api.replace_namespaced_lease("dbq-operator", cluster.ns, lease)
+    assert two.proc is not None
+    assert two.proc.wait(timeout=5) == 1
+    assert "lost the Lease" in two.log_text()
+
+
+def _serves(replica: Operator) -> bool:
+    try:
+        scrape(replica, "/healthz")
+        return "dbq_leader " in scrape(replica, "/metrics")
+    except OSError:
+        return False
