@@ -8,6 +8,7 @@ leader stops, is killed, or loses the Lease (exit 1)."""
 from __future__ import annotations
 
 import secrets
+import signal
 import threading
 import time
 import urllib.request
@@ -150,6 +151,18 @@ def test_a_stopped_run_returns_still_holding_the_lease_for_its_caller_to_release
     assert a.release() and read(kube, lease).holder_identity is None
 
 
+def test_a_holder_may_act_only_while_its_last_renewal_is_younger_than_the_renew_deadline(kube, lease):
+    now = [100.0]
+    a = Elector(kube.api, LeaseSettings(NAMESPACE, "a", lease, **FAST), clock=lambda: now[0])
+    assert a.try_acquire_or_renew()
+    a.leading = True  # as run() sets it once the Lease is taken
+    now[0] += 1.4
+    assert a.acting()
+    now[0] += 0.2  # 1.6 s since the renewal: past the deadline, as after a freeze
+    assert not a.acting()
+    assert a.try_acquire_or_renew() and a.acting()  # renewed: it may act again
+
+
 @pytest.mark.parametrize(
     ("timings", "named"),
     [
@@ -278,3 +291,25 @@ def _serves(replica: Operator) -> bool:
         return "dbq_leader " in scrape(replica, "/metrics")
     except OSError:
         return False
+
+
+def test_a_frozen_leader_that_resumes_after_a_takeover_exits_without_acting(kube, replicas):
+    cluster, made = replicas
+    one, two = made["one"], made["two"]
+    wait_for(lambda: _serves(two), 30, "the standby's /healthz and /metrics")
+    cluster.create(queue("before"))
+    cluster.wait_condition("before", "Ready", "True", timeout=60)
+    assert one.proc is not None
+    one.proc.send_signal(signal.SIGSTOP)  # a hung process or node: it neither renews nor exits
+    try:
+        wait_for(lambda: holder(kube, cluster.ns) == "two", 15, "replica two holding the Lease")
+        cluster.create(queue("during"))
+        cluster.wait_condition("during", "Ready", "True", timeout=30)
+        seen = len(one.log_text())
+    finally:
+        one.proc.send_signal(signal.SIGCONT)
+    assert one.proc.wait(timeout=10) == 1
+    after = one.log_text()[seen:]
+    assert "lost the Lease" in after
+    assert "Handler" not in after and "succeeded" not in after, after  # no handler ran after it woke
+    assert holder(kube, cluster.ns) == "two"

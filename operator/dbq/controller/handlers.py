@@ -17,7 +17,7 @@ import kopf
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.connection import pool
 from dbq.controller import conditions as cond
-from dbq.controller import metrics, upkeep
+from dbq.controller import leadership, metrics, upkeep
 from dbq.controller.reconcile import (
     FORCE_DELETE,
     Event,
@@ -116,6 +116,7 @@ def probe_api(**_: Any) -> str:
 
 def _write(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch, changes: dict[str, Any],
            events: list[Event]) -> None:  # fmt: skip
+    leadership.fence()
     for key, value in status_changes(dict(status), changes).items():
         patch.status[key] = value
     for event in events:
@@ -158,6 +159,7 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def apply_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
                 patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
+    leadership.fence()
     _reconcile(body, meta, spec, status, patch, retry)
 
 
@@ -173,6 +175,7 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
           patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
     """Re-create objects dropped behind our back; writes status only when something changed.
     Queues not provisioned yet are left to the create/resume handlers."""
+    leadership.fence()
     if not cond.is_true(status.get("conditions"), cond.PROVISIONED):
         return
     _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
@@ -193,6 +196,7 @@ async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status:
     """Statistics, cleanup and maintenance, each when its schedule from the spec is due. A tick
     with nothing due ends here, in the event loop; the others run on a pool of DBQ_WORKERS
     threads, and touch the Secret and the database only for what is due."""
+    leadership.fence()
     if annotated(meta, PAUSED) or not cond.is_true(status.get("conditions"), cond.PROVISIONED):
         return
     memory = _memory_of(meta, spec)
@@ -264,6 +268,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
                  patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
+    leadership.fence()
     name, namespace = meta["name"], meta["namespace"]
     users = dead_letter_users(name, kube().list_queues(namespace))
     outcome = delete(name, namespace, dict(spec), meta.get("generation"), dict(status), read_secret,

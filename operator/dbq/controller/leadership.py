@@ -176,6 +176,11 @@ class Elector:
         self.leading = False
         return released
 
+    def acting(self) -> bool:
+        """Whether this candidate may act now: it leads, and its last renewal is younger than
+        `renew_deadline` by its own clock (a process frozen past that may have been replaced)."""
+        return self.leading and self._clock() < self._renewed_at + self.settings.renew_deadline
+
     def _lost(self) -> bool:
         """After a failed renewal: whether the Lease is lost, because another candidate holds it
         or because no renewal succeeded for `renew_deadline`."""
@@ -204,7 +209,7 @@ class Elector:
         self.leading = True
         on_started()
         while not stop.wait(s.retry_period):
-            if not self._try() and self._lost():
+            if not self.acting() or (not self._try() and self._lost()):
                 self.leading = False
                 log.error("%s lost Lease %s/%s", s.identity, s.namespace, s.name)
                 on_stopped()
@@ -228,6 +233,25 @@ class _StandbyHealth(BaseHTTPRequestHandler):
         pass
 
 
+# The elector of this process while it acts under leader election (run_elected), else None.
+_elected: list[Elector] = []
+
+
+def fence() -> None:
+    """Called before the operator acts (a handler starts, a status is written). A replica whose
+    Lease may have lapsed (the process was frozen, or its renewals failed past renewDeadline)
+    must not act: it exits at once with code 1, before the renewing thread notices. Nothing
+    outside leader election."""
+    if _elected and not _elected[0].acting():
+        _exit_lost(_elected[0].settings)
+
+
+def _exit_lost(settings: LeaseSettings) -> None:
+    log.critical("%s lost the Lease while acting: exiting", settings.identity)
+    logging.shutdown()
+    os._exit(1)
+
+
 def run_elected(
     settings: LeaseSettings,
     api: client.ApiClient | None,
@@ -246,9 +270,7 @@ def run_elected(
 
     def lost() -> None:
         on_leading(False)
-        log.critical("%s lost the Lease while acting: exiting", settings.identity)
-        logging.shutdown()
-        os._exit(1)
+        _exit_lost(settings)
 
     renewing = threading.Thread(target=elector.run, args=(stop, started.set, lost), name="lease", daemon=True)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -268,9 +290,11 @@ def run_elected(
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     on_leading(True)
+    _elected.append(elector)
     try:
         act()
     finally:
+        _elected.clear()
         stop.set()
         renewing.join(settings.retry_period * 2)
         on_leading(False)
