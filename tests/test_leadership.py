@@ -177,7 +177,7 @@ def test_settings_that_could_let_two_replicas_act_are_refused(timings, named):
 
 
 # --- dbq run --leader-elect ----------------------------------------------------------------------
-REPLICA_TIMINGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
+REPLICA_TIMINGS = ("--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms")
 
 
 def grant_leases(kube, namespace: str) -> None:

@@ -23,11 +23,12 @@ CHART_VALUES = {
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"],
     "no-rbac-existing-sa": ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
                             "--set", "serviceAccount.name=ops"],
+    "two-replicas-leader-election": ["--set", "replicas=2", "--set", "leaderElection.enabled=true"],
 }  # fmt: skip
 # The Kubernetes kinds the chart and the overlays hold, by their schema file names.
 KINDS = ["namespace-v1", "serviceaccount-v1", "service-v1", "deployment-apps-v1", "role-rbac-v1",
          "rolebinding-rbac-v1", "clusterrole-rbac-v1", "clusterrolebinding-rbac-v1",
-         "customresourcedefinition-apiextensions-v1"]  # fmt: skip
+         "customresourcedefinition-apiextensions-v1", "poddisruptionbudget-policy-v1"]  # fmt: skip
 OVERLAYS = [".", "overlays/cluster-wide", "overlays/namespaced", "overlays/with-monitoring"]
 
 

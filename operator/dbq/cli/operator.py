@@ -47,6 +47,25 @@ class RoutineSuccessAtDebug(logging.Filter):
         return True
 
 
+class _Duration(click.ParamType):
+    """A duration as Kubernetes writes them (`500ms`, `15s`, `1m`), in seconds."""
+
+    name = "duration"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        from dbq.api.durations import parse_duration
+
+        try:
+            return parse_duration(str(value)).total_seconds()
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+DURATION = _Duration()
+
+
 @click.command()
 def crd() -> None:
     """Print the Queue CRD generated from the API models."""
@@ -74,18 +93,12 @@ def crd() -> None:
     envvar="POD_NAME",
     help="This replica's name in the Lease (env POD_NAME; default: host name).",
 )
-@click.option(
-    "--lease-duration", default=15.0, show_default=True, help="Seconds a standby waits out a silent holder."
-)
-@click.option(
-    "--renew-deadline",
-    default=10.0,
-    show_default=True,
-    help="Seconds the holder may fail to renew before it exits.",
-)
-@click.option(
-    "--retry-period", default=2.0, show_default=True, help="Seconds between tries to take or renew the Lease."
-)
+@click.option("--lease-duration", type=DURATION, default="15s", show_default=True,
+              help="How long a standby waits out a silent holder.")  # fmt: skip
+@click.option("--renew-deadline", type=DURATION, default="10s", show_default=True,
+              help="How long the holder may fail to renew before it exits.")  # fmt: skip
+@click.option("--retry-period", type=DURATION, default="2s", show_default=True,
+              help="Between tries to take or renew the Lease.")  # fmt: skip
 @click.option("--verbose", "-v", is_flag=True)
 def run(
     namespaces: tuple[str, ...],
