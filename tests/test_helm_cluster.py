@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -227,6 +229,51 @@ def test_a_deleted_operator_pod_is_replaced_and_the_replacement_converges_withou
     after = release.database_objects(schema)
     assert len(after) == len(set(after))
     assert {name for _, name in after} == {name for _, name in before}, (before, after)
+
+
+def container_pid(cluster: Any, pod: Any) -> int:
+    """The host pid of the pod's first container, from containerd."""
+    container = pod.status.container_statuses[0].container_id.split("://")[-1]
+    for line in cluster.ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == container:
+            return int(pid)
+    raise AssertionError(f"no containerd task for container {container}")
+
+
+def test_force_deleted_operator_pods_are_replaced_while_the_node_stays_ready(kube, cluster, release):
+    """`kubectl delete pod --force` three times over, each time of a pod whose process is frozen
+    (SIGSTOP). The kubelet of Kubernetes 1.33, with
+    in-place pod resize on (its default) and this node's cgroupsPerQOS false, crashed on it (a
+    nil pointer in doPodResizeAction): the node went NotReady and the replacement never started."""
+    core = client.CoreV1Api(kube.api)
+    not_ready: list[str] = []
+    watching = threading.Event()
+    watching.set()
+
+    def watch_node() -> None:
+        while watching.is_set():
+            for node in core.list_node().items:
+                ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+                if ready is None or ready.status != "True":
+                    not_ready.append(f"{node.metadata.name}: {ready and ready.reason}")
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch_node)
+    watcher.start()
+    try:
+        old = release.ready_pod()
+        for _ in range(3):
+            os.kill(container_pid(cluster, old), signal.SIGSTOP)  # frozen, as a hung process looks
+            core.delete_namespaced_pod(old.metadata.name, release.namespace, grace_period_seconds=0)
+            new = release.ready_pod(other_than=old.metadata.uid)
+            assert new.status.phase == "Running"
+            old = new
+        time.sleep(2)  # a kubelet that crashed late still shows
+    finally:
+        watching.clear()
+        watcher.join()
+    assert not not_ready, not_ready[:5]
 
 
 def test_helm_upgrade_with_a_changed_value_rolls_the_operator(release):

@@ -319,6 +319,10 @@ evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.avail
 imageGCHighThresholdPercent: 100
 containerRuntimeEndpoint: unix://{self.socket}
 serializeImagePulls: false
+# In-place pod resize (on by default since 1.33) is of no use to this node, whose cgroupsPerQOS
+# is false; a kubelet was seen to crash in its code (a nil pointer in doPodResizeAction) after
+# the operator's pod was force-deleted over a frozen process.
+featureGates: {{InPlacePodVerticalScaling: false}}
 """)
 
 
