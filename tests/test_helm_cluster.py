@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,6 +352,63 @@ def test_the_fleet_health_job_runs_on_spark_on_kubernetes_and_writes_its_report_
     report = pq.read_table(reports / "dbq-health").to_pylist()
     assert sorted(row["name"] for row in report) == ["audit", "orders"], report
     assert all(row["namespace"] == release.queues.ns and row["ready"] for row in report), report
+
+
+def test_two_replicas_elect_one_leader_and_hand_over_when_it_is_deleted(kube, release):
+    """`replicas=2` with leader election: one pod holds the Lease and alone reports dbq_leader 1;
+    a plain `kubectl delete pod` of the leader hands the Lease over within retryPeriod + 3 s (it
+    releases it on SIGTERM), and the new leader reconciles a Queue created then."""
+    release.install("upgrade", "--set", "replicas=2", "--set", "leaderElection.enabled=true",
+                    "--set", "leaderElection.leaseDuration=6s", "--set", "leaderElection.renewDeadline=4s",
+                    "--set", "leaderElection.retryPeriod=1s")  # fmt: skip
+    leases, core = client.CoordinationV1Api(kube.api), client.CoreV1Api(kube.api)
+
+    def holder() -> str | None:
+        try:
+            return leases.read_namespaced_lease(
+                f"{RELEASE}-dbq-operator", release.namespace
+            ).spec.holder_identity
+        except client.ApiException:
+            return None
+
+    def ready() -> list[Any]:
+        return [
+            p for p in release.pods()
+            if not p.metadata.deletion_timestamp
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        ]  # fmt: skip
+
+    def leads(pod: Any) -> float:
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9090/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return float(next(x for x in text.splitlines() if x.startswith("dbq_leader ")).split()[1])
+
+    try:
+        wait_for(lambda: len(ready()) == 2 and holder() in {p.metadata.name for p in ready()}, 180,
+                 "two Ready replicas, one of them holding the Lease")  # fmt: skip
+        leader = holder()
+        assert {p.metadata.name: leads(p) for p in ready()} == {
+            p.metadata.name: (1.0 if p.metadata.name == leader else 0.0) for p in ready()
+        }
+        deleted_at = time.monotonic()
+        core.delete_namespaced_pod(leader, release.namespace)
+        successor = wait_for(
+            lambda: (h := holder()) not in (None, leader) and h, 30, "another replica holding the Lease"
+        )
+        handover = time.monotonic() - deleted_at
+        print(
+            f"graceful handover: the Lease changed hands {handover:.1f} s after the leader's pod was deleted"
+        )
+        assert handover < 1 + 3, handover
+        release.queues.create(queue("after-handover"))
+        release.queues.wait_condition("after-handover", "Ready", "True", timeout=30)
+        assert successor in {p.metadata.name for p in ready()}
+        release.queues.delete("after-handover")
+        wait_for(
+            lambda: not release.queues.exists("after-handover"), 60, "after-handover deleted by the leader"
+        )
+    finally:
+        release.install("upgrade")  # back to one replica for the tests after this one
 
 
 def test_helm_uninstall_leaves_the_queues_and_a_reinstalled_operator_deletes_them_per_their_policy(
