@@ -81,7 +81,6 @@ class Elector:
         self._observed_at = 0.0
         self._renewed_at = 0.0  # when this candidate last wrote the Lease as its holder
         self.leading = False
-        self.transitions = 0  # times this candidate became the holder
 
     # --- one try ----------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
@@ -106,12 +105,16 @@ class Elector:
         now = _now()
         if holder != s.identity:
             spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + (1 if holder else 0)
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
         spec.holder_identity = s.identity
         spec.renew_time = now
-        spec.lease_duration_seconds = round(s.lease_duration)
+        spec.lease_duration_seconds = self._duration_s()
         lease.spec = spec
         return self._write(lease, timeout, took=holder != s.identity)
+
+    def _duration_s(self) -> int:
+        """The lease duration as the Lease records it: whole seconds, at least one."""
+        return max(1, round(self.settings.lease_duration))
 
     def _create(self, timeout: float) -> bool:
         s = self.settings
@@ -120,7 +123,7 @@ class Elector:
             metadata=client.V1ObjectMeta(name=s.name, namespace=s.namespace),
             spec=client.V1LeaseSpec(
                 holder_identity=s.identity,
-                lease_duration_seconds=round(s.lease_duration),
+                lease_duration_seconds=self._duration_s(),
                 acquire_time=now,
                 renew_time=now,
                 lease_transitions=0,
@@ -154,7 +157,6 @@ class Elector:
         if spec.holder_identity == self.settings.identity:
             self._renewed_at = self._observed_at
         if took:
-            self.transitions += 1
             log.info(
                 "%s holds Lease %s/%s", self.settings.identity, self.settings.namespace, self.settings.name
             )
@@ -233,7 +235,7 @@ class _StandbyHealth(BaseHTTPRequestHandler):
         pass
 
 
-# The elector of this process while it acts under leader election (run_elected), else None.
+# The elector of this process while it acts under leader election (run_elected); empty otherwise.
 _elected: list[Elector] = []
 
 
@@ -289,6 +291,10 @@ def run_elected(
         server.server_close()  # the port is kopf's now
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    if stop.is_set():  # told to stop just as it took the Lease: give it back without acting
+        renewing.join(settings.retry_period * 2)
+        elector.release()
+        return 0
     on_leading(True)
     _elected.append(elector)
     try:
