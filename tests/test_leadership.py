@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client
@@ -38,6 +39,23 @@ def lease(kube) -> Iterator[str]:
 
 def elector(kube, lease: str, identity: str) -> Elector:
     return Elector(kube.api, LeaseSettings(NAMESPACE, identity, lease, **FAST))
+
+
+@contextmanager
+def running(
+    a: Elector,
+) -> Iterator[tuple[threading.Event, threading.Event, threading.Event, threading.Thread]]:
+    """`a.run` in a thread, once it holds the Lease: (started, stopped, stop, the thread); stopped
+    and joined when the block ends."""
+    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
+    runner.start()
+    try:
+        assert started.wait(5)
+        yield started, stopped, stop, runner
+    finally:
+        stop.set()
+        runner.join(5)
 
 
 def read(kube, lease: str) -> client.V1LeaseSpec:
@@ -100,11 +118,8 @@ def test_a_released_lease_is_taken_at_the_next_try_and_only_the_holder_may_relea
 
 def test_a_holder_whose_lease_was_taken_stops_at_once(kube, lease):
     a = elector(kube, lease, "a")
-    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
-    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
-    runner.start()
-    try:
-        assert started.wait(5) and a.leading
+    with running(a) as (_, stopped, _, _):
+        assert a.leading
         time.sleep(1.0)
         assert not stopped.is_set()  # renewing
         api = client.CoordinationV1Api(kube.api)
@@ -115,37 +130,24 @@ def test_a_holder_whose_lease_was_taken_stops_at_once(kube, lease):
         assert stopped.wait(5)
         assert time.monotonic() - took_at < 0.2 + 0.5  # at its next renewal, not after the deadline
         assert not a.leading
-    finally:
-        stop.set()
-        runner.join(5)
 
 
 def test_a_holder_that_cannot_reach_the_api_server_stops_after_the_renew_deadline(kube, lease):
     a = elector(kube, lease, "a")
-    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
-    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
-    runner.start()
-    try:
-        assert started.wait(5)
+    with running(a) as (_, stopped, _, _):
         cut_off = client.Configuration(host="https://127.0.0.1:9")  # nothing listens there
         a._api = client.CoordinationV1Api(client.ApiClient(cut_off))
         cut_at = time.monotonic()
         assert stopped.wait(5)
         assert 1.5 - 0.2 <= time.monotonic() - cut_at < 1.5 + 0.5  # its last renewal + renewDeadline
         assert read(kube, lease).holder_identity == "a"  # left to expire: a standby waits it out
-    finally:
-        stop.set()
-        runner.join(5)
 
 
 def test_a_stopped_run_returns_still_holding_the_lease_for_its_caller_to_release(kube, lease):
     a = elector(kube, lease, "a")
-    started, stopped, stop = threading.Event(), threading.Event(), threading.Event()
-    runner = threading.Thread(target=a.run, args=(stop, started.set, stopped.set))
-    runner.start()
-    assert started.wait(5)
-    stop.set()
-    runner.join(5)
+    with running(a) as (_, stopped, stop, runner):
+        stop.set()
+        runner.join(5)
     assert not runner.is_alive() and not stopped.is_set()
     assert read(kube, lease).holder_identity == "a"
     assert a.release() and read(kube, lease).holder_identity is None

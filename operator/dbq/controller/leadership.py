@@ -64,6 +64,11 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _record(spec: client.V1LeaseSpec) -> tuple[Any, ...]:
+    """What of a Lease tells whether it moved since it was last seen."""
+    return (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_transitions)
+
+
 class Elector:
     """One candidate for one Lease. `try_acquire_or_renew` is one read and at most one write;
     `run` is the loop of a replica."""
@@ -95,7 +100,7 @@ class Elector:
                 return False
             return self._create(timeout)
         spec = lease.spec or client.V1LeaseSpec()
-        record = (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_transitions)
+        record = _record(spec)
         if record != self._observed:
             self._observed, self._observed_at = record, self._clock()
         holder = spec.holder_identity or ""
@@ -152,7 +157,7 @@ class Elector:
 
     def _saw(self, spec: client.V1LeaseSpec | None, took: bool) -> None:
         spec = spec or client.V1LeaseSpec()
-        self._observed = (spec.holder_identity, spec.renew_time, spec.acquire_time, spec.lease_transitions)
+        self._observed = _record(spec)
         self._observed_at = self._clock()
         if spec.holder_identity == self.settings.identity:
             self._renewed_at = self._observed_at
