@@ -122,9 +122,12 @@ def run(
     import dbq.controller.handlers  # noqa: F401  (registers the handlers)
     from dbq.controller import leadership, metrics
 
+    # Under leader election every line names the replica that wrote it: the logs of two pods
+    # then show which one acted when.
+    who = f"[{identity or socket.gethostname()}] " if leader_elect else ""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        format=f"%(asctime)s %(levelname)s {who.replace('%', '%%')}%(name)s %(message)s",
     )
     logging.getLogger("kopf.objects").addFilter(RoutineSuccessAtDebug())
     if leader_elect:  # checked before anything listens

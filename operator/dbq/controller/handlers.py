@@ -202,6 +202,7 @@ async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status:
     memory = _memory_of(meta, spec)
     if upkeep.idle_tick(memory, meta.get("generation"), dict(spec), dict(status)):
         return
+    log.debug("upkeep tick of queue %s/%s", meta["namespace"], meta["name"])
     # In the handler's context, as kopf runs sync handlers: kopf.event() finds its queue there.
     work = functools.partial(contextvars.copy_context().run, _upkeep, body, meta, spec, status, patch, memory)
     await asyncio.get_running_loop().run_in_executor(_ticks, work)
