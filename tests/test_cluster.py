@@ -4,8 +4,11 @@ manager beside the stack's API server run pods in containerd, on a bridge networ
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from kubernetes import client
 
 from dbq.devstack.base import pid_alive
 from dbq.devstack.cluster import BRIDGE, NODE, POD_SUBNET
+from dbq.devstack.keeper import MIN_UPTIME_S
 from tests.operator_harness import new_namespace, wait_for
 
 
@@ -76,6 +80,37 @@ def test_a_pod_runs_on_the_node_gets_a_pod_address_and_its_log_is_read_through_t
     wait_for(lambda: not running_tasks(), 30, "the pod's tasks stopped")
 
 
+def kept_process(keeper: int) -> int | None:
+    """The pid of the process a keeper runs (its one child)."""
+    children = Path(f"/proc/{keeper}/task/{keeper}/children").read_text().split()
+    return int(children[0]) if children else None
+
+
+def test_a_crashed_kubelet_is_started_again_and_the_node_and_its_pods_stay(cluster, kube, namespace):
+    """The kubelet runs under a keeper: killed (as a panic ends it), it is started again, the
+    node is Ready again, and a pod created after runs."""
+    core = client.CoreV1Api(kube.api)
+    keeper = cluster.kubelet.pid()
+    assert keeper is not None and not cluster.kubelet.unkept()
+    kubelet = kept_process(keeper)
+    assert kubelet is not None
+    # The keeper restarts a process that ran at least MIN_UPTIME_S (a sooner death failed to start).
+    started = float(Path(f"/proc/{kubelet}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+    time.sleep(max(0.0, MIN_UPTIME_S + 1 - uptime))
+    os.kill(kubelet, signal.SIGKILL)
+    again = wait_for(lambda: (p := kept_process(keeper)) not in (None, kubelet) and p, 30, "a new kubelet")
+    assert cluster.kubelet.pid() == keeper and pid_alive(again)
+    wait_for(cluster.node_ready, 120, "the node Ready again")
+    core.create_namespaced_pod(namespace, pod("after-crash", cluster.pause_image))
+    wait_for(
+        lambda: core.read_namespaced_pod("after-crash", namespace).status.phase == "Running",
+        120,
+        "a pod created after the crash Running",
+    )
+    assert "starting it again" in cluster.kubelet.log.read_text(errors="replace")
+
+
 def test_stopping_it_leaves_no_process_mount_network_or_rule_and_it_starts_again(cluster, kube, namespace):
     core = client.CoreV1Api(kube.api)
     core.create_namespaced_pod(namespace, pod("left-running", cluster.pause_image))
@@ -92,6 +127,7 @@ def test_stopping_it_leaves_no_process_mount_network_or_rule_and_it_starts_again
         cluster.coredns,
     ]
     pids = [p.pid() for p in processes]
+    pids += [kept_process(pid) for pid in pids if pid]  # and what their keepers run
     pod_network = [
         n for c in cluster.ctr("containers", "ls", "-q").stdout.split() for n in cluster.network_namespaces(c)
     ]

@@ -11,10 +11,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+KEEPER = Path(__file__).with_name("keeper.py")
 
 
 class StackError(RuntimeError):
@@ -69,9 +72,11 @@ def pid_alive(pid: int) -> bool:
 
 
 class ManagedProcess:
-    """One long-running process identified by a pid file and an executable marker."""
+    """One long-running process identified by a pid file and an executable marker. A `kept`
+    one runs under keeper.py, which starts it again when it crashes (the pid file names the
+    keeper)."""
 
-    def __init__(self, name: str, state: Path, marker: str) -> None:
+    def __init__(self, name: str, state: Path, marker: str, kept: bool = False) -> None:
         self.name = name
         self.dir = state / name
         self.pid_file = self.dir / "pid"
@@ -79,6 +84,7 @@ class ManagedProcess:
         # A substring of /proc/PID/cmdline, so a recycled pid is never mistaken for ours.
         self.marker = marker
         self.child: subprocess.Popen[bytes] | None = None  # set when this process started it
+        self.kept = kept
 
     def running(self) -> bool:
         """Whether the process is up; for a child we started, asks the child itself (and reaps it)."""
@@ -93,14 +99,17 @@ class ManagedProcess:
             return None
         if not pid_alive(pid):
             return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except FileNotFoundError:
-            return None
-        return pid if self.marker in cmdline else None
+        return pid if self.marker in _cmdline(pid) else None
+
+    def unkept(self) -> bool:
+        """Whether this should run under a keeper but was started without one (by an older dbq)."""
+        pid = self.pid()
+        return self.kept and pid is not None and str(KEEPER) not in _cmdline(pid)
 
     def start(self, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.kept:
+            argv = [sys.executable, str(KEEPER), "--", *argv]
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(
                 list(argv),
@@ -124,11 +133,21 @@ class ManagedProcess:
         while time.monotonic() < deadline and pid_alive(pid):
             _reap(pid)
             time.sleep(0.2)
-        if pid_alive(pid):
+        if pid_alive(pid) and self.kept:  # the keeper with the process it keeps (its group)
+            os.killpg(pid, signal.SIGKILL)
+        elif pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
         self.pid_file.unlink(missing_ok=True)
         return True
+
+
+def _cmdline(pid: int) -> str:
+    """The process's command line, words joined by spaces; empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
 
 
 def _reap(pid: int) -> None:

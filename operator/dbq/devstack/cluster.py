@@ -58,15 +58,21 @@ class Cluster:
         self.kube = kube
         self.dir = paths.state / "cluster"
         self.socket = self.dir / "containerd.sock"
-        self.containerd = ManagedProcess("containerd", paths.state, marker=str(self.dir / "containerd.toml"))
-        self.kubelet = ManagedProcess("kubelet", paths.state, marker=f"kubelet-{KUBE_VERSION}")
+        # Each under a keeper, which starts it again if it crashes: the node stays up.
+        self.containerd = ManagedProcess(
+            "containerd", paths.state, marker=str(self.dir / "containerd.toml"), kept=True
+        )
+        self.kubelet = ManagedProcess("kubelet", paths.state, marker=f"kubelet-{KUBE_VERSION}", kept=True)
         self.scheduler = ManagedProcess(
-            "kube-scheduler", paths.state, marker=f"kube-scheduler-{KUBE_VERSION}"
+            "kube-scheduler", paths.state, marker=f"kube-scheduler-{KUBE_VERSION}", kept=True
         )
         self.controller_manager = ManagedProcess(
-            "kube-controller-manager", paths.state, marker=f"kube-controller-manager-{KUBE_VERSION}"
+            "kube-controller-manager",
+            paths.state,
+            marker=f"kube-controller-manager-{KUBE_VERSION}",
+            kept=True,
         )
-        self.coredns = ManagedProcess("coredns", paths.state, marker=str(self.dir / "Corefile"))
+        self.coredns = ManagedProcess("coredns", paths.state, marker=str(self.dir / "Corefile"), kept=True)
         self.started_in = self.dir / "started-in"  # seconds the last start took
 
     @functools.cached_property
@@ -75,6 +81,9 @@ class Cluster:
         digest = hashlib.sha256(self.kube.binary("pause").read_bytes()).hexdigest()[:12]
         return f"localhost/pause:{digest}"
 
+    def processes(self) -> list[ManagedProcess]:
+        return [self.containerd, self.kubelet, self.scheduler, self.controller_manager, self.coredns]
+
     # --- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         began = time.monotonic()
@@ -82,6 +91,8 @@ class Cluster:
         if not self.kube.started_with("--kubelet-client-certificate"):
             raise StackError("the API server was started by an older dbq without a kubelet client certificate: "
                              "restart it with `dbq dev down kube` and `dbq dev up cluster`")  # fmt: skip
+        if any(p.unkept() for p in self.processes()):  # started by an older dbq: again, under keepers
+            self.stop()
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.containerd.pid() is None:
             self._write_containerd_config()
@@ -166,7 +177,8 @@ class Cluster:
             self._api("DELETE", f"/api/v1/nodes/{NODE}")  # a stopped node is not left NotReady
 
     def ready(self) -> bool:
-        return self.kubelet.pid() is not None and self.kube.ready() and self.node_ready()
+        up = self.kubelet.pid() is not None and not any(p.unkept() for p in self.processes())
+        return up and self.kube.ready() and self.node_ready()
 
     def describe(self) -> str:
         took = self.started_in.read_text() if self.started_in.exists() else "?"
