@@ -74,7 +74,7 @@ def wanted() -> dict[Path, str]:
         CHART / "crds" / "queue.yaml": (ROOT / "crds" / "queue.yaml").read_text(),
         CHART / "README.md": chart_readme(),
         MANIFESTS / "base" / "operator.yaml": dump(
-            render(show_only=("serviceaccount.yaml", "deployment.yaml", "service.yaml"))
+            render(show_only=("serviceaccount.yaml", "deployment.yaml", "pdb.yaml", "service.yaml"))
         ),
         MANIFESTS / "overlays" / "cluster-wide" / "rbac.yaml": dump(render(show_only=("rbac.yaml",))),
         MANIFESTS / "overlays" / "namespaced" / "rbac.yaml": dump(

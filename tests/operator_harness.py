@@ -218,8 +218,10 @@ def operator_namespace(kube: Any, postgres: Any, prefix: str) -> Cluster:
 
 
 def apply_rbac(kubectl_config: str, namespace: str) -> None:
-    """The chart's namespaced RBAC for `namespace`, exactly as `helm install` would create it."""
-    docs = render("--set", f"watchNamespaces={{{namespace}}}", show_only=("rbac.yaml",), plain=False)
+    """The chart's namespaced RBAC for `namespace`, exactly as `helm install` would create it for
+    one operator without leader election (the Lease is granted by the tests that elect)."""
+    docs = render("--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=1", "--set",
+                  "leaderElection.enabled=false", show_only=("rbac.yaml",), plain=False)  # fmt: skip
     subprocess.run(
         ["kubectl", "--kubeconfig", kubectl_config, "apply", "-f", "-"],
         input=yaml.safe_dump_all(docs), text=True, check=True, capture_output=True,

@@ -23,7 +23,7 @@ CHART_VALUES = {
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"],
     "no-rbac-existing-sa": ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
                             "--set", "serviceAccount.name=ops"],
-    "two-replicas-leader-election": ["--set", "replicas=2", "--set", "leaderElection.enabled=true"],
+    "one-replica-no-election": ["--set", "replicas=1", "--set", "leaderElection.enabled=false"],
 }  # fmt: skip
 # The Kubernetes kinds the chart and the overlays hold, by their schema file names.
 KINDS = ["namespace-v1", "serviceaccount-v1", "service-v1", "deployment-apps-v1", "role-rbac-v1",
