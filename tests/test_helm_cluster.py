@@ -439,6 +439,8 @@ def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cl
         lambda: ticks(release.log(new.metadata.name)), 60, "an upkeep tick of the new leader"
     )
     assert max(ticks(old_log)) < min(new_ticks), (ticks(old_log)[-3:], new_ticks[:3])
+    release.queues.delete("after-freeze")
+    wait_for(lambda: not release.queues.exists("after-freeze"), 60, "after-freeze deleted")
     release.ready_pods()
 
 
@@ -458,7 +460,8 @@ def test_queues_created_as_the_leader_is_killed_are_each_provisioned_once(cluste
     def ready() -> int:
         return sum(release.queues.condition(n, "Ready").get("status") == "True" for n in names)
 
-    wait_for(lambda: ready() >= 3, 120, "the leader provisioning the Queues")
+    # Killed as soon as it has seen the first Queue (it writes Ready=Unknown at first sight).
+    wait_for(lambda: release.queues.condition(names[0], "Ready"), 60, "the leader at work on the Queues")
     leases = client.CoordinationV1Api(release.kube.api)
 
     def renewed_since(wall: datetime) -> bool:  # by a live process: the killed one renews no more
