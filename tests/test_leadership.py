@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import pytest
 from kubernetes import client
 
-from dbq.controller.leadership import Elector, LeaseSettings
+from dbq.controller.leadership import Elector, LeaseSettings, drain, run_elected
 from tests.manifests import queue
 from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
 
@@ -163,6 +163,42 @@ def test_a_holder_may_act_only_while_its_last_renewal_is_younger_than_the_renew_
     now[0] += 0.2  # 1.6 s since the renewal: past the deadline, as after a freeze
     assert not a.acting()
     assert a.try_acquire_or_renew() and a.acting()  # renewed: it may act again
+
+
+def test_draining_waits_for_running_work_until_its_timeout():
+    fast = ThreadPoolExecutor(max_workers=1, thread_name_prefix="t-fast")
+    slow = ThreadPoolExecutor(thread_name_prefix="t-slow")
+    running, queued = fast.submit(time.sleep, 1), fast.submit(time.sleep, 5)
+    began = time.monotonic()
+    assert drain({"t-fast": fast}, 10)  # the running one ends; the queued one never starts
+    assert running.done() and queued.cancelled() and 0.8 <= time.monotonic() - began < 2
+    slow.submit(time.sleep, 3)
+    began = time.monotonic()
+    assert not drain({"t-slow": slow}, 0.3)
+    assert time.monotonic() - began < 1
+
+
+def test_a_leader_told_to_stop_releases_the_lease_only_once_its_handlers_ended(kube, lease):
+    """run_elected: when act() returns (kopf stopped) a handler may still run in its thread; the
+    Lease stays held (and renewed) until it ended, then it is released. One that runs past the
+    renew deadline leaves the Lease to expire instead."""
+    settings = LeaseSettings(NAMESPACE, "a", lease, **FAST)
+    handlers = ThreadPoolExecutor(thread_name_prefix="t-handler")
+    seen: list[str | None] = []
+
+    def handler(seconds: float) -> None:
+        time.sleep(seconds)
+        seen.append(read(kube, lease).holder_identity)
+
+    assert run_elected(settings, kube.api, lambda: handlers.submit(handler, 1.0) and None, None,
+                       finish=lambda timeout: drain({"t-handler": handlers}, timeout)) == 0  # fmt: skip
+    assert seen == ["a"] and read(kube, lease).holder_identity is None
+    handlers = ThreadPoolExecutor(thread_name_prefix="t-handler")
+    began = time.monotonic()
+    assert run_elected(settings, kube.api, lambda: handlers.submit(handler, 3.0) and None, None,
+                       finish=lambda timeout: drain({"t-handler": handlers}, timeout)) == 0  # fmt: skip
+    assert time.monotonic() - began < 3.0 and read(kube, lease).holder_identity == "a"
+    handlers.shutdown(wait=True)
 
 
 @pytest.mark.parametrize(

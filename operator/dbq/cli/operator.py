@@ -119,8 +119,7 @@ def run(
     import kopf
     from prometheus_client import start_http_server
 
-    import dbq.controller.handlers  # noqa: F401  (registers the handlers)
-    from dbq.controller import leadership, metrics
+    from dbq.controller import handlers, leadership, metrics  # importing handlers registers them
 
     # Under leader election every line names the replica that wrote it: the logs of two pods
     # then show which one acted when.
@@ -163,7 +162,8 @@ def run(
 
     address = urlsplit(liveness) if liveness else None
     health = (address.hostname or "0.0.0.0", address.port or 80) if address else None
-    sys.exit(leadership.run_elected(lease, kube.Kube().api_client, act, health, on_leading=metrics.leading))
+    sys.exit(leadership.run_elected(lease, kube.Kube().api_client, act, health, on_leading=metrics.leading,
+                                    finish=handlers.finish_running))  # fmt: skip
 
 
 COMMANDS = (crd, run)

@@ -102,7 +102,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.INFO
-    settings.execution.max_workers = SETTINGS.workers
+    settings.execution.executor = _handlers
     # A Queue deleted while one of its timers runs (an upkeep tick, a drift check) is deleted
     # once that tick ends: kopf looks again after this long (60 s by default).
     settings.background.cancellation_polling = 2.0
@@ -181,6 +181,8 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
     _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
 
 
+# kopf's sync handlers, at most DBQ_WORKERS at once.
+_handlers = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-handler")
 _memory: dict[tuple[str, str], upkeep.Memory] = {}
 # Per namespace and Secret (one database): what the queues of that database share.
 _databases: dict[tuple[str, str], upkeep.DatabaseMemory] = {}
@@ -280,3 +282,10 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         raise kopf.TemporaryError(str(outcome.error), delay=delay)
     metrics.forget(namespace, name)
     _memory.pop((namespace, name), None)
+
+
+def finish_running(timeout: float) -> bool:
+    """Once kopf stopped: wait up to `timeout` for handlers, ticks and maintenance still running
+    in their threads; whether all ended (leader election releases the Lease only then)."""
+    return leadership.drain({"dbq-handler": _handlers, "dbq-upkeep": _ticks, "dbq-maintenance": _maintenance},
+                            timeout)  # fmt: skip

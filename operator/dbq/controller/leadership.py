@@ -26,7 +26,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -253,6 +254,20 @@ def fence() -> None:
         _exit_lost(_elected[0].settings)
 
 
+def drain(executors: Mapping[str, Executor], timeout: float) -> bool:
+    """Stop the executors (by their threads' name prefix) taking work, and wait up to `timeout`
+    seconds for what their threads still run; whether every thread ended. A handler kopf gave up
+    on at shutdown goes on in its thread: the Lease is not released before it ends."""
+    for executor in executors.values():
+        executor.shutdown(wait=False, cancel_futures=True)
+    prefixes = tuple(executors)
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefixes):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.name.startswith(prefixes) and t.is_alive() for t in threading.enumerate())
+
+
 def _exit_lost(settings: LeaseSettings) -> None:
     log.critical("%s lost the Lease while acting: exiting", settings.identity)
     logging.shutdown()
@@ -265,12 +280,14 @@ def run_elected(
     act: Callable[[], None],
     health: tuple[str, int] | None,
     on_leading: Callable[[bool], None] = lambda _: None,
+    finish: Callable[[float], bool] = lambda _: True,
 ) -> int:
     """A replica under leader election; its exit code. It stands by (serving `health`'s
     /healthz, nothing else: no handler, timer or database connection) until it holds the Lease,
     then runs `act` (kopf, which serves /healthz from then on) in this thread. When `act`
-    returns (SIGTERM, SIGINT) the Lease is released, so a standby takes over at its next try. A
-    lost Lease ends the process at once with exit code 1, as controller-runtime does: two
+    returns (SIGTERM, SIGINT), `finish` waits (at most renew_deadline, still renewing) for the
+    handlers still running, then the Lease is released, so a standby takes over at its next try;
+    when they did not end, the Lease is left to expire instead. A lost Lease ends the process at once with exit code 1, as controller-runtime does: two
     replicas must never act together. SIGTERM while standing by exits 0."""
     elector = Elector(api, settings)
     stop, started = threading.Event(), threading.Event()
@@ -305,10 +322,15 @@ def run_elected(
     try:
         act()
     finally:
+        finished = finish(settings.renew_deadline)
         _elected.clear()
         stop.set()
         renewing.join(settings.retry_period * 2)
         on_leading(False)
-        log.info("%s releases Lease %s/%s: %s", settings.identity, settings.namespace, settings.name,
-                 "released" if elector.release() else "not held")  # fmt: skip
+        if finished:
+            log.info("%s releases Lease %s/%s: %s", settings.identity, settings.namespace, settings.name,
+                     "released" if elector.release() else "not held")  # fmt: skip
+        else:
+            log.warning("%s: handlers still ran %g s after the stop; Lease %s/%s is left to expire",
+                        settings.identity, settings.renew_deadline, settings.namespace, settings.name)  # fmt: skip
     return 0
