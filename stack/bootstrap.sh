@@ -8,6 +8,7 @@
 #   Go:     kube-apiserver, etcd, kubelet, kube-scheduler, kube-controller-manager and pause
 #           built from Go modules                           (stack/build-kube.sh)
 #           helm, kubeconform, helm-unittest, kstatus, CoreDNS (stack/build-tools.sh)
+#           Flux's source-, kustomize- and helm-controller and their CRDs (stack/build-flux.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
 set -euo pipefail
@@ -54,6 +55,9 @@ bash "$here/build-kube.sh"
 
 step "helm, kubeconform, helm-unittest, kstatus, CoreDNS (Go modules)"
 bash "$here/build-tools.sh"
+
+step "Flux: source-, kustomize- and helm-controller (Go modules)"
+bash "$here/build-flux.sh"
 
 step "Cassandra $CASSANDRA_VERSION (Maven Central)"
 lib=$cache/cassandra-$CASSANDRA_VERSION/lib

@@ -17,11 +17,14 @@ if TYPE_CHECKING:
 @click.group()
 def dev() -> None:
     """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback); on demand a
-    three-node Cassandra (cassandra3) and a single-node cluster that runs pods (cluster)."""
+    three-node Cassandra (cassandra3), a single-node cluster that runs pods (cluster) and Flux's
+    controllers with a git server (flux)."""
 
 
 _component = click.argument(
-    "components", nargs=-1, type=click.Choice(["kube", "postgres", "cassandra", "cassandra3", "cluster"])
+    "components",
+    nargs=-1,
+    type=click.Choice(["kube", "postgres", "cassandra", "cassandra3", "cluster", "flux"]),
 )
 
 

@@ -1,6 +1,7 @@
 """The local stack dbq is developed and tested on: a real Kubernetes API server (with etcd),
 PostgreSQL, Cassandra, and Spark in local mode (no server; pyspark starts its own JVM); when
-named, a three-node Cassandra cluster and a single-node Kubernetes cluster that runs pods.
+named, a three-node Cassandra cluster, a single-node Kubernetes cluster that runs pods, and Flux
+(its controllers and a git server) for GitOps.
 
 `dbq dev up | down | status` drives it; the pytest fixtures call the same functions.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from dbq.devstack.base import Paths, StackError
 from dbq.devstack.cassandra import Cassandra, CassandraCluster
 from dbq.devstack.cluster import Cluster
+from dbq.devstack.flux import Flux
 from dbq.devstack.kube import Kube
 from dbq.devstack.postgres import Postgres
 
@@ -21,6 +23,7 @@ __all__ = [
     "Cassandra",
     "CassandraCluster",
     "Cluster",
+    "Flux",
     "Kube",
     "Paths",
     "Postgres",
@@ -29,8 +32,8 @@ __all__ = [
 ]
 
 COMPONENTS = ("kube", "postgres", "cassandra")  # what `dbq dev up` starts without arguments
-OPTIONAL = ("cassandra3", "cluster")  # started when named: `dbq dev up cassandra3 cluster`
-Component = Kube | Postgres | Cassandra | CassandraCluster | Cluster
+OPTIONAL = ("cassandra3", "cluster", "flux")  # started when named: `dbq dev up cassandra3 cluster flux`
+Component = Kube | Postgres | Cassandra | CassandraCluster | Cluster | Flux
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Stack:
         self.cassandra = Cassandra(self.paths)
         self.cassandra3 = CassandraCluster(self.paths)
         self.cluster = Cluster(self.paths, self.kube)
+        self.flux = Flux(self.paths, self.kube)
 
     def component(self, name: str) -> Component:
         if name not in COMPONENTS + OPTIONAL:
