@@ -157,6 +157,12 @@ def cluster(stack: LocalStack, kube: KubeHandle) -> Iterator[Any]:
     yield from for_this_module(stack, "cluster")
 
 
+@pytest.fixture(scope="module")
+def flux(stack: LocalStack, kube: KubeHandle) -> Iterator[Any]:
+    """Flux's controllers and its git server (`dbq dev up flux`)."""
+    yield from for_this_module(stack, "flux")
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local-mode SparkSession on Java 17 (pyspark starts its own JVM)."""

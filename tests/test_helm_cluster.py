@@ -171,15 +171,17 @@ class LeaseWatch:
     def _watch(self) -> None:
         pods = {p.metadata.name: p for p in self.release.pods()}
         last_holder = self.changes[-1][1]
-        while not self._stop.wait(0.2):
+        while True:
+            stopping = self._stop.wait(0.2)  # and a last look once told to stop
             holder = self.release.holder()
-            if holder == self.changes[-1][1]:
-                continue
-            self.changes.append((time.monotonic(), holder))
-            pods.update({p.metadata.name: p for p in self.release.pods()})
-            if holder and last_holder and holder != last_holder and last_holder in pods:
-                self.old_holder_leads.append((last_holder, leads(pods[last_holder])))
-            last_holder = holder or last_holder
+            if holder != self.changes[-1][1]:
+                self.changes.append((time.monotonic(), holder))
+                pods.update({p.metadata.name: p for p in self.release.pods()})
+                if holder and last_holder and holder != last_holder and last_holder in pods:
+                    self.old_holder_leads.append((last_holder, leads(pods[last_holder])))
+                last_holder = holder or last_holder
+            if stopping:
+                return
 
     def handovers(self) -> list[float]:
         """For each new holder: seconds from when the Lease left the one before (released, or
@@ -400,13 +402,24 @@ def restarted(release: Release, pod: Any) -> Any:
     return wait_for(ended, 120, f"{pod.metadata.name} restarted")
 
 
+@pytest.fixture
+def fleeting(release) -> Iterator[list[str]]:
+    """Names of Queues a test creates: deleted after it, passed or failed (the tests after it
+    count the release's Queues)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        release.queues.delete(name)
+    wait_for(lambda: not set(names) & set(release.queues.names()), 180, f"{names} deleted")
+
+
 def with_schema(name: str) -> dict[str, Any]:
     doc = queue(name, deletionPolicy="Delete")
     doc["spec"]["connection"]["schema"] = f"{name.replace('-', '_')}_{secrets.token_hex(3)}"
     return doc
 
 
-def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cluster, release):
+def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cluster, release, fleeting):
     """The leader's process frozen (SIGSTOP, as a hung node or process looks; before leader
     election a Queue then had no status for minutes): the standby holds the Lease within
     leaseDuration + retryPeriod + 2 s, and a Queue created a second after the freeze is Ready
@@ -420,6 +433,7 @@ def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cl
         frozen_at = time.monotonic()
         try:
             time.sleep(1)
+            fleeting.append("after-freeze")
             release.queues.create(with_schema("after-freeze"))
             created_at = time.monotonic()
             new = release.leader(other_than=old.metadata.name)
@@ -439,12 +453,10 @@ def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cl
         lambda: ticks(release.log(new.metadata.name)), 60, "an upkeep tick of the new leader"
     )
     assert max(ticks(old_log)) < min(new_ticks), (ticks(old_log)[-3:], new_ticks[:3])
-    release.queues.delete("after-freeze")
-    wait_for(lambda: not release.queues.exists("after-freeze"), 60, "after-freeze deleted")
     release.ready_pods()
 
 
-def test_queues_created_as_the_leader_is_killed_are_each_provisioned_once(cluster, release):
+def test_queues_created_as_the_leader_is_killed_are_each_provisioned_once(cluster, release, fleeting):
     """Twenty Queues created at once, and the leader's process killed on the node (SIGKILL)
     while it provisions them: the kubelet restarts its container, a holder acts again within
     leaseDuration + retryPeriod + 2 s, and every Queue is Ready, its objects made by one
@@ -453,9 +465,10 @@ def test_queues_created_as_the_leader_is_killed_are_each_provisioned_once(cluste
     old = release.leader()
     wait_for(lambda: ticks(release.log(old.metadata.name)), 60, "an upkeep tick of the leader")
     docs = [with_schema(f"burst-{i:02d}") for i in range(20)]
+    names = [doc["metadata"]["name"] for doc in docs]
+    fleeting += names
     for doc in docs:
         release.queues.create(doc)
-    names = [doc["metadata"]["name"] for doc in docs]
 
     def ready() -> int:
         return sum(release.queues.condition(n, "Ready").get("status") == "True" for n in names)
@@ -498,9 +511,6 @@ def test_queues_created_as_the_leader_is_killed_are_each_provisioned_once(cluste
         lambda: ticks(release.log(new.metadata.name)), 60, "an upkeep tick of the new leader"
     )
     assert old_ticks and max(old_ticks) < min(new_ticks), (old_ticks[-3:], new_ticks[:3])
-    for name in names:
-        release.queues.delete(name)
-    wait_for(lambda: not set(names) & set(release.queues.names()), 120, "the 20 Queues deleted")
     release.ready_pods()
 
 

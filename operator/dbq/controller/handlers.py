@@ -114,10 +114,21 @@ def probe_api(**_: Any) -> str:
     return "ok"
 
 
+# Events said once per queue: the status that records them is written before they are posted.
+ANNOUNCED_ONCE = ("Provisioned", "Ready")
+
+
 def _write(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch, changes: dict[str, Any],
            events: list[Event]) -> None:  # fmt: skip
     leadership.fence()
-    for key, value in status_changes(dict(status), changes).items():
+    changed = status_changes(dict(status), changes)
+    if changed and any(event.reason in ANNOUNCED_ONCE for event in events):
+        # Now, not when the handler returns: an operator stopped between the two (a crash, a lost
+        # Lease) leaves a status that says the queue was announced, so its successor does not
+        # announce it again. Stopped before, it posted nothing.
+        kube().patch_queue_status(body["metadata"]["namespace"], body["metadata"]["name"], changed)
+        changed = {}
+    for key, value in changed.items():
         patch.status[key] = value
     for event in events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)

@@ -1,0 +1,225 @@
+"""GitOps with Flux for real (`dbq dev up flux`): source-controller fetches a git repository over
+smart HTTP, kustomize-controller applies its kustomize tree of Queues to the real API server and
+waits for their health (kstatus, through Flux's own code), and the real operator (`dbq run`, the
+chart's RBAC) brings them to Ready in the real PostgreSQL. Each test commits to the repository
+and asks both Flux objects to reconcile at once (the `reconcile.fluxcd.io/requestedAt`
+annotation, as `flux reconcile` does), then reads what Flux reports."""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.manifests import queue
+from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
+
+SOURCE = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
+KUSTOMIZE = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
+NAME = "queues"  # the GitRepository's and the Kustomization's
+
+
+class Repository:
+    """A bare repository on Flux's git server and a working copy to commit from."""
+
+    def __init__(self, flux: Any, name: str, work: Path) -> None:
+        self.bare, self.url = flux.repository(name)
+        self.work = work
+        subprocess.run(
+            ["git", "clone", "--quiet", str(self.bare), str(work)], check=True, capture_output=True
+        )
+        for key, value in (("user.name", "dbq tests"), ("user.email", "tests@dbq.invalid")):
+            subprocess.run(["git", "-C", str(work), "config", key, value], check=True)
+
+    def commit(self, files: dict[str, Any], message: str) -> str:
+        """Writes each file of queues/ (a manifest, or None to delete it) and the kustomization.yaml
+        that lists them all, commits and pushes; the commit's sha."""
+        folder = self.work / "queues"
+        folder.mkdir(exist_ok=True)
+        for name, content in files.items():
+            if content is None:
+                (folder / name).unlink()
+            else:
+                (folder / name).write_text(yaml.safe_dump(content, sort_keys=False))
+        listed = sorted(p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
+        (folder / "kustomization.yaml").write_text(yaml.safe_dump(
+            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": listed}))  # fmt: skip
+        git = ["git", "-C", str(self.work)]
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "--quiet", "--allow-empty", "-m", message], check=True)
+        subprocess.run([*git, "push", "--quiet", "origin", "HEAD:main"], check=True, capture_output=True)
+        return subprocess.run(
+            [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+
+
+class GitOps:
+    """The test namespace, its operator, the repository, and the Flux objects that apply it."""
+
+    def __init__(self, kube: Any, cluster: Cluster, repository: Repository) -> None:
+        self.cluster, self.repository = cluster, repository
+        self.custom = client.CustomObjectsApi(kube.api)
+
+    def flux_object(self, kind: tuple[str, str, str]) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(*kind[:2], self.cluster.ns, kind[2], NAME))
+
+    def condition(self, kind: tuple[str, str, str], type_: str = "Ready") -> dict[str, Any]:
+        status = self.flux_object(kind).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+    def reconcile_now(self) -> None:
+        at = datetime.now(UTC).isoformat()
+        for kind in (SOURCE, KUSTOMIZE):
+            self.custom.patch_namespaced_custom_object(*kind[:2], self.cluster.ns, kind[2], NAME,
+                {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": at}}})  # fmt: skip
+
+    def commit(self, files: dict[str, Any], message: str) -> str:
+        """Commit, and have Flux reconcile it now; the revision Flux names it by."""
+        sha = self.repository.commit(files, message)
+        self.reconcile_now()
+        return f"main@sha1:{sha}"
+
+    def applied(self, revision: str, timeout: float = 120) -> dict[str, Any]:
+        """The Kustomization's Ready condition once Flux applied `revision` and judged it."""
+
+        def done() -> dict[str, Any] | None:
+            status = self.flux_object(KUSTOMIZE).get("status") or {}
+            ready = self.condition(KUSTOMIZE)
+            judged = ready.get("status") in ("True", "False") and ready.get("reason") != "Progressing"
+            return ready if status.get("lastAttemptedRevision") == revision and judged else None
+
+        found = wait_for(done, timeout, f"Flux to apply {revision}", interval=0.5)
+        assert isinstance(found, dict)
+        return found
+
+
+def ring_queue(name: str, schema: str, **spec: Any) -> dict[str, Any]:
+    doc = queue(name, **spec)
+    doc["spec"]["connection"]["schema"] = schema
+    return doc
+
+
+@pytest.fixture(scope="module")
+def gitops(kube, postgres, flux, tmp_path_factory) -> Iterator[GitOps]:
+    cluster = operator_namespace(kube, postgres, "gitops")
+    operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("operator") / "operator.log")
+    operator.start()
+    repository = Repository(flux, f"queues-{secrets.token_hex(3)}", tmp_path_factory.mktemp("repo") / "work")
+    env = GitOps(kube, cluster, repository)
+    env.commit({}, "an empty tree")
+    env.custom.create_namespaced_custom_object(*SOURCE[:2], cluster.ns, SOURCE[2], {
+        "apiVersion": f"{SOURCE[0]}/{SOURCE[1]}", "kind": "GitRepository", "metadata": {"name": NAME},
+        "spec": {"url": repository.url, "ref": {"branch": "main"}, "interval": "1m"},
+    })  # fmt: skip
+    env.custom.create_namespaced_custom_object(*KUSTOMIZE[:2], cluster.ns, KUSTOMIZE[2], {
+        "apiVersion": f"{KUSTOMIZE[0]}/{KUSTOMIZE[1]}", "kind": "Kustomization", "metadata": {"name": NAME},
+        "spec": {"sourceRef": {"kind": "GitRepository", "name": NAME}, "path": "./queues", "prune": True,
+                 "wait": True, "timeout": "30s", "interval": "1m", "retryInterval": "5s",
+                 "targetNamespace": cluster.ns},
+    })  # fmt: skip
+    yield env
+    for kind in (KUSTOMIZE, SOURCE):
+        env.custom.delete_namespaced_custom_object(*kind[:2], cluster.ns, kind[2], NAME)
+    cluster.force_delete_all(120)
+    operator.stop()
+    client.CoreV1Api(kube.api).delete_namespace(cluster.ns)
+
+
+def test_a_commit_of_queues_is_applied_and_the_kustomization_is_ready_at_that_commit(gitops, postgres):
+    """A Queue and its dead-letter keeper committed together converge with no ordering: the
+    user's Queue waits (DeadLetterQueueMissing) until its keeper is Ready."""
+    schema = f"gitops_{secrets.token_hex(3)}"
+    revision = gitops.commit({
+        "keeper.yaml": ring_queue("keeper", schema),
+        "orders.yaml": ring_queue("orders", schema, deadLetter={"queue": "keeper"}),
+    }, "orders and its dead-letter keeper")  # fmt: skip
+    ready = gitops.applied(revision)
+    assert ready["status"] == "True", ready
+    assert gitops.flux_object(KUSTOMIZE)["status"]["lastAppliedRevision"] == revision
+    for name in ("keeper", "orders"):
+        assert gitops.cluster.condition(name, "Ready")["status"] == "True"  # Flux waited for it
+
+
+def test_commit_to_ready_takes_seconds(gitops):
+    """Five commits, each adding a Queue: seconds from `git push` (with the reconcile-now
+    annotation) to the Queue Ready."""
+    took = []
+    for i in range(5):
+        name = f"timed-{i}"
+        began = time.monotonic()
+        gitops.commit({f"{name}.yaml": ring_queue(name, f"gitops_{secrets.token_hex(3)}")}, f"add {name}")
+        gitops.cluster.wait_condition(name, "Ready", "True", timeout=120)
+        took.append(time.monotonic() - began)
+    print(f"git commit to Queue Ready: p50 {statistics.median(took):.1f} s, max {max(took):.1f} s ({took})")
+    assert max(took) < 60, took
+
+
+def test_a_queue_that_cannot_become_ready_fails_the_health_check_until_its_secret_is_committed(
+    gitops, postgres
+):
+    schema = f"gitops_{secrets.token_hex(3)}"
+    revision = gitops.commit({"ledger.yaml": ring_queue("ledger", schema, connection={
+        "secretRef": {"name": "ledger-db"}, "schema": schema})}, "ledger, its Secret forgotten")  # fmt: skip
+    waiting = gitops.applied(revision, timeout=120)
+    assert waiting["status"] == "False" and waiting["reason"] == "HealthCheckFailed", waiting
+    assert "Queue/" in waiting["message"] and "ledger" in waiting["message"], waiting
+    assert gitops.cluster.condition("ledger", "Ready")["status"] == "False"
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ledger-db"},
+              "stringData": {"url": postgres.url}}  # fmt: skip
+    healed = gitops.applied(gitops.commit({"ledger-db.yaml": secret}, "ledger's Secret"))
+    assert healed["status"] == "True", healed
+    gitops.cluster.wait_condition("ledger", "Ready", "True", timeout=60)
+
+
+def test_a_mutable_change_is_applied_and_an_immutable_one_is_refused_with_dbq_s_message(gitops, postgres):
+    schema = f"gitops_{secrets.token_hex(3)}"
+    doc = ring_queue("billing", schema, ring={"size": 64})
+    assert gitops.applied(gitops.commit({"billing.yaml": doc}, "billing"))["status"] == "True"
+    generation = gitops.cluster.get("billing")["metadata"]["generation"]
+    doc["spec"]["reindex"] = {"schedule": "0 3 * * *"}
+    assert (
+        gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: reindex at three"))["status"] == "True"
+    )
+    billing = gitops.cluster.get("billing")
+    assert billing["metadata"]["generation"] == generation + 1
+    assert billing["status"]["observedGeneration"] == generation + 1
+    doc["spec"]["ring"]["size"] = 128
+    refused = gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: a bigger ring"))
+    assert refused["status"] == "False", refused
+    assert "immutable" in refused["message"] and "spec.ring" in refused["message"], refused
+    assert gitops.cluster.get("billing")["spec"]["ring"]["size"] == 64
+    rows = postgres.connect().cursor().execute(f'SELECT count(*) FROM "{schema}".billing_ring').fetchval()
+    assert rows == 64
+    doc["spec"]["ring"]["size"] = 64
+    assert gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: back to 64"))["status"] == "True"
+
+
+def test_a_queue_removed_from_git_is_pruned_under_its_deletion_policy(gitops, postgres):
+    gone, kept = f"gitops_{secrets.token_hex(3)}", f"gitops_{secrets.token_hex(3)}"
+    revision = gitops.commit({
+        "scratch.yaml": ring_queue("scratch", gone, deletionPolicy="Delete"),
+        "audit.yaml": ring_queue("audit", kept, deletionPolicy="DeleteIfEmpty"),
+    }, "scratch and audit")  # fmt: skip
+    assert gitops.applied(revision)["status"] == "True"
+    cursor = postgres.connect().cursor()
+    cursor.execute(f'SELECT * FROM "{kept}".audit_push(?, 0)', b"kept").fetchone()
+    revision = gitops.commit({"scratch.yaml": None, "audit.yaml": None}, "scratch and audit removed")
+    pruned = gitops.applied(revision)
+    print(f"Flux after pruning a non-empty DeleteIfEmpty Queue: {pruned}")
+    wait_for(lambda: not gitops.cluster.exists("scratch"), 60, "scratch deleted")
+    schemas = "SELECT count(*) FROM pg_namespace WHERE nspname = ?"
+    assert cursor.execute(schemas, gone).fetchval() == 0
+    gitops.cluster.wait_condition("audit", "DeletionBlocked", "True", timeout=60)
+    assert cursor.execute(schemas, kept).fetchval() == 1
+    assert cursor.execute(f'SELECT "{kept}".audit_pop(0)').fetchval() == b"kept"  # drained
+    wait_for(lambda: not gitops.cluster.exists("audit"), 120, "audit deleted once empty")
+    assert cursor.execute(schemas, kept).fetchval() == 0
