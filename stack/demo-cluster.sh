@@ -32,7 +32,9 @@ cat <<EOT
 The operator runs as a pod (helm release dbq-operator in dbq-system) and shop/orders is Ready. Try next:
   export KUBECONFIG=$KUBECONFIG PATH=$cache/venv/bin:$cache/bin:\$PATH
   dbq push orders -n shop hello && dbq pop orders -n shop   # from the node, through the same Secret
-  kubectl -n dbq-system logs deploy/dbq-operator
-  kubectl -n dbq-system delete pod -l app.kubernetes.io/name=dbq-operator   # the Deployment replaces it
+  kubectl -n dbq-system get lease dbq-operator                              # which of the two pods leads
+  kubectl -n dbq-system logs -l app.kubernetes.io/name=dbq-operator --prefix
+  kubectl -n dbq-system delete pod \$(kubectl -n dbq-system get lease dbq-operator -o jsonpath='{.spec.holderIdentity}')
+                                                                           # the standby takes over
   helm -n dbq-system uninstall dbq-operator                                        # the Queues stay
 EOT

@@ -140,7 +140,7 @@ def test_a_commit_of_queues_is_applied_and_the_kustomization_is_ready_at_that_co
     schema = f"gitops_{secrets.token_hex(3)}"
     revision = gitops.commit({
         "keeper.yaml": ring_queue("keeper", schema),
-        "orders.yaml": ring_queue("orders", schema, deadLetter={"queue": "keeper"}),
+        "orders.yaml": ring_queue("orders", schema, deadLetter={"queue": "keeper", "maxAttempts": 5}),
     }, "orders and its dead-letter keeper")  # fmt: skip
     ready = gitops.applied(revision)
     assert ready["status"] == "True", ready
