@@ -158,7 +158,11 @@ class Cluster:
     def force_delete_all(self, timeout: float) -> None:
         """Delete every Queue with the force-delete annotation; the operator must finish each."""
         for name in self.names():
-            self.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
+            try:
+                self.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
+            except ApiException as e:
+                if e.status != 404:  # gone since it was listed
+                    raise
             self.delete(name)
         wait_for(lambda: not self.names(), timeout, "queues deleted by the operator")
 

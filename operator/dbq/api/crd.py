@@ -85,6 +85,10 @@ def status_schema() -> dict[str, Any]:
     keep its own bookkeeping there."""
     schema = _schema(QueueStatus, "serialization")
     schema["x-kubernetes-preserve-unknown-fields"] = True
+    # A Queue the operator has not seen yet reads as generation 0 observed: kstatus (Flux's
+    # health check, kpt) then waits for it, instead of taking a resource without status as
+    # reconciled. The API server fills the default in whenever the Queue is read.
+    schema["default"] = {"observedGeneration": 0}
     return schema
 
 
