@@ -24,7 +24,7 @@ from dbq.devstack import COMPONENTS, OPTIONAL, Stack, StackError
 from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_spark, scratch_database
 
 # Modules that run together, on one worker: both use the single-node cluster, and one stops it.
-GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster"}
+GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster", "test_gitops_helm": "cluster"}
 # The longest modules first, so that neither worker is left with a long one at the end.
 LONGEST = ("test_helm_cluster", "test_cluster", "test_spark_queue", "test_cassandra_cluster", "test_operator",
            "test_contract", "test_upkeep", "test_pipes", "test_spark_health", "test_spark_status",
@@ -157,10 +157,12 @@ def cluster(stack: LocalStack, kube: KubeHandle) -> Iterator[Any]:
     yield from for_this_module(stack, "cluster")
 
 
-@pytest.fixture(scope="module")
-def flux(stack: LocalStack, kube: KubeHandle) -> Iterator[Any]:
-    """Flux's controllers and its git server (`dbq dev up flux`)."""
-    yield from for_this_module(stack, "flux")
+@pytest.fixture(scope="session")
+def flux(stack: LocalStack, kube: KubeHandle) -> Any:
+    """Flux's controllers and its git server (`dbq dev up flux`), for the whole run: modules on
+    both workers use it."""
+    stack.need("flux")
+    return stack.flux
 
 
 @pytest.fixture(scope="session")

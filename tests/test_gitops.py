@@ -9,97 +9,36 @@ from __future__ import annotations
 
 import secrets
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
+from tests.flux_harness import GIT_REPOSITORY, KUSTOMIZATION, FluxObjects, Repository
 from tests.manifests import queue
 from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
 
-SOURCE = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
-KUSTOMIZE = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
 NAME = "queues"  # the GitRepository's and the Kustomization's
 
 
-class Repository:
-    """A bare repository on Flux's git server and a working copy to commit from."""
-
-    def __init__(self, flux: Any, name: str, work: Path) -> None:
-        self.bare, self.url = flux.repository(name)
-        self.work = work
-        subprocess.run(
-            ["git", "clone", "--quiet", str(self.bare), str(work)], check=True, capture_output=True
-        )
-        for key, value in (("user.name", "dbq tests"), ("user.email", "tests@dbq.invalid")):
-            subprocess.run(["git", "-C", str(work), "config", key, value], check=True)
-
-    def commit(self, files: dict[str, Any], message: str) -> str:
-        """Writes each file of queues/ (a manifest, or None to delete it) and the kustomization.yaml
-        that lists them all, commits and pushes; the commit's sha."""
-        folder = self.work / "queues"
-        folder.mkdir(exist_ok=True)
-        for name, content in files.items():
-            if content is None:
-                (folder / name).unlink()
-            else:
-                (folder / name).write_text(yaml.safe_dump(content, sort_keys=False))
-        listed = sorted(p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
-        (folder / "kustomization.yaml").write_text(yaml.safe_dump(
-            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": listed}))  # fmt: skip
-        git = ["git", "-C", str(self.work)]
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "--quiet", "--allow-empty", "-m", message], check=True)
-        subprocess.run([*git, "push", "--quiet", "origin", "HEAD:main"], check=True, capture_output=True)
-        return subprocess.run(
-            [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-        ).stdout.strip()
-
-
 class GitOps:
-    """The test namespace, its operator, the repository, and the Flux objects that apply it."""
+    """The test namespace (watched by its operator), the repository, and the GitRepository and
+    Kustomization that apply its queues/ folder there."""
 
     def __init__(self, kube: Any, cluster: Cluster, repository: Repository) -> None:
         self.cluster, self.repository = cluster, repository
-        self.custom = client.CustomObjectsApi(kube.api)
-
-    def flux_object(self, kind: tuple[str, str, str]) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(*kind[:2], self.cluster.ns, kind[2], NAME))
-
-    def condition(self, kind: tuple[str, str, str], type_: str = "Ready") -> dict[str, Any]:
-        status = self.flux_object(kind).get("status") or {}
-        return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
-
-    def reconcile_now(self) -> None:
-        at = datetime.now(UTC).isoformat()
-        for kind in (SOURCE, KUSTOMIZE):
-            self.custom.patch_namespaced_custom_object(*kind[:2], self.cluster.ns, kind[2], NAME,
-                {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": at}}})  # fmt: skip
+        self.flux = FluxObjects(kube.api, cluster.ns)
 
     def commit(self, files: dict[str, Any], message: str) -> str:
         """Commit, and have Flux reconcile it now; the revision Flux names it by."""
         sha = self.repository.commit(files, message)
-        self.reconcile_now()
+        self.flux.reconcile_now((GIT_REPOSITORY, NAME), (KUSTOMIZATION, NAME))
         return f"main@sha1:{sha}"
 
     def applied(self, revision: str, timeout: float = 120) -> dict[str, Any]:
-        """The Kustomization's Ready condition once Flux applied `revision` and judged it."""
-
-        def done() -> dict[str, Any] | None:
-            status = self.flux_object(KUSTOMIZE).get("status") or {}
-            ready = self.condition(KUSTOMIZE)
-            judged = ready.get("status") in ("True", "False") and ready.get("reason") != "Progressing"
-            return ready if status.get("lastAttemptedRevision") == revision and judged else None
-
-        found = wait_for(done, timeout, f"Flux to apply {revision}", interval=0.5)
-        assert isinstance(found, dict)
-        return found
+        return self.flux.applied(NAME, revision, timeout)
 
 
 def ring_queue(name: str, schema: str, **spec: Any) -> dict[str, Any]:
@@ -116,19 +55,16 @@ def gitops(kube, postgres, flux, tmp_path_factory) -> Iterator[GitOps]:
     repository = Repository(flux, f"queues-{secrets.token_hex(3)}", tmp_path_factory.mktemp("repo") / "work")
     env = GitOps(kube, cluster, repository)
     repository.commit({}, "an empty tree")
-    env.custom.create_namespaced_custom_object(*SOURCE[:2], cluster.ns, SOURCE[2], {
-        "apiVersion": f"{SOURCE[0]}/{SOURCE[1]}", "kind": "GitRepository", "metadata": {"name": NAME},
-        "spec": {"url": repository.url, "ref": {"branch": "main"}, "interval": "1m"},
-    })  # fmt: skip
-    env.custom.create_namespaced_custom_object(*KUSTOMIZE[:2], cluster.ns, KUSTOMIZE[2], {
-        "apiVersion": f"{KUSTOMIZE[0]}/{KUSTOMIZE[1]}", "kind": "Kustomization", "metadata": {"name": NAME},
-        "spec": {"sourceRef": {"kind": "GitRepository", "name": NAME}, "path": "./queues", "prune": True,
-                 "wait": True, "timeout": "30s", "interval": "1m", "retryInterval": "5s",
-                 "targetNamespace": cluster.ns},
+    env.flux.create(
+        GIT_REPOSITORY, NAME, {"url": repository.url, "ref": {"branch": "main"}, "interval": "1m"}
+    )
+    env.flux.create(KUSTOMIZATION, NAME, {
+        "sourceRef": {"kind": "GitRepository", "name": NAME}, "path": "./queues", "prune": True, "wait": True,
+        "timeout": "30s", "interval": "1m", "retryInterval": "5s", "targetNamespace": cluster.ns,
     })  # fmt: skip
     yield env
-    for kind in (KUSTOMIZE, SOURCE):
-        env.custom.delete_namespaced_custom_object(*kind[:2], cluster.ns, kind[2], NAME)
+    for kind in (KUSTOMIZATION, GIT_REPOSITORY):
+        env.flux.delete(kind, NAME)
     cluster.force_delete_all(120)
     operator.stop()
     client.CoreV1Api(kube.api).delete_namespace(cluster.ns)
@@ -144,7 +80,7 @@ def test_a_commit_of_queues_is_applied_and_the_kustomization_is_ready_at_that_co
     }, "orders and its dead-letter keeper")  # fmt: skip
     ready = gitops.applied(revision)
     assert ready["status"] == "True", ready
-    assert gitops.flux_object(KUSTOMIZE)["status"]["lastAppliedRevision"] == revision
+    assert gitops.flux.get(KUSTOMIZATION, NAME)["status"]["lastAppliedRevision"] == revision
     for name in ("keeper", "orders"):
         assert gitops.cluster.condition(name, "Ready")["status"] == "True"  # Flux waited for it
 
