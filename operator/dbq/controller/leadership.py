@@ -286,9 +286,10 @@ def run_elected(
     /healthz, nothing else: no handler, timer or database connection) until it holds the Lease,
     then runs `act` (kopf, which serves /healthz from then on) in this thread. When `act`
     returns (SIGTERM, SIGINT), `finish` waits (at most renew_deadline, still renewing) for the
-    handlers still running, then the Lease is released, so a standby takes over at its next try;
-    when they did not end, the Lease is left to expire instead. A lost Lease ends the process at once with exit code 1, as controller-runtime does: two
-    replicas must never act together. SIGTERM while standing by exits 0."""
+    handlers still running, then the Lease is released, so a standby takes over at its next
+    try; when they did not end, the Lease is left to expire instead. A lost Lease ends the
+    process at once with exit code 1, as controller-runtime does: two replicas must never act
+    together. SIGTERM while standing by exits 0."""
     elector = Elector(api, settings)
     stop, started = threading.Event(), threading.Event()
 
