@@ -330,7 +330,7 @@ def test_a_deleted_leader_hands_the_lease_over_and_the_new_leader_converges_with
         deleted_at = time.monotonic()
         client.CoreV1Api(kube.api).delete_namespaced_pod(old.metadata.name, release.namespace)
         new = release.leader(other_than=old.metadata.name)
-        handover = watch.taken_after(deleted_at, old.metadata.name)
+    handover = watch.taken_after(deleted_at, old.metadata.name)
     released = next((t - deleted_at for t, h in watch.changes if t >= deleted_at and h is None), None)
     print(f"graceful handover: the Lease changed hands {handover:.1f} s after the leader's pod was deleted"
           f" (released after {released if released is None else round(released, 1)} s)")  # fmt: skip
@@ -439,11 +439,11 @@ def test_a_frozen_leader_is_waited_out_by_the_standby_and_exits_when_it_wakes(cl
             release.queues.create(with_schema("after-freeze"))
             created_at = time.monotonic()
             new = release.leader(other_than=old.metadata.name)
-            taken = watch.taken_after(frozen_at, old.metadata.name)
             release.queues.wait_condition("after-freeze", "Ready", "True", timeout=30)
             ready_after = time.monotonic() - created_at
         finally:
             os.kill(pid, signal.SIGCONT)
+    taken = watch.taken_after(frozen_at, old.metadata.name)
     print(f"frozen leader: the standby held the Lease {taken:.1f} s after the freeze; a Queue created 1 s"
           f" after it Ready {ready_after:.1f} s after its creation")  # fmt: skip
     assert taken < LEASE_DURATION + RETRY_PERIOD + 2, watch.changes

@@ -162,7 +162,8 @@ def run(
 
     address = urlsplit(liveness) if liveness else None
     health = (address.hostname or "0.0.0.0", address.port or 80) if address else None
-    sys.exit(leadership.run_elected(lease, kube.Kube().api_client, act, health, on_leading=metrics.leading,
+    sys.exit(leadership.run_elected(lease, kube.Kube().api_client, act, health,
+                                    on_leading=lambda now: metrics.leading(now, leadership.acting_now),
                                     finish=handlers.finish_running))  # fmt: skip
 
 

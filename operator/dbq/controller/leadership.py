@@ -254,6 +254,11 @@ def fence() -> None:
         _exit_lost(_elected[0].settings)
 
 
+def acting_now() -> bool:
+    """Whether this process holds the Lease and may act right now (under leader election)."""
+    return bool(_elected) and _elected[0].acting()
+
+
 def drain(executors: Mapping[str, Executor], timeout: float) -> bool:
     """Stop the executors (by their threads' name prefix) taking work, and wait up to `timeout`
     seconds for what their threads still run; whether every thread ended. A handler kopf gave up
@@ -318,8 +323,8 @@ def run_elected(
         renewing.join(settings.retry_period * 2)
         elector.release()
         return 0
-    on_leading(True)
     _elected.append(elector)
+    on_leading(True)
     try:
         act()
     finally:

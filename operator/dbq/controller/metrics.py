@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -42,12 +43,13 @@ LEADER_TRANSITIONS = Counter("dbq_leader_transitions_total", "Times this replica
 _leads = [False]  # whether this replica leads, as last told
 
 
-def leading(now: bool) -> None:
-    """This replica became the leader (True) or stands by (False)."""
+def leading(now: bool, acting: Callable[[], bool] = lambda: True) -> None:
+    """This replica became the leader (True) or stands by (False). While it leads, each scrape
+    asks `acting`: a leader whose Lease lapsed (one frozen, then woken) reads 0 at once."""
     if now and not _leads[0]:
         LEADER_TRANSITIONS.inc()
     _leads[0] = now
-    LEADER.set(1 if now else 0)
+    LEADER.set_function(lambda: 1.0 if now and acting() else 0.0)
 
 
 def reconciled(*, ok: bool, seconds: float, reason: str = "") -> None:
