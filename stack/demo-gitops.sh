@@ -90,7 +90,7 @@ kubectl -n flux-system wait kustomization/demo-queues --timeout=180s \
   --for=jsonpath="{.status.lastAppliedRevision}=main@sha1:$commit"
 kubectl -n flux-system wait kustomization/demo-queues --for=condition=Ready --timeout=180s
 kubectl -n flux-system get gitrepository,kustomization demo-queues
-kubectl get dbq -A
+kubectl -n "$namespace" get dbq
 cat <<EOT
 
 Flux applied commit $commit of $url and both Queues are Ready. Try next:

@@ -104,7 +104,7 @@ class ManagedProcess:
     def unkept(self) -> bool:
         """Whether this should run under a keeper but was started without one (by an older dbq)."""
         pid = self.pid()
-        return self.kept and pid is not None and str(KEEPER) not in _cmdline(pid)
+        return self.kept and pid is not None and f"{KEEPER.name} -- " not in _cmdline(pid)
 
     def start(self, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)

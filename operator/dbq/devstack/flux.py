@@ -42,7 +42,8 @@ class Flux:
         self.dir = paths.state / "flux"
         self.git_root = self.dir / "git"
         self.storage = self.dir / "storage"
-        self.git = ManagedProcess("flux-git", paths.state, marker=str(GIT_SERVER))
+        # By the script's name and the root it serves, wherever the checkout that started it is.
+        self.git = ManagedProcess("flux-git", paths.state, marker=f"{GIT_SERVER.name} {self.git_root}")
         self.controllers = {
             name: ManagedProcess(name, paths.state, marker=f"{name}-{version}")
             for name, version in VERSIONS.items()
