@@ -72,7 +72,7 @@ def gitops(kube, postgres, flux, tmp_path_factory) -> Iterator[GitOps]:
 
 def test_a_commit_of_queues_is_applied_and_the_kustomization_is_ready_at_that_commit(gitops, postgres):
     """A Queue and its dead-letter keeper committed together converge with no ordering: the
-    user's Queue waits (DeadLetterQueueMissing) until its keeper is Ready."""
+    user's Queue waits (DeadLetterQueueNotFound) until its keeper is Ready."""
     schema = f"gitops_{secrets.token_hex(3)}"
     revision = gitops.commit({
         "keeper.yaml": ring_queue("keeper", schema),
