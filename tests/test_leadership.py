@@ -288,7 +288,8 @@ def test_one_replica_acts_the_standby_serves_probes_and_takes_over_when_the_lead
     assert leads(one) == 1 and leads(two) == 0
     cluster.create(queue("first"))
     cluster.wait_condition("first", "Ready", "True", timeout=60)
-    assert "Creation is processed" in one.log_text()
+    # Ready is written before kopf logs the handler's end: wait for the line, do not race it.
+    wait_for(lambda: "Creation is processed" in one.log_text(), 10, "the leader's creation log line")
     assert "kopf" not in two.log_text()  # the standby ran no handler and started no kopf at all
     # A graceful stop: the leader releases the Lease, and the standby takes it at its next try.
     assert one.proc is not None

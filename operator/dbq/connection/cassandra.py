@@ -21,6 +21,9 @@ from dbq.connection import ConnectionSettings
 from dbq.errors import AuthenticationFailed, DatabaseError, DatabaseUnreachable, DbqError, InvalidSpec
 
 CONNECT_TIMEOUT_S = 5.0
+# The control connection reads the whole schema when it connects (token awareness needs it); the
+# driver's 2 s default timed out on a loaded one-node Cassandra and refused the connection.
+CONTROL_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 12.0
 
 
@@ -54,6 +57,7 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         auth_provider=auth,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=CONNECT_TIMEOUT_S,
+        control_connection_timeout=CONTROL_TIMEOUT_S,
         protocol_version=4,  # v5 framing (checksummed) hits CRC errors in the Python driver (PYTHON-1337)
         # Without it, a request past about 4 KiB (a batch of 24 bodies of 100 bytes) waited 44 ms
         # for a delayed ACK (Nagle's algorithm): 1 ms with it.
