@@ -34,7 +34,7 @@ from dbq.client import (
     QueueNotFound,
     connect,
 )
-from dbq.client import pipes as pipes_module
+from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.workers import finish, read_logs, start
@@ -83,7 +83,7 @@ def design(request) -> Iterator[Design]:
         host, port = request.getfixturevalue("stack").cassandra.contact
         spec = {"backend": "cassandra", "design": "pipes", "pipes": {"maxPushesPerPipe": 500}}
         url = f"cassandra://{host}:{port}"
-        yield Design("pipes-cassandra", url, spec, pipes_module.MAX_BODY_BYTES, 1.0 + pipes_module.SKEW_S + 0.2,
+        yield Design("pipes-cassandra", url, spec, pipes_tuning.MAX_BODY_BYTES, 1.0 + pipes_tuning.SKEW_S + 0.2,
                      messages=50_000)  # fmt: skip
         # Dozens of queues of eleven tables each: dropping them outlasts the driver's 10 s default.
         request.getfixturevalue("cassandra").execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"', timeout=120)
@@ -351,7 +351,7 @@ def test_archived_messages_equal_the_acked_and_popped_ones_and_go_after_the_rete
     if isinstance(q, PipesQueue):
         # What a 6 s retention would record (the spec's least is 1m): long enough for the rows
         # of the first pops to outlive the rest of the test on a loaded CI machine (2 s did not).
-        q.archive_ttl_s = 6
+        q.archive.ttl_s = 6
     ids = q.push_many(bodies("a", 40))
     taken = [q.pop() for _ in range(5)] + q.pop_many(10)
     for m in [q.acquire() for _ in range(5)]:
@@ -371,7 +371,7 @@ def test_archived_messages_equal_the_acked_and_popped_ones_and_go_after_the_rete
     assert {m.id: m.attempts for m in kept}[nacked.id] == 1 and {m.body for m in kept} == set(bodies("a", 40))
     if isinstance(q, PipesQueue):
         # Each row lives for the retention (a TTL).
-        time.sleep(max(0.0, last_archived + q.archive_ttl_s + 0.5 - time.monotonic()))
+        time.sleep(max(0.0, last_archived + q.archive.ttl_s + 0.5 - time.monotonic()))
     else:
         assert q.scavenge_archive(retention=0) == 40  # cleanup removes those past the retention
     assert q.archived(since, limit=100) == []

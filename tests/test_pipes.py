@@ -28,7 +28,7 @@ from dbq.backends.cassandra.plan import (
     plan_pipes,
 )
 from dbq.client import PipeMessage, PipesQueue, QueueError, QueueNotFound, connect
-from dbq.client import pipes as pipes_module
+from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DeadLetterQueueNotFound
@@ -470,7 +470,7 @@ def test_popper_killed_holding_pending_messages_gets_them_delivered_again(make_q
     assert q.repair().rolled_back == 0  # not yet: the leases run for the visibility timeout
     # The worker's visibility is 2 s, but its pipe stays leased for up to PIPE_LEASE_S: the
     # rollback needs the pipe's lease, so that no two repairs push a message back twice.
-    time.sleep(max(2.0, pipes_module.PIPE_LEASE_S) + pipes_module.SKEW_S + 0.2)
+    time.sleep(max(2.0, pipes_tuning.PIPE_LEASE_S) + pipes_tuning.SKEW_S + 0.2)
     assert q.repair().rolled_back == len(held)
     rest = drain(q)
     assert sorted(rest) == sorted(bodies("k", 30))  # the held ones again, the others once
@@ -479,7 +479,7 @@ def test_popper_killed_holding_pending_messages_gets_them_delivered_again(make_q
 
 
 def test_pusher_killed_mid_pipe_is_finished_by_the_reaper(make_queue, cass_url, tmp_path, monkeypatch):
-    monkeypatch.setattr(pipes_module, "FINISH_GRACE_S", 1.0)  # this process decides when it is finished
+    monkeypatch.setattr(pipes_tuning, "FINISH_GRACE_S", 1.0)  # this process decides when it is finished
     q = make_queue(max_pushes=1000, max_push_time="1s")
     log = tmp_path / "pusher.log"
     pusher = start("push", q, cass_url, log, "--prefix", "d", "--count", "100000", "--batch", "5")
@@ -556,7 +556,7 @@ def test_a_large_rollback_goes_in_batches_cassandra_accepts(make_queue, cass_url
     assert len(held) == 500
     other = connect(cass_url, q.names.queue, schema=KEYSPACE, pop_timeout=0.2)
     try:
-        time.sleep(pipes_module.PIPE_LEASE_S + pipes_module.SKEW_S + 0.2)
+        time.sleep(pipes_tuning.PIPE_LEASE_S + pipes_tuning.SKEW_S + 0.2)
         assert other.repair().rolled_back == 500
         assert sorted(drain(other)) == sorted(bodies("big", 500))
     finally:
@@ -639,7 +639,7 @@ def test_acquires_sharing_a_round_trip_each_lease_for_their_callers_visibility(m
     q.close()  # gives its pipe lease back, so that another client may roll back
     other = connect(cass_url, q.names.queue, schema=KEYSPACE, pop_timeout=0.2)
     try:
-        time.sleep(2 + pipes_module.SKEW_S + 0.2)
+        time.sleep(2 + pipes_tuning.SKEW_S + 0.2)
         assert other.repair().rolled_back == len(short)  # the 2 s leases lapsed, the 60 s ones hold
         assert sorted(drain(other)) == short
     finally:

@@ -20,7 +20,7 @@ from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.base import Earlier
 from dbq.client import PipesQueue, Queue, QueueStats, connect
-from dbq.client import pipes as pipes_module
+from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
 from dbq.controller import schedule, upkeep
 
@@ -363,8 +363,8 @@ def test_ring_cleanup_repairs_orphans_and_expired_leases_once(postgres):
 
 
 def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, stack, monkeypatch):
-    monkeypatch.setattr(pipes_module, "FINISH_GRACE_S", 1.0)
-    monkeypatch.setattr(pipes_module, "PIPE_LEASE_S", 1.5)
+    monkeypatch.setattr(pipes_tuning, "FINISH_GRACE_S", 1.0)
+    monkeypatch.setattr(pipes_tuning, "PIPE_LEASE_S", 1.5)
     host, port = stack.cassandra.contact
     url, keyspace, name = f"cassandra://{host}:{port}", f"upkeep_{secrets.token_hex(3)}", "stalled"
     spec = spec_for("cassandra", keyspace, pipes={"maxPushTime": "1s"})
@@ -376,7 +376,7 @@ def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, s
     stalled.push_many([b"a", b"b", b"c"])  # its pusher then vanishes without finishing the pipe
     held = consumer.acquire(visibility=1)
     assert held is not None
-    consumer._set_lease(None)  # the consumer vanishes too, lease and all
+    consumer.leases.set_current(None)  # the consumer vanishes too, lease and all
     time.sleep(3.0)
     memory = upkeep.Memory()
     done = upkeep.run_upkeep("ns", name, spec, {}, lambda: backend, memory, now=1.0)

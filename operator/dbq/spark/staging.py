@@ -180,7 +180,7 @@ class CqlStaging(Staging):
         super().__init__(StagingStatements("cassandra", queue.names), queue)
 
     def put(self, stage: str, rows: Sequence[Staged]) -> None:
-        self.queue._many(self.sql.insert, [(stage, *block) for block in blocks(rows)])
+        self.queue.db.many(self.sql.insert, [(stage, *block) for block in blocks(rows)])
 
     def take(self, stage: str, after: int, n: int) -> int:
         """Acquire, store, then ack: should the process die before the ack, the leases run out
@@ -194,7 +194,7 @@ class CqlStaging(Staging):
         return len(messages)
 
     def _query(self, statement: str, *params: Any) -> list[Any]:
-        return self.queue._x(statement, *params)
+        return self.queue.db.rows(statement, *params)
 
 
 def staging_of(queue: Queue | PipesQueue) -> Staging:

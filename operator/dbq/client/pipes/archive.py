@@ -1,0 +1,67 @@
+"""The archive of a pipes queue (spec.archive): messages acked or popped, kept per hour
+partition with the retention as each row's TTL."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+from dbq.client.pipes import tuning
+from dbq.client.pipes.session import PipesSession
+from dbq.client.pipes.writing import batch_size
+from dbq.client.stats import ArchivedMessage
+from dbq.client.waiting import count_arg
+from dbq.errors import QueueError
+
+LOG = logging.getLogger("dbq.pipes")
+
+HOUR_MS = 3_600_000
+
+
+class PipeArchive:
+    def __init__(self, db: PipesSession, ttl_s: int) -> None:
+        self.db = db
+        self.ttl_s = ttl_s  # how long archived rows live (0: no archive)
+
+    def keep(self, taken: list[tuple[uuid.UUID, int, bytes]]) -> None:
+        """Archive messages just acked or popped (id, attempts, body), when spec.archive is on:
+        one batch per hour partition, each row with the retention as its TTL. Written after the
+        take or ack it records (a failure there must not lose the messages), so a client that
+        dies between the two leaves that message unarchived; a failure here is logged."""
+        if not self.ttl_s or not taken:
+            return
+        rows = [(uuid.uuid1(), *t) for t in taken]
+        try:
+            start = 0
+            while start < len(rows):
+                hour = tuning.uuid_ms(rows[start][0]) // HOUR_MS
+                same = [r for r in rows[start:] if tuning.uuid_ms(r[0]) // HOUR_MS == hour]
+                n = batch_size([r[3] for r in same], len(same))
+                self.db.batch((self.db.cql.keep, (hour, *r, self.ttl_s)) for r in same[:n])
+                start += n
+        except QueueError as e:
+            LOG.warning(
+                "queue %s: %d messages were taken but not archived: %s", self.db.names.queue, len(rows), e
+            )
+
+    def since(self, since: datetime, limit: int) -> list[ArchivedMessage]:
+        """Archived messages acked or popped at or after `since`, oldest first."""
+        count_arg(limit, "limit")
+        out: list[ArchivedMessage] = []
+        hour, last = int(since.timestamp() * 1000) // HOUR_MS, tuning.now_ms() // HOUR_MS
+        while hour <= last and len(out) < limit:
+            for acked, msg_id, attempts, body in self.db.rows(
+                self.db.cql.kept_since, hour, since, limit - len(out)
+            ):
+                out.append(
+                    ArchivedMessage(
+                        msg_id,
+                        int(attempts or 0),
+                        tuning.uuid_ms(msg_id) / 1000,
+                        tuning.uuid_ms(acked) / 1000,
+                        bytes(body),
+                    )
+                )
+            hour += 1
+        return out

@@ -1,0 +1,166 @@
+"""Pipe leases: a popping thread leases one pipe at a time with a lightweight transaction
+(PIPE_LEASE_S, renewed while used), preferring the oldest pipe with messages, which gives the
+seed's "mostly FIFO". With smart batching, every take of a client goes through one lease, one
+thread at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from dbq.client.pipes import tuning
+from dbq.client.pipes.model import Lease, PipeState
+from dbq.client.pipes.session import PipesSession
+from dbq.errors import QueueError
+
+
+class PipeLeases:
+    def __init__(self, db: PipesSession, identity: str, max_push_time_ms: int, together: bool) -> None:
+        self.db = db
+        self.identity = identity
+        self.max_push_time_ms = max_push_time_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._leases: list[Lease] = []
+        # With smart batching (`together`), every take of this client goes through one lease,
+        # one thread at a time: the leader of a coalesced take changes, a pipe has one lessee,
+        # and a thread's single and batch takes must not lease different pipes (one popper:
+        # strict FIFO).
+        self.together = together
+        self._together_lock = threading.Lock()
+        self._shared: Lease | None = None
+
+    @contextlib.contextmanager
+    def client_lease(self) -> Iterator[None]:
+        """With smart batching, this thread holds the client's one lease meanwhile (the other
+        threads wait for it); without, its own lease stays."""
+        if not self.together:
+            yield
+            return
+        with self._together_lock:
+            self._local.lease = self._shared
+            try:
+                yield
+            finally:
+                self._shared, self._local.lease = self.current(), None
+
+    def current(self) -> Lease | None:
+        """The lease this thread uses, if any."""
+        return getattr(self._local, "lease", None)
+
+    def set_current(self, lease: Lease | None) -> None:
+        old = self.current()
+        if old is not None:
+            self._forget(old)
+        if lease is not None:
+            with self._lock:
+                self._leases.append(lease)
+        self._local.lease = lease
+
+    def _forget(self, lease: Lease) -> None:
+        with self._lock:
+            if lease in self._leases:
+                self._leases.remove(lease)
+
+    def working(self) -> Lease | None:
+        """The thread's lease, renewed when due; else a new one on the oldest pipe with messages."""
+        lease = self.current()
+        if lease is None:
+            lease = self.claim()
+            self.set_current(lease)
+            return lease
+        now = time.monotonic()
+        if now >= lease.renew_at:
+            until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
+            if self.db.cas(self.db.cql.renew, until, lease.state.pipe, lease.owner):
+                lease.until, lease.renew_at = (
+                    now + tuning.PIPE_LEASE_S - tuning.SKEW_S,
+                    now + tuning.RENEW_AFTER_S,
+                )
+            else:
+                self.set_current(None)
+                return self.working()
+        return lease
+
+    def move_from(self, lease: Lease) -> bool:
+        """Our pipe is empty but still pushed to: lease one that has messages, if any (looked
+        for at most every MOVE_SCAN_S, so an idle popper does not flood the cluster)."""
+        now = time.monotonic()
+        if now < lease.scan_after:
+            return False
+        lease.scan_after = now + tuning.MOVE_SCAN_S
+        moved = self.claim(exclude=lease.state.pipe)
+        if moved is None:
+            return False
+        self.release(lease)
+        self.set_current(moved)
+        return True
+
+    def live_pipes(self, meta: list[Any] | None = None) -> list[tuple[uuid.UUID, str]]:
+        """The pipes above the watermark, oldest first; `meta` is the queue row if already read."""
+        meta = meta or self.db.meta()
+        watermark = meta[4] if meta else None
+        if watermark is None:
+            return [(r[0], r[1]) for r in self.db.rows(self.db.cql.list_all_pipes)]
+        return [(r[0], r[1]) for r in self.db.rows(self.db.cql.list_pipes, watermark)]
+
+    def states(self, pipes: Sequence[uuid.UUID]) -> list[PipeState | None]:
+        rows = self.db.many(self.db.cql.pipe_state, [(p,) for p in pipes])
+        return [PipeState.of_row(p, r[0]) if r else None for p, r in zip(pipes, rows, strict=True)]
+
+    def claim(self, exclude: uuid.UUID | None = None) -> Lease | None:
+        """Lease the oldest unleased pipe that has messages; marks exhausted pipes drained."""
+        candidates = [p for p, status in self.live_pipes() if status != "drained" and p != exclude]
+        for start in range(0, len(candidates), tuning.STATE_READ_WINDOW):
+            window = candidates[start : start + tuning.STATE_READ_WINDOW]
+            at = tuning.now_ms()
+            for state in self.states(window):
+                if state is None or (state.lease_until or 0) > at:
+                    continue
+                if state.remaining <= 0:
+                    if state.done_pushing(self.max_push_time_ms, at):
+                        self.db.rows(self.db.cql.set_status, "drained", at, state.pipe)
+                    continue
+                owner = f"{self.identity}/{uuid.uuid4().hex[:12]}"
+                started = time.monotonic()
+                until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
+                if self.db.cas(self.db.cql.claim, owner, until, state.pipe, state.lease_until):
+                    # Read the state again now that it is ours: between the first read and the
+                    # claim, another popper may have leased it, taken messages and released it.
+                    fresh = self.states([state.pipe])[0] or state
+                    return Lease(
+                        owner,
+                        fresh,
+                        started + tuning.PIPE_LEASE_S - tuning.SKEW_S,
+                        started + tuning.RENEW_AFTER_S,
+                    )
+        return None
+
+    def borrow(self, state: PipeState) -> str | None:
+        """Lease a pipe for a moment (a rollback of another's pipe): the owner to give it back
+        with, or None while someone else leases it."""
+        if (state.lease_until or 0) > tuning.now_ms():
+            return None
+        owner = f"{self.identity}/repair/{uuid.uuid4().hex[:8]}"
+        until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
+        return owner if self.db.cas(self.db.cql.claim, owner, until, state.pipe, state.lease_until) else None
+
+    def give_back(self, pipe: uuid.UUID, owner: str) -> None:
+        self.db.cas(self.db.cql.release, pipe, owner)
+
+    def release(self, lease: Lease) -> None:
+        with contextlib.suppress(QueueError):  # else it expires on its own
+            self.db.cas(self.db.cql.release, lease.state.pipe, lease.owner)
+        if self.current() is lease:
+            self._local.lease = None
+        self._forget(lease)
+
+    def release_all(self) -> None:
+        with self._lock:
+            leases = list(self._leases)
+        for lease in leases:
+            self.release(lease)

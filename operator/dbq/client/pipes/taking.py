@@ -1,0 +1,129 @@
+"""The take path: a popper reads its leased pipe from the cursor, then deletes what it read as
+one range behind the cursor and moves the counters (and, for acquire, copies the rows to
+`pending`) in one single-partition batch, so reads at the head never meet tombstones."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from dbq.client.pipes import tuning
+from dbq.client.pipes.archive import PipeArchive
+from dbq.client.pipes.leasing import PipeLeases
+from dbq.client.pipes.model import Lease, PipeMessage, Visibility, unset
+from dbq.client.pipes.session import Part, PipesSession
+from dbq.errors import QueueError
+
+if TYPE_CHECKING:
+    from dbq.client.pipes.queue import PipesQueue
+
+
+class PipeReader:
+    def __init__(
+        self,
+        db: PipesSession,
+        leases: PipeLeases,
+        archive: PipeArchive,
+        max_push_time_ms: int,
+        queue: PipesQueue,
+    ) -> None:
+        self.db = db
+        self.leases = leases
+        self.archive = archive
+        self.max_push_time_ms = max_push_time_ms
+        self.queue = queue  # the client the messages it hands out are acked through
+
+    def _rows(self, pipe: uuid.UUID, cursor: uuid.UUID | None, n: int) -> list[Any]:
+        """Up to n rows of a pipe after its cursor (from its head when there is none)."""
+        if cursor is None:
+            return self.db.rows(self.db.cql.read_head, pipe, n)
+        return self.db.rows(self.db.cql.read_after, pipe, cursor, n)
+
+    def take(self, lease: Lease, n: int, visibility: Visibility) -> list[PipeMessage]:
+        """Up to n messages from the leased pipe; none when it has none (then the lease may be
+        given up: the pipe drained, or the lease too old to use safely)."""
+        s = lease.state
+        if len(lease.ahead) < n:
+            lease.ahead = self._rows(s.pipe, s.cursor, max(n, tuning.READ_AHEAD))
+        found = lease.ahead[:n]
+        if not found:
+            fresh = self.leases.states([s.pipe])[0]
+            if fresh is None:
+                return []
+            s.created, s.finished, s.pushed, s.requeued = (
+                fresh.created,
+                fresh.finished,
+                fresh.pushed,
+                fresh.requeued,
+            )
+            if s.remaining <= 0 and s.done_pushing(self.max_push_time_ms, tuning.now_ms()):
+                self.db.rows(self.db.cql.set_status, "drained", tuning.now_ms(), s.pipe)
+                self.leases.release(lease)
+            return []
+        if time.monotonic() >= lease.until:  # too late to use this lease safely
+            self.leases.set_current(None)
+            return []
+        cql = self.db.cql
+        at = tuning.now_ms()
+        live = [r for r in found if r[4] is None or r[4] > at]
+        last = found[-1][0]
+        popped = s.popped + (len(live) if visibility is None else 0)
+        acquired = s.acquired + (len(live) if visibility is not None else 0)
+        expired = s.expired + len(found) - len(live)
+        parts: list[Part] = [
+            (cql.delete_head, (s.pipe, last))
+            if s.cursor is None
+            else (cql.delete_after, (s.pipe, s.cursor, last)),
+            (cql.count_takes, (last, popped, acquired, expired, s.pipe)),
+        ]
+        token = uuid.uuid4() if visibility is not None else None
+        if visibility is not None:
+            each = [visibility] * len(live) if isinstance(visibility, float) else visibility[: len(live)]
+            untils = [at + int(seconds * 1000) for seconds in each]  # fewer rows live when some expired
+            parts += [
+                (cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, unset(r[4]), until, token))
+                for r, until in zip(live, untils, strict=True)
+            ]
+        try:
+            self.db.batch(parts)
+        except QueueError:
+            # The batch may have been applied all the same (a timeout): this thread's copy of the
+            # pipe's cursor and counters is no longer known to be right. Drop the lease; whoever
+            # claims the pipe next reads them again (what was taken and not delivered is pending
+            # and rolled back after its deadline, or popped: at most once).
+            self.leases.set_current(None)
+            raise
+        s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
+        del lease.ahead[: len(found)]
+        if visibility is None:
+            self.archive.keep([(r[1], int(r[3] or 0), bytes(r[2])) for r in live])
+        return [
+            PipeMessage(
+                id=r[1], body=bytes(r[2]), attempts=int(r[3] or 0) + 1, lease=token, pipe=s.pipe, key=r[0],
+                _queue=self.queue,
+            )
+            for r in live
+        ]  # fmt: skip
+
+    def peek(self, n: int) -> list[PipeMessage]:
+        """Up to n waiting messages, oldest pipe first and in push order within a pipe, none
+        taken or leased: a snapshot for looking, while pushes and takes go on."""
+        found: list[PipeMessage] = []
+        pipes = [p for p, status in self.leases.live_pipes() if status != "drained"]
+        for start in range(0, len(pipes), tuning.STATE_READ_WINDOW):
+            for s in self.leases.states(pipes[start : start + tuning.STATE_READ_WINDOW]):
+                if len(found) >= n:
+                    return found
+                if s is None:
+                    continue
+                rows = self._rows(s.pipe, s.cursor, n - len(found))
+                at = tuning.now_ms()
+                found += [
+                    PipeMessage(
+                        id=r[1], body=bytes(r[2]), attempts=int(r[3] or 0), lease=None, pipe=s.pipe, key=r[0]
+                    )
+                    for r in rows
+                    if r[4] is None or r[4] > at
+                ]
+        return found

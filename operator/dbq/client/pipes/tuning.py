@@ -1,0 +1,44 @@
+"""The clocks and sizes the pipes client works by, in one place (tests shorten some of them)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+PIPE_LEASE_S = 5.0  # a popper owns a pipe this long unless it renews
+RENEW_AFTER_S = 2.0  # ...and renews it when the lease is this old
+SKEW_S = 1.0  # clocks of clients and nodes agree within this
+# A pipe past maxPushTime + this is finished, whatever its pusher says: longer than a request
+# can take, so a write sent before maxPushTime has landed by then.
+FINISH_GRACE_S = 15.0
+# A rollback (or nack) that took a lease over and then failed to push the message again is
+# retried only after this long: its logged batch may still be applied by Cassandra's batchlog
+# replay, and pushing again before that would leave two copies.
+RETAKE_AFTER_S = 60.0
+MAX_BODY_BYTES = 1 << 20
+BATCH_MAX_MESSAGES = 500
+BATCH_MAX_BYTES = 4 << 20
+LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows they replace)
+LOGGED_MAX_BYTES = 24 << 10
+MOVE_SCAN_S = 0.05
+# A popper rolls back the overdue messages of the pipe it leases (nacked with a delay, or whose
+# visibility timeout passed) at most this often: while it holds the lease, no repair can.
+OWN_ROLLBACK_S = 1.0  # also how often a pipe of deferred messages leased by another is tried
+STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
+DUE_BATCHES = 40  # delayed messages moved per repair: at most this many logged batches of them
+LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
+READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def retake_at() -> int:
+    """When a take-over made now may be retried (RETAKE_AFTER_S from now, in ms)."""
+    return now_ms() + int(RETAKE_AFTER_S * 1000)
+
+
+def uuid_ms(value: uuid.UUID) -> int:
+    """Milliseconds since the epoch of a version-1 (time) UUID."""
+    return (value.time - 0x01B21DD213814000) // 10_000

@@ -1,0 +1,168 @@
+"""The push path: each pushing thread appends to a pipe of its own, one single-partition batch
+per push or batch (rows plus the pipe's pushed count), no read, no lock; after
+`maxPushesPerPipe` messages or `maxPushTime` it marks the pipe finished and opens a new one.
+Delayed messages wait in the delayed table instead, until repair moves them to a pipe."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from dbq.client.pipes import tuning
+from dbq.client.pipes.model import Pusher, unset
+from dbq.client.pipes.session import Part, PipesSession
+from dbq.errors import MessageTooLarge, QueueError
+
+
+def check_bodies(bodies: list[bytes]) -> None:
+    """Refuse what a pipe cannot store, before anything is written."""
+    for body in bodies:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
+        if len(body) > tuning.MAX_BODY_BYTES:
+            raise MessageTooLarge(
+                f"a body of {len(body)} bytes is larger than {tuning.MAX_BODY_BYTES} bytes, the most a pipes"
+                " queue stores: store large payloads elsewhere and push a reference"
+            )
+
+
+def batch_size(bodies: list[bytes], room: int, logged: bool = False) -> int:
+    """How many of `bodies` go in the next batch. A logged batch spans partitions, and
+    Cassandra refuses one past batch_size_fail_threshold (50 KiB by default): it stays small."""
+    most, most_bytes = (
+        (tuning.LOGGED_MAX_MESSAGES, tuning.LOGGED_MAX_BYTES)
+        if logged
+        else (tuning.BATCH_MAX_MESSAGES, tuning.BATCH_MAX_BYTES)
+    )
+    total = 0
+    for i, body in enumerate(bodies[: min(room, most)]):
+        total += len(body)
+        if total > most_bytes and i > 0:
+            return i
+    return min(room, most, len(bodies))
+
+
+class PipeWriter:
+    def __init__(
+        self, db: PipesSession, identity: str, max_pushes_per_pipe: int, max_push_time_ms: int
+    ) -> None:
+        self.db = db
+        self.identity = identity
+        self.max_pushes_per_pipe = max_pushes_per_pipe
+        self.max_push_time_ms = max_push_time_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pushers: list[Pusher] = []
+
+    def _pusher(self) -> Pusher:
+        pusher: Pusher | None = getattr(self._local, "pusher", None)
+        if pusher is None:
+            pusher = self._local.pusher = Pusher()
+            with self._lock:
+                self._pushers.append(pusher)
+        return pusher
+
+    def _room(self, pusher: Pusher) -> int:
+        """Messages the thread's pipe still takes; opens a new pipe when it is full or old."""
+        age_ms = (time.monotonic() - pusher.opened) * 1000
+        if (
+            pusher.pipe is None
+            or pusher.broken
+            or pusher.pushed + pusher.requeued >= self.max_pushes_per_pipe
+            or age_ms >= self.max_push_time_ms
+        ):
+            self._finish(pusher)
+            pipe, at = uuid.uuid1(), tuning.now_ms()
+            self.db.rows(self.db.cql.add_pipe, pipe, self.identity, at)
+            self.db.rows(self.db.cql.open_pipe, pipe, self.identity, at)
+            pusher.pipe, pusher.opened, pusher.pushed, pusher.requeued = pipe, time.monotonic(), 0, 0
+            pusher.broken = False
+        return self.max_pushes_per_pipe - pusher.pushed - pusher.requeued
+
+    def _finish(self, pusher: Pusher) -> None:
+        """Mark the pipe finished, unless it is so old that poppers already treat it so (it may be
+        retired: a write now would leave a stray row behind)."""
+        if pusher.pipe is None:
+            return
+        pipe, pusher.pipe = pusher.pipe, None
+        if (
+            time.monotonic() - pusher.opened
+        ) * 1000 >= self.max_push_time_ms + tuning.FINISH_GRACE_S * 1000 / 2:
+            return
+        try:
+            self.db.rows(self.db.cql.finish_pipe, pipe)
+            self.db.rows(self.db.cql.set_status, "finished", tuning.now_ms(), pipe)
+        except QueueError:
+            pass  # poppers treat it as finished after maxPushTime anyway
+
+    def finish_all(self) -> None:
+        """Mark the pipes of every thread finished (the next push opens new ones)."""
+        with self._lock:
+            pushers = list(self._pushers)
+        for pusher in pushers:
+            self._finish(pusher)
+
+    def append(
+        self,
+        bodies: list[bytes],
+        *,
+        ids: list[uuid.UUID] | None = None,
+        attempts: list[int] | None = None,
+        expires: list[int | None] | None = None,
+        also: list[Part] | None = None,
+        requeue: bool = True,
+    ) -> list[uuid.UUID]:
+        """Append messages to this thread's pipe. `ids` given: a requeue (ids kept, counted as
+        requeued unless `requeue` is False: delayed messages come due, counted as pushed);
+        `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
+        cql = self.db.cql
+        pusher = self._pusher()
+        out: list[uuid.UUID] = []
+        i = 0
+        while i < len(bodies):
+            n = batch_size(bodies[i:], self._room(pusher), logged=bool(also))
+            keys = [uuid.uuid1() for _ in range(n)]
+            new_ids = ids[i : i + n] if ids else keys
+            again = bool(ids) and requeue
+            pushed = pusher.pushed + (0 if again else n)
+            requeued = pusher.requeued + (n if again else 0)
+            parts: list[Part] = [
+                (
+                    cql.push,
+                    (
+                        pusher.pipe,
+                        keys[j],
+                        new_ids[j],
+                        bodies[i + j],
+                        attempts[i + j] if attempts else 0,
+                        unset(expires[i + j] if expires else None),
+                    ),
+                )
+                for j in range(n)
+            ]
+            parts.append((cql.count_pushes, (pushed, requeued, pusher.pipe)))
+            extra = also[i : i + n] if also else []
+            try:
+                self.db.batch([*parts, *extra], logged=bool(extra))
+            except QueueError:
+                pusher.broken = True  # its counters may be off by this batch: start a new pipe
+                raise
+            pusher.pushed, pusher.requeued = pushed, requeued
+            out.extend(new_ids)
+            i += n
+        return out
+
+    def delay(self, bodies: list[bytes], due: int, expiry: int | None) -> list[uuid.UUID]:
+        """Keep messages in the delayed table until `due` (ms); their ids."""
+        ids = [uuid.uuid1() for _ in bodies]
+        rows: list[tuple[Any, ...]] = [
+            (due, i, body, unset(expiry)) for i, body in zip(ids, bodies, strict=True)
+        ]
+        start = 0
+        while start < len(rows):  # one partition: unlogged batches
+            n = batch_size(bodies[start:], len(bodies) - start)
+            self.db.batch((self.db.cql.delay, row) for row in rows[start : start + n])
+            start += n
+        return ids
