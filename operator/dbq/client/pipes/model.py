@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cassandra.query import UNSET_VALUE
 
@@ -14,12 +14,17 @@ from dbq.client.pipes import tuning
 from dbq.client.stats import DeadLetter, QueueStats
 from dbq.errors import QueueError
 
-if TYPE_CHECKING:
-    from dbq.client.pipes.queue import PipesQueue
-
 # How long a take leases its messages: None (a pop), seconds for them all, or each message's own
 # in take order (smart batching's acquires, each caller with its visibility).
 Visibility = float | Sequence[float] | None
+
+
+class MessageOwner(Protocol):
+    """The client a taken message is acked and nacked through (`PipesQueue`)."""
+
+    def ack(self, message: PipeMessage) -> None: ...
+
+    def _nack(self, m: PipeMessage, delay: float, error: str | None, *, handled: bool = True) -> bool: ...
 
 
 @dataclass
@@ -30,7 +35,7 @@ class PipeMessage:
     lease: uuid.UUID | None  # the lease token of an acquired message; None when popped
     pipe: uuid.UUID
     key: uuid.UUID  # the row's clustering key in its pipe
-    _queue: PipesQueue | None = field(default=None, repr=False, compare=False)
+    _queue: MessageOwner | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
         """Done with it: never delivered again. Raises LeaseLost if the lease had expired."""
@@ -52,7 +57,7 @@ class PipeMessage:
         whether it was dead-lettered."""
         return self.nack(delay, error)
 
-    def _leased(self) -> PipesQueue:
+    def _leased(self) -> MessageOwner:
         if self.lease is None or self._queue is None:
             raise QueueError(f"message {self.id} was popped (at-most-once): there is nothing to ack or nack")
         return self._queue

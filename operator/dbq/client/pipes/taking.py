@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dbq.client.pipes import tuning
 from dbq.client.pipes.archive import PipeArchive
 from dbq.client.pipes.leasing import PipeLeases
-from dbq.client.pipes.model import Lease, PipeMessage, Visibility, unset
+from dbq.client.pipes.model import Lease, MessageOwner, PipeMessage, Visibility, unset
 from dbq.client.pipes.session import Part, PipesSession
 from dbq.errors import QueueError
-
-if TYPE_CHECKING:
-    from dbq.client.pipes.queue import PipesQueue
 
 
 class PipeReader:
@@ -26,7 +23,7 @@ class PipeReader:
         leases: PipeLeases,
         archive: PipeArchive,
         max_push_time_ms: int,
-        queue: PipesQueue,
+        queue: MessageOwner,
     ) -> None:
         self.db = db
         self.leases = leases
