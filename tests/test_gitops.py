@@ -119,9 +119,21 @@ def test_a_queue_that_cannot_become_ready_fails_the_health_check_until_its_secre
     assert gitops.cluster.condition("ledger", "Ready")["status"] == "False"
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ledger-db"},
               "stringData": {"url": postgres.url}}  # fmt: skip
-    healed = gitops.applied(gitops.commit({"ledger-db.yaml": secret}, "ledger's Secret"))
+    healed_at = gitops.commit({"ledger-db.yaml": secret}, "ledger's Secret")
+    # The Queue is provisioned at the operator's next retry of it (its backoff grew while the
+    # Secret was missing: 5 s doubling, at most 5 min), and Flux's attempts meanwhile may time out
+    # on it; the first attempt after that is Ready.
+    healed = wait_for(
+        lambda: _ready_at(gitops, healed_at), 240, "the Kustomization Ready at the Secret's commit"
+    )
     assert healed["status"] == "True", healed
     gitops.cluster.wait_condition("ledger", "Ready", "True", timeout=60)
+
+
+def _ready_at(gitops: GitOps, revision: str) -> dict[str, Any] | None:
+    status = gitops.flux.get(KUSTOMIZATION, NAME).get("status") or {}
+    ready = gitops.flux.ready(KUSTOMIZATION, NAME)
+    return ready if status.get("lastAppliedRevision") == revision and ready.get("status") == "True" else None
 
 
 def _names_the_queue(gitops: GitOps, name: str) -> dict[str, Any] | None:
