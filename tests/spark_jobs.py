@@ -25,7 +25,9 @@ def session(master: str) -> Any:
 
 def consume(args: argparse.Namespace) -> None:
     """Stream the queue into Parquet; stop once no message came for `idle_exit` seconds (a
-    batch still running counts as a message coming: under load the first takes a while)."""
+    batch still running counts as a message coming: under load the first takes a while), and,
+    with `--after FILE`, only once that file exists (the feeder is done)."""
+    fed = Path(args.after) if args.after else None
     spark = session("local[2]")
     stream = (
         spark.readStream.format("dbq")
@@ -46,8 +48,8 @@ def consume(args: argparse.Namespace) -> None:
     last_batch, last_data = -1, time.monotonic()
     while query.isActive:
         time.sleep(0.2)
-        if query.status["isDataAvailable"]:  # a batch with data is planned or running: not idle
-            last_data = time.monotonic()
+        if query.status["isDataAvailable"] or (fed is not None and not fed.exists()):
+            last_data = time.monotonic()  # a batch with data is planned or running, or more is coming
         progress = query.lastProgress
         if progress is None or progress["batchId"] == last_batch:
             if time.monotonic() - last_data > args.idle_exit:
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--fail-once")
+    parser.add_argument("--after", help="consume: not idle until this file exists")
     args = parser.parse_args()
     consume(args) if args.job == "consume" else write(args)
 

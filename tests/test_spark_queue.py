@@ -76,12 +76,17 @@ def batches_with_data(log: Path) -> int:
     )
 
 
-def consume_with_kills(cluster, kube, name: str, tmp: Path, kills: int = 2) -> list:
+def consume_with_kills(
+    cluster, kube, name: str, tmp: Path, kills: int = 2, after: Path | None = None
+) -> list:
     """Stream `name` into Parquet; SIGKILL the driver after 2 batches with data, `kills` times,
-    restarting from the checkpoint; then let it run until the queue stays empty."""
+    restarting from the checkpoint; then let it run until the queue stays empty (and, with
+    `after`, that file exists: the feeder is done)."""
     common = ["consume", "--kubeconfig", kube.kubeconfig, "--namespace", cluster.ns, "--queue", name,
               "--sink", str(tmp / "sink"), "--checkpoint", str(tmp / "checkpoint"),
               "--per-trigger", str(PER_TRIGGER), "--idle-exit", "25"]  # fmt: skip
+    if after is not None:
+        common += ["--after", str(after)]
     for run in range(kills):
         log = tmp / f"run{run}.log"
         proc = job(*common, log=log)
@@ -110,10 +115,11 @@ def check_consumed(rows: list, bodies: set[bytes], client, kills: int) -> None:
     got = [body for body, _ in rows]
     duplicates = len(got) - len(set(got))
     print(f"{len(got)} rows in the sink, {len(set(got))} distinct, {duplicates} duplicates")
-    assert set(got) == bodies, f"lost: {len(bodies - set(got))}"
-    assert duplicates <= kills * PER_TRIGGER  # only from the kills: at most a batch in flight each
     with client() as q:
         stats = q.stats()
+        lost = bodies - set(got)
+        assert not lost, f"lost {len(lost)}, from {min(lost)!r} to {max(lost)!r}; the queue: {stats}"
+        assert duplicates <= kills * PER_TRIGGER  # only from the kills: at most a batch in flight each
         assert (stats.depth, stats.in_flight) == (0, 0), stats
         # The last batch's rows went when the query next asked for data, the batch being durable.
         assert staging_of(q).last("read:default") is None
@@ -124,18 +130,21 @@ def test_a_streaming_read_survives_two_driver_kills_on_a_ring(queues, tmp_path):
     total = 100_000
     bodies = {b"s%06d" % i for i in range(total)}
 
-    def feed() -> None:  # the ring holds 16384: pushes wait for room while the stream consumes
-        with clients["stream-ring"]() as q:
-            ordered = sorted(bodies)
-            for start in range(0, total, 1000):
-                q.push_many(ordered[start : start + 1000], timeout=300)
+    fed = tmp_path / "fed"
 
-    pusher = threading.Thread(target=feed)
-    pusher.start()
-    try:
-        rows = consume_with_kills(cluster, kube, "stream-ring", tmp_path)
-    finally:
-        pusher.join()
+    def feed() -> None:  # the ring holds 16384: pushes wait for room while the stream consumes
+        try:
+            with clients["stream-ring"]() as q:
+                ordered = sorted(bodies)
+                for start in range(0, total, 1000):
+                    q.push_many(ordered[start : start + 1000], timeout=300)
+        finally:
+            fed.touch()
+
+    with ThreadPoolExecutor(1) as pool:
+        pushed = pool.submit(feed)
+        rows = consume_with_kills(cluster, kube, "stream-ring", tmp_path, after=fed)
+        pushed.result()  # a pusher that failed says why
     check_consumed(rows, bodies, clients["stream-ring"], kills=2)
 
 

@@ -184,24 +184,31 @@ BEGIN
     IF FOUND THEN RETURN true; END IF;
     -- The slot still holds an earlier lap's message. A leased one moves to the spill table (its
     -- ack finds it there). A ready one whose position a popper drew but has not claimed after a
-    -- few tries is an orphan and moves there too. Otherwise its popper is about to take it.
+    -- few tries is an orphan and moves there too. Otherwise its popper is about to take it. A
+    -- slot a popper's transaction holds is skipped (SKIP LOCKED), never waited for: that popper
+    -- may itself be waiting for a position this push has drawn, and neither would move.
     SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
-    WITH moved AS (
-      UPDATE "shopq"."orders_ring" SET state = 0
+    WITH held AS (
+      SELECT slot FROM "shopq"."orders_ring"
       WHERE slot = p_id % 1000 AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
-      RETURNING msg_id, lease, attempts, pushed_at, visible_at, expires_at, body)
+      FOR UPDATE SKIP LOCKED),
+    moved AS (
+      UPDATE "shopq"."orders_ring" r SET state = 0 FROM held WHERE r.slot = held.slot
+      RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body)
     INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
     SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
       CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body
     FROM moved m;
     v_try := v_try + 1;
     IF v_try > 20 THEN
-      -- The ring is full after all (pushers raced past the check): give the position up as void,
-      -- so its popper skips it, and let the caller report the queue full.
+      -- The ring is full after all (pushers raced past the check), or a popper kept the slot:
+      -- give the position up as void, so its popper skips it; the caller tries again.
       INSERT INTO "shopq"."orders_gap" (pos, reason) VALUES (p_id, 'void') ON CONFLICT (pos) DO NOTHING;
       RETURN false;
     END IF;
-    PERFORM pg_sleep(0.0005);
+    -- Briefly at first (a popper claims its slot within microseconds), then up to 5 ms a try:
+    -- about 75 ms in all before the position is given up.
+    PERFORM pg_sleep(least(0.0005 * 2 ^ greatest(v_try - 4, 0), 0.005));
   END LOOP;
 END $fn$
 
@@ -468,9 +475,17 @@ BEGIN
       IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
   ELSE
-    -- 2. The ring: draw k positions in one statement, claim their slots in one update, and
-    -- pack what it took into one value, in push order.
-    SELECT array_agg(nextval('"shopq"."orders_pop_seq"') ORDER BY g) INTO v_pos FROM generate_series(1, v_k) g;
+    -- 2. The ring: draw up to k positions in one statement, claim their slots in one update,
+    -- and pack what it took into one value, in push order. Each position is drawn only while a
+    -- push is still ahead (as in pop): poppers drawing at once never pass the pushes, whose
+    -- positions they would wait for in vain.
+    SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
+      SELECT nextval('"shopq"."orders_pop_seq"') AS p FROM generate_series(1, v_k) g
+      WHERE (SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END
+                    > CASE WHEN o.is_called THEN o.last_value ELSE 0 END
+             FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o WHERE g > 0)) d;  -- g > 0: looked at again for each row
+    v_pos := coalesce(v_pos, '{}');
+    v_k := cardinality(v_pos);
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
@@ -865,7 +880,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varc
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue)
-VALUES ('orders', 'ring', 14, 1000, 300,
+VALUES ('orders', 'ring', 15, 1000, 300,
   5, 1, '')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,

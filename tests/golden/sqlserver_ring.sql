@@ -200,7 +200,9 @@ AS BEGIN
   DECLARE @popped bigint, @try int = 0, @rc int;
   SET @placed = 0;
   WHILE 1 = 1 BEGIN
-    UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
+    -- A slot a popper's transaction holds is skipped (READPAST), never waited for: that popper
+    -- may itself be waiting for a position this push has drawn, and neither would move.
+    UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
         expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     WHERE slot = @id % 1000 AND state = 0;
@@ -210,7 +212,7 @@ AS BEGIN
     -- drew its position a while ago, moves to the spill table.
     SELECT @popped = CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
     WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
-    UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+    UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
       deleted.expires_at, deleted.body
@@ -218,7 +220,8 @@ AS BEGIN
     WHERE slot = @id % 1000 AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
-      -- Full after all (pushers raced past the check): the position becomes void.
+      -- Full after all (pushers raced past the check), or a popper kept the slot: the position
+      -- becomes void, and the caller tries again.
       INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT @id, 'void' WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] WHERE pos = @id);
       RETURN;
     END;
@@ -889,11 +892,11 @@ ALTER TABLE [shopq].[dbq_queues] ADD dead_letter_queue nvarchar(300) NOT NULL DE
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 14, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 15, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue)
-  VALUES (s.queue, N'ring', 14, 1000, 300, 5, 1, N'');
+  VALUES (s.queue, N'ring', 15, 1000, 300, 5, 1, N'');
 
 -- teardown
 

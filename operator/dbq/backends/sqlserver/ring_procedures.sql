@@ -18,7 +18,9 @@ AS BEGIN
   DECLARE @popped bigint, @try int = 0, @rc int;
   SET @placed = 0;
   WHILE 1 = 1 BEGIN
-    UPDATE {ring} WITH (ROWLOCK)
+    -- A slot a popper's transaction holds is skipped (READPAST), never waited for: that popper
+    -- may itself be waiting for a position this push has drawn, and neither would move.
+    UPDATE {ring} WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
         expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     WHERE slot = @id % {size} AND state = 0;
@@ -28,7 +30,7 @@ AS BEGIN
     -- drew its position a while ago, moves to the spill table.
     SELECT @popped = {drawn} FROM sys.sequences
     WHERE object_id = OBJECT_ID(N'{pop_seq}');
-    UPDATE {ring} WITH (ROWLOCK) SET state = 0
+    UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
       deleted.expires_at, deleted.body
@@ -36,7 +38,8 @@ AS BEGIN
     WHERE slot = @id % {size} AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
-      -- Full after all (pushers raced past the check): the position becomes void.
+      -- Full after all (pushers raced past the check), or a popper kept the slot: the position
+      -- becomes void, and the caller tries again.
       INSERT INTO {gap} (pos, reason) SELECT @id, 'void' WHERE NOT EXISTS (SELECT 1 FROM {gap} WHERE pos = @id);
       RETURN;
     END;
