@@ -1,0 +1,105 @@
+"""Message headers: a flat mapping of string keys to string, integer, float or boolean values,
+carried beside the body on every design.
+
+On the wire and in the database a mapping is compact JSON text (UTF-8), keys sorted: a DBA reads
+it in SQL, a routine can match on it (PostgreSQL's jsonb operators, SQL Server's JSON_VALUE),
+and any language writes it. A message without headers stores NULL (on PostgreSQL one bit of the
+null bitmap), never '{}'. Values travel as bound parameters, never inside SQL or CQL text.
+
+Reserved keys start with `dbq-`: dbq writes them, a pusher may not. `content-type` is the one
+well-known key a pusher sets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+HeaderValue = str | int | float | bool
+Headers = Mapping[str, HeaderValue]
+
+RESERVED_PREFIX = "dbq-"
+ERROR = "dbq-error"  # why a message was dead-lettered: nack(error=...) or the lease that expired
+ATTEMPTS = "dbq-attempts"  # how many times it was acquired when it was dead-lettered
+CONTENT_TYPE = "content-type"  # the body's media type, e.g. application/json (set by the pusher)
+
+DEFAULT_HEADER_BYTES = 1024
+DEFAULT_MAX_HEADERS = 32
+MAX_KEY_LENGTH = 128
+# A key: printable ASCII without spaces, quotes, backslashes or control characters.
+KEY_PATTERN = re.compile(r"^[!#-\[\]-~]{1,128}$")
+KEY_HINT = "printable ASCII without spaces, quotes or backslashes, 1 to 128 characters"
+
+
+@dataclass(frozen=True)
+class HeaderLimits:
+    """spec.messages' limits on headers: their encoded size and how many keys."""
+
+    header_bytes: int = DEFAULT_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+
+
+def encode(headers: Headers | None, limits: HeaderLimits, *, reserved: bool = False) -> str | None:
+    """The JSON text stored for `headers`, or None for none. Raises ValueError naming the
+    header and the rule before anything is written; `reserved`: dbq's own keys are allowed."""
+    if headers is None:
+        return None
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"headers is a mapping of names to values, not {type(headers).__name__}")
+    if not headers:
+        return None
+    if len(headers) > limits.max_headers:
+        raise ValueError(
+            f"{len(headers)} headers are more than spec.messages.maxHeaders ({limits.max_headers}) allows:"
+            " send fewer, or raise the limit in the Queue"
+        )
+    for key, value in headers.items():
+        _check(key, value, reserved)
+    text = json.dumps(
+        dict(headers), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    size = len(text.encode())
+    if size > limits.header_bytes:
+        raise ValueError(
+            f"headers of {size} bytes (as JSON) are larger than spec.messages.headerBytes ({limits.header_bytes}):"
+            " send less in headers (put it in the body), or raise the limit in the Queue"
+        )
+    return text
+
+
+def _check(key: object, value: object, reserved: bool) -> None:
+    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+        raise ValueError(f"header name {key!r} is not valid: use {KEY_HINT}")
+    if key.startswith(RESERVED_PREFIX) and not reserved:
+        raise ValueError(
+            f"header {key!r}: names starting with {RESERVED_PREFIX!r} are dbq's own; choose another name"
+        )
+    if not isinstance(value, str | int | float | bool):
+        raise TypeError(f"header {key!r} is a string, integer, float or boolean, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"header {key!r} is {value}: a float header is a finite number")
+    if isinstance(value, str) and any(ord(c) < 0x20 and c not in "\t" for c in value):
+        raise ValueError(f"header {key!r} holds a control character: remove it (a tab is allowed)")
+
+
+def decode(stored: str | bytes | None) -> dict[str, HeaderValue]:
+    """The mapping stored as JSON text (or its UTF-8 bytes); {} for none."""
+    if stored is None or stored in ("", b""):
+        return {}
+    text = stored if isinstance(stored, str) else bytes(stored).decode()
+    found = json.loads(text)
+    if not isinstance(found, dict):
+        raise ValueError(f"stored headers are not a JSON object: {text[:80]!r}")
+    return found
+
+
+def with_dead_letter_reason(stored: str | None, error: str | None, attempts: int) -> str:
+    """Stored headers with dbq's dead-letter keys added: the reason (if any) and the attempts."""
+    headers: dict[str, HeaderValue] = decode(stored)
+    if error is not None:
+        headers[ERROR] = error[:4000]
+    headers[ATTEMPTS] = attempts
+    return json.dumps(headers, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
