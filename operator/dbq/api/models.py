@@ -285,6 +285,26 @@ class DeadLetter(Model):
     )
 
 
+MIB = 1 << 20
+
+
+class Messages(Model):
+    header_bytes: Annotated[int, Field(ge=64, le=65_536)] = Field(
+        default=1024,
+        description="Largest headers of one message, as the compact JSON dbq stores (keys sorted);"
+        " a push with more is refused with an error naming this field.",
+    )
+    max_headers: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=32, description="Most header keys on one message."
+    )
+    max_bytes: Annotated[int, Field(ge=16, le=64 * MIB)] = Field(
+        default=MIB,
+        description="Largest body. Ring: a body up to ring.messageBytes lives in its slot; a larger one in the"
+        " queue's content table, the slot holding only its place. Pipes: stored in chunks of 256 KiB."
+        " Service Broker: SQL Server's own limit (2 GB) applies and this field is not used.",
+    )
+
+
 class Archive(Model):
     enabled: bool = Field(
         default=False,
@@ -399,6 +419,10 @@ class QueueSpec(Model):
     dead_letter: DeadLetter | None = Field(
         default=None,
         description="Ring and pipes queues: dead-letter messages that keep failing (absent: redeliver for ever).",
+    )
+    messages: Messages = Field(
+        default_factory=Messages,
+        description="Limits of one message: its headers and its body (bodies larger than a ring slot included).",
     )
     archive: Archive = Field(
         default_factory=Archive,
