@@ -11,12 +11,13 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from cassandra.cluster import Cluster
 
-from dbq.api.models import DeadLetter, QueueSpec
+from dbq.api.models import Archive, DeadLetter, Messages, QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
@@ -67,7 +68,15 @@ def complete(**changes: Any) -> PipesObserved:
         },
         recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 500, 60000),
         meta_columns=frozenset(
-            {"queue", "schema_version", "max_attempts", "archive_ttl_s", "dead_letter_queue"}
+            {
+                "queue",
+                "schema_version",
+                "max_attempts",
+                "archive_ttl_s",
+                "dead_letter_queue",
+                "header_bytes",
+                "max_headers",
+            }
         ),
         dead_columns=frozenset({"bucket", "id", "source"}),
     )
@@ -146,6 +155,24 @@ def test_plan_upgrades_a_version_2_queue_in_place():
         dead_columns=frozenset({"bucket", "id"}),
     )
     assert actions(old) == ["add_meta_columns", "add_dead_source", "source_dead_letters", "record_settings"]
+
+
+def test_plan_upgrades_a_version_3_queue_in_place():
+    """Version 4 adds message headers: a headers column in each message table (existing rows:
+    none), and their limits in the metadata row."""
+    old = complete(
+        recorded=RecordedPipes(3, 500, 60000, header_bytes=0, max_headers=0),
+        meta_columns=frozenset(
+            {"queue", "schema_version", "max_attempts", "archive_ttl_s", "dead_letter_queue"}
+        ),
+        headerless=frozenset({"q_waiting", "q_pending", "q_dead", "q_delayed", "q_archive"}),
+    )
+    steps = plan_pipes(TARGET, old)
+    assert [str(s) for s in steps] == [
+        "add_meta_columns", "add_headers:q_waiting", "add_headers:q_pending", "add_headers:q_dead",
+        "add_headers:q_delayed", "add_headers:q_archive", "record_settings",
+    ]  # fmt: skip
+    assert "headers of at most 1024 bytes and 32 keys" in steps[-1].why
 
 
 def test_plan_waits_for_the_queue_keeping_the_dead_letters():
@@ -261,9 +288,9 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
     )
 
 
-@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("version", [3, 2, 1])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra, version):
-    """Version 3 names the source queue of each dead letter (a metadata column, a dead table
+    """Version 4 adds headers (a column in each message table, two metadata columns); version 3 names the source queue of each dead letter (a metadata column, a dead table
     column, older dead letters named this queue's); version 2 added dead letters, delayed
     delivery and the archive (three tables, two metadata columns). A queue of either version gets
     them in place, in a keyspace whose metadata table that version made, with its messages,
@@ -277,14 +304,18 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(c
             ids = q.push_many([b"m%d" % i for i in range(10)])
             held = q.acquire_many(3, visibility=60)
         # What the older version had: none of the newer tables and columns.
-        cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP dead_letter_queue")
+        cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP (header_bytes, max_headers)")
+        for table in ("waiting", "pending", "dead", "delayed", "archive"):
+            cassandra.execute(f"ALTER TABLE {ks}.upgrade_me_{table} DROP headers")
+        if version < 3:
+            cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP dead_letter_queue")
         if version == 2:
             cassandra.execute(f"ALTER TABLE {ks}.upgrade_me_dead DROP source")
             cassandra.execute(
                 f"INSERT INTO {ks}.upgrade_me_dead (bucket, id, attempts, error, dead_at, body, moving_until)"
                 " VALUES (0, now(), 2, 'from version 2', toTimestamp(now()), 0x6f6c64, 0)"
             )
-        else:
+        elif version == 1:
             for table in ("dead", "delayed", "archive"):
                 cassandra.execute(f"DROP TABLE {ks}.upgrade_me_{table}")
             cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP (max_attempts, archive_ttl_s)")
@@ -295,10 +326,15 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(c
             connect(cass_url, "upgrade_me", schema=KEYSPACE)
         upgraded = open_backend(spec_for().model_copy(update={"dead_letter": DeadLetter(max_attempts=2)}),
                                 "upgrade_me", settings)  # fmt: skip
+        headers = [
+            f"add_headers:upgrade_me_{t}" for t in ("waiting", "pending", "dead", "delayed", "archive")
+        ]
         assert [str(s) for s in upgraded.plan(upgraded.observe())] == (
-            ["add_meta_columns", "add_dead_source", "source_dead_letters", "record_settings"] if version == 2 else
+            ["add_meta_columns", *headers, "record_settings"] if version == 3 else
+            ["add_meta_columns", "add_dead_source", *headers, "source_dead_letters", "record_settings"]
+            if version == 2 else
             ["add_meta_columns", "create_table:upgrade_me_dead", "create_table:upgrade_me_delayed",
-             "create_table:upgrade_me_archive", "record_settings"]
+             "create_table:upgrade_me_archive", *headers[:2], "record_settings"]
         )  # fmt: skip
         upgraded.apply()
         assert upgraded.plan(upgraded.observe()) == []
@@ -686,3 +722,60 @@ def test_consume_holds_at_most_its_credit_and_every_message_ends_handled_once_or
     assert stats.most_in_hand <= 5
     assert (stats.failed, stats.handled) == (20, 200)
     assert set(handled) == set(bodies) and max(handled.values()) == 1
+
+
+def test_headers_travel_with_their_message_through_every_path(cass_url):
+    """Pushed headers come back on pop, acquire, peek, a nacked redelivery, a delayed delivery,
+    a dead letter (with dbq's reason and attempts added), a redrive and the archive; a message
+    without headers has none; headers past the spec's limits are refused with nothing written."""
+    name = f"h_{uuid.uuid4().hex[:8]}"
+    spec = spec_for().model_copy(
+        update={
+            "dead_letter": DeadLetter(max_attempts=1),
+            "archive": Archive(enabled=True),
+            "messages": Messages(header_bytes=128, max_headers=4),
+        }
+    )
+    backend = open_backend(spec, name, from_url(cass_url))
+    backend.apply()
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    trace = {"traceparent": "00-4bf92f3577b34da6-00f067aa0ba902b7-01", "n": 7, "ratio": 0.25, "urgent": True}
+    try:
+        with connect(cass_url, name, schema=KEYSPACE, pop_timeout=0.5) as q:
+            assert isinstance(q, PipesQueue)
+            with pytest.raises(ValueError, match=r"spec.messages.headerBytes \(128\)"):
+                q.push(b"too much", headers={"k": "x" * 200})
+            with pytest.raises(ValueError, match=r"spec.messages.maxHeaders \(4\)"):
+                q.push_many([b"a"], headers={str(i): i for i in range(5)})
+            with pytest.raises(ValueError, match="'dbq-error'"):
+                q.push(b"mine", headers={"dbq-error": "x"})
+            assert q.stats().pushed == 0  # nothing written
+            q.push(b"plain")
+            q.push_many([b"one", b"two"], headers=[trace, {"only": "two"}])
+            popped = q.pop_many(3)
+            assert [(m.body, m.headers) for m in popped] == [
+                (b"plain", {}),
+                (b"one", trace),
+                (b"two", {"only": "two"}),
+            ]
+            q.push(b"leased", headers=trace)
+            assert [m.headers for m in q.peek(5)] == [trace]
+            m = q.acquire(visibility=30)
+            assert m is not None and m.headers == trace
+            assert m.nack(error="handler failed") is True  # maxAttempts 1: dead-lettered
+            [dead] = q.dead_letters()
+            assert dead.headers == trace | {"dbq-error": "handler failed", "dbq-attempts": 1}
+            assert q.redrive() == 1
+            again = q.acquire(visibility=30)
+            assert again is not None and again.body == b"leased" and again.headers == dead.headers
+            again.ack()
+            q.push(b"later", headers={"when": "delayed"}, delay=0.1)
+            time.sleep(1.5)
+            q.repair()
+            later = q.pop()
+            assert later is not None and later.headers == {"when": "delayed"}
+            kept = {a.body: a.headers for a in q.archived(since)}
+            assert kept[b"one"] == trace and kept[b"plain"] == {} and kept[b"later"] == {"when": "delayed"}
+    finally:
+        backend.teardown()
+        backend.close()

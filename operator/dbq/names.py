@@ -181,6 +181,11 @@ class QueueNames:
         )  # fmt: skip
 
     @property
+    def message_tables(self) -> tuple[str, ...]:
+        """Cassandra: the tables of a pipes queue whose rows are messages (they carry headers)."""
+        return (self.waiting, self.pending, self.dead, self.delayed, self.archive)
+
+    @property
     def sender_queue(self) -> str:
         """Service Broker: the queue of the sending service (end-of-conversation replies)."""
         return self._("sender")

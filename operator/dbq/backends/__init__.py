@@ -41,6 +41,8 @@ def open_backend(
             max_attempts=spec.dead_letter.max_attempts if spec.dead_letter else 0,
             archive_ttl_s=int(seconds(spec.archive.retention)) if spec.archive.enabled else 0,
             dead_letter_keeper=dead_letter_keeper,
+            header_bytes=spec.messages.header_bytes,
+            max_headers=spec.messages.max_headers,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

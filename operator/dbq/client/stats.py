@@ -8,11 +8,13 @@ it to Prometheus and writes it to `status.stats` (`dbq.api.status.StatsStatus`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+from dbq.contract.headers import HeaderValue
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class DeadLetter:
     dead_at: float
     body: bytes
     source: str = ""  # schema.queue of the queue it came from (a table may keep several queues')
+    # Its headers, with dbq's dead-letter keys (`dbq.contract.headers.ERROR`, `ATTEMPTS`) added.
+    headers: Mapping[str, HeaderValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,4 @@ class ArchivedMessage:
     pushed_at: float
     acked_at: float
     body: bytes
+    headers: Mapping[str, HeaderValue] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 HeaderValue = str | int | float | bool
@@ -68,6 +68,24 @@ def encode(headers: Headers | None, limits: HeaderLimits, *, reserved: bool = Fa
             " send less in headers (put it in the body), or raise the limit in the Queue"
         )
     return text
+
+
+def encode_each(
+    headers: Headers | Sequence[Headers | None] | None, count: int, limits: HeaderLimits
+) -> list[str | None]:
+    """The stored headers of `count` messages: `headers` is one mapping for all of them, or a
+    sequence of one mapping (or None) per message."""
+    if headers is None or isinstance(headers, Mapping):
+        return [encode(headers, limits)] * count
+    if isinstance(headers, str | bytes) or not isinstance(headers, Sequence):
+        raise TypeError(
+            "headers is one mapping for every message, or a list of one mapping (or None) per message"
+        )
+    if len(headers) != count:
+        raise ValueError(
+            f"headers has {len(headers)} mappings for {count} messages: give one per message, or one for all"
+        )
+    return [encode(h, limits) for h in headers]
 
 
 def _check(key: object, value: object, reserved: bool) -> None:

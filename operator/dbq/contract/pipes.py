@@ -12,9 +12,17 @@ from dbq.names import pg_quote as quote
 
 # 2: dead letters (the dead table, meta.max_attempts), delayed delivery, archive (meta.archive_ttl_s)
 # 3: dead letters kept by another queue (spec.deadLetter.queue: meta.dead_letter_queue, dead.source)
-PIPES_SCHEMA_VERSION = 3
-# What versions 2 and 3 added to the metadata table, with their types.
-META_COLUMNS = {"max_attempts": "int", "archive_ttl_s": "int", "dead_letter_queue": "text"}
+# 4: message headers (a headers column in the waiting, pending, delayed, dead and archive tables;
+#    their limits in meta.header_bytes and meta.max_headers)
+PIPES_SCHEMA_VERSION = 4
+# What versions 2 to 4 added to the metadata table, with their types.
+META_COLUMNS = {
+    "max_attempts": "int",
+    "archive_ttl_s": "int",
+    "dead_letter_queue": "text",
+    "header_bytes": "int",
+    "max_headers": "int",
+}
 BUCKET = 0  # the pipes table's single partition
 
 
@@ -50,7 +58,9 @@ class PipesStatements:
             f"INSERT INTO {st} (pipe, pusher, created, finished, lease_until, {counters})"
             " VALUES (?, ?, ?, false, 0, 0, 0, 0, 0, 0)"
         )
-        self.push = f"INSERT INTO {w} (pipe, msg, id, body, attempts, expires) VALUES (?, ?, ?, ?, ?, ?)"
+        self.push = (
+            f"INSERT INTO {w} (pipe, msg, id, body, attempts, expires, headers) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
         self.count_pushes = f"UPDATE {st} SET pushed = ?, requeued = ? WHERE pipe = ?"
         self.finish_pipe = f"UPDATE {st} SET finished = true WHERE pipe = ?"
         self.set_status = f"UPDATE {p} SET status = ?, changed = ? WHERE bucket = {BUCKET} AND pipe = ?"
@@ -65,15 +75,15 @@ class PipesStatements:
         self.claim = f"UPDATE {st} SET owner = ?, lease_until = ? WHERE pipe = ? IF lease_until = ?"
         self.renew = f"UPDATE {st} SET lease_until = ? WHERE pipe = ? IF owner = ?"
         self.release = f"UPDATE {st} SET lease_until = 0 WHERE pipe = ? IF owner = ?"
-        take_cols = "msg, id, body, attempts, toUnixTimestamp(expires)"
+        take_cols = "msg, id, body, attempts, toUnixTimestamp(expires), headers"
         self.read_after = f"SELECT {take_cols} FROM {w} WHERE pipe = ? AND msg > ? LIMIT ?"
         self.read_head = f"SELECT {take_cols} FROM {w} WHERE pipe = ? LIMIT ?"
         self.delete_after = f"DELETE FROM {w} WHERE pipe = ? AND msg > ? AND msg <= ?"
         self.delete_head = f"DELETE FROM {w} WHERE pipe = ? AND msg <= ?"
         self.count_takes = f"UPDATE {st} SET cursor = ?, popped = ?, acquired = ?, expired = ? WHERE pipe = ?"
         self.lease_message = (
-            f"INSERT INTO {d} (pipe, msg, id, body, attempts, expires, deadline, lease)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {d} (pipe, msg, id, body, attempts, expires, deadline, lease, headers)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
 
         # --- ack / nack / rollback ---------------------------------------------------------
@@ -85,16 +95,19 @@ class PipesStatements:
         self.take_over = f"UPDATE {d} SET lease = ?, deadline = ? WHERE pipe = ? AND msg = ? IF lease = ?"
         self.defer = f"UPDATE {d} SET deadline = ?, lease = ? WHERE pipe = ? AND msg = ? IF lease = ?"
         self.pending_of = (
-            "SELECT msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(deadline), lease FROM"
-            f" {d} WHERE pipe = ?"
+            "SELECT msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(deadline), lease, headers"
+            f" FROM {d} WHERE pipe = ?"
         )
         self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
         # Delayed messages: one partition, in due-time order; repair moves those due to a pipe.
         dy = self.delayed
-        self.delay = f"INSERT INTO {dy} (bucket, due, id, body, expires, moving_until) VALUES ({BUCKET}, ?, ?, ?, ?, 0)"
+        self.delay = (
+            f"INSERT INTO {dy} (bucket, due, id, body, expires, moving_until, headers)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, 0, ?)"
+        )
         self.due = (
-            f"SELECT toUnixTimestamp(due), id, body, toUnixTimestamp(expires), toUnixTimestamp(moving_until)"
-            f" FROM {dy} WHERE bucket = {BUCKET} AND due <= ? LIMIT ?"
+            "SELECT toUnixTimestamp(due), id, body, toUnixTimestamp(expires), toUnixTimestamp(moving_until),"
+            f" headers FROM {dy} WHERE bucket = {BUCKET} AND due <= ? LIMIT ?"
         )
         # A mover claims a due message first (one claim wins), as a rollback takes a lease over.
         self.claim_delayed = f"UPDATE {dy} SET moving_until = ? WHERE bucket = {BUCKET} AND due = ? AND id = ? IF moving_until < ?"
@@ -102,21 +115,17 @@ class PipesStatements:
         self.count_delayed = f"SELECT count(*) FROM {dy} WHERE bucket = {BUCKET}"
         # Archive: one partition per hour of ack, in ack order; each row lives for the retention.
         ar = self.archive
-        self.keep = f"INSERT INTO {ar} (hour, acked, id, attempts, body) VALUES (?, ?, ?, ?, ?) USING TTL ?"
-        self.kept_since = (
-            f"SELECT acked, id, attempts, body FROM {ar} WHERE hour = ? AND acked >= minTimeuuid(?) LIMIT ?"
-        )
+        self.keep = f"INSERT INTO {ar} (hour, acked, id, attempts, body, headers) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
+        self.kept_since = f"SELECT acked, id, attempts, body, headers FROM {ar} WHERE hour = ? AND acked >= minTimeuuid(?) LIMIT ?"
         # Dead letters: one partition, in id (push) order; `source` is the queue each came from
         # (schema.queue), as a table may keep other queues' too. Filtering on it reads only the
         # one partition.
         dl = self.dead
         self.bury = (
-            f"INSERT INTO {dl} (bucket, id, source, attempts, error, dead_at, body, moving_until)"
-            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, ?, 0)"
+            f"INSERT INTO {dl} (bucket, id, source, attempts, error, dead_at, body, moving_until, headers)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, ?, 0, ?)"
         )
-        dead_cols = (
-            "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until), source"
-        )
+        dead_cols = "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until), source, headers"
         self.dead_letters = (
             f"SELECT {dead_cols} FROM {dl} WHERE bucket = {BUCKET} AND source = ? LIMIT ? ALLOW FILTERING"
         )

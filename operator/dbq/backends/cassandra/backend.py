@@ -98,9 +98,14 @@ class CassandraPipes:
             columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.meta))
             recorded = self._recorded(self.cql, self.names)
         dead_columns = frozenset(r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, self.names.dead))
+        headerless = frozenset(
+            t for t in self.names.message_tables
+            if t in tables and "headers" not in {r[0] for r in self._run(cql.OBSERVE_COLUMNS, ks, t)}
+        )  # fmt: skip
         return PipesObserved(
             keyspace_exists=True, replication=dict(rows[0][0]), tables=tables, recorded=recorded,
             meta_columns=columns, dead_columns=dead_columns, keeper_version=self._keeper_version(),
+            headerless=headerless,
         )  # fmt: skip
 
     def _recorded(self, statements: cql.PipesCql, names: QueueNames) -> RecordedPipes | None:
@@ -116,6 +121,7 @@ class CassandraPipes:
         return RecordedPipes(
             number("schema_version"), number("max_pushes_per_pipe"), number("max_push_time_ms"),
             number("max_attempts"), number("archive_ttl_s"), str(values.get("dead_letter_queue") or ""),
+            number("header_bytes"), number("max_headers"),
         )  # fmt: skip
 
     def _keeper_version(self) -> int | None:
@@ -149,13 +155,14 @@ class CassandraPipes:
             PipesAction.TUNE_TABLE: lambda: c.tune_table(step.table),
             PipesAction.ADD_META_COLUMNS: lambda: c.add_meta_columns,
             PipesAction.ADD_DEAD_SOURCE: lambda: c.add_dead_source,
+            PipesAction.ADD_HEADERS: lambda: c.add_headers(step.table),
             PipesAction.RECORD_SETTINGS: lambda: c.record,
         }
         values: tuple[Any, ...] = ()
         if step.action is PipesAction.RECORD_SETTINGS:
             values = (
                 PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, t.archive_ttl_s,
-                t.dead_letter_queue, self.names.queue,
+                t.dead_letter_queue, t.header_bytes, t.max_headers, self.names.queue,
             )  # fmt: skip
         return statements[step.action](), values
 

@@ -89,7 +89,8 @@ class PipesCql(PipesStatements):
         # --- provisioning --------------------------------------------------------------------
         self.record = (
             f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?,"
-            " max_attempts = ?, archive_ttl_s = ?, dead_letter_queue = ? WHERE queue = ?"
+            " max_attempts = ?, archive_ttl_s = ?, dead_letter_queue = ?, header_bytes = ?, max_headers = ?"
+            " WHERE queue = ?"
         )
         self.recorded = f"SELECT JSON * FROM {m} WHERE queue = ?"
         added = ", ".join(f"{column} {kind}" for column, kind in META_COLUMNS.items())
@@ -113,6 +114,7 @@ class PipesCql(PipesStatements):
             self.names.meta: f"""CREATE TABLE IF NOT EXISTS {self.meta} (
     queue text PRIMARY KEY, design text, schema_version int,
     max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int, archive_ttl_s int, dead_letter_queue text,
+    header_bytes int, max_headers int,
     watermark timeuuid, retired_pushed bigint, retired_requeued bigint, retired_popped bigint,
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp
@@ -132,25 +134,25 @@ class PipesCql(PipesStatements):
     popped int, acquired int, expired int
 ) WITH {TABLE_OPTIONS}""",
             self.names.waiting: f"""CREATE TABLE IF NOT EXISTS {self.waiting} (
-    pipe timeuuid, msg timeuuid, id timeuuid, body blob, attempts int, expires timestamp,
+    pipe timeuuid, msg timeuuid, id timeuuid, body blob, attempts int, expires timestamp, headers text,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
             self.names.pending: f"""CREATE TABLE IF NOT EXISTS {self.pending} (
     pipe timeuuid, msg timeuuid, id timeuuid, body blob, attempts int, expires timestamp,
-    deadline timestamp, lease uuid,
+    deadline timestamp, lease uuid, headers text,
     PRIMARY KEY ((pipe), msg)
 ) WITH CLUSTERING ORDER BY (msg ASC) AND {TABLE_OPTIONS}""",
             self.names.dead: f"""CREATE TABLE IF NOT EXISTS {self.own_dead} (
     bucket int, id timeuuid, source text, attempts int, error text, dead_at timestamp, body blob,
-    moving_until timestamp,
+    moving_until timestamp, headers text,
     PRIMARY KEY ((bucket), id)
 ) WITH CLUSTERING ORDER BY (id ASC) AND {TABLE_OPTIONS}""",
             self.names.delayed: f"""CREATE TABLE IF NOT EXISTS {self.delayed} (
-    bucket int, due timestamp, id timeuuid, body blob, expires timestamp, moving_until timestamp,
+    bucket int, due timestamp, id timeuuid, body blob, expires timestamp, moving_until timestamp, headers text,
     PRIMARY KEY ((bucket), due, id)
 ) WITH CLUSTERING ORDER BY (due ASC, id ASC) AND {TABLE_OPTIONS}""",
             self.names.archive: f"""CREATE TABLE IF NOT EXISTS {self.archive} (
-    hour int, acked timeuuid, id timeuuid, attempts int, body blob,
+    hour int, acked timeuuid, id timeuuid, attempts int, body blob, headers text,
     PRIMARY KEY ((hour), acked, id)
 ) WITH CLUSTERING ORDER BY (acked ASC, id ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
@@ -158,6 +160,10 @@ class PipesCql(PipesStatements):
     PRIMARY KEY ((stage), seq)
 ) WITH CLUSTERING ORDER BY (seq ASC) AND {TABLE_OPTIONS}""",
         }[table]
+
+    def add_headers(self, table: str) -> str:
+        """Version 4: a message table made before it gains the headers column (NULL: none)."""
+        return f"ALTER TABLE {self.keyspace}.{pg_quote(table)} ADD IF NOT EXISTS (headers text)"
 
     def tune_table(self, table: str) -> str:
         """Bring a queue table's compaction and gc_grace back to what dbq chose."""

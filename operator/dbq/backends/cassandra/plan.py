@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
+from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
 from dbq.errors import DeadLetterQueueNotFound
 from dbq.names import QueueNames
@@ -26,6 +27,8 @@ class PipesTarget:
     # The queue whose dead table keeps this queue's dead letters (spec.deadLetter.queue, in the
     # same cluster); None: its own.
     dead_letter_keeper: QueueNames | None = None
+    header_bytes: int = DEFAULT_HEADER_BYTES  # spec.messages.headerBytes
+    max_headers: int = DEFAULT_MAX_HEADERS  # spec.messages.maxHeaders
 
     @property
     def dead_letter_queue(self) -> str:
@@ -40,6 +43,7 @@ class PipesAction(StrEnum):
     TUNE_TABLE = "tune_table"
     ADD_META_COLUMNS = "add_meta_columns"
     ADD_DEAD_SOURCE = "add_dead_source"
+    ADD_HEADERS = "add_headers"
     SOURCE_DEAD_LETTERS = "source_dead_letters"
     RECORD_SETTINGS = "record_settings"
 
@@ -48,7 +52,7 @@ class PipesAction(StrEnum):
 class PipesStep:
     action: PipesAction
     why: str
-    table: str = ""  # for CREATE_TABLE and TUNE_TABLE
+    table: str = ""  # for CREATE_TABLE, TUNE_TABLE and ADD_HEADERS
 
     def __str__(self) -> str:
         return f"{self.action}:{self.table}" if self.table else str(self.action)
@@ -61,7 +65,8 @@ class PipesStep:
             PipesAction.ALTER_KEYSPACE: "changed the keyspace's replication: run `nodetool repair --full` on every node",
             PipesAction.CREATE_TABLE: f"created table {self.table}",
             PipesAction.TUNE_TABLE: f"reset compaction and gc_grace_seconds of table {self.table}",
-            PipesAction.ADD_META_COLUMNS: "added the columns of schema versions 2 and 3 to the metadata table",
+            PipesAction.ADD_META_COLUMNS: "added the columns of schema versions 2 to 4 to the metadata table",
+            PipesAction.ADD_HEADERS: f"added the headers column to table {self.table}",
             PipesAction.ADD_DEAD_SOURCE: "added the source column to the dead-letter table",
             PipesAction.SOURCE_DEAD_LETTERS: "named this queue the source of its older dead letters",
             PipesAction.RECORD_SETTINGS: "recorded the schema version and settings",
@@ -82,6 +87,8 @@ class RecordedPipes:
     max_attempts: int = 0  # recorded since schema version 2
     archive_ttl_s: int = 0  # recorded since schema version 2
     dead_letter_queue: str = ""  # recorded since schema version 3
+    header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since schema version 4
+    max_headers: int = DEFAULT_MAX_HEADERS  # recorded since schema version 4
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class PipesObserved:
     recorded: RecordedPipes | None = None
     meta_columns: frozenset[str] = frozenset()
     dead_columns: frozenset[str] = frozenset()
+    # Message tables made before schema version 4, without a headers column.
+    headerless: frozenset[str] = frozenset()
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
     keeper_version: int | None = None
@@ -159,12 +168,16 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     if n.dead in observed.tables and "source" not in observed.dead_columns:
         why = f"table {n.schema}.{n.dead} has no source column (made by schema version 2)"
         steps.append(PipesStep(PipesAction.ADD_DEAD_SOURCE, why))
+    for table in n.message_tables:
+        if table in observed.headerless:
+            why = f"table {n.schema}.{table} has no headers column (made before schema version 4)"
+            steps.append(PipesStep(PipesAction.ADD_HEADERS, why, table))
     if observed.recorded is not None and observed.recorded.schema_version == 2 and n.dead in observed.tables:
         why = f"dead letters of schema version 2 in {n.schema}.{n.dead} name no source"
         steps.append(PipesStep(PipesAction.SOURCE_DEAD_LETTERS, why))
     want = RecordedPipes(
         PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts,
-        target.archive_ttl_s, target.dead_letter_queue,
+        target.archive_ttl_s, target.dead_letter_queue, target.header_bytes, target.max_headers,
     )  # fmt: skip
     if observed.recorded != want:
         why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
@@ -179,5 +192,6 @@ def _settings(recorded: RecordedPipes | None) -> str:
         f"schema version {recorded.schema_version}, a new pipe every {recorded.max_pushes_per_pipe}"
         f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts,"
         f" archive kept {recorded.archive_ttl_s} s, dead letters kept by"
-        f" {recorded.dead_letter_queue or 'the queue itself'}"
+        f" {recorded.dead_letter_queue or 'the queue itself'}, headers of at most {recorded.header_bytes} bytes"
+        f" and {recorded.max_headers} keys"
     )

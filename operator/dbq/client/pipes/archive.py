@@ -12,6 +12,7 @@ from dbq.client.pipes.session import PipesSession
 from dbq.client.pipes.writing import batch_size
 from dbq.client.stats import ArchivedMessage
 from dbq.client.waiting import count_arg
+from dbq.contract import headers as header_codec
 from dbq.errors import QueueError
 
 LOG = logging.getLogger("dbq.pipes")
@@ -24,8 +25,8 @@ class PipeArchive:
         self.db = db
         self.ttl_s = ttl_s  # how long archived rows live (0: no archive)
 
-    def keep(self, taken: list[tuple[uuid.UUID, int, bytes]]) -> None:
-        """Archive messages just acked or popped (id, attempts, body), when spec.archive is on:
+    def keep(self, taken: list[tuple[uuid.UUID, int, bytes, str | None]]) -> None:
+        """Archive messages just acked or popped (id, attempts, body, headers as stored), when spec.archive is on:
         one batch per hour partition, each row with the retention as its TTL. Written after the
         take or ack it records (a failure there must not lose the messages), so a client that
         dies between the two leaves that message unarchived; a failure here is logged."""
@@ -51,7 +52,7 @@ class PipeArchive:
         out: list[ArchivedMessage] = []
         hour, last = int(since.timestamp() * 1000) // HOUR_MS, tuning.now_ms() // HOUR_MS
         while hour <= last and len(out) < limit:
-            for acked, msg_id, attempts, body in self.db.rows(
+            for acked, msg_id, attempts, body, stored in self.db.rows(
                 self.db.cql.kept_since, hour, since, limit - len(out)
             ):
                 out.append(
@@ -61,6 +62,7 @@ class PipeArchive:
                         tuning.uuid_ms(msg_id) / 1000,
                         tuning.uuid_ms(acked) / 1000,
                         bytes(body),
+                        header_codec.decode(stored),
                     )
                 )
             hour += 1

@@ -50,7 +50,7 @@ class PipeDeadLetters:
         if rows:
             self.writer.append(
                 [bytes(r[4]) for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),
-                also=[(self.db.cql.unbury, (r[0],)) for r in rows],
+                headers=[r[7] for r in rows], also=[(self.db.cql.unbury, (r[0],)) for r in rows],
             )  # fmt: skip
         return len(rows)
 

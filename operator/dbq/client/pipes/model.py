@@ -12,6 +12,8 @@ from cassandra.query import UNSET_VALUE
 
 from dbq.client.pipes import tuning
 from dbq.client.stats import DeadLetter, QueueStats
+from dbq.contract import headers as header_codec
+from dbq.contract.headers import HeaderValue
 from dbq.errors import QueueError
 
 # How long a take leases its messages: None (a pop), seconds for them all, or each message's own
@@ -35,6 +37,8 @@ class PipeMessage:
     lease: uuid.UUID | None  # the lease token of an acquired message; None when popped
     pipe: uuid.UUID
     key: uuid.UUID  # the row's clustering key in its pipe
+    headers: dict[str, HeaderValue] = field(default_factory=dict)
+    stored_headers: str | None = field(default=None, repr=False, compare=False)  # as stored (pushed again so)
     _queue: MessageOwner | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
@@ -162,8 +166,8 @@ def unset(value: Any) -> Any:
 
 
 def dead_letter_of_row(row: Sequence[Any]) -> DeadLetter:
-    """A dead letter from (id, attempts, error, dead_at ms, body, moving_until, source); pushed
-    when its id was made."""
+    """A dead letter from (id, attempts, error, dead_at ms, body, moving_until, source, headers);
+    pushed when its id was made."""
     return DeadLetter(
         row[0],
         int(row[1] or 0),
@@ -172,6 +176,7 @@ def dead_letter_of_row(row: Sequence[Any]) -> DeadLetter:
         (row[3] or 0) / 1000,
         bytes(row[4]),
         row[6] or "",
+        header_codec.decode(row[7]),
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,8 @@ from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
+from dbq.contract import headers as header_codec
+from dbq.contract.headers import HeaderLimits, Headers
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
 from dbq.errors import LeaseLost, QueueError, QueueNotFound, QueueUnavailable
 from dbq.names import QueueNames
@@ -66,11 +68,15 @@ class PipesQueue:
         try:
             meta = self._check_meta()
             # spec.deadLetter.maxAttempts (0: none), how long archived rows live (0: no
-            # archive), and the queue whose dead table keeps this queue's dead letters ('': its own)
-            max_attempts, archive_ttl_s, kept_by = self.db.rows(self.db.cql.read_settings, names.queue)[0]
+            # archive), the queue whose dead table keeps this queue's dead letters ('': its own),
+            # and spec.messages' limits on headers
+            max_attempts, archive_ttl_s, kept_by, header_bytes, max_headers = self.db.rows(
+                self.db.cql.read_settings, names.queue
+            )[0]
         except Exception:
             self._disconnect()  # a cluster this client opened must not outlive the failed connect
             raise
+        self.header_limits = HeaderLimits(int(header_bytes), int(max_headers))
         self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
         if kept_by:
             self.db.cql = PipesStatements(names, self.dead_letter_keeper)
@@ -85,14 +91,14 @@ class PipesQueue:
         self.repairer = PipeRepairer(self.db, self.writer, self.leases, self.settler)
         # Single calls made at once by several threads share round trips (smart batching).
         # Pushes by ttl and delay; acquires all together, each message leased for its caller's visibility.
-        self._pushes: ByOptions[tuple[float, float | None], bytes, uuid.UUID] | None = None
+        self._pushes: ByOptions[tuple[float, float | None], tuple[bytes, str | None], uuid.UUID] | None = None
         self._pops: Coalescer[None, PipeMessage | None] | None = None
         self._acquires: Coalescer[float, PipeMessage | None] | None = None
         self._acks: Coalescer[PipeMessage, None] | None = None
         if smart_batching:
             self._pushes = ByOptions(
                 lambda o: Coalescer(
-                    lambda bodies: self.push_many(bodies, ttl=o[0], delay=o[1]), tuning.BATCH_MAX_MESSAGES
+                    lambda messages: self._store(messages, ttl=o[0], delay=o[1]), tuning.BATCH_MAX_MESSAGES
                 )
             )
             self._pops = take_coalescer(
@@ -168,18 +174,20 @@ class PipesQueue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
+        headers: Headers | None = None,
     ) -> uuid.UUID:
-        """Store one message; its id (a time UUID). Never waits: a pipe has no size limit. With
-        `delay` (seconds), it is delivered no earlier than that from now."""
+        """Store one message, with `headers` if given; its id (a time UUID). Never waits: a
+        pipe has no size limit. With `delay` (seconds), it is delivered no earlier than that from now."""
         if self._pushes is None:
-            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
+            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay, headers=headers)[0]
         check_bodies([body])
+        stored = header_codec.encode(headers, self.header_limits)
         seconds_arg(timeout, "timeout", self.push_timeout)
         options = (
             seconds_arg(ttl, "ttl", self.ttl),
             None if delay is None else seconds_arg(delay, "delay", 0.0),
         )
-        return self._pushes(options, bytes(body))
+        return self._pushes(options, (bytes(body), stored))
 
     def push_many(
         self,
@@ -188,21 +196,38 @@ class PipesQueue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
+        headers: Headers | Sequence[Headers | None] | None = None,
     ) -> list[uuid.UUID]:
         """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order.
-        With `delay`, they wait in the delayed table until due, and the first repair after that
-        (the operator's cleanup) moves them to a pipe, with their ids."""
+        `headers`: one mapping for all, or one (or None) per body. With `delay`, they wait in the
+        delayed table until due, and the first repair after that (the operator's cleanup) moves
+        them to a pipe, with their ids."""
         batch = list(bodies)
         check_bodies(batch)
-        batch = [bytes(b) for b in batch]
+        stored = header_codec.encode_each(headers, len(batch), self.header_limits)
+        return self._store(
+            list(zip([bytes(b) for b in batch], stored, strict=True)), timeout=timeout, ttl=ttl, delay=delay
+        )
+
+    def _store(
+        self,
+        messages: list[tuple[bytes, str | None]],
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> list[uuid.UUID]:
+        """Store checked messages (body, headers as stored); their ids in order."""
+        batch = [body for body, _ in messages]
+        stored = [h for _, h in messages]
         seconds_arg(timeout, "timeout", self.push_timeout)
         seconds = seconds_arg(ttl, "ttl", self.ttl)
         wait_ms = int(seconds_arg(delay, "delay", 0.0) * 1000)
         due = tuning.now_ms() + wait_ms
         expiry = due + int(seconds * 1000) if seconds > 0 else None
         if delay is not None:
-            return self.writer.delay(batch, due, expiry)
-        return self.writer.append(batch, expires=[expiry] * len(batch) if expiry else None)
+            return self.writer.delay(batch, stored, due, expiry)
+        return self.writer.append(batch, expires=[expiry] * len(batch) if expiry else None, headers=stored)
 
     # --- pop / acquire --------------------------------------------------------------------
     def pop(self, timeout: float | None = None) -> PipeMessage | None:
@@ -279,7 +304,7 @@ class PipesQueue:
         if not batch:
             return
         acked, lost = self.settler.ack(batch)
-        self.archive.keep([(m.id, m.attempts, m.body) for m in acked])
+        self.archive.keep([(m.id, m.attempts, m.body, m.stored_headers) for m in acked])
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 

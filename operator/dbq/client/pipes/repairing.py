@@ -81,7 +81,7 @@ class PipeRepairer:
             if rows:
                 self.writer.append(
                     [bytes(r[2]) for r in rows], ids=[r[1] for r in rows], expires=[r[3] for r in rows],
-                    also=[(cql.undelay, (r[0], r[1])) for r in rows], requeue=False,
+                    headers=[r[5] for r in rows], also=[(cql.undelay, (r[0], r[1])) for r in rows], requeue=False,
                 )  # fmt: skip
             moved += len(rows)
         return moved

@@ -16,6 +16,7 @@ from dbq.client.pipes.leasing import PipeLeases
 from dbq.client.pipes.model import Lease, PipeMessage, PipeState, overdue
 from dbq.client.pipes.session import Part, PipesSession
 from dbq.client.pipes.writing import PipeWriter
+from dbq.contract import headers as header_codec
 from dbq.errors import LeaseLost
 
 
@@ -76,7 +77,8 @@ class PipeSettler:
             # letter and the end of the pending row in one logged batch.
             if not self.db.cas(cql.take_over, uuid.uuid4(), tuning.retake_at(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
-            self.db.batch(self.burial(m.pipe, m.key, m.id, m.attempts, error, m.body), logged=True)
+            burial = self.burial(m.pipe, m.key, m.id, m.attempts, error, m.body, m.stored_headers)
+            self.db.batch(burial, logged=True)
             return True
         if delay > 0:
             until = tuning.now_ms() + int(delay * 1000)
@@ -88,7 +90,13 @@ class PipeSettler:
         if not self.db.cas(cql.take_over, uuid.uuid4(), tuning.retake_at(), m.pipe, m.key, m.lease):
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
         attempts = m.attempts if handled else max(m.attempts - 1, 0)
-        self.writer.append([m.body], ids=[m.id], attempts=[attempts], also=[(cql.ack, (m.pipe, m.key))])
+        self.writer.append(
+            [m.body],
+            ids=[m.id],
+            attempts=[attempts],
+            headers=[m.stored_headers],
+            also=[(cql.ack, (m.pipe, m.key))],
+        )
         return False
 
     def burial(
@@ -99,11 +107,14 @@ class PipeSettler:
         attempts: int,
         error: str | None,
         body: bytes,
+        stored_headers: str | None,
     ) -> list[Part]:
-        """The statements that move a pending message (taken over) to the dead letters."""
+        """The statements that move a pending message (taken over) to the dead letters; its
+        headers gain dbq's dead-letter keys (the error and the attempts)."""
         text = None if error is None else error[:4000]
+        headers = header_codec.with_dead_letter_reason(stored_headers, text, attempts)
         return [
-            (self.db.cql.bury, (msg_id, self.source, attempts, text, tuning.now_ms(), body)),
+            (self.db.cql.bury, (msg_id, self.source, attempts, text, tuning.now_ms(), body, headers)),
             (self.db.cql.ack, (pipe, key)),
         ]
 
@@ -155,7 +166,9 @@ class PipeSettler:
             # Those acquired deadLetter.maxAttempts times go to the dead letters instead.
             dead = [r for r in taken if self.max_attempts and int(r[3] or 0) >= self.max_attempts]
             for r in dead:
-                burial = self.burial(state.pipe, r[0], r[1], int(r[3]), tuning.LEASE_EXPIRED, bytes(r[2]))
+                burial = self.burial(
+                    state.pipe, r[0], r[1], int(r[3]), tuning.LEASE_EXPIRED, bytes(r[2]), r[7]
+                )
                 self.db.batch(burial, logged=True)
             taken = [r for r in taken if r not in dead]
             if taken:
@@ -164,6 +177,7 @@ class PipeSettler:
                     ids=[r[1] for r in taken],
                     attempts=[int(r[3] or 0) for r in taken],
                     expires=[r[4] for r in taken],
+                    headers=[r[7] for r in taken],
                     also=[(cql.ack, (state.pipe, r[0])) for r in taken],
                 )
         finally:

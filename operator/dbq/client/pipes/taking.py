@@ -13,6 +13,7 @@ from dbq.client.pipes.archive import PipeArchive
 from dbq.client.pipes.leasing import PipeLeases
 from dbq.client.pipes.model import Lease, MessageOwner, PipeMessage, Visibility, unset
 from dbq.client.pipes.session import Part, PipesSession
+from dbq.contract import headers as header_codec
 from dbq.errors import QueueError
 
 
@@ -79,7 +80,10 @@ class PipeReader:
             each = [visibility] * len(live) if isinstance(visibility, float) else visibility[: len(live)]
             untils = [at + int(seconds * 1000) for seconds in each]  # fewer rows live when some expired
             parts += [
-                (cql.lease_message, (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, unset(r[4]), until, token))
+                (
+                    cql.lease_message,
+                    (s.pipe, r[0], r[1], r[2], int(r[3] or 0) + 1, unset(r[4]), until, token, unset(r[5])),
+                )
                 for r, until in zip(live, untils, strict=True)
             ]
         try:
@@ -94,14 +98,8 @@ class PipeReader:
         s.cursor, s.popped, s.acquired, s.expired = last, popped, acquired, expired
         del lease.ahead[: len(found)]
         if visibility is None:
-            self.archive.keep([(r[1], int(r[3] or 0), bytes(r[2])) for r in live])
-        return [
-            PipeMessage(
-                id=r[1], body=bytes(r[2]), attempts=int(r[3] or 0) + 1, lease=token, pipe=s.pipe, key=r[0],
-                _queue=self.queue,
-            )
-            for r in live
-        ]  # fmt: skip
+            self.archive.keep([(r[1], int(r[3] or 0), bytes(r[2]), r[5]) for r in live])
+        return [_message(r, int(r[3] or 0) + 1, token, s.pipe, self.queue) for r in live]
 
     def peek(self, n: int) -> list[PipeMessage]:
         """Up to n waiting messages, oldest pipe first and in push order within a pipe, none
@@ -117,10 +115,16 @@ class PipeReader:
                 rows = self._rows(s.pipe, s.cursor, n - len(found))
                 at = tuning.now_ms()
                 found += [
-                    PipeMessage(
-                        id=r[1], body=bytes(r[2]), attempts=int(r[3] or 0), lease=None, pipe=s.pipe, key=r[0]
-                    )
-                    for r in rows
-                    if r[4] is None or r[4] > at
+                    _message(r, int(r[3] or 0), None, s.pipe, None) for r in rows if r[4] is None or r[4] > at
                 ]
         return found
+
+
+def _message(
+    row: Any, attempts: int, lease: uuid.UUID | None, pipe: uuid.UUID, queue: MessageOwner | None
+) -> PipeMessage:
+    """A message from a row of (msg, id, body, attempts, expires, headers)."""
+    return PipeMessage(
+        id=row[1], body=bytes(row[2]), attempts=attempts, lease=lease, pipe=pipe, key=row[0],
+        headers=header_codec.decode(row[5]), stored_headers=row[5], _queue=queue,
+    )  # fmt: skip

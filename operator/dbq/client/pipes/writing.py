@@ -111,10 +111,11 @@ class PipeWriter:
         ids: list[uuid.UUID] | None = None,
         attempts: list[int] | None = None,
         expires: list[int | None] | None = None,
+        headers: list[str | None] | None = None,
         also: list[Part] | None = None,
         requeue: bool = True,
     ) -> list[uuid.UUID]:
-        """Append messages to this thread's pipe. `ids` given: a requeue (ids kept, counted as
+        """Append messages (`headers` as stored) to this thread's pipe. `ids` given: a requeue (ids kept, counted as
         requeued unless `requeue` is False: delayed messages come due, counted as pushed);
         `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
         cql = self.db.cql
@@ -138,6 +139,7 @@ class PipeWriter:
                         bodies[i + j],
                         attempts[i + j] if attempts else 0,
                         unset(expires[i + j] if expires else None),
+                        unset(headers[i + j] if headers else None),
                     ),
                 )
                 for j in range(n)
@@ -154,11 +156,13 @@ class PipeWriter:
             i += n
         return out
 
-    def delay(self, bodies: list[bytes], due: int, expiry: int | None) -> list[uuid.UUID]:
+    def delay(
+        self, bodies: list[bytes], headers: list[str | None], due: int, expiry: int | None
+    ) -> list[uuid.UUID]:
         """Keep messages in the delayed table until `due` (ms); their ids."""
         ids = [uuid.uuid1() for _ in bodies]
         rows: list[tuple[Any, ...]] = [
-            (due, i, body, unset(expiry)) for i, body in zip(ids, bodies, strict=True)
+            (due, i, body, unset(expiry), unset(h)) for i, body, h in zip(ids, bodies, headers, strict=True)
         ]
         start = 0
         while start < len(rows):  # one partition: unlogged batches
