@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -279,6 +280,73 @@ def test_a_queue_torn_down_takes_its_dead_letters_from_the_queue_keeping_them(ma
     finally:
         backend.close()
     assert [d.source for d in keeper.dead_letters(held=True)] == [stays.names.qualified]
+
+
+def test_headers_travel_with_their_message_through_every_path(make_queue, design):
+    """Pushed headers come back on pop, acquire, peek, smart-batched and batched pushes, a nacked
+    redelivery, an expired lease's redelivery, a delayed delivery, a dead letter (with dbq's
+    reason and attempts added), a redrive and the archive; a message without headers has none;
+    headers past the spec's limits are refused with nothing written."""
+    q = make_queue(
+        spec={
+            "deadLetter": {"maxAttempts": 2},
+            "archive": {"enabled": True},
+            "messages": {"headerBytes": 128, "maxHeaders": 4},
+        }
+    )
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    trace = {"traceparent": "00-4bf92f3577b34da6-00f067aa0ba902b7-01", "n": 7, "ratio": 0.25, "urgent": True}
+    with pytest.raises(ValueError, match=r"spec.messages.headerBytes \(128\)"):
+        q.push(b"too much", headers={"k": "x" * 200})
+    with pytest.raises(ValueError, match=r"spec.messages.maxHeaders \(4\)"):
+        q.push_many([b"a"], headers={str(i): i for i in range(5)})
+    with pytest.raises(ValueError, match="'dbq-error'"):
+        q.push(b"mine", headers={"dbq-error": "x"})
+    with pytest.raises(ValueError, match="header name 'a b' is not valid"):
+        q.push(b"spaced", headers={"a b": 1})
+    assert q.stats().pushed == 0  # nothing written
+    q.push(b"plain")
+    q.push_many([b"one", b"two"], headers=[trace, {"only": "two"}])
+    popped = q.pop_many(3)
+    assert [(m.body, m.headers) for m in popped] == [
+        (b"plain", {}),
+        (b"one", trace),
+        (b"two", {"only": "two"}),
+    ]
+    with ThreadPoolExecutor(8) as pool:  # single pushes from threads share round trips
+        list(pool.map(lambda i: q.push(b"t%d" % i, headers={"i": i}), range(8)))
+    got: dict[bytes, dict] = {}
+    for _ in range(20):  # a pop_many may come back with part of them (pipes: from one pipe)
+        got |= {m.body: m.headers for m in q.pop_many(8 - len(got), timeout=0.5)}
+        if len(got) == 8:
+            break
+    assert got == {b"t%d" % i: {"i": i} for i in range(8)}
+    q.push(b"leased", headers=trace)
+    assert [m.headers for m in q.peek(5)] == [trace]
+    m = q.acquire(visibility=30)
+    assert m is not None and m.headers == trace
+    assert m.nack() is False  # attempt 1 of 2: delivered again, headers and all
+    m = q.acquire(visibility=30)
+    assert m is not None and m.headers == trace and m.attempts == 2
+    assert m.nack(error="handler failed") is True  # attempt 2 of 2: dead-lettered
+    [dead] = q.dead_letters()
+    assert dead.headers == trace | {"dbq-error": "handler failed", "dbq-attempts": 2}
+    assert q.redrive() == 1
+    again = q.acquire(visibility=1)
+    assert again is not None and again.body == b"leased" and again.headers == dead.headers
+    time.sleep(1 + design.lease_slack)  # its lease expires: repair makes it ready again
+    design.repair(q)
+    again = q.acquire(visibility=30)
+    assert again is not None and again.headers == dead.headers
+    again.ack()
+    q.push(b"later", headers={"when": "delayed"}, delay=0.1)
+    time.sleep(0.5)
+    design.repair(q)  # pipes move due messages on repair
+    later = q.pop(timeout=1)
+    assert later is not None and later.headers == {"when": "delayed"}
+    kept = {a.body: a.headers for a in q.archived(since)}
+    assert kept[b"one"] == trace and kept[b"plain"] == {} and kept[b"later"] == {"when": "delayed"}
+    assert kept[b"leased"] == dead.headers
 
 
 def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(make_queue, design):

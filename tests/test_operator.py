@@ -303,7 +303,7 @@ def test_deletion_policies(env):
     assert any(e.reason == "DeletionBlocked" for e in cluster.events(name))
     time.sleep(3)
     assert cluster.exists(name)
-    ((status, _, _, _, body),) = records(
+    ((status, _, _, _, _, body),) = records(
         cur.execute(f'SELECT "{schema}".del_deleteifempty_pop(0)').fetchval()
     )
     assert (status, bytes(body)) == (0, b"keep me")  # not lost: drained by a consumer

@@ -11,13 +11,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from cassandra.cluster import Cluster
 
-from dbq.api.models import Archive, DeadLetter, Messages, QueueSpec
+from dbq.api.models import DeadLetter, QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
@@ -722,60 +721,3 @@ def test_consume_holds_at_most_its_credit_and_every_message_ends_handled_once_or
     assert stats.most_in_hand <= 5
     assert (stats.failed, stats.handled) == (20, 200)
     assert set(handled) == set(bodies) and max(handled.values()) == 1
-
-
-def test_headers_travel_with_their_message_through_every_path(cass_url):
-    """Pushed headers come back on pop, acquire, peek, a nacked redelivery, a delayed delivery,
-    a dead letter (with dbq's reason and attempts added), a redrive and the archive; a message
-    without headers has none; headers past the spec's limits are refused with nothing written."""
-    name = f"h_{uuid.uuid4().hex[:8]}"
-    spec = spec_for().model_copy(
-        update={
-            "dead_letter": DeadLetter(max_attempts=1),
-            "archive": Archive(enabled=True),
-            "messages": Messages(header_bytes=128, max_headers=4),
-        }
-    )
-    backend = open_backend(spec, name, from_url(cass_url))
-    backend.apply()
-    since = datetime.now(UTC) - timedelta(seconds=5)
-    trace = {"traceparent": "00-4bf92f3577b34da6-00f067aa0ba902b7-01", "n": 7, "ratio": 0.25, "urgent": True}
-    try:
-        with connect(cass_url, name, schema=KEYSPACE, pop_timeout=0.5) as q:
-            assert isinstance(q, PipesQueue)
-            with pytest.raises(ValueError, match=r"spec.messages.headerBytes \(128\)"):
-                q.push(b"too much", headers={"k": "x" * 200})
-            with pytest.raises(ValueError, match=r"spec.messages.maxHeaders \(4\)"):
-                q.push_many([b"a"], headers={str(i): i for i in range(5)})
-            with pytest.raises(ValueError, match="'dbq-error'"):
-                q.push(b"mine", headers={"dbq-error": "x"})
-            assert q.stats().pushed == 0  # nothing written
-            q.push(b"plain")
-            q.push_many([b"one", b"two"], headers=[trace, {"only": "two"}])
-            popped = q.pop_many(3)
-            assert [(m.body, m.headers) for m in popped] == [
-                (b"plain", {}),
-                (b"one", trace),
-                (b"two", {"only": "two"}),
-            ]
-            q.push(b"leased", headers=trace)
-            assert [m.headers for m in q.peek(5)] == [trace]
-            m = q.acquire(visibility=30)
-            assert m is not None and m.headers == trace
-            assert m.nack(error="handler failed") is True  # maxAttempts 1: dead-lettered
-            [dead] = q.dead_letters()
-            assert dead.headers == trace | {"dbq-error": "handler failed", "dbq-attempts": 1}
-            assert q.redrive() == 1
-            again = q.acquire(visibility=30)
-            assert again is not None and again.body == b"leased" and again.headers == dead.headers
-            again.ack()
-            q.push(b"later", headers={"when": "delayed"}, delay=0.1)
-            time.sleep(1.5)
-            q.repair()
-            later = q.pop()
-            assert later is not None and later.headers == {"when": "delayed"}
-            kept = {a.body: a.headers for a in q.archived(since)}
-            assert kept[b"one"] == trace and kept[b"plain"] == {} and kept[b"later"] == {"when": "delayed"}
-    finally:
-        backend.teardown()
-        backend.close()

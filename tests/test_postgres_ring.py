@@ -73,9 +73,9 @@ def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
     cur = backend.conn.cursor()
-    assert cur.execute(call_statement("postgres", backend.names, "push"), b"a", 0).fetchval() == 1
-    assert cur.execute(call_statement("postgres", backend.names, "push"), b"b", 0).fetchval() == 2
-    ((status, msg_id, _, _, body),) = records(
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"a", 0, None).fetchval() == 1
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"b", 0, None).fetchval() == 2
+    ((status, msg_id, _, _, _, body),) = records(
         cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()
     )
     assert (status, msg_id, bytes(body)) == (0, 1, b"a")
@@ -88,7 +88,7 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     backend.apply()
     cur = backend.conn.cursor()
     for i in range(5):
-        cur.execute(call_statement("postgres", backend.names, "push"), bytes([i]), 0).fetchval()
+        cur.execute(call_statement("postgres", backend.names, "push"), bytes([i]), 0, None).fetchval()
     cur.execute(f'DROP TABLE "{schema}".orders_ring')
     steps = [str(s) for s in backend.plan(backend.observe())]
     assert steps == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
@@ -96,8 +96,8 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     assert backend.plan(backend.observe()) == []
     # A popper on the re-created ring finds it empty instead of waiting on lost positions.
     assert next(records(cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()))[0] == 1
-    assert cur.execute(call_statement("postgres", backend.names, "push"), b"new", 0).fetchval() == 6
-    ((status, msg_id, _, _, body),) = records(
+    assert cur.execute(call_statement("postgres", backend.names, "push"), b"new", 0, None).fetchval() == 6
+    ((status, msg_id, _, _, _, body),) = records(
         cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()
     )
     assert (status, msg_id, bytes(body)) == (0, 6, b"new")
@@ -145,7 +145,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
     cur = backend.conn.cursor()
-    cur.execute(call_statement("postgres", backend.names, "push"), b"kept", 0).fetchval()
+    cur.execute(call_statement("postgres", backend.names, "push"), b"kept", 0, None).fetchval()
     rows = "TABLE (o_status int, o_id bigint, o_body bytea, o_lease bigint, o_attempts int)"
     row = "'SELECT 1, 0::bigint, NULL::bytea, 0::bigint, 0'"
     old = [
@@ -161,6 +161,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 3')
     assert [str(s) for s in backend.plan(backend.observe())] == [
         "index_spill",
+        "add_headers",
         "create_routines",
         "record_version",
     ]
@@ -174,11 +175,13 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     assert len(signatures) == 4, signatures
     assert "p_bodies bytea" in dict(signatures)["orders_push_many"]
     assert (
-        cur.execute(call_statement("postgres", backend.names, "push_many"), b"abcd", "1,3", 0).fetchval()
+        cur.execute(
+            call_statement("postgres", backend.names, "push_many"), b"abcd", "1,3", 0, None
+        ).fetchval()
         == "2,3"
     )
     popped = records(cur.execute(call_statement("postgres", backend.names, "pop_many"), 5, 0).fetchval())
-    assert [(status, body) for status, _, _, _, body in popped] == [(0, b"kept"), (0, b"a"), (0, b"bcd")]
+    assert [(status, body) for status, _, _, _, _, body in popped] == [(0, b"kept"), (0, b"a"), (0, b"bcd")]
     backend.teardown()
 
 
@@ -187,7 +190,9 @@ def test_push_many_refuses_lengths_that_do_not_match_the_bodies(postgres, schema
     backend.apply()
     cur = backend.conn.cursor()
     with pytest.raises(pyodbc.Error, match="lengths adding up to 5"):
-        cur.execute(call_statement("postgres", backend.names, "push_many"), b"abcd", "2,3", 0).fetchval()
+        cur.execute(
+            call_statement("postgres", backend.names, "push_many"), b"abcd", "2,3", 0, None
+        ).fetchval()
     assert (
         next(records(cur.execute(call_statement("postgres", backend.names, "pop"), 0).fetchval()))[0] == 1
     )  # nothing stored: empty
@@ -210,7 +215,7 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     cur.execute(f'DROP SEQUENCE "{schema}".orders_n_settled')  # what version 6 had
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 6')
     assert [str(s) for s in backend.plan(backend.observe())] == [
-        "create_sequences", "index_spill", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "seed_settled", "create_routines", "record_version"
     ]  # fmt: skip
     backend.apply()
     q.close()
@@ -272,17 +277,25 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        13: ["index_spill", "create_routines", "record_version"],
-        9: ["key_dead_letters", "index_spill", "create_routines", "record_version"],
+        13: ["index_spill", "add_headers", "create_routines", "record_version"],
+        9: ["key_dead_letters", "index_spill", "add_headers", "create_routines", "record_version"],
         8: [
             "create_sequences",
             "create_side_tables",
             "key_dead_letters",
             "index_spill",
+            "add_headers",
             "create_routines",
             "record_version",
         ],
-        7: ["create_sequences", "create_side_tables", "index_spill", "create_routines", "record_version"],
+        7: [
+            "create_sequences",
+            "create_side_tables",
+            "index_spill",
+            "add_headers",
+            "create_routines",
+            "record_version",
+        ],
     }[version]
     backend.apply()
     assert backend.plan(backend.observe()) == []

@@ -5,6 +5,7 @@ on this machine). What every design shares is in test_contract.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -184,10 +185,32 @@ def test_oversize_body_is_refused_with_the_fix_and_changes_nothing(pg_queue, pos
     assert q.stats().pushed == 1
     # The routines refuse it too (a client that skips the check), before drawing a position.
     with q._cursor() as cur, pytest.raises(Exception, match=r"larger than ring\.messageBytes"):
-        cur.execute(call_statement("postgres", q.names, "push"), b"z" * 65, 0).fetchval()
+        cur.execute(call_statement("postgres", q.names, "push"), b"z" * 65, 0, None).fetchval()
     assert sql(q, f"SELECT last_value FROM {SCHEMA}.{q.names.push_seq}") == 1
     with pytest.raises(TypeError, match="bytes"):
         q.push("text")  # type: ignore[arg-type]
+
+
+def test_the_routines_check_headers_and_callers_of_earlier_versions_need_not_pass_them(pg_queue):
+    """A client in any language calls the routines: headers too large or not an object are
+    refused there too, before a position is drawn; a call without headers (as before version
+    16) still pushes."""
+    q = pg_queue()
+    routine = f"{SCHEMA}.{q.names.routine('push')}"
+    many = f"{SCHEMA}.{q.names.routine('push_many')}"
+    with q._cursor() as cur:
+        with pytest.raises(Exception, match=r"larger than spec\.messages\.headerBytes \(1024\)"):
+            cur.execute(f"SELECT {routine}(?, 0, ?)", b"x", json.dumps({"k": "v" * 2000})).fetchval()
+        with pytest.raises(Exception, match="must be a JSON object"):
+            cur.execute(f"SELECT {routine}(?, 0, ?)", b"x", "[1, 2]").fetchval()
+        with pytest.raises(Exception, match="a JSON array of one object"):
+            cur.execute(f"SELECT {many}(?, '1', 0, ?)", b"x", '{"k": 1}').fetchval()
+        with pytest.raises(Exception, match="headers for 1 messages and 2 bodies"):
+            cur.execute(f"SELECT {many}(?, '1,1', 0, ?)", b"xy", '[{"k": 1}]').fetchval()
+        assert q.stats().pushed == 0
+        assert cur.execute(f"SELECT {routine}(?, 0)", b"old").fetchval() == 1
+        assert cur.execute(f"SELECT {many}(?, '1,1', 0, ?)", b"ab", '[null, {"k": 1}]').fetchval() == "2,3"
+    assert [(m.body, m.headers) for m in q.pop_many(3)] == [(b"old", {}), (b"a", {}), (b"b", {"k": 1})]
 
 
 def test_a_pusher_that_drew_a_position_and_died_does_not_block_poppers(pg_queue):
@@ -222,9 +245,11 @@ def test_a_popper_that_gave_up_on_a_late_message_still_gets_it_delivered(pg_queu
     assert q.pop(timeout=0.2) is None  # the popper drew 1, waited, and released it
     # The slow pusher finally writes position 1 (what its place() call does).
     with q._cursor() as cur:
-        cur.execute(f"SELECT {SCHEMA}.{q.names.routine('place')}(1, ?, 0, now())", b"late").fetchval()
+        cur.execute(
+            f"SELECT {SCHEMA}.{q.names.routine('place')}(1, ?, 0, now(), ?)", b"late", '{"trace":"t1"}'
+        ).fetchval()
     m = q.pop(timeout=1)
-    assert m is not None and m.body == b"late"
+    assert m is not None and m.body == b"late" and m.headers == {"trace": "t1"}
     assert q.pop(timeout=0) is None
 
 

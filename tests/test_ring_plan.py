@@ -70,8 +70,15 @@ def test_older_schema_version_is_upgraded():
     def at(version: int) -> Observed:
         return complete(recorded=Recorded(schema_version=version, ring_size=1000, message_bytes=300))
 
-    assert actions(at(13)) == ["index_spill", "create_routines", "record_version"]
-    assert actions(at(9)) == ["key_dead_letters", "index_spill", "create_routines", "record_version"]
+    assert actions(at(15)) == ["add_headers", "create_routines", "record_version"]
+    assert actions(at(13)) == ["index_spill", "add_headers", "create_routines", "record_version"]
+    assert actions(at(9)) == [
+        "key_dead_letters",
+        "index_spill",
+        "add_headers",
+        "create_routines",
+        "record_version",
+    ]
 
 
 def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
@@ -80,7 +87,7 @@ def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
         recorded=Recorded(schema_version=6, ring_size=1000, message_bytes=300),
     )
     assert actions(version_6) == [
-        "create_sequences", "index_spill", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "seed_settled", "create_routines", "record_version"
     ]  # fmt: skip
     # A ring made anew has no leases to count: its totals start from nothing.
     assert "seed_settled" not in actions(complete(tables=frozenset(), sequences=frozenset()))
@@ -96,13 +103,16 @@ def test_a_version_7_queue_gets_its_dead_letter_table_and_totals_and_keeps_every
         "create_sequences",
         "create_side_tables",
         "index_spill",
+        "add_headers",
         "create_routines",
         "record_version",
     ]
 
 
-def test_a_changed_max_attempts_rewrites_the_routines_only():
+def test_a_changed_max_attempts_or_header_limit_rewrites_the_routines_only():
     target = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=5)
+    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
+    target = RingTarget(names=NAMES, size=1000, message_bytes=300, header_bytes=4096)
     assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
 
 

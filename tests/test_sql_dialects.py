@@ -213,9 +213,16 @@ def test_packed_records_read_back_exactly():
     from dbq.contract.ring import RECORD, records
 
     blob = (
-        RECORD.pack(0, 7, 2**53, 3, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0) + RECORD.pack(0, 10, 0, 1, 0)
-    )
-    assert list(records(blob)) == [(0, 7, 2**53, 3, b"hello"), (2, 9, 0, 0, b""), (0, 10, 0, 1, b"")]
+        RECORD.pack(0, 7, 2**53, 3, 0, 5) + b"hello" + RECORD.pack(2, 9, 0, 0, 0, 0)
+        + RECORD.pack(0, 10, 0, 1, 10, 2) + b'{"k":"\xc3\xa9"}' + b"hi"
+    )  # fmt: skip
+    assert list(records(blob)) == [
+        (0, 7, 2**53, 3, None, b"hello"), (2, 9, 0, 0, None, b""), (0, 10, 0, 1, '{"k":"é"}', b"hi"),
+    ]  # fmt: skip
+    utf16 = '{"k":"é"}'.encode("utf-16-le")  # SQL Server's nvarchar
+    assert list(records(RECORD.pack(0, 1, 0, 1, len(utf16), 0) + utf16, "utf-16-le")) == [
+        (0, 1, 0, 1, '{"k":"é"}', b"")
+    ]
     assert list(records(b"")) == []
 
 

@@ -26,6 +26,7 @@ def open_backend(
             names, spec.ring.size, spec.ring.message_bytes, max_attempts,
             archive=spec.archive.enabled, archive_retention_s=seconds(spec.archive.retention),
             dead_letter_keeper=dead_letter_keeper,
+            header_bytes=spec.messages.header_bytes, max_headers=spec.messages.max_headers,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

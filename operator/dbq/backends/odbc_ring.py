@@ -27,6 +27,7 @@ from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
+from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.errors import QueueNotFound
 from dbq.names import QueueNames
@@ -104,6 +105,8 @@ class OdbcRing(OdbcBackend):
             max_attempts=int(values.get("max_attempts") or 0),
             archive=bool(int(values.get("archive") or 0)),
             dead_letter_queue=str(values.get("dead_letter_queue") or ""),
+            header_bytes=int(values.get("header_bytes") or DEFAULT_HEADER_BYTES),
+            max_headers=int(values.get("max_headers") or DEFAULT_MAX_HEADERS),
         )
 
     def _keeper_version(self, cur: pyodbc.Cursor) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 
@@ -19,6 +20,8 @@ DEAD_LETTERS_KEYED_BY_ID = (8, 9)
 # Since 14 the spill table is indexed by (state, visible_at): delayed messages pushed in bulk wait
 # there, and a pop looking for the next due one scanned and sorted them all.
 SPILL_INDEXED_SINCE = 14
+# Since 16 every message table has a headers column (spec.messages).
+HEADERS_SINCE = 16
 
 # The routines of every dialect (each adds its internal helpers: see `PgRing.ROUTINES`, `MsRing.ROUTINES`).
 ROUTINES = (
@@ -38,6 +41,7 @@ class RingAction(StrEnum):
     CREATE_SIDE_TABLES = "create_side_tables"
     KEY_DEAD_LETTERS = "key_dead_letters"
     INDEX_SPILL = "index_spill"
+    ADD_HEADERS = "add_headers"
     SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
@@ -54,6 +58,7 @@ DONE = {
     RingAction.CREATE_SIDE_TABLES: "created the spill, gap, staging, dead-letter and archive tables",
     RingAction.KEY_DEAD_LETTERS: "keyed the dead-letter table by source queue",
     RingAction.INDEX_SPILL: "indexed the spill table by due time",
+    RingAction.ADD_HEADERS: "added the headers column to the message tables",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -85,6 +90,8 @@ class Recorded:
     max_attempts: int = 0  # recorded since version 8 (0 before)
     archive: bool = False  # recorded since version 9
     dead_letter_queue: str = ""  # recorded since version 10: RingTarget.dead_letter_queue
+    header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since version 16 (spec.messages)
+    max_headers: int = DEFAULT_MAX_HEADERS
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             RingAction.INDEX_SPILL,
             f"spill table {n.schema}.{n.spill} is of version {recorded.schema_version}: not indexed by due time",
         )
+    if recorded is not None and recorded.schema_version < HEADERS_SINCE:
+        step(
+            RingAction.ADD_HEADERS,
+            f"message tables are of version {recorded.schema_version}: no headers column",
+        )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.
         step(
@@ -184,6 +196,8 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         or recorded.max_attempts != target.max_attempts
         or recorded.archive != target.archive
         or recorded.dead_letter_queue != target.dead_letter_queue
+        or recorded.header_bytes != target.header_bytes
+        or recorded.max_headers != target.max_headers
     )
     if missing_routines or stale or ring_missing:
         why = (

@@ -117,6 +117,8 @@ class RingSqlBase:
         self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in self.ROUTINES}
         self.size = int(target.size)
         self.message_bytes = int(target.message_bytes)
+        self.header_bytes = int(target.header_bytes)
+        self.max_headers = int(target.max_headers)
 
     @property
     def sequences(self) -> tuple[str, ...]:
@@ -140,6 +142,7 @@ class RingSqlBase:
             RingAction.CREATE_SIDE_TABLES: self.create_side_tables,
             RingAction.KEY_DEAD_LETTERS: self.key_dead_letters,
             RingAction.INDEX_SPILL: self.index_spill,
+            RingAction.ADD_HEADERS: self.add_headers,
             RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
@@ -172,6 +175,9 @@ class RingSqlBase:
         raise NotImplementedError
 
     def index_spill(self) -> list[str]:
+        raise NotImplementedError
+
+    def add_headers(self) -> list[str]:
         raise NotImplementedError
 
     def _dead_letter_queue(self) -> str:
@@ -208,6 +214,7 @@ class RingSqlBase:
             "pop_seq": self.pop_seq,
             "size": self.size,
             "max_bytes": self.message_bytes,
+            "header_bytes": self.header_bytes,
             "queue": self.t.names.queue,
             "spill_share": SPILL_SHARE,
             "head_look": HEAD_LOOK,

@@ -24,8 +24,11 @@ from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notificatio
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
+from dbq.contract import headers as header_codec
+from dbq.contract.headers import HeaderLimits, Headers, HeaderValue
 from dbq.contract.ring import (
     CALL_ARGS,
+    HEADER_ENCODING,
     MESSAGE,
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,
@@ -35,6 +38,7 @@ from dbq.contract.ring import (
     call_statement,
     dead_letter_queue_query,
     dead_letters_query,
+    header_limits_query,
     history_bound,
     history_query,
     peek_query,
@@ -136,6 +140,7 @@ class Message:
     body: bytes
     attempts: int
     lease: int | None
+    headers: dict[str, HeaderValue] = field(default_factory=dict)
     _queue: Queue | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
@@ -242,17 +247,22 @@ class Queue:
         self.message_bytes = message_bytes
         with self._cursor() as cur:
             kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
+            header_bytes, max_headers = cur.execute(
+                header_limits_query(settings.backend, names), names.queue
+            ).fetchone()
+        self.header_limits = HeaderLimits(int(header_bytes), int(max_headers))  # spec.messages
+        self._header_encoding = HEADER_ENCODING[settings.backend]
         # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue).
         self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
         # Single calls made at once by several threads share round trips (smart batching): pushes
         # by ttl and delay, acquires by lease.
-        self._pushes: ByOptions[tuple[int, int | None], bytes, int] | None = None
+        self._pushes: ByOptions[tuple[int, int | None], tuple[bytes, str | None], int] | None = None
         self._pops: Coalescer[None, Message | None] | None = None
         self._acquires: ByOptions[int, None, Message | None] | None = None
         self._acks: Coalescer[Message, None] | None = None
         if smart_batching:
             self._pushes = ByOptions(
-                lambda o: Coalescer(lambda bodies: self._store_once(bodies, *o), SMART_BATCH_LIMIT)
+                lambda o: Coalescer(lambda messages: self._store_once(messages, *o), SMART_BATCH_LIMIT)
             )
             self._pops = take_coalescer(lambda calls: self._take_now(len(calls), 0), SMART_BATCH_LIMIT)
             self._acquires = ByOptions(
@@ -402,15 +412,20 @@ class Queue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
+        headers: Headers | None = None,
     ) -> int:
         """Store one message; its id. Waits while the ring is full, then raises QueueFull. With
-        `delay` (seconds), it is delivered no earlier than that from now."""
+        `delay` (seconds), it is delivered no earlier than that from now; `headers`: names to
+        values carried beside the body (`dbq.contract.headers`)."""
         if self._pushes is None:
-            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay)[0]
+            return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay, headers=headers)[0]
         self._check_size(body)
+        stored = header_codec.encode(headers, self.header_limits)
         options = (self._ttl_ms(ttl), self._delay_ms(delay))
         deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
-        while (msg_id := self._pushes(options, bytes(body))) <= 0:  # the ring is full: wait for room
+        while (
+            msg_id := self._pushes(options, (bytes(body), stored))
+        ) <= 0:  # the ring is full: wait for room
             if not deadline.wait():
                 raise self._full(deadline, 1, [None])
         return msg_id
@@ -422,20 +437,24 @@ class Queue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
+        headers: Headers | Sequence[Headers | None] | None = None,
     ) -> list[int]:
         """Store several messages with one round trip (while the ring has room); their ids, in
         order. With `delay`, they wait aside (not in the ring, which never waits for them) and
-        are delivered once due, among the ring's messages; `ttl` then counts from that time."""
+        are delivered once due, among the ring's messages; `ttl` then counts from that time.
+        `headers`: one mapping for every message, or one (or None) per message."""
         for body in bodies:
             self._check_size(body)
+        stored = header_codec.encode_each(headers, len(bodies), self.header_limits)
+        messages = [(bytes(b), h) for b, h in zip(bodies, stored, strict=True)]
         ttl_ms, delay_ms = self._ttl_ms(ttl), self._delay_ms(delay)
         deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
         if delay_ms is not None:
-            return self._store_once([bytes(b) for b in bodies], ttl_ms, delay_ms)
+            return self._store_once(messages, ttl_ms, delay_ms)
         ids: list[int | None] = [None] * len(bodies)
         todo = list(range(len(bodies)))
         while todo:
-            got = self._store_once([bytes(bodies[i]) for i in todo], ttl_ms, None)
+            got = self._store_once([messages[i] for i in todo], ttl_ms, None)
             left = []
             for i, msg_id in zip(todo, got, strict=True):
                 if msg_id > 0:
@@ -458,16 +477,22 @@ class Queue:
             ids,
         )
 
-    def _store_once(self, bodies: list[bytes], ttl_ms: int, delay_ms: int | None) -> list[int]:
-        """One round trip: the ids of the bodies, in order, 0 for each the full ring did not take
-        (push, push_many), or, with a delay, ids for them all (defer: they wait aside)."""
-        if delay_ms is None and len(bodies) == 1:
-            return [int(self._call("push", bodies[0], ttl_ms)[0][0])]
-        lengths = ",".join(str(len(b)) for b in bodies)
+    def _store_once(
+        self, messages: list[tuple[bytes, str | None]], ttl_ms: int, delay_ms: int | None
+    ) -> list[int]:
+        """One round trip: the ids of the (body, stored headers) messages, in order, 0 for each
+        the full ring did not take (push, push_many), or, with a delay, ids for them all (defer:
+        they wait aside)."""
+        if delay_ms is None and len(messages) == 1:
+            body, headers = messages[0]
+            return [int(self._call("push", body, ttl_ms, headers)[0][0])]
+        bodies = b"".join(body for body, _ in messages)
+        lengths = ",".join(str(len(body)) for body, _ in messages)
+        headers = _header_list([h for _, h in messages])
         if delay_ms is None:
-            text = self._call("push_many", b"".join(bodies), lengths, ttl_ms)[0][0]
+            text = self._call("push_many", bodies, lengths, ttl_ms, headers)[0][0]
         else:
-            text = self._call("defer", b"".join(bodies), lengths, ttl_ms, delay_ms)[0][0]
+            text = self._call("defer", bodies, lengths, ttl_ms, delay_ms, headers)[0][0]
         return [int(v) for v in text.split(",")] if text else []
 
     # --- pop / acquire --------------------------------------------------------------------
@@ -532,7 +557,8 @@ class Queue:
         def call(verb: str, *args: Any) -> list[Any]:
             return cur.execute(self._statements[verb], *args).fetchall()
 
-        return self._messages(list(records(b"".join(r[0] for r in call("pop_many", n, 0)))), 0, call)
+        found = records(b"".join(r[0] for r in call("pop_many", n, 0)), self._header_encoding)
+        return self._messages(list(found), 0, call)
 
     def _messages(self, found: list[Record], lease_ms: int, call: Callable[..., list[Any]]) -> list[Message]:
         """The messages a pop found. A position it drew whose message is still being written (its
@@ -543,7 +569,7 @@ class Queue:
         since = time.monotonic()
         for position in (r[1] for r in found if r[0] == NOT_WRITTEN):
             while True:
-                record = next(records(call("take", position, lease_ms)[0][0]))
+                record = next(records(call("take", position, lease_ms)[0][0], self._header_encoding))
                 if record[0] == MESSAGE:
                     messages.append(self._message(record))
                 elif record[0] == NOT_WRITTEN and time.monotonic() - since < self.hole_grace:
@@ -563,11 +589,15 @@ class Queue:
     def _records(self, verb: str, *args: Any) -> list[Record]:
         """Call take/pop/pop_many; the records it answered with."""
         rows = self._call(verb, *args)
-        return list(records(rows[0][0] if len(rows) == 1 else b"".join(r[0] for r in rows)))
+        blob = rows[0][0] if len(rows) == 1 else b"".join(r[0] for r in rows)
+        return list(records(blob, self._header_encoding))
 
     def _message(self, record: Record) -> Message:
-        _, msg_id, lease, attempts, body = record
-        return Message(id=msg_id, body=body, attempts=attempts, lease=lease or None, _queue=self)
+        _, msg_id, lease, attempts, headers, body = record
+        return Message(
+            id=msg_id, body=body, attempts=attempts, lease=lease or None,
+            headers=header_codec.decode(headers), _queue=self,
+        )  # fmt: skip
 
     def ack(self, message: Message) -> None:
         """Acknowledge one leased message (`Message.ack()`), with the other acks made at once."""
@@ -602,7 +632,16 @@ class Queue:
         count_arg(n, "n")
         with self._cursor() as cur:
             rows = cur.execute(peek_query(self.settings.backend, self.names), n).fetchall()
-        return [Message(id=int(r[0]), body=bytes(r[1]), attempts=int(r[2]), lease=None) for r in rows]
+        return [
+            Message(
+                id=int(r[0]),
+                body=bytes(r[1]),
+                attempts=int(r[2]),
+                lease=None,
+                headers=header_codec.decode(r[3]),
+            )
+            for r in rows
+        ]
 
     def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
         """Run `handler(message)` for each message, acked when it returns and nacked with
@@ -647,7 +686,16 @@ class Queue:
                 args = (n, self.names.qualified) if backend == "sqlserver" else (self.names.qualified, n)
                 rows = cur.execute(query, *args).fetchall()
         return [
-            DeadLetter(int(r[0]), int(r[1]), r[2], float(r[3]), float(r[4]), bytes(r[5]), str(r[6]))
+            DeadLetter(
+                int(r[0]),
+                int(r[1]),
+                r[2],
+                float(r[3]),
+                float(r[4]),
+                bytes(r[5]),
+                str(r[6]),
+                header_codec.decode(r[7]),
+            )
             for r in rows
         ]
 
@@ -668,13 +716,26 @@ class Queue:
             rows = cur.execute(
                 archive_query(self.settings.backend, self.names), bound, count_arg(limit, "limit")
             ).fetchall()
-        return [ArchivedMessage(int(r[0]), int(r[1]), float(r[2]), float(r[3]), bytes(r[4])) for r in rows]
+        return [
+            ArchivedMessage(
+                int(r[0]), int(r[1]), float(r[2]), float(r[3]), bytes(r[4]), header_codec.decode(r[5])
+            )
+            for r in rows
+        ]
 
     def scavenge_archive(self, retention: float, limit: int = 5_000) -> int:
         """Remove archived messages acked more than `retention` s ago, at most `limit` in one
         transaction. How many went (fewer than `limit`: none older is left)."""
         retention_ms = int(seconds_arg(retention, "retention", 0.0) * 1000)
         return int(self._call("scavenge", retention_ms, count_arg(limit, "limit"))[0][0])
+
+
+def _header_list(stored: list[str | None]) -> str | None:
+    """Several messages' stored headers as one JSON array (null for a message without), or None
+    when none has any: the routine then parses nothing."""
+    if all(h is None for h in stored):
+        return None
+    return "[" + ",".join("null" if h is None else h for h in stored) + "]"
 
 
 def _id_list(ids: Iterable[int] | None) -> str:

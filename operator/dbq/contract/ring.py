@@ -11,17 +11,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.names import QUOTE, QueueNames
 
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 15
+RING_SCHEMA_VERSION = 16
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
-    "push": "?, ?",
-    "push_many": "?, ?, ?",
+    "push": "?, ?, ?",
+    "push_many": "?, ?, ?, ?",
     "take": "?, ?",
     "pop": "?",
     "pop_many": "?, ?",
@@ -32,7 +33,7 @@ CALL_ARGS = {
     "repair": "?",
     "void_holes": "?",
     "stats": "",
-    "defer": "?, ?, ?, ?",
+    "defer": "?, ?, ?, ?, ?",
     "extend": "?, ?, ?",
     "redrive": "?, ?",
     "purge_dead": "?, ?",
@@ -43,11 +44,14 @@ SET_RETURNING = frozenset({"repair", "void_holes", "stats"})
 
 # take, pop and pop_many answer with packed records, so a call returns one value whatever it
 # took (no per-row or per-column work in the driver): status (1 byte), id (8), lease (8, 0 for
-# none), attempts (4), body length (4), then the body; integers big-endian, as both PostgreSQL's
-# int*send() and SQL Server's CAST(... AS binary(n)) write them. A dialect may answer with
-# several rows of records; the client reads them as one stream.
-RECORD = struct.Struct(">bqqii")
-Record = tuple[int, int, int, int, bytes]  # status, id, lease (0: none), attempts, body
+# none), attempts (4), headers length (4, 0 for none), body length (4), then the headers (JSON
+# text: UTF-8 on PostgreSQL, UTF-16LE on SQL Server) and the body; integers big-endian, as both
+# PostgreSQL's int*send() and SQL Server's CAST(... AS binary(n)) write them. A dialect may
+# answer with several rows of records; the client reads them as one stream.
+RECORD = struct.Struct(">bqqiii")
+# status, id, lease (0: none), attempts, headers (JSON text, None for none), body
+Record = tuple[int, int, int, int, str | None, bytes]
+HEADER_ENCODING = {"postgres": "utf-8", "sqlserver": "utf-16-le"}
 # Record statuses: a message; the queue is empty; position `id` was drawn but its message is not
 # written yet (call take(id) until it arrives, or release it); the position is gone (draw again).
 MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
@@ -66,6 +70,8 @@ class RingTarget:
     # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue,
     # in the same database); None: its own.
     dead_letter_keeper: QueueNames | None = None
+    header_bytes: int = DEFAULT_HEADER_BYTES  # spec.messages: the largest headers of a message ...
+    max_headers: int = DEFAULT_MAX_HEADERS  # ... and how many
 
     @property
     def dead_letter_queue(self) -> str:
@@ -86,14 +92,17 @@ def notify_channel(names: QueueNames) -> str:
     return "dbq_" + hashlib.sha1(f"{names.schema}.{names.queue}".encode()).hexdigest()[:24]
 
 
-def records(blob: bytes) -> Iterator[Record]:
-    """(status, id, lease, attempts, body) of each packed record in `blob`."""
+def records(blob: bytes, encoding: str = "utf-8") -> Iterator[Record]:
+    """(status, id, lease, attempts, headers, body) of each packed record in `blob`; headers
+    are decoded from `encoding` (the dialect's, `HEADER_ENCODING`)."""
     view = memoryview(blob)
     at, end = 0, len(blob)
     while at < end:
-        status, msg_id, lease, attempts, length = RECORD.unpack_from(view, at)
+        status, msg_id, lease, attempts, header_length, length = RECORD.unpack_from(view, at)
         at += RECORD.size
-        yield status, msg_id, lease, attempts, bytes(view[at : at + length])
+        headers = str(view[at : at + header_length], encoding) if header_length else None
+        at += header_length
+        yield status, msg_id, lease, attempts, headers, bytes(view[at : at + length])
         at += length
 
 
@@ -121,6 +130,13 @@ def recorded_query(backend: str, names: QueueNames) -> str:
     )
 
 
+def header_limits_query(backend: str, names: QueueNames) -> str:
+    """spec.messages' header_bytes, max_headers of a queue (version 16 on), from its metadata
+    row (parameter: the queue's name)."""
+    quote = QUOTE[backend]
+    return f"SELECT header_bytes, max_headers FROM {quote(names.schema)}.{quote(names.meta)} WHERE queue = ?"
+
+
 def dead_letter_queue_query(backend: str, names: QueueNames) -> str:
     """Where a queue's dead letters are kept (version 10 on): schema.queue of the queue whose
     dead-letter table has them, or '' for its own (parameter: the queue's name)."""
@@ -130,7 +146,7 @@ def dead_letter_queue_query(backend: str, names: QueueNames) -> str:
 
 def dead_letters_query(backend: str, keeper: QueueNames, of_one_source: bool) -> str:
     """The dead letters in the dead-letter table of queue `keeper`, in id order: msg_id,
-    attempts, error, pushed_at and dead_at (Unix seconds), body, source (parameters: with
+    attempts, error, pushed_at and dead_at (Unix seconds), body, source, headers (parameters: with
     `of_one_source`, the source queue's schema.queue; then how many)."""
     table = f"{QUOTE[backend](keeper.schema)}.{QUOTE[backend](keeper.dead)}"
     where = " WHERE source = ?" if of_one_source else ""
@@ -138,45 +154,45 @@ def dead_letters_query(backend: str, keeper: QueueNames, of_one_source: bool) ->
         # TOP's parameter comes first in the text: the source is bound after it.
         return (
             "SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0,"
-            f" DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM {table}{where}"
+            f" DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source, headers FROM {table}{where}"
             " ORDER BY msg_id, source"
         )
     return (
         "SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8,"
-        f" body, source FROM {table}{where} ORDER BY msg_id, source LIMIT ?"
+        f" body, source, headers FROM {table}{where} ORDER BY msg_id, source LIMIT ?"
     )
 
 
 def archive_query(backend: str, names: QueueNames) -> str:
     """Archived messages acked or popped at or after a time, oldest first: msg_id, attempts,
-    pushed_at and acked_at (Unix seconds), body (parameters: the time as `history_bound` writes
-    it, then how many)."""
+    pushed_at and acked_at (Unix seconds), body, headers (parameters: the time as `history_bound`
+    writes it, then how many)."""
     table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.archive)}"
     if backend == "sqlserver":
         return (
             "SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0,"
-            f" DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body FROM {table}"
+            f" DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body, headers FROM {table}"
             " WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY"
         )
     return (
         "SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8,"
-        f" body FROM {table} WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?"
+        f" body, headers FROM {table} WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?"
     )
 
 
 def peek_query(backend: str, names: QueueNames) -> str:
     """Waiting messages (written, visible, not expired, not leased) in id order, read without
-    taking them: msg_id, body, attempts (parameter: how many)."""
+    taking them: msg_id, body, attempts, headers (parameter: how many)."""
     quote = QUOTE[backend]
     now = "SYSUTCDATETIME()" if backend == "sqlserver" else "now()"
     waiting = " UNION ALL ".join(
-        f"SELECT msg_id, body, attempts FROM {quote(names.schema)}.{quote(table)} WHERE state = 1"
+        f"SELECT msg_id, body, attempts, headers FROM {quote(names.schema)}.{quote(table)} WHERE state = 1"
         f" AND (visible_at IS NULL OR visible_at <= {now}) AND (expires_at IS NULL OR expires_at > {now})"
         for table in (names.ring, names.spill)
     )
     if backend == "sqlserver":
-        return f"SELECT TOP (?) msg_id, body, attempts FROM ({waiting}) w ORDER BY msg_id"
-    return f"SELECT msg_id, body, attempts FROM ({waiting}) w ORDER BY msg_id LIMIT ?"
+        return f"SELECT TOP (?) msg_id, body, attempts, headers FROM ({waiting}) w ORDER BY msg_id"
+    return f"SELECT msg_id, body, attempts, headers FROM ({waiting}) w ORDER BY msg_id LIMIT ?"
 
 
 HISTORY_COLUMNS = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"

@@ -6,7 +6,7 @@
 -- source = {dead_source}) {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
--- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {spill_share}, {queue}
+-- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {header_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
@@ -14,18 +14,66 @@
 -- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
 -- spec.archive enabled: a queue without it runs exactly the statements it ran before archives.
 --
+-- Headers travel as JSON text (NULL for none): one object per message, or for push_many and
+-- defer a JSON array of one object (or null) per body, NULL when no body has any (the default:
+-- callers of earlier versions need not pass it). The client checks names and values; these
+-- routines check the size and that each is an object.
+--
 -- take/pop/pop_many answer with packed records. Status codes: 0 message; 1 queue empty;
 -- 2 position `id` was drawn but its message is not written yet (call take(id) until it arrives,
 -- or release it); 3 position gone (draw again). In a ring row, state 1 always has lease 0 and
 -- state 2 a lease > 0.
 --;;
-CREATE OR REPLACE FUNCTION {fn_place}(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
+CREATE OR REPLACE FUNCTION {fn_check_headers}(p_headers text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_h text;
+BEGIN
+  -- Each message's headers: at most {header_bytes} bytes of JSON, and an object.
+  FOREACH v_h IN ARRAY p_headers LOOP
+    CONTINUE WHEN v_h IS NULL;
+    IF octet_length(v_h) > {header_bytes} THEN
+      RAISE EXCEPTION 'dbq: headers of % bytes are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}',
+        octet_length(v_h) USING ERRCODE = '22001';
+    END IF;
+    IF json_typeof(v_h::json) <> 'object' THEN
+      RAISE EXCEPTION 'dbq: headers must be a JSON object of names to values, not %', left(v_h, 40)
+        USING ERRCODE = '22023';
+    END IF;
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_headers_of}(p_headers text) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_out text[];
+BEGIN
+  -- push_many's and defer's headers: a JSON array of one object (or null) per body, each kept
+  -- as the client wrote it (json, unlike jsonb, keeps the text); NULL when no body has any.
+  IF p_headers IS NULL THEN RETURN NULL; END IF;
+  IF json_typeof(p_headers::json) <> 'array' THEN
+    RAISE EXCEPTION 'dbq: headers of several messages are a JSON array of one object (or null) per body'
+      USING ERRCODE = '22023';
+  END IF;
+  SELECT array_agg(CASE WHEN json_typeof(e) = 'null' THEN NULL ELSE e::text END ORDER BY i) INTO v_out
+  FROM json_array_elements(p_headers::json) WITH ORDINALITY AS x(e, i);
+  PERFORM {fn_check_headers}(v_out);
+  RETURN coalesce(v_out, '{}');
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_dead_headers}(p_headers text, p_error text, p_attempts int) RETURNS text
+LANGUAGE sql IMMUTABLE AS $fn$
+  -- A dead letter's headers: the message's, with why it died and after how many attempts.
+  SELECT (coalesce(p_headers::jsonb, '{}') || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
+    || jsonb_build_object('dbq-attempts', p_attempts))::text
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_place}(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz,
+  p_headers text)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE v_popped bigint; v_try int := 0;
 BEGIN
   LOOP
     UPDATE {ring} SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
-      visible_at = NULL, body = p_body,
+      visible_at = NULL, body = p_body, headers = p_headers,
       expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
     WHERE slot = p_id % {size} AND state = 0;
     IF FOUND THEN RETURN true; END IF;
@@ -41,10 +89,10 @@ BEGIN
       FOR UPDATE SKIP LOCKED),
     moved AS (
       UPDATE {ring} r SET state = 0 FROM held WHERE r.slot = held.slot
-      RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body)
-    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+      RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body, r.headers)
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
-      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body
+      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
     FROM moved m;
     v_try := v_try + 1;
     IF v_try > 20 THEN
@@ -59,7 +107,7 @@ BEGIN
   END LOOP;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
+CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
 BEGIN
@@ -67,6 +115,7 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       octet_length(p_body) USING ERRCODE = '22001';
   END IF;
+  IF p_headers IS NOT NULL THEN PERFORM {fn_check_headers}(ARRAY[p_headers]); END IF;
   -- Draw a position only if the ring has room (one statement reads both positions and draws).
   SELECT nextval('{push_seq}') INTO o_id FROM {push_seq} u, {pop_seq} o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
@@ -80,12 +129,12 @@ BEGIN
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-    visible_at = NULL, body = p_body,
+    visible_at = NULL, body = p_body, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
   WHERE slot = o_id % {size} AND state = 0
   RETURNING nextval('{n_pushed}') INTO v_used;
   IF NOT FOUND THEN
-    IF NOT {fn_place}(o_id, p_body, p_ttl_ms, v_now) THEN
+    IF NOT {fn_place}(o_id, p_body, p_ttl_ms, v_now, p_headers) THEN
       o_id := -1;
       RETURN;
     END IF;
@@ -93,10 +142,12 @@ BEGIN
   END IF;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, OUT o_ids text)
+CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
+  p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_headers text[] := {fn_headers_of}(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
@@ -114,6 +165,10 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
   END IF;
+  IF v_headers IS NOT NULL AND cardinality(v_headers) <> v_n THEN
+    RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
+      USING ERRCODE = '22023';
+  END IF;
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
   v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
@@ -125,9 +180,9 @@ BEGIN
     SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;
     WITH placed AS (
       UPDATE {ring} r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-        visible_at = NULL, body = u.body,
+        visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-      FROM unnest(v_ids, v_bodies[1:v_k]) AS u(id, body)
+      FROM unnest(v_ids, v_bodies[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
       WHERE r.slot = u.id % {size} AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
@@ -136,7 +191,7 @@ BEGIN
       v_out := v_ids;
     ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
-         OR {fn_place}(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now) THEN
+         OR {fn_place}(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
@@ -154,7 +209,7 @@ CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count bo
 RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
-  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
+  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
 BEGIN
   -- A few rounds: a message written just after the update's snapshot is seen by the next
   -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
@@ -164,12 +219,12 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING body, attempts INTO o_body, o_attempts;
+      RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
         -- if archive
-        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = p_pos % {size};
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = p_pos % {size};
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
         o_status := 0; RETURN {record};
@@ -179,7 +234,7 @@ BEGIN
       UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
         visible_at = v_now + p_lease_ms * interval '1 millisecond'
       WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING body, attempts INTO o_body, o_attempts;
+      RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
         o_status := 0; RETURN {record};
@@ -205,14 +260,14 @@ BEGIN
     EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {push_seq});
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
-  o_body := NULL; o_attempts := NULL;
+  o_body := NULL; o_attempts := NULL; o_headers := NULL;
   RETURN {record};  -- status 2: not written yet
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
-  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int;
+  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -222,7 +277,7 @@ BEGIN
   LOOP
     -- 1. Redeliveries.
     WHILE v_look LOOP
-      SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
+      SELECT msg_id, body, attempts, expires_at, headers INTO o_id, o_body, o_attempts, v_exp, o_headers
       FROM {spill} WHERE state = 1 AND visible_at <= clock_timestamp()
       ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
       EXIT WHEN NOT FOUND;
@@ -233,8 +288,8 @@ BEGIN
       END IF;
       IF p_lease_ms <= 0 THEN
         -- if archive
-        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {spill} WHERE msg_id = o_id;
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {spill} WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
         DELETE FROM {spill} WHERE msg_id = o_id;
@@ -248,7 +303,7 @@ BEGIN
       END IF;
       o_status := 0; RETURN {record};
     END LOOP;
-    o_id := NULL; o_body := NULL; o_attempts := NULL;
+    o_id := NULL; o_body := NULL; o_attempts := NULL; o_headers := NULL;
     -- 2. The ring, in push order.
     LOOP
       -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
@@ -270,12 +325,12 @@ BEGIN
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('{n_popped}') END
-          INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_popped}') END
+          INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
           -- if archive
-          INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = v_pos % {size};
+          INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = v_pos % {size};
           IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
           -- end if
           o_status := 0; RETURN {record};
@@ -285,8 +340,8 @@ BEGIN
         UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('{n_acquired}') END
-          INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_acquired}') END
+          INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN o_status := 0; RETURN {record}; END IF;
         o_lease := NULL;
       END IF;
@@ -343,12 +398,12 @@ BEGIN
       WITH t AS (
         UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
         WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, NULL::bigint AS lease, attempts)
+        RETURNING msg_id, body, NULL::bigint AS lease, attempts, headers)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
       -- if archive
-      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_taken) p(pos)
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_taken) p(pos)
       JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
       -- end if
     ELSE
@@ -357,7 +412,7 @@ BEGIN
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
         WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, lease, attempts)
+        RETURNING msg_id, body, lease, attempts, headers)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
     END IF;
@@ -401,14 +456,14 @@ BEGIN
   RETURNING nextval('{n_popped}') INTO v_n;
   -- if archive
   IF FOUND THEN
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM {ring} WHERE slot = p_id % {size};
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = p_id % {size};
   ELSE
     WITH acked AS (
       DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-      RETURNING msg_id, attempts, pushed_at, body)
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked
+      RETURNING msg_id, attempts, pushed_at, body, headers)
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked
     RETURNING nextval('{n_popped}') INTO v_n;
   END IF;
   IF FOUND THEN PERFORM nextval('{n_archived}'); END IF;
@@ -435,16 +490,16 @@ BEGIN
     RETURNING r.msg_id)
   SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
   -- if archive
-  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_done) d(id)
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_done) d(id)
   JOIN {ring} r ON r.slot = d.id % {size} AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
-    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   kept AS (
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked)
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
   PERFORM nextval('{n_archived}') FROM unnest(v_done);
   -- else
@@ -461,7 +516,8 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
-  v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_spilled boolean := false;
+  v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_headers text;
+  v_spilled boolean := false;
 BEGIN
   -- o_ok: 0 no lease (expired, or acked already), 1 ready again after the delay, 2 dead-lettered:
   -- acquired {max_attempts} times (when that is > 0), it moves to the dead letters with the
@@ -469,9 +525,10 @@ BEGIN
   -- ready at once, and this delivery does not count as an attempt.
   UPDATE {ring} SET state = 0
   WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-  RETURNING attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body;
+  RETURNING attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers;
   IF NOT FOUND THEN
-    SELECT attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body FROM {spill}
+    SELECT attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers
+    FROM {spill}
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp() FOR UPDATE;
     IF NOT FOUND THEN o_ok := 0; RETURN; END IF;
     v_spilled := true;
@@ -481,16 +538,18 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
     IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
-    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
-    VALUES ({dead_source}, p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (source, msg_id) DO NOTHING;
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
+    VALUES ({dead_source}, p_id, v_attempts, left(p_error, 4000), v_pushed, v_body,
+      {fn_dead_headers}(v_headers, left(p_error, 4000), v_attempts))
+    ON CONFLICT (source, msg_id) DO NOTHING;
     PERFORM nextval('{n_dead}');
     o_ok := 2; RETURN;
   END IF;
   IF v_spilled THEN
     UPDATE {spill} SET state = 1, lease = 0, visible_at = v_visible, attempts = v_attempts WHERE msg_id = p_id;
   ELSE
-    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body);
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+    VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body, v_headers);
   END IF;
   o_ok := 1;
 END $fn$
@@ -510,24 +569,26 @@ BEGIN
     SELECT slot FROM {ring} WHERE state = 2 AND visible_at < v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
   moved AS (
     UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
-    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body),
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers),
   dead AS (
-    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
-    SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body,
+      {fn_dead_headers}(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
     WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
   ready AS (
-    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m
+    INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+    SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
     WHERE NOT ({max_attempts} > 0 AND m.attempts >= {max_attempts}) RETURNING msg_id)
   SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired_leases, o_dead;
   WITH due AS (
     SELECT msg_id FROM {spill} WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED),
   gone AS (
     DELETE FROM {spill} s USING due WHERE s.msg_id = due.msg_id AND {max_attempts} > 0 AND s.attempts >= {max_attempts}
-    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   dead AS (
-    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
-    SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body,
+      {fn_dead_headers}(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
     ON CONFLICT (source, msg_id) DO NOTHING),
   ready AS (
     UPDATE {spill} s SET state = 1, lease = 0 FROM due
@@ -546,9 +607,9 @@ BEGIN
     ORDER BY slot FOR UPDATE SKIP LOCKED),
   moved AS (
     UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
-    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m;
   GET DIAGNOSTICS o_orphans = ROW_COUNT;
   -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
   WITH due AS (
@@ -652,9 +713,9 @@ LANGUAGE sql STABLE AS $fn$
 $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_defer}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
-  OUT o_ids text)
+  p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[];
+DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := {fn_headers_of}(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
   -- Delayed messages wait aside, in the spill table, until they are due; the ring's head never
@@ -675,10 +736,14 @@ BEGIN
   v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
   SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
   INSERT INTO {gap} (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: defer got headers for % messages and % bodies', cardinality(v_headers),
+      coalesce(cardinality(v_bodies), 0) USING ERRCODE = '22023';
+  END IF;
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT u.id, 1, 0, 0, v_now, v_visible,
-    CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body
-  FROM unnest(v_ids, v_bodies) AS u(id, body);
+    CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body, u.headers
+  FROM unnest(v_ids, v_bodies, v_headers) AS u(id, body, headers);
   PERFORM nextval('{n_pushed}') FROM unnest(v_ids);
   o_ids := coalesce(array_to_string(v_ids, ','), '');
 END $fn$
@@ -708,9 +773,9 @@ BEGIN
       WHERE source = {dead_source} AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
       ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
     WHERE d.source = {dead_source} AND d.msg_id = pick.msg_id
-    RETURNING d.msg_id, d.pushed_at, d.body)
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body FROM moved m
+    RETURNING d.msg_id, d.pushed_at, d.body, d.headers)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body, m.headers FROM moved m
   ON CONFLICT (msg_id) DO NOTHING;
   GET DIAGNOSTICS o_moved = ROW_COUNT;
   PERFORM nextval('{n_redriven}') FROM generate_series(1, o_moved);

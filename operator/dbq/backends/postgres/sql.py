@@ -25,7 +25,8 @@ FILLFACTOR = 50
 
 
 class PgRing(RingSqlBase):
-    ROUTINES: tuple[str, ...] = (*PG_ROUTINES, "oldest_age")  # stats calls oldest_age
+    # stats calls oldest_age; pushes check headers, nack and repair write dead letters' headers
+    ROUTINES: tuple[str, ...] = (*PG_ROUTINES, "oldest_age", "check_headers", "headers_of", "dead_headers")
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
     BACKEND = "postgres"
@@ -42,7 +43,7 @@ class PgRing(RingSqlBase):
     def create_routines(self) -> list[str]:
         # Older versions' signatures go first, in the same transaction: CREATE OR REPLACE cannot
         # change a result type, and a leftover overload would make calls ambiguous.
-        drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _OLD_SIGNATURES.items()]
+        drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _OLD_SIGNATURES]
         return drops + super().create_routines()
 
     def template_values(self) -> dict[str, object]:
@@ -53,8 +54,8 @@ class PgRing(RingSqlBase):
             super().template_values()
             | {f"{key}_class": _regclass(seq) for key, seq in read.items()}
             | {
-                "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
-                "row_record": _record("0", "msg_id", "lease", "attempts", "body"),
+                "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
+                "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),
             }
         )
 
@@ -76,6 +77,8 @@ class PgRing(RingSqlBase):
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
   dead_letter_queue varchar(127) NOT NULL DEFAULT '',
+  header_bytes int NOT NULL DEFAULT 1024,
+  max_headers int NOT NULL DEFAULT 32,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -91,7 +94,8 @@ class PgRing(RingSqlBase):
   pushed_at timestamptz,
   visible_at timestamptz,
   expires_at timestamptz,
-  body bytea) WITH (fillfactor = {FILLFACTOR}, autovacuum_vacuum_scale_factor = 0.05)"""
+  body bytea,
+  headers text) WITH (fillfactor = {FILLFACTOR}, autovacuum_vacuum_scale_factor = 0.05)"""
         ]
 
     def fill_ring(self) -> list[str]:
@@ -152,7 +156,8 @@ END $$""",
   pushed_at timestamptz NOT NULL,
   visible_at timestamptz NOT NULL,
   expires_at timestamptz,
-  body bytea NOT NULL)""",
+  body bytea NOT NULL,
+  headers text)""",
             f"""CREATE TABLE IF NOT EXISTS {self.gap} (
   pos bigint PRIMARY KEY,
   reason varchar(7) NOT NULL CHECK (reason IN ('void', 'skipped')),
@@ -172,6 +177,7 @@ END $$""",
   pushed_at timestamptz NOT NULL,
   dead_at timestamptz NOT NULL DEFAULT now(),
   body bytea NOT NULL,
+  headers text,
   PRIMARY KEY (source, msg_id))""",
             f"""CREATE TABLE IF NOT EXISTS {self.waiters} (
   id int PRIMARY KEY CHECK (id = 1),
@@ -183,9 +189,18 @@ END $$""",
   attempts int NOT NULL,
   pushed_at timestamptz NOT NULL,
   acked_at timestamptz NOT NULL,
-  body bytea NOT NULL)""",
+  body bytea NOT NULL,
+  headers text)""",
             f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.archive_index)} ON {self.archive} (acked_at)",
             *self.index_spill(),
+        ]
+
+    def add_headers(self) -> list[str]:
+        """A queue of version 15 or older: its message tables gain the headers column (NULL: no
+        headers, so existing rows need no rewrite)."""
+        return [
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS headers text"
+            for table in (self.ring, self.spill, self.own_dead, self.archive)
         ]
 
     def index_spill(self) -> list[str]:
@@ -262,13 +277,16 @@ END $$""",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_attempts int NOT NULL DEFAULT 0",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS archive int NOT NULL DEFAULT 0",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS dead_letter_queue varchar(127) NOT NULL DEFAULT ''",
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS header_bytes int NOT NULL DEFAULT 1024",
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_headers int NOT NULL DEFAULT 32",
             f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue)
+  dead_letter_queue, header_bytes, max_headers)
 VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes},
-  {int(self.t.max_attempts)}, {int(self.t.archive)}, {self._dead_letter_queue()})
+  {int(self.t.max_attempts)}, {int(self.t.archive)}, {self._dead_letter_queue()}, {self.header_bytes},
+  {self.max_headers})
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
-  updated_at = now()""",
+  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers, updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
@@ -318,21 +336,28 @@ def _regclass(qualified: str) -> str:
 
 
 # Earlier schema versions' signatures of the routines whose result or parameters changed since.
-_OLD_SIGNATURES = {
-    "take": "bigint, bigint",
-    "pop": "bigint",
-    "pop_many": "int, bigint",
-    "push_many": "text, bigint",  # version 4 took its bodies base64-encoded
-    "nack": "bigint, bigint, bigint",  # version 8 added the error text
-    "repair": "bigint",  # version 8 added a column (dead letters): re-created
-    "stats": "",  # version 8 added dead letters and delayed messages, 9 the archive: re-created
-}
+_OLD_SIGNATURES = (
+    ("take", "bigint, bigint"),
+    ("pop", "bigint"),
+    ("pop_many", "int, bigint"),
+    ("push_many", "text, bigint"),  # version 4 took its bodies base64-encoded
+    ("nack", "bigint, bigint, bigint"),  # version 8 added the error text
+    ("repair", "bigint"),  # version 8 added a column (dead letters): re-created
+    ("stats", ""),  # version 8 added dead letters and delayed messages, 9 the archive: re-created
+    # version 16 added the headers
+    ("place", "bigint, bytea, bigint, timestamptz"),
+    ("push", "bytea, bigint"),
+    ("push_many", "bytea, text, bigint"),
+    ("defer", "bytea, text, bigint, bigint"),
+)
 
 
-def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
+def _record(status: str, msg_id: str, lease: str, attempts: str, headers: str, body: str) -> str:
     """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from SQL expressions."""
     return (
         f"substring(int4send({status}) FROM 4) || int8send(coalesce({msg_id}, 0))"
         f" || int8send(coalesce({lease}, 0)) || int4send(coalesce({attempts}, 0))"
-        f" || int4send(coalesce(octet_length({body}), 0)) || coalesce({body}, '')"
+        f" || int4send(coalesce(octet_length(convert_to({headers}, 'UTF8')), 0))"
+        f" || int4send(coalesce(octet_length({body}), 0))"
+        f" || coalesce(convert_to({headers}, 'UTF8'), '') || coalesce({body}, '')"
     )
