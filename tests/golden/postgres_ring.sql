@@ -13,6 +13,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
   dead_letter_queue varchar(127) NOT NULL DEFAULT '',
+  header_bytes int NOT NULL DEFAULT 1024,
+  max_headers int NOT NULL DEFAULT 32,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -27,7 +29,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_ring" (
   pushed_at timestamptz,
   visible_at timestamptz,
   expires_at timestamptz,
-  body bytea) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.05)
+  body bytea,
+  headers text) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.05)
 
 -- step fill_ring
 
@@ -77,7 +80,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_spill" (
   pushed_at timestamptz NOT NULL,
   visible_at timestamptz NOT NULL,
   expires_at timestamptz,
-  body bytea NOT NULL)
+  body bytea NOT NULL,
+  headers text)
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
   pos bigint PRIMARY KEY,
@@ -99,6 +103,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_dead" (
   pushed_at timestamptz NOT NULL,
   dead_at timestamptz NOT NULL DEFAULT now(),
   body bytea NOT NULL,
+  headers text,
   PRIMARY KEY (source, msg_id))
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_waiters" (
@@ -112,7 +117,8 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_archive" (
   attempts int NOT NULL,
   pushed_at timestamptz NOT NULL,
   acked_at timestamptz NOT NULL,
-  body bytea NOT NULL)
+  body bytea NOT NULL,
+  headers text)
 
 CREATE INDEX IF NOT EXISTS "orders_archive_at" ON "shopq"."orders_archive" (acked_at)
 
@@ -135,6 +141,16 @@ END $$
 -- step index_spill
 
 CREATE INDEX IF NOT EXISTS "orders_spill_due" ON "shopq"."orders_spill" (state, visible_at)
+
+-- step add_headers
+
+ALTER TABLE "shopq"."orders_ring" ADD COLUMN IF NOT EXISTS headers text
+
+ALTER TABLE "shopq"."orders_spill" ADD COLUMN IF NOT EXISTS headers text
+
+ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS headers text
+
+ALTER TABLE "shopq"."orders_archive" ADD COLUMN IF NOT EXISTS headers text
 
 -- step seed_settled
 
@@ -172,13 +188,64 @@ DROP FUNCTION IF EXISTS "shopq"."orders_repair"(bigint)
 
 DROP FUNCTION IF EXISTS "shopq"."orders_stats"()
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz)
+DROP FUNCTION IF EXISTS "shopq"."orders_place"(bigint, bytea, bigint, timestamptz)
+
+DROP FUNCTION IF EXISTS "shopq"."orders_push"(bytea, bigint)
+
+DROP FUNCTION IF EXISTS "shopq"."orders_push_many"(bytea, text, bigint)
+
+DROP FUNCTION IF EXISTS "shopq"."orders_defer"(bytea, text, bigint, bigint)
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_check_headers"(p_headers text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_h text;
+BEGIN
+  -- Each message's headers: at most 1024 bytes of JSON, and an object.
+  FOREACH v_h IN ARRAY p_headers LOOP
+    CONTINUE WHEN v_h IS NULL;
+    IF octet_length(v_h) > 1024 THEN
+      RAISE EXCEPTION 'dbq: headers of % bytes are larger than spec.messages.headerBytes (1024) of queue orders',
+        octet_length(v_h) USING ERRCODE = '22001';
+    END IF;
+    IF json_typeof(v_h::json) <> 'object' THEN
+      RAISE EXCEPTION 'dbq: headers must be a JSON object of names to values, not %', left(v_h, 40)
+        USING ERRCODE = '22023';
+    END IF;
+  END LOOP;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_split_headers"(p_headers text) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_out text[];
+BEGIN
+  -- push_many's and defer's headers: a JSON array of one object (or null) per body, each kept
+  -- as the client wrote it (json, unlike jsonb, keeps the text); NULL when no body has any.
+  IF p_headers IS NULL THEN RETURN NULL; END IF;
+  IF json_typeof(p_headers::json) <> 'array' THEN
+    RAISE EXCEPTION 'dbq: headers of several messages are a JSON array of one object (or null) per body'
+      USING ERRCODE = '22023';
+  END IF;
+  SELECT array_agg(CASE WHEN json_typeof(e) = 'null' THEN NULL ELSE e::text END ORDER BY i) INTO v_out
+  FROM json_array_elements(p_headers::json) WITH ORDINALITY AS x(e, i);
+  PERFORM "shopq"."orders_check_headers"(v_out);
+  RETURN coalesce(v_out, '{}');
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_headers_of_dead"(p_headers text, p_error text, p_attempts int) RETURNS text
+LANGUAGE sql IMMUTABLE AS $fn$
+  -- A dead letter's headers: the message's, with why it died and after how many attempts.
+  SELECT (coalesce(p_headers::jsonb, '{}') || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
+    || jsonb_build_object('dbq-attempts', p_attempts))::text
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz,
+  p_headers text)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 DECLARE v_popped bigint; v_try int := 0;
 BEGIN
   LOOP
     UPDATE "shopq"."orders_ring" SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
-      visible_at = NULL, body = p_body,
+      visible_at = NULL, body = p_body, headers = p_headers,
       expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
     WHERE slot = p_id % 1000 AND state = 0;
     IF FOUND THEN RETURN true; END IF;
@@ -194,10 +261,10 @@ BEGIN
       FOR UPDATE SKIP LOCKED),
     moved AS (
       UPDATE "shopq"."orders_ring" r SET state = 0 FROM held WHERE r.slot = held.slot
-      RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body)
-    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+      RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body, r.headers)
+    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
-      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body
+      CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
     FROM moved m;
     v_try := v_try + 1;
     IF v_try > 20 THEN
@@ -212,7 +279,7 @@ BEGIN
   END LOOP;
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, OUT o_id bigint)
+CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
 BEGIN
@@ -220,6 +287,7 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
       octet_length(p_body) USING ERRCODE = '22001';
   END IF;
+  IF p_headers IS NOT NULL THEN PERFORM "shopq"."orders_check_headers"(ARRAY[p_headers]); END IF;
   -- Draw a position only if the ring has room (one statement reads both positions and draws).
   SELECT nextval('"shopq"."orders_push_seq"') INTO o_id FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
@@ -233,12 +301,12 @@ BEGIN
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-    visible_at = NULL, body = p_body,
+    visible_at = NULL, body = p_body, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
   WHERE slot = o_id % 1000 AND state = 0
   RETURNING nextval('"shopq"."orders_n_pushed"') INTO v_used;
   IF NOT FOUND THEN
-    IF NOT "shopq"."orders_place"(o_id, p_body, p_ttl_ms, v_now) THEN
+    IF NOT "shopq"."orders_place"(o_id, p_body, p_ttl_ms, v_now, p_headers) THEN
       o_id := -1;
       RETURN;
     END IF;
@@ -246,10 +314,12 @@ BEGIN
   END IF;
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies bytea, p_lengths text, p_ttl_ms bigint, OUT o_ids text)
+CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
+  p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_headers text[] := "shopq"."orders_split_headers"(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
@@ -267,6 +337,10 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
       v_big USING ERRCODE = '22001';
   END IF;
+  IF v_headers IS NOT NULL AND cardinality(v_headers) <> v_n THEN
+    RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
+      USING ERRCODE = '22023';
+  END IF;
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
   v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
@@ -278,9 +352,9 @@ BEGIN
     SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, v_k) g;
     WITH placed AS (
       UPDATE "shopq"."orders_ring" r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-        visible_at = NULL, body = u.body,
+        visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-      FROM unnest(v_ids, v_bodies[1:v_k]) AS u(id, body)
+      FROM unnest(v_ids, v_bodies[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
       WHERE r.slot = u.id % 1000 AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
@@ -289,7 +363,7 @@ BEGIN
       v_out := v_ids;
     ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
-         OR "shopq"."orders_place"(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now) THEN
+         OR "shopq"."orders_place"(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
@@ -307,7 +381,7 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint
 RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
-  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
+  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
 BEGIN
   -- A few rounds: a message written just after the update's snapshot is seen by the next
   -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
@@ -317,23 +391,23 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING body, attempts INTO o_body, o_attempts;
+      RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
-        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
-        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
     ELSE
       o_lease := (random() * 9007199254740991)::bigint + 1;
       UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
         visible_at = v_now + p_lease_ms * interval '1 millisecond'
       WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-      RETURNING body, attempts INTO o_body, o_attempts;
+      RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
-        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
       o_lease := NULL;
     END IF;
@@ -345,25 +419,25 @@ BEGIN
       END IF;
       UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1;
       IF FOUND THEN PERFORM nextval('"shopq"."orders_n_expired"'); END IF;  -- expired (TTL): dropped
-      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
       DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos;
-      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END IF;
     DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos AND reason = 'void';
-    IF FOUND THEN o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
+    IF FOUND THEN o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF;
     EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_push_seq");
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
-  o_body := NULL; o_attempts := NULL;
-  RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');  -- status 2: not written yet
+  o_body := NULL; o_attempts := NULL; o_headers := NULL;
+  RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');  -- status 2: not written yet
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
-  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int;
+  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in 8 looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -373,7 +447,7 @@ BEGIN
   LOOP
     -- 1. Redeliveries.
     WHILE v_look LOOP
-      SELECT msg_id, body, attempts, expires_at INTO o_id, o_body, o_attempts, v_exp
+      SELECT msg_id, body, attempts, expires_at, headers INTO o_id, o_body, o_attempts, v_exp, o_headers
       FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at <= clock_timestamp()
       ORDER BY visible_at LIMIT 1 FOR UPDATE SKIP LOCKED;
       EXIT WHEN NOT FOUND;
@@ -383,8 +457,8 @@ BEGIN
         CONTINUE;
       END IF;
       IF p_lease_ms <= 0 THEN
-        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_spill" WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
@@ -395,9 +469,9 @@ BEGIN
           visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
       END IF;
-      o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+      o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END LOOP;
-    o_id := NULL; o_body := NULL; o_attempts := NULL;
+    o_id := NULL; o_body := NULL; o_attempts := NULL; o_headers := NULL;
     -- 2. The ring, in push order.
     LOOP
       -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
@@ -414,27 +488,27 @@ BEGIN
           IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
         END IF;
         o_status := 1; o_lease := NULL;
-        RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');  -- empty
+        RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');  -- empty
       END IF;
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
-          INTO o_id, o_body, o_attempts, v_ahead;
+        RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
+          INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
-          INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
+          INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
           IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
-          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, '');
+          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
         END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, attempts, CASE WHEN p_count THEN nextval('"shopq"."orders_n_acquired"') END
-          INTO o_id, o_body, o_attempts, v_ahead;
-        IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(o_body, ''); END IF;
+        RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_acquired"') END
+          INTO o_id, o_body, o_attempts, o_headers, v_ahead;
+        IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF;
         o_lease := NULL;
       END IF;
       v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
@@ -490,11 +564,11 @@ BEGIN
       WITH t AS (
         UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
         WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, NULL::bigint AS lease, attempts)
-      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+        RETURNING msg_id, body, NULL::bigint AS lease, attempts, headers)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
-      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_taken) p(pos)
+      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_taken) p(pos)
       JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
     ELSE
       WITH t AS (
@@ -502,8 +576,8 @@ BEGIN
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
         WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, lease, attempts)
-      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+        RETURNING msg_id, body, lease, attempts, headers)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
     END IF;
     v_out := v_out || v_rec;
@@ -543,14 +617,14 @@ BEGIN
   UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   IF FOUND THEN
-    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
   ELSE
     WITH acked AS (
       DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-      RETURNING msg_id, attempts, pushed_at, body)
-    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked
+      RETURNING msg_id, attempts, pushed_at, body, headers)
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked
     RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
   END IF;
   IF FOUND THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
@@ -570,16 +644,16 @@ BEGIN
     WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id)
   SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
-  INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body FROM unnest(v_done) d(id)
+  INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_done) d(id)
   JOIN "shopq"."orders_ring" r ON r.slot = d.id % 1000 AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
-    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   kept AS (
-    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body FROM acked)
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked)
   SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
   PERFORM nextval('"shopq"."orders_n_archived"') FROM unnest(v_done);
   PERFORM nextval('"shopq"."orders_n_popped"'), nextval('"shopq"."orders_n_settled"') FROM unnest(v_done);
@@ -589,7 +663,8 @@ END $fn$
 CREATE OR REPLACE FUNCTION "shopq"."orders_nack"(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
-  v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_spilled boolean := false;
+  v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_headers text;
+  v_spilled boolean := false;
 BEGIN
   -- o_ok: 0 no lease (expired, or acked already), 1 ready again after the delay, 2 dead-lettered:
   -- acquired 5 times (when that is > 0), it moves to the dead letters with the
@@ -597,9 +672,10 @@ BEGIN
   -- ready at once, and this delivery does not count as an attempt.
   UPDATE "shopq"."orders_ring" SET state = 0
   WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-  RETURNING attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body;
+  RETURNING attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers;
   IF NOT FOUND THEN
-    SELECT attempts, pushed_at, expires_at, body INTO v_attempts, v_pushed, v_expires, v_body FROM "shopq"."orders_spill"
+    SELECT attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers
+    FROM "shopq"."orders_spill"
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp() FOR UPDATE;
     IF NOT FOUND THEN o_ok := 0; RETURN; END IF;
     v_spilled := true;
@@ -609,16 +685,18 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF 5 > 0 AND v_attempts >= 5 THEN
     IF v_spilled THEN DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id; END IF;
-    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
-    VALUES ('shopq.orders', p_id, v_attempts, left(p_error, 4000), v_pushed, v_body) ON CONFLICT (source, msg_id) DO NOTHING;
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
+    VALUES ('shopq.orders', p_id, v_attempts, left(p_error, 4000), v_pushed, v_body,
+      "shopq"."orders_headers_of_dead"(v_headers, left(p_error, 4000), v_attempts))
+    ON CONFLICT (source, msg_id) DO NOTHING;
     PERFORM nextval('"shopq"."orders_n_dead"');
     o_ok := 2; RETURN;
   END IF;
   IF v_spilled THEN
     UPDATE "shopq"."orders_spill" SET state = 1, lease = 0, visible_at = v_visible, attempts = v_attempts WHERE msg_id = p_id;
   ELSE
-    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body);
+    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+    VALUES (p_id, 1, 0, v_attempts, v_pushed, v_visible, v_expires, v_body, v_headers);
   END IF;
   o_ok := 1;
 END $fn$
@@ -638,24 +716,26 @@ BEGIN
     SELECT slot FROM "shopq"."orders_ring" WHERE state = 2 AND visible_at < v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
   moved AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 2
-    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body),
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers),
   dead AS (
-    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
-    SELECT 'shopq.orders', m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body FROM moved m
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT 'shopq.orders', m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body,
+      "shopq"."orders_headers_of_dead"(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
     WHERE 5 > 0 AND m.attempts >= 5 ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
   ready AS (
-    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-    SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m
+    INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+    SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
     WHERE NOT (5 > 0 AND m.attempts >= 5) RETURNING msg_id)
   SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired_leases, o_dead;
   WITH due AS (
     SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED),
   gone AS (
     DELETE FROM "shopq"."orders_spill" s USING due WHERE s.msg_id = due.msg_id AND 5 > 0 AND s.attempts >= 5
-    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body),
+    RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   dead AS (
-    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body)
-    SELECT 'shopq.orders', g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body FROM gone g
+    INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT 'shopq.orders', g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body,
+      "shopq"."orders_headers_of_dead"(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
     ON CONFLICT (source, msg_id) DO NOTHING),
   ready AS (
     UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0 FROM due
@@ -674,9 +754,9 @@ BEGIN
     ORDER BY slot FOR UPDATE SKIP LOCKED),
   moved AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
-    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body)
-  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body FROM moved m;
+    RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers)
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m;
   GET DIAGNOSTICS o_orphans = ROW_COUNT;
   -- Expired messages (TTL) still in the ring: free the slot; a position not drawn yet becomes void.
   WITH due AS (
@@ -780,9 +860,9 @@ LANGUAGE sql STABLE AS $fn$
 $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_defer"(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
-  OUT o_ids text)
+  p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[];
+DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := "shopq"."orders_split_headers"(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
   -- Delayed messages wait aside, in the spill table, until they are due; the ring's head never
@@ -803,10 +883,14 @@ BEGIN
   v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
   SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
   INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
-  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: defer got headers for % messages and % bodies', cardinality(v_headers),
+      coalesce(cardinality(v_bodies), 0) USING ERRCODE = '22023';
+  END IF;
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT u.id, 1, 0, 0, v_now, v_visible,
-    CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body
-  FROM unnest(v_ids, v_bodies) AS u(id, body);
+    CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body, u.headers
+  FROM unnest(v_ids, v_bodies, v_headers) AS u(id, body, headers);
   PERFORM nextval('"shopq"."orders_n_pushed"') FROM unnest(v_ids);
   o_ids := coalesce(array_to_string(v_ids, ','), '');
 END $fn$
@@ -836,9 +920,9 @@ BEGIN
       WHERE source = 'shopq.orders' AND (p_ids = '' OR msg_id = ANY (string_to_array(p_ids, ',')::bigint[]))
       ORDER BY msg_id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
     WHERE d.source = 'shopq.orders' AND d.msg_id = pick.msg_id
-    RETURNING d.msg_id, d.pushed_at, d.body)
-  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body FROM moved m
+    RETURNING d.msg_id, d.pushed_at, d.body, d.headers)
+  INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body, m.headers FROM moved m
   ON CONFLICT (msg_id) DO NOTHING;
   GET DIAGNOSTICS o_moved = ROW_COUNT;
   PERFORM nextval('"shopq"."orders_n_redriven"') FROM generate_series(1, o_moved);
@@ -878,13 +962,18 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS archive int NOT NULL D
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS dead_letter_queue varchar(127) NOT NULL DEFAULT ''
 
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS header_bytes int NOT NULL DEFAULT 1024
+
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_headers int NOT NULL DEFAULT 32
+
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue)
-VALUES ('orders', 'ring', 15, 1000, 300,
-  5, 1, '')
+  dead_letter_queue, header_bytes, max_headers)
+VALUES ('orders', 'ring', 16, 1000, 300,
+  5, 1, '', 1024,
+  32)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
-  updated_at = now()
+  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers, updated_at = now()
 
 -- teardown
 
@@ -925,6 +1014,12 @@ DROP FUNCTION IF EXISTS "shopq"."orders_purge_dead"
 DROP FUNCTION IF EXISTS "shopq"."orders_scavenge"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_oldest_age"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_check_headers"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_split_headers"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_headers_of_dead"
 
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 
@@ -972,9 +1067,9 @@ DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "
 
 -- calls
 
-SELECT "shopq"."orders_push"(?, ?)
+SELECT "shopq"."orders_push"(?, ?, ?)
 
-SELECT "shopq"."orders_push_many"(?, ?, ?)
+SELECT "shopq"."orders_push_many"(?, ?, ?, ?)
 
 SELECT "shopq"."orders_take"(?, ?)
 
@@ -996,7 +1091,7 @@ SELECT * FROM "shopq"."orders_void_holes"(?)
 
 SELECT * FROM "shopq"."orders_stats"()
 
-SELECT "shopq"."orders_defer"(?, ?, ?, ?)
+SELECT "shopq"."orders_defer"(?, ?, ?, ?, ?)
 
 SELECT "shopq"."orders_extend"(?, ?, ?)
 
@@ -1008,19 +1103,19 @@ SELECT "shopq"."orders_scavenge"(?, ?)
 
 -- client reads
 
-SELECT msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
+SELECT msg_id, body, attempts, headers FROM (SELECT msg_id, body, attempts, headers FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts, headers FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
 
 SELECT dead_letter_queue FROM "shopq"."dbq_queues" WHERE queue = ?
 
-SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source FROM "shopq"."orders_dead" WHERE source = ? ORDER BY msg_id, source LIMIT ?
+SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source, headers FROM "shopq"."orders_dead" WHERE source = ? ORDER BY msg_id, source LIMIT ?
 
-SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source FROM "shopq"."orders_dead" ORDER BY msg_id, source LIMIT ?
+SELECT msg_id, attempts, error, extract(epoch FROM pushed_at)::float8, extract(epoch FROM dead_at)::float8, body, source, headers FROM "shopq"."orders_dead" ORDER BY msg_id, source LIMIT ?
 
 SELECT * FROM "shopq"."dbq_queues" WHERE queue = ?
 
 DELETE FROM "errors"."dlq_dead" WHERE source = 'shopq.orders'
 
-SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8, body FROM "shopq"."orders_archive" WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?
+SELECT msg_id, attempts, extract(epoch FROM pushed_at)::float8, extract(epoch FROM acked_at)::float8, body, headers FROM "shopq"."orders_archive" WHERE acked_at >= CAST(? AS timestamptz) ORDER BY acked_at, msg_id LIMIT ?
 
 SELECT extract(epoch FROM at)::float8, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM "shopq"."dbq_stats_history" WHERE queue = ? AND at >= CAST(? AS timestamptz) AND at < CAST(? AS timestamptz) ORDER BY at
 

@@ -14,6 +14,8 @@ CREATE TABLE [shopq].[dbq_queues] (
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
+  header_bytes int NOT NULL DEFAULT 1024,
+  max_headers int NOT NULL DEFAULT 32,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
@@ -29,7 +31,8 @@ CREATE TABLE [shopq].[orders_ring] (
   pushed_at datetime2(3) NULL,
   visible_at datetime2(3) NULL,
   expires_at datetime2(3) NULL,
-  body varbinary(7000) NULL)
+  body varbinary(7000) NULL,
+  headers nvarchar(max) NULL)
 
 -- step fill_ring
 
@@ -99,7 +102,8 @@ CREATE TABLE [shopq].[orders_spill] (
   pushed_at datetime2(3) NOT NULL,
   visible_at datetime2(3) NOT NULL,
   expires_at datetime2(3) NULL,
-  body varbinary(7000) NOT NULL)
+  body varbinary(7000) NOT NULL,
+  headers nvarchar(max) NULL)
 
 IF OBJECT_ID(N'[shopq].[orders_gap]', N'U') IS NULL
 CREATE TABLE [shopq].[orders_gap] (
@@ -124,6 +128,7 @@ CREATE TABLE [shopq].[orders_dead] (
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   body varbinary(7000) NOT NULL,
+  headers nvarchar(max) NULL,
   PRIMARY KEY CLUSTERED (source, msg_id))
 
 IF OBJECT_ID(N'[shopq].[orders_waiters]', N'U') IS NULL
@@ -140,6 +145,7 @@ CREATE TABLE [shopq].[orders_archive] (
   pushed_at datetime2(3) NOT NULL,
   acked_at datetime2(3) NOT NULL,
   body varbinary(7000) NOT NULL,
+  headers nvarchar(max) NULL,
   INDEX [orders_archive_at] CLUSTERED (acked_at))
 
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[shopq].[orders_spill]') AND name = N'orders_spill_due') CREATE INDEX [orders_spill_due] ON [shopq].[orders_spill] (state, visible_at)
@@ -161,6 +167,16 @@ END
 -- step index_spill
 
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[shopq].[orders_spill]') AND name = N'orders_spill_due') CREATE INDEX [orders_spill_due] ON [shopq].[orders_spill] (state, visible_at)
+
+-- step add_headers
+
+IF COL_LENGTH(N'[shopq].[orders_ring]', 'headers') IS NULL ALTER TABLE [shopq].[orders_ring] ADD headers nvarchar(max) NULL
+
+IF COL_LENGTH(N'[shopq].[orders_spill]', 'headers') IS NULL ALTER TABLE [shopq].[orders_spill] ADD headers nvarchar(max) NULL
+
+IF COL_LENGTH(N'[shopq].[orders_dead]', 'headers') IS NULL ALTER TABLE [shopq].[orders_dead] ADD headers nvarchar(max) NULL
+
+IF COL_LENGTH(N'[shopq].[orders_archive]', 'headers') IS NULL ALTER TABLE [shopq].[orders_archive] ADD headers nvarchar(max) NULL
 
 -- step seed_settled
 
@@ -193,7 +209,7 @@ CREATE TABLE [shopq].[dbq_stats_history] (
 -- step create_routines
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_place] @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
-  @placed bit OUTPUT
+  @headers nvarchar(max), @placed bit OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
@@ -204,7 +220,7 @@ AS BEGIN
     -- may itself be waiting for a position this push has drawn, and neither would move.
     UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+        headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     WHERE slot = @id % 1000 AND state = 0;
     SET @rc = @@ROWCOUNT;
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
@@ -215,8 +231,8 @@ AS BEGIN
     UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
-      deleted.expires_at, deleted.body
-    INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+      deleted.expires_at, deleted.body, deleted.headers
+    INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     WHERE slot = @id % 1000 AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
@@ -229,13 +245,17 @@ AS BEGIN
   END;
 END
 
-CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bigint, @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
   IF DATALENGTH(@body) > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF DATALENGTH(@headers) > 2 * 1024
+    THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
+  IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
+    THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
   IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
                  * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
       FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
@@ -246,18 +266,19 @@ AS BEGIN
   SET @id = NEXT VALUE FOR [shopq].[orders_push_seq];
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+      headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
   WHERE slot = @id % 1000 AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
-    EXEC [shopq].[orders_place] @id, @body, @ttl_ms, @now, @placed OUTPUT;
+    EXEC [shopq].[orders_place] @id, @body, @ttl_ms, @now, @headers, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
   SET @n = NEXT VALUE FOR [shopq].[orders_n_pushed];
   SELECT @id AS o_id;
 END
 
-CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE [shopq].[orders_push_many] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint,
+  @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
@@ -266,7 +287,7 @@ AS BEGIN
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
-    done bit NOT NULL DEFAULT 0);
+    done bit NOT NULL DEFAULT 0, headers nvarchar(max) NULL);
   INSERT INTO @in (i, n, body)
   SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
   FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
@@ -277,6 +298,18 @@ AS BEGIN
     THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
   IF @big > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF @headers IS NOT NULL BEGIN
+    IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
+      THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
+    IF (SELECT COUNT(*) FROM OPENJSON(@headers)) <> @n
+      THROW 50002, N'dbq: push_many got headers for a number of messages other than its bodies', 1;
+    IF EXISTS (SELECT 1 FROM OPENJSON(@headers) j WHERE j.type NOT IN (0, 5))
+      THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
+    UPDATE b SET headers = CASE WHEN j.type = 5 THEN j.value END
+    FROM @in b JOIN OPENJSON(@headers) j ON CAST(j.[key] AS int) + 1 = b.i;
+    IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * 1024)
+      THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
+  END;
   SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
                      * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
@@ -290,7 +323,7 @@ AS BEGIN
     UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+        headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = b.id % 1000
     WHERE b.id IS NOT NULL AND r.state = 0;
     UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = b.id % 1000 AND r.msg_id = b.id;
@@ -298,8 +331,9 @@ AS BEGIN
     SET @i = 1;
     WHILE @i <= @k BEGIN
       IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
-        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i);
-        EXEC [shopq].[orders_place] @one, @b, @ttl_ms, @now, @placed OUTPUT;
+        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i),
+          @h nvarchar(max) = (SELECT headers FROM @in WHERE i = @i);
+        EXEC [shopq].[orders_place] @one, @b, @ttl_ms, @now, @h, @placed OUTPUT;
         UPDATE @in SET done = @placed WHERE i = @i;
       END;
       SET @i += 1;
@@ -313,26 +347,27 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_claim] @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
     @round int = 0, @n bigint, @got int;
-  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL;
+  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- A few rounds: a message committed after the update looked is taken on the next round, and
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
   WHILE @round < 10 BEGIN
     SET @round += 1;
     IF @lease_ms <= 0 BEGIN
-      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers
       WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
-        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body
+        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body,
+        @headers = headers
       WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END;
@@ -340,8 +375,8 @@ AS BEGIN
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
       IF @lease_ms <= 0 BEGIN
-        INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+        INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
         IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       END;
       SET @status = 0;
@@ -369,27 +404,27 @@ AS BEGIN
                               WHERE object_id = OBJECT_ID(N'[shopq].[orders_push_seq]')) BREAK;
     WAITFOR DELAY '00:00:00.001';
   END;
-  SELECT @body = NULL, @attempts = NULL;
+  SELECT @body = NULL, @attempts = NULL, @headers = NULL;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_take] @pos bigint, @lease_ms bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC [shopq].[orders_claim] @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@pos, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(@body, 0x) AS o_record;
+  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int, @headers nvarchar(max);
+  EXEC [shopq].[orders_claim] @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT, @headers OUTPUT;
+  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@pos, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@headers), 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(CAST(@headers AS varbinary(max)), 0x) + ISNULL(@body, 0x) AS o_record;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_next] @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
     @n bigint, @look bit;
-  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
+  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in 8 looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -407,16 +442,16 @@ AS BEGIN
       CONTINUE;
     END;
     IF @lease_ms <= 0 BEGIN
-      SELECT @body = body, @attempts = attempts FROM [shopq].[orders_spill] WHERE msg_id = @id;
-      INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
-      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      SELECT @body = body, @attempts = attempts, @headers = headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE [shopq].[orders_spill] SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
-        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
+        @headers = headers, visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
     END;
@@ -437,14 +472,16 @@ AS BEGIN
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM [shopq].[orders_gap] WHERE pos = @pos;
-        EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+        EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+          @headers OUTPUT;
         IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
       END;
       SELECT @status = 1, @id = NULL;
       RETURN;
     END;
     SET @pos = NEXT VALUE FOR [shopq].[orders_pop_seq];
-    EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+      @headers OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
     -- A run of positions that will never be written (delayed messages push void ones): the
@@ -459,9 +496,10 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_pop] @lease_ms bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC [shopq].[orders_next] @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(@body, 0x) AS o_record;
+  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @headers nvarchar(max);
+  EXEC [shopq].[orders_next] @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+    @headers OUTPUT;
+  SELECT CAST(CAST(@status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(@id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(@attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@headers), 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(@body), 0) AS int) AS binary(4)) + ISNULL(CAST(@headers AS varbinary(max)), 0x) + ISNULL(@body, 0x) AS o_record;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_pop_many] @max int, @lease_ms bigint
@@ -469,15 +507,18 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
-    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint;
-  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int);
+    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint,
+    @headers nvarchar(max);
+  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int,
+    o_headers nvarchar(max));
   DECLARE @pos TABLE (pos bigint PRIMARY KEY, taken bit NOT NULL DEFAULT 0);
   -- 1. Redeliveries go through the single pop, one by one (rare).
   WHILE (SELECT COUNT(*) FROM @out) < @max
         AND EXISTS (SELECT 1 FROM [shopq].[orders_spill] WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
-    EXEC [shopq].[orders_next] @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC [shopq].[orders_next] @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+      @headers OUTPUT;
     IF @status = 1 BREAK;
-    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts, @headers);
     IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
@@ -487,8 +528,9 @@ AS BEGIN
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
   IF @status = 2 OR @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
-      EXEC [shopq].[orders_next] @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+      EXEC [shopq].[orders_next] @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+        @headers OUTPUT;
+      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts, @headers);
     END;
     GOTO answer;
   END;
@@ -500,25 +542,25 @@ AS BEGIN
   FROM sys.all_columns;
   IF @lease_ms <= 0
     UPDATE r WITH (ROWLOCK) SET state = 0
-    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts INTO @out
+    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts, inserted.headers INTO @out
     FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   ELSE
     UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
       visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now))
-    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts INTO @out
+    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts, inserted.headers INTO @out
     FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
   IF @lease_ms <= 0
-    INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+    INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
     FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000 AND r.msg_id = p.pos WHERE p.taken = 1;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
-    EXEC [shopq].[orders_claim] @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
+    EXEC [shopq].[orders_claim] @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT, @headers OUTPUT;
+    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts, @headers);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
   END;
   answer:
@@ -530,7 +572,7 @@ AS BEGIN
     IF @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
     SET @c -= 1;
   END;
-  SELECT CAST(CAST(o_status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(o_id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_body), 0) AS int) AS binary(4)) + ISNULL(o_body, 0x) AS o_record FROM @out ORDER BY o_status, o_id;
+  SELECT CAST(CAST(o_status AS tinyint) AS binary(1)) + CAST(CAST(ISNULL(o_id, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_lease, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL(o_attempts, 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_headers), 0) AS int) AS binary(4)) + CAST(CAST(ISNULL(DATALENGTH(o_body), 0) AS int) AS binary(4)) + ISNULL(CAST(o_headers AS varbinary(max)), 0x) + ISNULL(o_body, 0x) AS o_record FROM @out ORDER BY o_status, o_id;
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_release] @positions nvarchar(max)
@@ -553,14 +595,14 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @rc int;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
-  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body
-    INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
+    INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     DELETE FROM [shopq].[orders_spill]
-    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body
-      INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
+    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body, deleted.headers
+      INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
     SET @rc = @@ROWCOUNT;
   END;
@@ -586,15 +628,16 @@ AS BEGIN
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
   FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
-  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
   FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = d.id % 1000 AND r.msg_id = d.id;
-  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max));
-  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body INTO @gone
+  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
+    headers nvarchar(max));
+  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
-  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM @gone;
+  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM @gone;
   INSERT INTO @done (id) SELECT msg_id FROM @gone;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_archived]; SET @c -= 1; END;
@@ -614,15 +657,15 @@ AS BEGIN
   DECLARE @wait_ms bigint = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
   DECLARE @visible datetime2(3) = DATEADD(millisecond, @wait_ms % 1000, DATEADD(second, @wait_ms / 1000, SYSUTCDATETIME()));
   DECLARE @n bigint, @rc int, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
-    spilled bit);
+    spilled bit, headers nvarchar(max));
   BEGIN TRANSACTION;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
-  OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0 INTO @taken
+  OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0, deleted.headers INTO @taken
   WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0
     DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK)
-    OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1 INTO @taken
+    OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1, deleted.headers INTO @taken
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF NOT EXISTS (SELECT 1 FROM @taken) BEGIN COMMIT TRANSACTION; SELECT 0 AS o_ok; RETURN; END;
   SET @n = NEXT VALUE FOR [shopq].[orders_n_settled];  -- the lease ended
@@ -630,15 +673,15 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
   BEGIN
-    INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body)
-    SELECT N'shopq.orders', @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
+    INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT N'shopq.orders', @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body, JSON_MODIFY(JSON_MODIFY(ISNULL(t.headers, N'{}'), N'$."dbq-error"', LEFT(@error, 4000)), N'$."dbq-attempts"', t.attempts) FROM @taken t
     WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = @id);
     COMMIT TRANSACTION;
     SET @n = NEXT VALUE FOR [shopq].[orders_n_dead];
     SELECT 2 AS o_ok; RETURN;
   END;
-  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT @id, 1, 0, t.attempts, t.pushed_at, @visible, t.expires_at, t.body FROM @taken t;
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT @id, 1, 0, t.attempts, t.pushed_at, @visible, t.expires_at, t.body, t.headers FROM @taken t;
   COMMIT TRANSACTION;
   SELECT 1 AS o_ok;
 END
@@ -656,21 +699,24 @@ AS BEGIN
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
   -- 5 times (when that is > 0) go to the dead letters instead, in one transaction.
   DECLARE @lapsed TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), expires_at datetime2(3),
-    body varbinary(max));
+    body varbinary(max), headers nvarchar(max));
   BEGIN TRANSACTION;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, deleted.headers
+    INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
   DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST)
-  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, deleted.headers
+    INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
-  INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body)
-  SELECT N'shopq.orders', l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
+  INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body, headers)
+  SELECT N'shopq.orders', l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body,
+    JSON_MODIFY(JSON_MODIFY(ISNULL(l.headers, N'{}'), N'$."dbq-error"', N'lease expired (visibility timeout)'), N'$."dbq-attempts"', l.attempts) FROM @lapsed l
   WHERE 5 > 0 AND l.attempts >= 5
     AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
-  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body FROM @lapsed l
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body, l.headers FROM @lapsed l
   WHERE NOT (5 > 0 AND l.attempts >= 5);
   COMMIT TRANSACTION;
   SELECT @leases = COUNT(*) FROM @lapsed;
@@ -680,8 +726,9 @@ AS BEGIN
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_dead]; SET @c -= 1; END;
   -- Orphans: ready messages whose pop position was drawn but never claimed.
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
-  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body,
+    deleted.headers
+  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, (-@orphan_grace_ms) % 1000, DATEADD(second, (-@orphan_grace_ms) / 1000, @now))
     AND (expires_at IS NULL OR expires_at > @now);
   SET @orphans = @@ROWCOUNT;
@@ -774,7 +821,8 @@ AS BEGIN
     CASE WHEN @archived > @scavenged THEN @archived - @scavenged ELSE 0 END AS o_archived;
 END
 
-CREATE OR ALTER PROCEDURE [shopq].[orders_defer] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
+CREATE OR ALTER PROCEDURE [shopq].[orders_defer] @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint,
+  @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
@@ -782,7 +830,7 @@ AS BEGIN
   -- up at once as void (see the PostgreSQL routine).
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @visible datetime2(3), @n int, @big int, @total bigint,
     @first sql_variant, @first_id bigint, @c bigint, @used bigint;
-  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max));
+  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), headers nvarchar(max) NULL);
   INSERT INTO @in (i, n, body)
   SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
   FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
@@ -793,6 +841,18 @@ AS BEGIN
     THROW 50002, N'dbq: defer got bodies whose length differs from the sum of its lengths', 1;
   IF @big > 300
     THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF @headers IS NOT NULL BEGIN
+    IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
+      THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
+    IF (SELECT COUNT(*) FROM OPENJSON(@headers)) <> @n
+      THROW 50002, N'dbq: defer got headers for a number of messages other than its bodies', 1;
+    IF EXISTS (SELECT 1 FROM OPENJSON(@headers) j WHERE j.type NOT IN (0, 5))
+      THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
+    UPDATE b SET headers = CASE WHEN j.type = 5 THEN j.value END
+    FROM @in b JOIN OPENJSON(@headers) j ON CAST(j.[key] AS int) + 1 = b.i;
+    IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * 1024)
+      THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
+  END;
   IF @n = 0 BEGIN SELECT N'' AS o_ids; RETURN; END;
   SET @delay_ms = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
   SET @visible = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, @now));
@@ -801,9 +861,10 @@ AS BEGIN
   BEGIN TRANSACTION;
   INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT @first_id + i - 1, 'void' FROM @in b
   WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = @first_id + b.i - 1);
-  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT @first_id + i - 1, 1, 0, 0, @now, @visible,
-    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @visible)) END, body FROM @in;
+    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @visible)) END, body,
+    headers FROM @in;
   COMMIT TRANSACTION;
   SET @c = @n;
   WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
@@ -832,17 +893,17 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
-  DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max));
+  DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max), headers nvarchar(max));
   DECLARE @c bigint, @n bigint;
   BEGIN TRANSACTION;
-  DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body INTO @moved
+  DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body, deleted.headers INTO @moved
   FROM [shopq].[orders_dead] d WITH (ROWLOCK, READPAST)
   WHERE d.source = N'shopq.orders' AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM [shopq].[orders_dead] x WITH (READPAST)
     WHERE x.source = N'shopq.orders'
       AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
-  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body FROM @moved m
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body, m.headers FROM @moved m
   WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_spill] s WHERE s.msg_id = m.msg_id);
   COMMIT TRANSACTION;
   SELECT @c = COUNT(*) FROM @moved;
@@ -890,13 +951,21 @@ ALTER TABLE [shopq].[dbq_queues] ADD archive int NOT NULL DEFAULT 0
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'dead_letter_queue') IS NULL
 ALTER TABLE [shopq].[dbq_queues] ADD dead_letter_queue nvarchar(300) NOT NULL DEFAULT N''
 
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'header_bytes') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD header_bytes int NOT NULL DEFAULT 1024
+
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_headers') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD max_headers int NOT NULL DEFAULT 32
+
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 15, message_bytes = 300,
-  max_attempts = 5, archive = 1, dead_letter_queue = N'', updated_at = SYSUTCDATETIME()
+WHEN MATCHED THEN UPDATE SET schema_version = 16, message_bytes = 300,
+  max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
+  max_headers = 32, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-    dead_letter_queue)
-  VALUES (s.queue, N'ring', 15, 1000, 300, 5, 1, N'');
+    dead_letter_queue, header_bytes, max_headers)
+  VALUES (s.queue, N'ring', 16, 1000, 300, 5, 1, N'',
+    1024, 32);
 
 -- teardown
 
@@ -988,9 +1057,9 @@ IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID(N'shopq'))
 
 -- calls
 
-SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push] ?, ?; COMMIT TRAN;
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push] ?, ?, ?; COMMIT TRAN;
 
-SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push_many] ?, ?, ?; COMMIT TRAN;
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_push_many] ?, ?, ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_take] ?, ?; COMMIT TRAN;
 
@@ -1012,7 +1081,7 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_void_holes] ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_stats]; COMMIT TRAN;
 
-SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_defer] ?, ?, ?, ?; COMMIT TRAN;
+SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_defer] ?, ?, ?, ?, ?; COMMIT TRAN;
 
 SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_extend] ?, ?, ?; COMMIT TRAN;
 
@@ -1024,19 +1093,19 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_scavenge] ?, ?; COMMIT TRAN;
 
 -- client reads
 
-SELECT TOP (?) msg_id, body, attempts FROM (SELECT msg_id, body, attempts FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
+SELECT TOP (?) msg_id, body, attempts, headers FROM (SELECT msg_id, body, attempts, headers FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts, headers FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
 
 SELECT dead_letter_queue FROM [shopq].[dbq_queues] WHERE queue = ?
 
-SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM [shopq].[orders_dead] WHERE source = ? ORDER BY msg_id, source
+SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source, headers FROM [shopq].[orders_dead] WHERE source = ? ORDER BY msg_id, source
 
-SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source FROM [shopq].[orders_dead] ORDER BY msg_id, source
+SELECT TOP (?) msg_id, attempts, error, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', dead_at) / 1000.0, body, source, headers FROM [shopq].[orders_dead] ORDER BY msg_id, source
 
 SELECT * FROM [shopq].[dbq_queues] WHERE queue = ?
 
 DELETE FROM [errors].[dlq_dead] WHERE source = N'shopq.orders'
 
-SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body FROM [shopq].[orders_archive] WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY
+SELECT msg_id, attempts, DATEDIFF_BIG(millisecond, '1970-01-01', pushed_at) / 1000.0, DATEDIFF_BIG(millisecond, '1970-01-01', acked_at) / 1000.0, body, headers FROM [shopq].[orders_archive] WHERE acked_at >= CAST(? AS datetime2(3)) ORDER BY acked_at, msg_id OFFSET 0 ROWS FETCH NEXT ? ROWS ONLY
 
 SELECT DATEDIFF_BIG(millisecond, '1970-01-01', at) / 1000.0, depth, in_flight, pushed, popped, acquired, expired, oldest_age_s FROM [shopq].[dbq_stats_history] WHERE queue = ? AND at >= CAST(? AS datetime2(3)) AND at < CAST(? AS datetime2(3)) ORDER BY at
 

@@ -21,6 +21,8 @@ CREATE TABLE [shopq].[dbq_queues] (
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
+  header_bytes int NOT NULL DEFAULT 1024,
+  max_headers int NOT NULL DEFAULT 32,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 

@@ -42,7 +42,7 @@ BEGIN
   END LOOP;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_headers_of}(p_headers text) RETURNS text[]
+CREATE OR REPLACE FUNCTION {fn_split_headers}(p_headers text) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE AS $fn$
 DECLARE v_out text[];
 BEGIN
@@ -59,7 +59,7 @@ BEGIN
   RETURN coalesce(v_out, '{}');
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_dead_headers}(p_headers text, p_error text, p_attempts int) RETURNS text
+CREATE OR REPLACE FUNCTION {fn_headers_of_dead}(p_headers text, p_error text, p_attempts int) RETURNS text
 LANGUAGE sql IMMUTABLE AS $fn$
   -- A dead letter's headers: the message's, with why it died and after how many attempts.
   SELECT (coalesce(p_headers::jsonb, '{}') || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
@@ -147,7 +147,7 @@ CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_headers text[] := {fn_headers_of}(p_headers);
+  v_headers text[] := {fn_split_headers}(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
@@ -540,7 +540,7 @@ BEGIN
     IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
     VALUES ({dead_source}, p_id, v_attempts, left(p_error, 4000), v_pushed, v_body,
-      {fn_dead_headers}(v_headers, left(p_error, 4000), v_attempts))
+      {fn_headers_of_dead}(v_headers, left(p_error, 4000), v_attempts))
     ON CONFLICT (source, msg_id) DO NOTHING;
     PERFORM nextval('{n_dead}');
     o_ok := 2; RETURN;
@@ -573,7 +573,7 @@ BEGIN
   dead AS (
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
     SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body,
-      {fn_dead_headers}(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
+      {fn_headers_of_dead}(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
     WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
   ready AS (
     INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
@@ -588,7 +588,7 @@ BEGIN
   dead AS (
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
     SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body,
-      {fn_dead_headers}(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
+      {fn_headers_of_dead}(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
     ON CONFLICT (source, msg_id) DO NOTHING),
   ready AS (
     UPDATE {spill} s SET state = 1, lease = 0 FROM due
@@ -715,7 +715,7 @@ $fn$
 CREATE OR REPLACE FUNCTION {fn_defer}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := {fn_headers_of}(p_headers);
+DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := {fn_split_headers}(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
   -- Delayed messages wait aside, in the spill table, until they are due; the ring's head never

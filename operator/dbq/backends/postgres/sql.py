@@ -26,7 +26,13 @@ FILLFACTOR = 50
 
 class PgRing(RingSqlBase):
     # stats calls oldest_age; pushes check headers, nack and repair write dead letters' headers
-    ROUTINES: tuple[str, ...] = (*PG_ROUTINES, "oldest_age", "check_headers", "headers_of", "dead_headers")
+    ROUTINES: tuple[str, ...] = (
+        *PG_ROUTINES,
+        "oldest_age",
+        "check_headers",
+        "split_headers",
+        "headers_of_dead",
+    )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
     BACKEND = "postgres"

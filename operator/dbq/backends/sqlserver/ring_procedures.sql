@@ -9,9 +9,12 @@
 -- Every procedure runs WITH EXECUTE AS OWNER: it reads sys.sequences and OBJECT_ID, whose rows a
 -- login with only EXECUTE on the procedures would not see (metadata visibility).
 -- Blocks between `-- if archive` and `-- end if` (or `-- else`) are kept only with spec.archive.
+-- Headers are JSON text in nvarchar(max) (NULL for none), travelling as in the PostgreSQL
+-- routines; {nack_dead_headers} and {repair_dead_headers} write a dead letter's. A size check
+-- here is a guard (nvarchar holds UTF-16, at most twice the UTF-8 size the client checks).
 --;;
 CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
-  @placed bit OUTPUT
+  @headers nvarchar(max), @placed bit OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
@@ -22,7 +25,7 @@ AS BEGIN
     -- may itself be waiting for a position this push has drawn, and neither would move.
     UPDATE {ring} WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+        headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     WHERE slot = @id % {size} AND state = 0;
     SET @rc = @@ROWCOUNT;
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
@@ -33,8 +36,8 @@ AS BEGIN
     UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
     OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
-      deleted.expires_at, deleted.body
-    INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+      deleted.expires_at, deleted.body, deleted.headers
+    INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     WHERE slot = @id % {size} AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
@@ -47,13 +50,17 @@ AS BEGIN
   END;
 END
 --;;
-CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint, @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
   IF DATALENGTH(@body) > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  IF DATALENGTH(@headers) > 2 * {header_bytes}
+    THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
+  IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
+    THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
   IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
                  * {drawn})
       FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'))) >= {size}
@@ -64,18 +71,19 @@ AS BEGIN
   SET @id = NEXT VALUE FOR {push_seq};
   UPDATE {ring} WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
-      expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+      headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
   WHERE slot = @id % {size} AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
-    EXEC {fn_place} @id, @body, @ttl_ms, @now, @placed OUTPUT;
+    EXEC {fn_place} @id, @body, @ttl_ms, @now, @headers, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
   SET @n = NEXT VALUE FOR {n_pushed};
   SELECT @id AS o_id;
 END
 --;;
-CREATE OR ALTER PROCEDURE {fn_push_many} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint
+CREATE OR ALTER PROCEDURE {fn_push_many} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint,
+  @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
@@ -84,7 +92,7 @@ AS BEGIN
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
-    done bit NOT NULL DEFAULT 0);
+    done bit NOT NULL DEFAULT 0, headers nvarchar(max) NULL);
   INSERT INTO @in (i, n, body)
   SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
   FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
@@ -95,6 +103,18 @@ AS BEGIN
     THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
   IF @big > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  IF @headers IS NOT NULL BEGIN
+    IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
+      THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
+    IF (SELECT COUNT(*) FROM OPENJSON(@headers)) <> @n
+      THROW 50002, N'dbq: push_many got headers for a number of messages other than its bodies', 1;
+    IF EXISTS (SELECT 1 FROM OPENJSON(@headers) j WHERE j.type NOT IN (0, 5))
+      THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
+    UPDATE b SET headers = CASE WHEN j.type = 5 THEN j.value END
+    FROM @in b JOIN OPENJSON(@headers) j ON CAST(j.[key] AS int) + 1 = b.i;
+    IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * {header_bytes})
+      THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
+  END;
   SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
                      * {drawn})
   FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
@@ -108,7 +128,7 @@ AS BEGIN
     UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+        headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     FROM {ring} r JOIN @in b ON r.slot = b.id % {size}
     WHERE b.id IS NOT NULL AND r.state = 0;
     UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = b.id % {size} AND r.msg_id = b.id;
@@ -116,8 +136,9 @@ AS BEGIN
     SET @i = 1;
     WHILE @i <= @k BEGIN
       IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
-        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i);
-        EXEC {fn_place} @one, @b, @ttl_ms, @now, @placed OUTPUT;
+        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i),
+          @h nvarchar(max) = (SELECT headers FROM @in WHERE i = @i);
+        EXEC {fn_place} @one, @b, @ttl_ms, @now, @h, @placed OUTPUT;
         UPDATE @in SET done = @placed WHERE i = @i;
       END;
       SET @i += 1;
@@ -131,26 +152,27 @@ AS BEGIN
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_claim} @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
     @round int = 0, @n bigint, @got int;
-  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL;
+  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- A few rounds: a message committed after the update looked is taken on the next round, and
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
   WHILE @round < 10 BEGIN
     SET @round += 1;
     IF @lease_ms <= 0 BEGIN
-      UPDATE {ring} WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts
+      UPDATE {ring} WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers
       WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {ring} WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
-        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body
+        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body,
+        @headers = headers
       WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END;
@@ -159,8 +181,8 @@ AS BEGIN
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
       -- if archive
       IF @lease_ms <= 0 BEGIN
-        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM {ring} WHERE slot = @pos % {size};
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM {ring} WHERE slot = @pos % {size};
         IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
       END;
       -- end if
@@ -189,27 +211,27 @@ AS BEGIN
                               WHERE object_id = OBJECT_ID(N'{push_seq}')) BREAK;
     WAITFOR DELAY '00:00:00.001';
   END;
-  SELECT @body = NULL, @attempts = NULL;
+  SELECT @body = NULL, @attempts = NULL, @headers = NULL;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_take} @pos bigint, @lease_ms bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_claim} @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  DECLARE @status int, @body varbinary(max), @lease bigint, @attempts int, @headers nvarchar(max);
+  EXEC {fn_claim} @pos, @lease_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT, @headers OUTPUT;
   SELECT {take_record} AS o_record;
 END
 --;;
 CREATE OR ALTER PROCEDURE {fn_next} @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
     @n bigint, @look bit;
-  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL;
+  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -227,10 +249,10 @@ AS BEGIN
       CONTINUE;
     END;
     IF @lease_ms <= 0 BEGIN
-      SELECT @body = body, @attempts = attempts FROM {spill} WHERE msg_id = @id;
+      SELECT @body = body, @attempts = attempts, @headers = headers FROM {spill} WHERE msg_id = @id;
       -- if archive
-      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM {spill} WHERE msg_id = @id;
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM {spill} WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
       -- end if
       DELETE FROM {spill} WHERE msg_id = @id;
@@ -238,7 +260,7 @@ AS BEGIN
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {spill} SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
-        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
+        @headers = headers, visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_acquired};
     END;
@@ -259,14 +281,16 @@ AS BEGIN
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM {gap} WHERE pos = @pos;
-        EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+        EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+          @headers OUTPUT;
         IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
       END;
       SELECT @status = 1, @id = NULL;
       RETURN;
     END;
     SET @pos = NEXT VALUE FOR {pop_seq};
-    EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_claim} @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+      @headers OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
     -- A run of positions that will never be written (delayed messages push void ones): the
@@ -281,8 +305,9 @@ CREATE OR ALTER PROCEDURE {fn_pop} @lease_ms bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int;
-  EXEC {fn_next} @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @headers nvarchar(max);
+  EXEC {fn_next} @lease_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+    @headers OUTPUT;
   SELECT {record} AS o_record;
 END
 --;;
@@ -291,15 +316,18 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @ahead bigint, @k int, @first sql_variant, @first_pos bigint,
-    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint;
-  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int);
+    @n bigint, @c bigint, @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @p bigint,
+    @headers nvarchar(max);
+  DECLARE @out TABLE (o_status int, o_id bigint, o_body varbinary(max), o_lease bigint, o_attempts int,
+    o_headers nvarchar(max));
   DECLARE @pos TABLE (pos bigint PRIMARY KEY, taken bit NOT NULL DEFAULT 0);
   -- 1. Redeliveries go through the single pop, one by one (rare).
   WHILE (SELECT COUNT(*) FROM @out) < @max
         AND EXISTS (SELECT 1 FROM {spill} WITH (READPAST) WHERE state = 1 AND visible_at <= @now) BEGIN
-    EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
+    EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+      @headers OUTPUT;
     IF @status = 1 BREAK;
-    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+    INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts, @headers);
     IF @status = 2 BREAK;  -- the caller waits for that position
   END;
   SELECT @ahead = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
@@ -309,8 +337,9 @@ AS BEGIN
   IF @ahead < @k SET @k = CASE WHEN @ahead > 0 THEN @ahead ELSE 0 END;
   IF @status = 2 OR @k <= 0 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @out) BEGIN  -- empty: the single pop also looks at given-up positions
-      EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts);
+      EXEC {fn_next} @lease_ms, 0, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+        @headers OUTPUT;
+      IF @status <> 1 INSERT INTO @out VALUES (@status, @id, @body, @lease, @attempts, @headers);
     END;
     GOTO answer;
   END;
@@ -322,27 +351,27 @@ AS BEGIN
   FROM sys.all_columns;
   IF @lease_ms <= 0
     UPDATE r WITH (ROWLOCK) SET state = 0
-    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts INTO @out
+    OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts, inserted.headers INTO @out
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   ELSE
     UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
       visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now))
-    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts INTO @out
+    OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts, inserted.headers INTO @out
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
   -- if archive
   IF @lease_ms <= 0
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size} AND r.msg_id = p.pos WHERE p.taken = 1;
   -- end if
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
-    EXEC {fn_claim} @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT;
-    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts);
+    EXEC {fn_claim} @p, @lease_ms, 0, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT, @headers OUTPUT;
+    IF @status IN (0, 2) INSERT INTO @out VALUES (@status, @p, @body, @lease, @attempts, @headers);
     SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0 AND pos > @p);
   END;
   answer:
@@ -380,14 +409,14 @@ AS BEGIN
   DECLARE @n bigint, @rc int;
   -- if archive
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
-  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body
-    INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+  OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
+    INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     DELETE FROM {spill}
-    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body
-      INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
+    OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body, deleted.headers
+      INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
     SET @rc = @@ROWCOUNT;
   END;
@@ -425,15 +454,16 @@ AS BEGIN
   UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
   FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   -- if archive
-  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
   FROM {ring} r JOIN @done d ON r.slot = d.id % {size} AND r.msg_id = d.id;
-  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max));
-  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body INTO @gone
+  DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
+    headers nvarchar(max));
+  DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
-  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body)
-  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body FROM @gone;
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM @gone;
   INSERT INTO @done (id) SELECT msg_id FROM @gone;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_archived}; SET @c -= 1; END;
@@ -459,15 +489,15 @@ AS BEGIN
   DECLARE @wait_ms bigint = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
   DECLARE @visible datetime2(3) = DATEADD(millisecond, @wait_ms % 1000, DATEADD(second, @wait_ms / 1000, SYSUTCDATETIME()));
   DECLARE @n bigint, @rc int, @taken TABLE (attempts int, pushed_at datetime2(3), expires_at datetime2(3), body varbinary(max),
-    spilled bit);
+    spilled bit, headers nvarchar(max));
   BEGIN TRANSACTION;
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
-  OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0 INTO @taken
+  OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0, deleted.headers INTO @taken
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0
     DELETE FROM {spill} WITH (ROWLOCK)
-    OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1 INTO @taken
+    OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 1, deleted.headers INTO @taken
     WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   IF NOT EXISTS (SELECT 1 FROM @taken) BEGIN COMMIT TRANSACTION; SELECT 0 AS o_ok; RETURN; END;
   SET @n = NEXT VALUE FOR {n_settled};  -- the lease ended
@@ -475,15 +505,15 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF {max_attempts} > 0 AND (SELECT attempts FROM @taken) >= {max_attempts}
   BEGIN
-    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
-    SELECT {dead_source}, @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body FROM @taken t
+    INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
+    SELECT {dead_source}, @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body, {nack_dead_headers} FROM @taken t
     WHERE NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = @id);
     COMMIT TRANSACTION;
     SET @n = NEXT VALUE FOR {n_dead};
     SELECT 2 AS o_ok; RETURN;
   END;
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT @id, 1, 0, t.attempts, t.pushed_at, @visible, t.expires_at, t.body FROM @taken t;
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT @id, 1, 0, t.attempts, t.pushed_at, @visible, t.expires_at, t.body, t.headers FROM @taken t;
   COMMIT TRANSACTION;
   SELECT 1 AS o_ok;
 END
@@ -501,21 +531,24 @@ AS BEGIN
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
   -- {max_attempts} times (when that is > 0) go to the dead letters instead, in one transaction.
   DECLARE @lapsed TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), expires_at datetime2(3),
-    body varbinary(max));
+    body varbinary(max), headers nvarchar(max));
   BEGIN TRANSACTION;
   UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, deleted.headers
+    INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
   DELETE FROM {spill} WITH (ROWLOCK, READPAST)
-  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body INTO @lapsed
+  OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, deleted.headers
+    INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
-  INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body)
-  SELECT {dead_source}, l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body FROM @lapsed l
+  INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
+  SELECT {dead_source}, l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body,
+    {repair_dead_headers} FROM @lapsed l
   WHERE {max_attempts} > 0 AND l.attempts >= {max_attempts}
     AND NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body FROM @lapsed l
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body, l.headers FROM @lapsed l
   WHERE NOT ({max_attempts} > 0 AND l.attempts >= {max_attempts});
   COMMIT TRANSACTION;
   SELECT @leases = COUNT(*) FROM @lapsed;
@@ -525,8 +558,9 @@ AS BEGIN
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_dead}; SET @c -= 1; END;
   -- Orphans: ready messages whose pop position was drawn but never claimed.
   UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
-  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body
-  INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  OUTPUT deleted.msg_id, 1, 0, deleted.attempts, deleted.pushed_at, @now, deleted.expires_at, deleted.body,
+    deleted.headers
+  INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   WHERE state = 1 AND msg_id <= @popped AND pushed_at <= DATEADD(millisecond, (-@orphan_grace_ms) % 1000, DATEADD(second, (-@orphan_grace_ms) / 1000, @now))
     AND (expires_at IS NULL OR expires_at > @now);
   SET @orphans = @@ROWCOUNT;
@@ -619,7 +653,8 @@ AS BEGIN
     CASE WHEN @archived > @scavenged THEN @archived - @scavenged ELSE 0 END AS o_archived;
 END
 --;;
-CREATE OR ALTER PROCEDURE {fn_defer} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint
+CREATE OR ALTER PROCEDURE {fn_defer} @bodies varbinary(max), @lengths nvarchar(max), @ttl_ms bigint, @delay_ms bigint,
+  @headers nvarchar(max) = NULL
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
@@ -627,7 +662,7 @@ AS BEGIN
   -- up at once as void (see the PostgreSQL routine).
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @visible datetime2(3), @n int, @big int, @total bigint,
     @first sql_variant, @first_id bigint, @c bigint, @used bigint;
-  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max));
+  DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), headers nvarchar(max) NULL);
   INSERT INTO @in (i, n, body)
   SELECT i, n, SUBSTRING(ISNULL(@bodies, 0x), CAST(e - n + 1 AS int), n)
   FROM (SELECT CAST(j.[key] AS int) + 1 AS i, CAST(j.value AS int) AS n,
@@ -638,6 +673,18 @@ AS BEGIN
     THROW 50002, N'dbq: defer got bodies whose length differs from the sum of its lengths', 1;
   IF @big > {max_bytes}
     THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  IF @headers IS NOT NULL BEGIN
+    IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
+      THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
+    IF (SELECT COUNT(*) FROM OPENJSON(@headers)) <> @n
+      THROW 50002, N'dbq: defer got headers for a number of messages other than its bodies', 1;
+    IF EXISTS (SELECT 1 FROM OPENJSON(@headers) j WHERE j.type NOT IN (0, 5))
+      THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
+    UPDATE b SET headers = CASE WHEN j.type = 5 THEN j.value END
+    FROM @in b JOIN OPENJSON(@headers) j ON CAST(j.[key] AS int) + 1 = b.i;
+    IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * {header_bytes})
+      THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
+  END;
   IF @n = 0 BEGIN SELECT N'' AS o_ids; RETURN; END;
   SET @delay_ms = CASE WHEN @delay_ms > 0 THEN @delay_ms ELSE 0 END;
   SET @visible = DATEADD(millisecond, @delay_ms % 1000, DATEADD(second, @delay_ms / 1000, @now));
@@ -646,9 +693,10 @@ AS BEGIN
   BEGIN TRANSACTION;
   INSERT INTO {gap} (pos, reason) SELECT @first_id + i - 1, 'void' FROM @in b
   WHERE NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = @first_id + b.i - 1);
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT @first_id + i - 1, 1, 0, 0, @now, @visible,
-    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @visible)) END, body FROM @in;
+    CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @visible)) END, body,
+    headers FROM @in;
   COMMIT TRANSACTION;
   SET @c = @n;
   WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
@@ -677,17 +725,17 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
   -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
-  DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max));
+  DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max), headers nvarchar(max));
   DECLARE @c bigint, @n bigint;
   BEGIN TRANSACTION;
-  DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body INTO @moved
+  DELETE d OUTPUT deleted.msg_id, deleted.pushed_at, deleted.body, deleted.headers INTO @moved
   FROM {dead} d WITH (ROWLOCK, READPAST)
   WHERE d.source = {dead_source} AND d.msg_id IN (SELECT TOP (@max) x.msg_id FROM {dead} x WITH (READPAST)
     WHERE x.source = {dead_source}
       AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
-  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body FROM @moved m
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body, m.headers FROM @moved m
   WHERE NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = m.msg_id);
   COMMIT TRANSACTION;
   SELECT @c = COUNT(*) FROM @moved;

@@ -26,12 +26,24 @@ SEQUENCE_CACHE = 1000
 MAX_BODY = 7000  # spec.ring.messageBytes at most: a row stays within one 8 KB page
 
 
-def _record(status: str, msg_id: str, lease: str, attempts: str, body: str) -> str:
-    """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from T-SQL expressions."""
+def _record(status: str, msg_id: str, lease: str, attempts: str, headers: str, body: str) -> str:
+    """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from T-SQL expressions;
+    the headers as nvarchar's bytes (UTF-16LE)."""
     return (
         f"CAST(CAST({status} AS tinyint) AS binary(1)) + CAST(CAST(ISNULL({msg_id}, 0) AS bigint) AS binary(8))"
         f" + CAST(CAST(ISNULL({lease}, 0) AS bigint) AS binary(8)) + CAST(CAST(ISNULL({attempts}, 0) AS int) AS binary(4))"
-        f" + CAST(CAST(ISNULL(DATALENGTH({body}), 0) AS int) AS binary(4)) + ISNULL({body}, 0x)"
+        f" + CAST(CAST(ISNULL(DATALENGTH({headers}), 0) AS int) AS binary(4))"
+        f" + CAST(CAST(ISNULL(DATALENGTH({body}), 0) AS int) AS binary(4))"
+        f" + ISNULL(CAST({headers} AS varbinary(max)), 0x) + ISNULL({body}, 0x)"
+    )
+
+
+def _dead_headers(headers: str, error: str, attempts: str) -> str:
+    """A dead letter's headers from T-SQL expressions: the message's, with why it died (when
+    known) and after how many attempts (JSON_MODIFY with a NULL value adds nothing)."""
+    return (
+        f"JSON_MODIFY(JSON_MODIFY(ISNULL({headers}, N'{{}}'), N'$.\"dbq-error\"', {error}),"
+        f" N'$.\"dbq-attempts\"', {attempts})"
     )
 
 
@@ -66,10 +78,14 @@ class MsRing(RingSqlBase):
 
     def template_values(self) -> dict[str, object]:
         return super().template_values() | {
-            "record": _record("@status", "@id", "@lease", "@attempts", "@body"),
+            "record": _record("@status", "@id", "@lease", "@attempts", "@headers", "@body"),
             "drawn": SEQUENCE_DRAWN,
-            "take_record": _record("@status", "@pos", "@lease", "@attempts", "@body"),
-            "out_record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_body"),
+            "take_record": _record("@status", "@pos", "@lease", "@attempts", "@headers", "@body"),
+            "out_record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
+            "nack_dead_headers": _dead_headers("t.headers", "LEFT(@error, 4000)", "t.attempts"),
+            "repair_dead_headers": _dead_headers(
+                "l.headers", "N'lease expired (visibility timeout)'", "l.attempts"
+            ),
         }
 
     def _object_missing(self, qualified: str, kind: str) -> str:
@@ -92,6 +108,8 @@ CREATE TABLE {self.meta} (
   max_attempts int NOT NULL DEFAULT 0,
   archive int NOT NULL DEFAULT 0,
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
+  header_bytes int NOT NULL DEFAULT 1024,
+  max_headers int NOT NULL DEFAULT 32,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
@@ -108,7 +126,8 @@ CREATE TABLE {self.ring} (
   pushed_at datetime2(3) NULL,
   visible_at datetime2(3) NULL,
   expires_at datetime2(3) NULL,
-  body varbinary({MAX_BODY}) NULL)"""
+  body varbinary({MAX_BODY}) NULL,
+  headers nvarchar(max) NULL)"""
         ]
 
     def fill_ring(self) -> list[str]:
@@ -188,7 +207,8 @@ CREATE TABLE {self.spill} (
   pushed_at datetime2(3) NOT NULL,
   visible_at datetime2(3) NOT NULL,
   expires_at datetime2(3) NULL,
-  body varbinary({MAX_BODY}) NOT NULL)""",
+  body varbinary({MAX_BODY}) NOT NULL,
+  headers nvarchar(max) NULL)""",
             f"""{self._object_missing(self.gap, "U")}
 CREATE TABLE {self.gap} (
   pos bigint NOT NULL PRIMARY KEY CLUSTERED,
@@ -211,6 +231,7 @@ CREATE TABLE {self.own_dead} (
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   body varbinary({MAX_BODY}) NOT NULL,
+  headers nvarchar(max) NULL,
   PRIMARY KEY CLUSTERED (source, msg_id))""",
             # Kept like PostgreSQL's (SQL Server has no LISTEN/NOTIFY: its clients poll).
             f"""{self._object_missing(self.waiters, "U")}
@@ -226,8 +247,17 @@ CREATE TABLE {self.archive} (
   pushed_at datetime2(3) NOT NULL,
   acked_at datetime2(3) NOT NULL,
   body varbinary({MAX_BODY}) NOT NULL,
+  headers nvarchar(max) NULL,
   INDEX {quote(self.t.names.archive_index)} CLUSTERED (acked_at))""",
             *self.index_spill(),
+        ]
+
+    def add_headers(self) -> list[str]:
+        """A queue of version 15 or older: its message tables gain the headers column (NULL: no
+        headers, a metadata-only change)."""
+        return [
+            f"IF COL_LENGTH(N'{table}', 'headers') IS NULL ALTER TABLE {table} ADD headers nvarchar(max) NULL"
+            for table in (self.ring, self.spill, self.own_dead, self.archive)
         ]
 
     def index_spill(self) -> list[str]:
@@ -320,13 +350,20 @@ CREATE TABLE {self.history} (
             ),
             f"IF COL_LENGTH(N'{self.meta}', 'dead_letter_queue') IS NULL\n"
             f"ALTER TABLE {self.meta} ADD dead_letter_queue nvarchar(300) NOT NULL DEFAULT N''",
+            *(
+                f"IF COL_LENGTH(N'{self.meta}', '{column}') IS NULL\n"
+                f"ALTER TABLE {self.meta} ADD {column} int NOT NULL DEFAULT {default}"
+                for column, default in (("header_bytes", 1024), ("max_headers", 32))
+            ),
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
-  max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {keeper}, updated_at = SYSUTCDATETIME()
+  max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {keeper}, header_bytes = {self.header_bytes},
+  max_headers = {self.max_headers}, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-    dead_letter_queue)
-  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {keeper});""",
+    dead_letter_queue, header_bytes, max_headers)
+  VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {keeper},
+    {self.header_bytes}, {self.max_headers});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
