@@ -391,6 +391,10 @@ def test_the_client_refuses_bad_arguments_before_it_connects_and_names_an_unreac
     with pytest.raises(DatabaseUnreachable) as unreachable:
         BrokerQueue(settings, NAMES)
     assert "not-the-password" not in str(unreachable.value)
+    # Headers are refused before anything is sent (the check needs no connection).
+    unconnected = object.__new__(BrokerQueue)
+    with pytest.raises(ValueError, match=r"headers: a Service Broker message is a body alone.*ring queue"):
+        unconnected.push(b"x", headers={"trace": "t"})
 
 
 def test_a_missing_activation_procedure_is_found_before_create_or_alter_queue():

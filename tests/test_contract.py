@@ -391,6 +391,38 @@ def test_dead_letters_from_a_shell_list_redrive_and_purge(make_queue, design):
     m.ack()
 
 
+def test_headers_from_a_shell_push_pop_and_dead_letters(make_queue, design):
+    """`dbq push -H name=value`, `dbq pop` (headers as JSON before the body, or in -o json) and
+    `dbq dead-letters list` (with dbq's reason); a malformed or refused header names --header."""
+    q = make_queue(spec={"deadLetter": {"maxAttempts": 1}})
+
+    def run(*args: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dbq.cli", *args, q.names.queue, "--url", design.url, "--schema", SCHEMA, *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    for bad, why in (("novalue", "is not NAME=VALUE"), ("dbq-error=x", "dbq's own")):
+        refused = run("push", extra=("-H", bad, "body"))
+        assert refused.returncode == 2 and "--header" in refused.stderr and why in refused.stderr, (
+            refused.stderr
+        )
+    assert q.stats().pushed == 0
+    pushed = run("push", extra=("-H", "content-type=text/plain", "-H", "trace=t1", "one", "two"))
+    assert pushed.returncode == 0, pushed.stderr
+    popped = run("pop", extra=("-o", "json"))
+    assert [(m["body"], m["headers"]) for m in json.loads(popped.stdout)] == [
+        ("one", {"content-type": "text/plain", "trace": "t1"})
+    ]
+    text = run("pop")
+    assert text.stdout == '{"content-type": "text/plain", "trace": "t1"}\ttwo\n', text.stdout
+    q.push(b"doomed", headers={"trace": "t2"})
+    m = q.acquire(visibility=30)
+    assert m is not None and m.nack(error="no") is True
+    listed = json.loads(run("dead-letters", "list", extra=("-o", "json")).stdout)
+    assert [d["headers"] for d in listed] == [{"trace": "t2", "dbq-error": "no", "dbq-attempts": 1}]
+
+
 def test_a_delayed_message_is_never_delivered_early_and_comes_at_the_first_repair_after_it(
     make_queue, design
 ):

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -94,6 +94,10 @@ def opened(
 @click.argument("messages", nargs=-1)
 @click.option("--ttl", type=float, default=None, help="Seconds until the messages expire unread.")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait while the queue is full.")
+@click.option(
+    "--header", "-H", "header_args", multiple=True, metavar="NAME=VALUE",
+    help="A header every message carries (repeat for more); the value is text.",
+)  # fmt: skip
 def push(
     queue: str,
     url: str | None,
@@ -104,11 +108,16 @@ def push(
     messages: tuple[str, ...],
     ttl: float | None,
     timeout: float | None,
+    header_args: tuple[str, ...],
 ) -> None:
     """Push MESSAGES (or, with none given, each line of stdin) to QUEUE; prints their ids."""
+    headers = _headers_of(header_args)
     bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
     with opened(queue, url, schema, namespace, design) as q:
-        ids = q.push_many(bodies, timeout=timeout, ttl=ttl) if bodies else []
+        try:
+            ids = q.push_many(bodies, timeout=timeout, ttl=ttl, headers=headers) if bodies else []
+        except (ValueError, TypeError) as e:  # a header the queue refuses: its rule and limit
+            raise click.BadParameter(str(e), param_hint="--header") from None
     click.echo(json.dumps({"ids": ids}, default=str) if output == "json" else "\n".join(map(str, ids)))
 
 
@@ -133,15 +142,28 @@ def pop(
         got = q.pop_many(count, timeout=timeout)
     if output == "json":
         click.echo(json.dumps([_message_json(m) for m in got]))
-    else:
+    else:  # the body; a message with headers: them as JSON, a tab, then the body
         for m in got:
-            click.echo(m.body.decode(errors="backslashreplace"))
+            body = m.body.decode(errors="backslashreplace")
+            click.echo(f"{json.dumps(m.headers, sort_keys=True)}\t{body}" if m.headers else body)
     if not got:
         sys.exit(3)  # like `grep`: nothing found is not an error, but scripts can tell
 
 
 def _message_json(m: Message | PipeMessage | BrokerMessage) -> dict[str, Any]:
-    return {"id": _id_json(m.id), "attempts": m.attempts, **_body_json(m.body)}
+    return {"id": _id_json(m.id), "attempts": m.attempts, "headers": dict(m.headers), **_body_json(m.body)}
+
+
+def _headers_of(args: tuple[str, ...]) -> dict[str, str] | None:
+    """`--header NAME=VALUE` options as a mapping (None for none)."""
+    headers: dict[str, str] = {}
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if not equals or not name:
+            raise click.BadParameter(f"{arg!r} is not NAME=VALUE (e.g. content-type=application/json)",
+                                     param_hint="--header")  # fmt: skip
+        headers[name] = value
+    return headers or None
 
 
 @click.command()
@@ -351,16 +373,17 @@ def dead_letters_list(
     if output == "json":
         click.echo(json.dumps([{"id": _id_json(d.id), "attempts": d.attempts,
                                 "error": d.error, "pushedAt": d.pushed_at, "deadAt": d.dead_at,
-                                "source": d.source, **_body_json(d.body)} for d in letters]))  # fmt: skip
+                                "source": d.source, "headers": dict(d.headers), **_body_json(d.body)}
+                               for d in letters]))  # fmt: skip
         return
     title = f"dead letters {'held by' if held else 'of'} {queue}"
     table = Table(title=title, title_justify="left")
-    for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "SOURCE", "BODY"):
+    for column in ("ID", "ATTEMPTS", "DEAD AT (UTC)", "ERROR", "SOURCE", "HEADERS", "BODY"):
         table.add_column(column)
     for d in letters:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(d.dead_at))
         body = d.body[:60].decode(errors="backslashreplace")
-        table.add_row(str(d.id), str(d.attempts), at, d.error or "", d.source, body)
+        table.add_row(str(d.id), str(d.attempts), at, d.error or "", d.source, _headers_text(d.headers), body)
     Console().print(table)
 
 
@@ -404,18 +427,20 @@ def archive(
         kept = _keeping(q, queue, "archive").archived(start, limit)
     if output == "json":
         click.echo(json.dumps([{"id": _id_json(m.id), "attempts": m.attempts, "pushedAt": m.pushed_at,
-                                "ackedAt": m.acked_at, **_body_json(m.body)} for m in kept]))  # fmt: skip
+                                "ackedAt": m.acked_at, "headers": dict(m.headers), **_body_json(m.body)}
+                               for m in kept]))  # fmt: skip
         return
     table = Table(title=f"archive of {queue} since {start:%Y-%m-%d %H:%M:%S} UTC", title_justify="left")
-    for column in ("ID", "ATTEMPTS", "PUSHED AT (UTC)", "ACKED AT (UTC)", "BODY"):
+    for column in ("ID", "ATTEMPTS", "PUSHED AT (UTC)", "ACKED AT (UTC)", "HEADERS", "BODY"):
         table.add_column(column)
     for m in kept:
         pushed, acked = (
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in (m.pushed_at, m.acked_at)
         )
         table.add_row(
-            str(m.id), str(m.attempts), pushed, acked, m.body[:60].decode(errors="backslashreplace")
-        )
+            str(m.id), str(m.attempts), pushed, acked, _headers_text(m.headers),
+            m.body[:60].decode(errors="backslashreplace"),
+        )  # fmt: skip
     Console().print(table)
 
 
@@ -454,3 +479,9 @@ def _body_json(body: bytes) -> dict[str, str]:
 
 
 COMMANDS = (push, pop, stats, broker, consume, dead_letters, archive)
+
+
+def _headers_text(headers: Mapping[str, object]) -> str:
+    """Headers in a table cell: name=value, comma-separated (at most 80 characters)."""
+    text = ", ".join(f"{k}={v}" for k, v in sorted(headers.items()))
+    return text if len(text) <= 80 else text[:79] + "…"

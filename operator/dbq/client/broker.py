@@ -55,12 +55,21 @@ def _no_ttl(ttl: float | None) -> None:
         raise ValueError("ttl must be 0 on Service Broker: its messages have no lifetime (use a ring queue)")
 
 
+def _no_headers(headers: object) -> None:
+    if headers:
+        raise ValueError(
+            "headers: a Service Broker message is a body alone (SEND carries no properties): put them in"
+            " the body (for example a JSON envelope), or use a ring queue on SQL Server, which carries headers"
+        )
+
+
 @dataclass(slots=True)
 class BrokerMessage:
     id: str
     body: bytes
     attempts: int = 1
     _held: _Held | None = field(default=None, repr=False, compare=False)
+    headers: dict[str, object] = field(default_factory=dict)  # always empty: see _no_headers
 
     @property
     def lease(self) -> object | None:
@@ -215,16 +224,25 @@ class BrokerQueue:
         self.close()
 
     # --- push -------------------------------------------------------------------------------
-    def push(self, body: bytes, *, timeout: float | None = None, ttl: float | None = None) -> str:
-        """Send one message; its id. (`timeout`: a Service Broker queue is never full.)"""
-        return self.push_many([body], timeout=timeout, ttl=ttl)[0]
+    def push(
+        self, body: bytes, *, timeout: float | None = None, ttl: float | None = None, headers: object = None
+    ) -> str:
+        """Send one message; its id. (`timeout`: a Service Broker queue is never full; `headers`
+        are refused: a Service Broker message has none.)"""
+        return self.push_many([body], timeout=timeout, ttl=ttl, headers=headers)[0]
 
     def push_many(
-        self, bodies: Sequence[bytes], *, timeout: float | None = None, ttl: float | None = None
+        self,
+        bodies: Sequence[bytes],
+        *,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        headers: object = None,
     ) -> list[str]:
         """Send the messages on this client's conversation, in order, each chunk in one transaction."""
         seconds_arg(timeout, "timeout", 0.0)
         _no_ttl(ttl)
+        _no_headers(headers)
         for body in bodies:
             if not isinstance(body, bytes | bytearray | memoryview):
                 raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
