@@ -21,7 +21,7 @@ from dbq.client import connect
 from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.options import Options
-from dbq.spark.queue_source import QUEUE_OPTIONS, QueueStreamWriter, StreamReader, move_in_blocks
+from dbq.spark.queue_source import QUEUE_OPTIONS, QueueStreamWriter, QueueWriter, StreamReader, move_in_blocks
 from dbq.spark.staging import staging_of
 from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
@@ -163,7 +163,9 @@ def test_peek_reads_waiting_messages_and_takes_none(queues, spark):
     cluster, kube, clients, _ = queues
     for name, n in (("write-ring", 30), ("stream-pipes", 25)):
         with clients[name]() as q:
-            q.push_many([b"k%d" % i for i in range(n)])
+            q.push_many(
+                [b"k%d" % i for i in range(n)], headers=[{"i": i} if i % 2 else None for i in range(n)]
+            )
             leased = q.acquire_many(5, visibility=60)
         df = (
             spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option("namespace", cluster.ns)
@@ -172,6 +174,9 @@ def test_peek_reads_waiting_messages_and_takes_none(queues, spark):
         rows = df.collect()
         waiting = {b"k%d" % i for i in range(n)} - {m.body for m in leased}
         assert {bytes(r["body"]) for r in rows} == waiting and len(rows) == n - 5
+        for r in rows:  # the headers column: a map of names to text, empty for none
+            i = int(bytes(r["body"])[1:])
+            assert r["headers"] == ({"i": str(i)} if i % 2 else {}), r
         assert len(spark.read.format("dbq").option("kubeconfig", kube.kubeconfig).option(
             "namespace", cluster.ns).option("queue", name).option("limit", "7").load().collect()) == 7  # fmt: skip
         with clients[name]() as q:
@@ -229,6 +234,31 @@ def test_a_replayed_streaming_batch_is_not_pushed_twice(queues):
     assert sorted(got) == sorted(b"b7-%d" % i for i in range(300))
     with pytest.raises(Exception, match="option sink"):
         QueueStreamWriter(Options("dbq", {**options, "sink": ""}, QUEUE_OPTIONS), schema)
+
+
+def test_a_written_headers_column_becomes_each_messages_headers(queues):
+    """A DataFrame with a `headers` map column: each row's map is its message's headers; a
+    column of another type is refused by name."""
+    cluster, kube, clients, _ = queues
+    from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+
+    options = Options("dbq", {"kubeconfig": kube.kubeconfig, "namespace": cluster.ns, "queue": "write-ring"},
+                      QUEUE_OPTIONS)  # fmt: skip
+    schema = StructType(
+        [StructField("body", BinaryType()), StructField("headers", MapType(StringType(), StringType()))]
+    )
+    writer = QueueWriter(options, schema)
+    done = writer.write(
+        iter([(b"h1", {"trace": "t1", "content-type": "text/plain"}), (b"h2", None), (b"h3", {})])
+    )
+    writer.commit([done])
+    with clients["write-ring"]() as q:
+        got = {m.body: m.headers for m in q.pop_many(10, timeout=1)}
+    assert got == {b"h1": {"trace": "t1", "content-type": "text/plain"}, b"h2": {}, b"h3": {}}
+    with pytest.raises(InvalidSpec, match="column headers is int: make it a map<string,string>"):
+        QueueWriter(
+            options, StructType([StructField("body", BinaryType()), StructField("headers", IntegerType())])
+        )
 
 
 @pytest.mark.parametrize("name", ["write-ring", "stream-pipes"])

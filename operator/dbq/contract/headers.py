@@ -58,16 +58,14 @@ def encode(headers: Headers | None, limits: HeaderLimits, *, reserved: bool = Fa
         )
     for key, value in headers.items():
         _check(key, value, reserved)
-    text = json.dumps(
-        dict(headers), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    size = len(text.encode())
+    stored = _json(headers)
+    size = len(stored.encode())
     if size > limits.header_bytes:
         raise ValueError(
             f"headers of {size} bytes (as JSON) are larger than spec.messages.headerBytes ({limits.header_bytes}):"
             " send less in headers (put it in the body), or raise the limit in the Queue"
         )
-    return text
+    return stored
 
 
 def encode_each(
@@ -103,6 +101,17 @@ def _check(key: object, value: object, reserved: bool) -> None:
         raise ValueError(f"header {key!r} holds a control character: remove it (a tab is allowed)")
 
 
+def text(headers: Headers | None) -> str | None:
+    """Headers already checked (a message's) as stored: compact JSON, keys sorted; None for none."""
+    return _json(headers) if headers else None
+
+
+def _json(headers: Headers) -> str:
+    return json.dumps(
+        dict(headers), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
 def decode(stored: str | bytes | None) -> dict[str, HeaderValue]:
     """The mapping stored as JSON text (or its UTF-8 bytes); {} for none."""
     if stored is None or stored in ("", b""):
@@ -120,4 +129,4 @@ def with_dead_letter_reason(stored: str | None, error: str | None, attempts: int
     if error is not None:
         headers[ERROR] = error[:4000]
     headers[ATTEMPTS] = attempts
-    return json.dumps(headers, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _json(headers)

@@ -44,10 +44,11 @@ batch.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -61,9 +62,11 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from dbq.client import BrokerQueue, PipesQueue, Queue, connect_resource
+from dbq.contract import headers as header_codec
+from dbq.contract.headers import HeaderValue
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.spark.options import Options, Source, SourceReader
@@ -71,8 +74,11 @@ from dbq.spark.staging import Staged, staging_of
 
 log = logging.getLogger(__name__)
 
-QUEUE_SCHEMA = "namespace string, queue string, id string, body binary, attempts int"
-ARROW_NAMES = ["namespace", "queue", "id", "body", "attempts"]
+QUEUE_SCHEMA = (
+    "namespace string, queue string, id string, body binary, attempts int, headers map<string,string>"
+)
+ARROW_NAMES = ["namespace", "queue", "id", "body", "attempts", "headers"]
+HEADERS_TYPE = pa.map_(pa.string(), pa.string())
 QUEUE_OPTIONS = {
     "queue": "the Queue resource's name (required)",
     "namespace": "its namespace (default: the current one)",
@@ -136,13 +142,22 @@ class QueueOptions:
             pa.array([str(m.id) for m in messages], pa.string()),
             pa.array([m.body for m in messages], pa.binary()),
             pa.array([m.attempts for m in messages], pa.int32()),
+            headers_column([m.headers for m in messages]),
         )
 
     def staged_rows(self, block: pa.RecordBatch) -> pa.RecordBatch:
         """A block of staged messages (dbq.spark.staging.BLOCK_SCHEMA) as rows of QUEUE_SCHEMA."""
-        return self.queue_rows(block.column("id"), block.column("body"), block.column("attempts"))
+        stored = block.column("headers")
+        headers = (
+            pa.array([[]] * len(stored), HEADERS_TYPE)
+            if stored.null_count == len(stored)
+            else headers_column([header_codec.decode(h) for h in stored.to_pylist()])
+        )
+        return self.queue_rows(block.column("id"), block.column("body"), block.column("attempts"), headers)
 
-    def queue_rows(self, ids: pa.Array, bodies: pa.Array, attempts: pa.Array) -> pa.RecordBatch:
+    def queue_rows(
+        self, ids: pa.Array, bodies: pa.Array, attempts: pa.Array, headers: pa.Array
+    ) -> pa.RecordBatch:
         n = len(ids)
         return pa.RecordBatch.from_arrays(
             [
@@ -151,9 +166,32 @@ class QueueOptions:
                 ids,
                 bodies,
                 attempts,
+                headers,
             ],
             names=ARROW_NAMES,
         )
+
+
+def headers_column(headers: Sequence[Mapping[str, HeaderValue]]) -> pa.Array:
+    """Messages' headers as the `headers` column: a map of names to text (a number or a boolean
+    as its JSON text: 7, 0.25, true)."""
+    return pa.array(
+        [[(k, v if isinstance(v, str) else json.dumps(v)) for k, v in h.items()] for h in headers],
+        HEADERS_TYPE,
+    )
+
+
+def headers_field(schema: StructType) -> int | None:
+    """The position of a written DataFrame's `headers` column (a map of names to values), if any."""
+    for i, f in enumerate(schema.fields):
+        if f.name == "headers":
+            if not isinstance(f.dataType, MapType) or not isinstance(f.dataType.keyType, StringType):
+                raise InvalidSpec(
+                    f"dbq: column headers is {f.dataType.simpleString()}: make it a map<string,string>"
+                    " (names to values), or drop it"
+                )
+            return i
+    return None
 
 
 # --- batch read -----------------------------------------------------------------------------
@@ -399,6 +437,7 @@ class QueueWriter(DataSourceWriter):
     def __init__(self, options: Options, schema: StructType) -> None:
         self.q = QueueOptions(options)
         self.body = body_field(schema)
+        self.headers = headers_field(schema)
         self.stage = f"write:{uuid.uuid4().hex}"
 
     def write(self, iterator: Iterator[Any]) -> StagedRows:
@@ -409,8 +448,9 @@ class QueueWriter(DataSourceWriter):
         for row in iterator:
             value = row[self.body]
             body = value.encode() if isinstance(value, str) else bytes(value)
+            headers = header_codec.text(row[self.headers]) if self.headers is not None else None
             count += 1
-            chunk.append(Staged(tag << 32 | count, "", body, 0))
+            chunk.append(Staged(tag << 32 | count, "", body, 0, headers))
             if len(chunk) == self.q.batch:
                 staging.put(self.stage, chunk)
                 chunk = []
@@ -427,7 +467,9 @@ class QueueWriter(DataSourceWriter):
             base = m.tag << 32
             for after in range(base, base + m.count, self.q.batch):
                 rows = staging.rows(self.stage, after, min(after + self.q.batch, base + m.count))
-                queue.push_many([r.body for r in rows])
+                queue.push_many(
+                    [r.body for r in rows], headers=[header_codec.decode(r.headers) for r in rows]
+                )
         staging.drop(self.stage)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from dbq.client.pipes import PipesQueue
 from dbq.client.ring import Queue
+from dbq.contract import headers as header_codec
 from dbq.contract.staging import StagingStatements
 from dbq.errors import LeaseLost
 
@@ -33,8 +34,11 @@ BLOCK_BYTES = 1 << 20  # a block holds messages up to about this many bytes (Cas
 LAST_SEQ = 2**63 - 1  # no seq is above it
 GIVE_BACK_BATCH = 500  # messages per push_many when staged messages go back to the queue
 BLOCK_SCHEMA = pa.schema(
-    [("seq", pa.int64()), ("id", pa.string()), ("body", pa.binary()), ("attempts", pa.int32())]
-)
+    [
+        ("seq", pa.int64()), ("id", pa.string()), ("body", pa.binary()), ("attempts", pa.int32()),
+        ("headers", pa.string()),  # JSON text, null for none (blocks staged before headers lack it)
+    ]
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +47,15 @@ class Staged:
     id: str
     body: bytes
     attempts: int
+    headers: str | None = None  # as stored: JSON text (`dbq.contract.headers`)
 
 
 def staged(messages: Sequence[Any], after: int) -> list[Staged]:
     """Client messages as staged rows with seqs after+1, after+2, ..."""
-    return [Staged(after + i, str(m.id), m.body, m.attempts) for i, m in enumerate(messages, 1)]
+    return [
+        Staged(after + i, str(m.id), m.body, m.attempts, header_codec.text(m.headers))
+        for i, m in enumerate(messages, 1)
+    ]
 
 
 def pack(rows: Sequence[Staged]) -> bytes:
@@ -58,6 +66,7 @@ def pack(rows: Sequence[Staged]) -> bytes:
             pa.array([r.id for r in rows], pa.string()),
             pa.array([r.body for r in rows], pa.binary()),
             pa.array([r.attempts for r in rows], pa.int32()),
+            pa.array([r.headers for r in rows], pa.string()),
         ],
         schema=BLOCK_SCHEMA,
     )
@@ -70,6 +79,8 @@ def pack(rows: Sequence[Staged]) -> bytes:
 def unpack(packed: bytes, after: int, upto: int) -> pa.RecordBatch:
     """The messages of a block with after < seq <= upto."""
     batch = pa.ipc.open_stream(packed).read_next_batch()
+    if batch.num_columns < len(BLOCK_SCHEMA):  # staged before headers: none
+        batch = batch.append_column("headers", pa.nulls(batch.num_rows, pa.string()))
     seqs = batch.column(0)
     if pc.min(seqs).as_py() > after and pc.max(seqs).as_py() <= upto:
         return batch
@@ -127,11 +138,14 @@ class Staging(ABC):
     def give_back(self, stage: str, after: int) -> int:
         """Push the rows of `stage` above seq `after` back onto the queue (as new messages), then
         remove them; how many. A crash in between leaves them in both (at least once)."""
-        bodies = [r.body for r in self.rows(stage, after, LAST_SEQ)]
-        for start in range(0, len(bodies), GIVE_BACK_BATCH):
-            self.queue.push_many(bodies[start : start + GIVE_BACK_BATCH])
+        rows = self.rows(stage, after, LAST_SEQ)
+        for start in range(0, len(rows), GIVE_BACK_BATCH):
+            some = rows[start : start + GIVE_BACK_BATCH]
+            self.queue.push_many(
+                [r.body for r in some], headers=[header_codec.decode(r.headers) for r in some]
+            )
         self._query(self.sql.delete_after, stage, after)
-        return len(bodies)
+        return len(rows)
 
     def drop(self, stage: str, upto: int | None = None) -> None:
         """Remove the rows of `stage` up to seq `upto`, or all of them."""
