@@ -285,7 +285,6 @@ class DeadLetter(Model):
     )
 
 
-MIB = 1 << 20
 
 
 class Messages(Model):
@@ -296,12 +295,6 @@ class Messages(Model):
     )
     max_headers: Annotated[int, Field(ge=1, le=256)] = Field(
         default=32, description="Most header keys on one message."
-    )
-    max_bytes: Annotated[int, Field(ge=16, le=64 * MIB)] = Field(
-        default=MIB,
-        description="Largest body. Ring: a body up to ring.messageBytes lives in its slot; a larger one in the"
-        " queue's content table, the slot holding only its place. Pipes: stored in chunks of 256 KiB."
-        " Service Broker: SQL Server's own limit (2 GB) applies and this field is not used.",
     )
 
 
@@ -422,7 +415,7 @@ class QueueSpec(Model):
     )
     messages: Messages = Field(
         default_factory=Messages,
-        description="Limits of one message: its headers and its body (bodies larger than a ring slot included).",
+        description="Limits of one message's headers (ring and pipes; Service Broker messages carry none).",
     )
     archive: Archive = Field(
         default_factory=Archive,
