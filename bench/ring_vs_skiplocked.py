@@ -168,13 +168,17 @@ def prepare(design: str, url: str, odbc: str, backlog: int, workers: int, fillfa
 
 
 def measure(design: str, kind: str, seconds: float, url: str, odbc: str, queue: str, workers: int) -> Run:
+    samples = sampled(worker, [(design, url, odbc, queue, i) for i in range(workers)], seconds)
+    return Run(design, kind, seconds, samples)  # ring-batch cycles count messages already
+
+
+def sampled(target: Callable[..., None], args: list[tuple[Any, ...]], seconds: float) -> list[float]:
+    """Run `target(*args[i], counter, stop)` in one process each (it adds what it did to its
+    counter until `stop` is set); the total per second, sampled once a second for `seconds`."""
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    counters = [ctx.Value("q", 0, lock=False) for _ in range(workers)]
-    procs = [
-        ctx.Process(target=worker, args=(design, url, odbc, queue, i, counters[i], stop))
-        for i in range(workers)
-    ]
+    counters = [ctx.Value("q", 0, lock=False) for _ in args]
+    procs = [ctx.Process(target=target, args=(*a, c, stop)) for a, c in zip(args, counters, strict=True)]
     for p in procs:
         p.start()
     # Start the clock once every worker has done its first cycle (connections made).
@@ -192,7 +196,7 @@ def measure(design: str, kind: str, seconds: float, url: str, odbc: str, queue: 
     stop.set()
     for p in procs:
         p.join(timeout=60)
-    return Run(design, kind, seconds, samples)  # ring-batch cycles count messages already
+    return samples
 
 
 def bench_database() -> tuple[Any, str, str]:

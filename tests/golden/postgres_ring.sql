@@ -196,22 +196,19 @@ DROP FUNCTION IF EXISTS "shopq"."orders_push_many"(bytea, text, bigint)
 
 DROP FUNCTION IF EXISTS "shopq"."orders_defer"(bytea, text, bigint, bigint)
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_check_headers"(p_headers text[]) RETURNS void
+CREATE OR REPLACE FUNCTION "shopq"."orders_check_headers"(p_size int, p_type text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $fn$
-DECLARE v_h text;
 BEGIN
-  -- Each message's headers: at most 1024 bytes of JSON, and an object.
-  FOREACH v_h IN ARRAY p_headers LOOP
-    CONTINUE WHEN v_h IS NULL;
-    IF octet_length(v_h) > 1024 THEN
-      RAISE EXCEPTION 'dbq: headers of % bytes are larger than spec.messages.headerBytes (1024) of queue orders',
-        octet_length(v_h) USING ERRCODE = '22001';
-    END IF;
-    IF json_typeof(v_h::json) <> 'object' THEN
-      RAISE EXCEPTION 'dbq: headers must be a JSON object of names to values, not %', left(v_h, 40)
-        USING ERRCODE = '22023';
-    END IF;
-  END LOOP;
+  -- Refuses a message's headers that are larger than 1024 bytes of JSON, or not an
+  -- object (their size and JSON type, as the caller found them).
+  IF p_size > 1024 THEN
+    RAISE EXCEPTION 'dbq: headers of % bytes are larger than spec.messages.headerBytes (1024) of queue orders',
+      p_size USING ERRCODE = '22001';
+  END IF;
+  IF p_type <> 'object' THEN
+    RAISE EXCEPTION 'dbq: headers must be a JSON object of names to values, not a JSON %', p_type
+      USING ERRCODE = '22023';
+  END IF;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_split_headers"(p_headers text) RETURNS text[]
@@ -225,9 +222,11 @@ BEGIN
     RAISE EXCEPTION 'dbq: headers of several messages are a JSON array of one object (or null) per body'
       USING ERRCODE = '22023';
   END IF;
-  SELECT array_agg(CASE WHEN json_typeof(e) = 'null' THEN NULL ELSE e::text END ORDER BY i) INTO v_out
-  FROM json_array_elements(p_headers::json) WITH ORDINALITY AS x(e, i);
-  PERFORM "shopq"."orders_check_headers"(v_out);
+  SELECT array_agg(CASE WHEN t = 'null' THEN NULL ELSE e::text END ORDER BY i) INTO v_out
+  FROM json_array_elements(p_headers::json) WITH ORDINALITY AS x(e, i), json_typeof(e) AS t
+  -- checked in the same pass, each element parsed once: only a refused one calls the check
+  WHERE t = 'null' OR (octet_length(e::text) <= 1024 AND t = 'object')
+    OR "shopq"."orders_check_headers"(octet_length(e::text), t) IS NULL;
   RETURN coalesce(v_out, '{}');
 END $fn$
 
@@ -287,7 +286,9 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
       octet_length(p_body) USING ERRCODE = '22001';
   END IF;
-  IF p_headers IS NOT NULL THEN PERFORM "shopq"."orders_check_headers"(ARRAY[p_headers]); END IF;
+  IF p_headers IS NOT NULL AND (octet_length(p_headers) > 1024 OR json_typeof(p_headers::json) <> 'object') THEN
+    PERFORM "shopq"."orders_check_headers"(octet_length(p_headers), json_typeof(p_headers::json));
+  END IF;
   -- Draw a position only if the ring has room (one statement reads both positions and draws).
   SELECT nextval('"shopq"."orders_push_seq"') INTO o_id FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END

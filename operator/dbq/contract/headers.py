@@ -12,6 +12,7 @@ well-known key a pusher sets.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -32,6 +33,7 @@ MAX_KEY_LENGTH = 128
 # A key: printable ASCII without spaces, quotes, backslashes or control characters.
 KEY_PATTERN = re.compile(r"^[!#-\[\]-~]{1,128}$")
 KEY_HINT = "printable ASCII without spaces, quotes or backslashes, 1 to 128 characters"
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")  # control characters a value may not hold (a tab may)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def _check(key: object, value: object, reserved: bool) -> None:
         raise TypeError(f"header {key!r} is a string, integer, float or boolean, not {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"header {key!r} is {value}: a float header is a finite number")
-    if isinstance(value, str) and any(ord(c) < 0x20 and c not in "\t" for c in value):
+    if isinstance(value, str) and CONTROL.search(value):
         raise ValueError(f"header {key!r} holds a control character: remove it (a tab is allowed)")
 
 
@@ -113,10 +115,15 @@ def _json(headers: Headers) -> str:
 
 
 def decode(stored: str | bytes | None) -> dict[str, HeaderValue]:
-    """The mapping stored as JSON text (or its UTF-8 bytes); {} for none."""
+    """The mapping stored as JSON text (or its UTF-8 bytes); {} for none. Each call returns a
+    mapping of its own (the messages of a batch often carry the same headers: parsed once)."""
     if stored is None or stored in ("", b""):
         return {}
-    text = stored if isinstance(stored, str) else bytes(stored).decode()
+    return dict(_parsed(stored if isinstance(stored, str) else bytes(stored).decode()))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, HeaderValue]:
     found = json.loads(text)
     if not isinstance(found, dict):
         raise ValueError(f"stored headers are not a JSON object: {text[:80]!r}")
