@@ -285,8 +285,6 @@ class DeadLetter(Model):
     )
 
 
-
-
 class Messages(Model):
     header_bytes: Annotated[int, Field(ge=64, le=65_536)] = Field(
         default=1024,
