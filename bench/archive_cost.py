@@ -27,12 +27,14 @@ from dbq.names import QueueNames
 CYCLES = ("ring-amo", "ring-lease", "ring-batch")  # push + pop; push + acquire + ack; 100 + 100
 
 
-def prepare_ring(url: str, odbc: str, archive: bool) -> str:
+def prepare_ring(url: str, odbc: str, archive: bool, message_bytes: int = len(BODY)) -> str:
     """A fresh ring queue with the archive off or on; its name."""
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     queue = "benchq"
-    OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), 16_384, len(BODY), archive=archive)).apply()
+    OdbcRing(
+        from_url(url), RingTarget(QueueNames(SCHEMA, queue), 16_384, message_bytes, archive=archive)
+    ).apply()
     cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
     return queue
 

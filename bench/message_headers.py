@@ -1,5 +1,6 @@
 """What message headers cost the ring on the local PostgreSQL: 300-byte bodies with 0, 4 and 16
-headers, push + pop (one message a cycle) and batches of 100 (push_many + pop_many), 4 workers,
+headers (and with none but a body carrying 4 headers' bytes: what headers cost beyond their
+bytes), push + pop (one message a cycle) and batches of 100 (push_many + pop_many), 4 workers,
 beside the commit ceiling, all measured in this run; and whether the slot updates stay HOT.
 
 Headers are stored in the slot's row by the same statement as the body: no added statement or
@@ -24,6 +25,7 @@ from bench.archive_cost import prepare_ring
 from bench.ring_vs_skiplocked import BODY, DB, SCHEMA, Run, admin, bench_database, measure, prepare, sampled
 
 from dbq.client import connect
+from dbq.contract.headers import HeaderLimits, encode
 
 BATCH = 100
 FOUR = {
@@ -32,39 +34,45 @@ FOUR = {
     "tenant": "acme",
     "attempt": 1,
 }
-HEADERS: dict[int, dict[str, Any] | None] = {
-    0: None,
-    4: FOUR,
-    16: FOUR | {f"x-field-{i:02}": f"value-{i:02}" for i in range(12)},
+SIXTEEN = FOUR | {f"x-field-{i:02}": f"value-{i:02}" for i in range(12)}
+FOUR_BYTES = len(encode(FOUR, HeaderLimits()).encode())  # 4 headers as stored
+# A configuration: its headers and its body. The last carries 4 headers' bytes in its body
+# instead: against it, what headers cost beyond the bytes they add.
+CONFIGS: dict[str, tuple[dict[str, Any] | None, bytes]] = {
+    "0": (None, BODY),
+    "4": (FOUR, BODY),
+    "16": (SIXTEEN, BODY),
+    "0, body + 4's bytes": (None, BODY + b"h" * FOUR_BYTES),
 }
 CYCLES = ("ring-amo", "ring-batch")
 
 
-def cycle_of(kind: str, url: str, queue: str, headers: dict[str, Any] | None) -> Callable[[], int]:
+def cycle_of(kind: str, url: str, queue: str, config: str) -> Callable[[], int]:
+    headers, body = CONFIGS[config]
     q = connect(url, queue, schema=SCHEMA, pool_size=1, pop_timeout=0.0, push_timeout=30)
     if kind == "ring-amo":
 
         def one() -> int:
-            q.push(BODY, headers=headers)
+            q.push(body, headers=headers)
             m = q.pop()
             assert m is None or m.headers == (headers or {})
             return 0 if m is None else 1
 
         return one
-    bodies = [BODY] * BATCH
+    bodies = [body] * BATCH
     return lambda: (q.push_many(bodies, headers=headers), len(q.pop_many(BATCH)))[1]
 
 
-def worker(kind: str, url: str, queue: str, count: int, counter: Any, stop: Any) -> None:
-    cycle = cycle_of(kind, url, queue, HEADERS[count])
+def worker(kind: str, url: str, queue: str, config: str, counter: Any, stop: Any) -> None:
+    cycle = cycle_of(kind, url, queue, config)
     n = 0
     while not stop.is_set():
         n += cycle()
         counter.value = n
 
 
-def run(kind: str, url: str, queue: str, count: int, workers: int, seconds: float) -> Run:
-    samples = sampled(worker, [(kind, url, queue, count)] * workers, seconds)
+def run(kind: str, url: str, queue: str, config: str, workers: int, seconds: float) -> Run:
+    samples = sampled(worker, [(kind, url, queue, config)] * workers, seconds)
     return Run(kind, "short", seconds, samples)
 
 
@@ -93,29 +101,31 @@ def main() -> None:
             "ceiling", "short", a.seconds, url, odbc, prepare("ceiling", url, odbc, 0, a.workers), a.workers
         )
         rates.setdefault("ceiling", []).append(ceiling.rate)
-        print(f"{'ceiling':24} #{round_}  {ceiling.rate:10,.0f} /s", flush=True)
+        print(f"{'ceiling':40} #{round_}  {ceiling.rate:10,.0f} /s", flush=True)
         for kind in CYCLES:
-            for count in HEADERS:
-                label = f"{kind} {count} headers"
-                queue = prepare_ring(url, odbc, archive=False)
-                got = run(kind, url, queue, count, a.workers, a.seconds)
+            for config in CONFIGS:
+                label = f"{kind} {config} headers"
+                # Slots of the largest body, alike for every configuration.
+                queue = prepare_ring(url, odbc, archive=False, message_bytes=len(BODY) + FOUR_BYTES)
+                got = run(kind, url, queue, config, a.workers, a.seconds)
                 rates.setdefault(label, []).append(got.rate)
                 hot.setdefault(label, []).append(hot_share(odbc, queue))
-                print(f"{label:24} #{round_}  {got.rate:10,.0f} /s  HOT {hot[label][-1]:.0%}", flush=True)
+                print(f"{label:40} #{round_}  {got.rate:10,.0f} /s  HOT {hot[label][-1]:.0%}", flush=True)
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     median = {label: statistics.median(values) for label, values in rates.items()}
     print(
         f"\nworkers={a.workers} body={len(BODY)} B, {a.seconds:g} s x {a.rounds} rounds (median), messages/s"
     )
-    print(f"{'cycle':12}{'headers':>8}{'rate':>10}{'vs none':>9}{'HOT':>6}{'spread':>8}")
+    print(f"4 headers are {FOUR_BYTES} B as stored")
+    print(f"{'cycle':12}{'headers':>24}{'rate':>10}{'vs none':>9}{'HOT':>6}{'spread':>8}")
     for kind in CYCLES:
         none = median[f"{kind} 0 headers"]
-        for count in HEADERS:
-            label = f"{kind} {count} headers"
+        for config in CONFIGS:
+            label = f"{kind} {config} headers"
             low, high = min(rates[label]), max(rates[label])
-            print(f"{kind:12}{count:8}{median[label]:10,.0f}{median[label] / none:9.2f}"
+            print(f"{kind:12}{config:>24}{median[label]:10,.0f}{median[label] / none:9.2f}"
                   f"{statistics.median(hot[label]):6.0%}{(high - low) / high:8.0%}")  # fmt: skip
-    print(f"{'ceiling':12}{'':8}{median['ceiling']:10,.0f}   (one single-row UPDATE per commit)")
+    print(f"{'ceiling':12}{'':24}{median['ceiling']:10,.0f}   (one single-row UPDATE per commit)")
 
 
 if __name__ == "__main__":

@@ -423,9 +423,8 @@ class Queue:
         stored = header_codec.encode(headers, self.header_limits)
         options = (self._ttl_ms(ttl), self._delay_ms(delay))
         deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
-        while (
-            msg_id := self._pushes(options, (bytes(body), stored))
-        ) <= 0:  # the ring is full: wait for room
+        # While the ring is full: wait for room.
+        while (msg_id := self._pushes(options, (bytes(body), stored))) <= 0:
             if not deadline.wait():
                 raise self._full(deadline, 1, [None])
         return msg_id
