@@ -32,6 +32,7 @@ def test_no_headers_store_null_not_an_empty_object():
         ({"bad key": "x"}, "'bad key'"),
         ({"": "x"}, "''"),
         ({"a\nb": "x"}, "'a\\nb'"),
+        ({"trailing\n": "x"}, "'trailing\\n'"),
         ({"k": "line\x00"}, "'k'"),
         ({"k": float("nan")}, "'k'"),
         ({"dbq-error": "mine"}, "'dbq-error'"),

@@ -89,7 +89,7 @@ def encode_each(
 
 
 def _check(key: object, value: object, reserved: bool) -> None:
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
         raise ValueError(f"header name {key!r} is not valid: use {KEY_HINT}")
     if key.startswith(RESERVED_PREFIX) and not reserved:
         raise ValueError(
