@@ -285,7 +285,7 @@ def test_a_queue_torn_down_takes_its_dead_letters_from_the_queue_keeping_them(ma
 def test_headers_travel_with_their_message_through_every_path(make_queue, design):
     """Pushed headers come back on pop, acquire, peek, smart-batched and batched pushes, a nacked
     redelivery, an expired lease's redelivery, a delayed delivery, a dead letter (with dbq's
-    reason and attempts added), a redrive and the archive; a message without headers has none;
+    reason and attempts added), a redrive (without them again) and the archive; a message without headers has none;
     headers past the spec's limits are refused with nothing written."""
     q = make_queue(
         spec={
@@ -331,14 +331,19 @@ def test_headers_travel_with_their_message_through_every_path(make_queue, design
     assert m.nack(error="handler failed") is True  # attempt 2 of 2: dead-lettered
     [dead] = q.dead_letters()
     assert dead.headers == trace | {"dbq-error": "handler failed", "dbq-attempts": 2}
-    assert q.redrive() == 1
+    assert q.redrive() == 1  # back as pushed: dbq's dead-letter keys go
     again = q.acquire(visibility=1)
-    assert again is not None and again.body == b"leased" and again.headers == dead.headers
+    assert again is not None and again.body == b"leased" and again.headers == trace
     time.sleep(1 + design.lease_slack)  # its lease expires: repair makes it ready again
     design.repair(q)
     again = q.acquire(visibility=30)
-    assert again is not None and again.headers == dead.headers
-    again.ack()
+    assert again is not None and again.headers == trace and again.attempts == 2
+    assert again.nack() is True  # dead again, no reason given: none recorded
+    [dead] = q.dead_letters()
+    assert dead.headers == trace | {"dbq-attempts": 2}
+    assert q.redrive() == 1
+    again = q.pop(timeout=1)
+    assert again is not None and again.headers == trace
     q.push(b"later", headers={"when": "delayed"}, delay=0.1)
     time.sleep(0.5)
     design.repair(q)  # pipes move due messages on repair
@@ -346,7 +351,7 @@ def test_headers_travel_with_their_message_through_every_path(make_queue, design
     assert later is not None and later.headers == {"when": "delayed"}
     kept = {a.body: a.headers for a in q.archived(since)}
     assert kept[b"one"] == trace and kept[b"plain"] == {} and kept[b"later"] == {"when": "delayed"}
-    assert kept[b"leased"] == dead.headers
+    assert kept[b"leased"] == trace
 
 
 def test_an_expired_lease_counts_as_an_attempt_and_repair_dead_letters_it(make_queue, design):
@@ -392,8 +397,9 @@ def test_dead_letters_from_a_shell_list_redrive_and_purge(make_queue, design):
 
 
 def test_headers_from_a_shell_push_pop_and_dead_letters(make_queue, design):
-    """`dbq push -H name=value`, `dbq pop` (headers as JSON before the body, or in -o json) and
-    `dbq dead-letters list` (with dbq's reason); a malformed or refused header names --header."""
+    """`dbq push -H name=value`, `dbq pop` (headers in -o json, or as JSON before the body with
+    --show-headers) and `dbq dead-letters list` (with dbq's reason); a malformed or refused
+    header names --header, a bad --ttl names --ttl."""
     q = make_queue(spec={"deadLetter": {"maxAttempts": 1}})
 
     def run(*args: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -402,20 +408,27 @@ def test_headers_from_a_shell_push_pop_and_dead_letters(make_queue, design):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
 
-    for bad, why in (("novalue", "is not NAME=VALUE"), ("dbq-error=x", "dbq's own")):
-        refused = run("push", extra=("-H", bad, "body"))
-        assert refused.returncode == 2 and "--header" in refused.stderr and why in refused.stderr, (
-            refused.stderr
-        )
+    for args, hint, why in (
+        (("-H", "novalue"), "--header", "is not NAME=VALUE"),
+        (("-H", "dbq-error=x"), "--header", "dbq's own"),
+        (("-H", "a=b", "--ttl", "-1"), "--ttl", "--ttl must be a number of seconds >= 0"),
+    ):
+        refused = run("push", extra=(*args, "body"))
+        assert refused.returncode == 2 and hint in refused.stderr and why in refused.stderr, refused.stderr
     assert q.stats().pushed == 0
-    pushed = run("push", extra=("-H", "content-type=text/plain", "-H", "trace=t1", "one", "two"))
+    pushed = run("push", extra=("-H", "content-type=text/plain", "-H", "trace=t1", "one", "two", "three"))
     assert pushed.returncode == 0, pushed.stderr
+    q.push(b'{"a": 1}\tlooks like headers')
     popped = run("pop", extra=("-o", "json"))
     assert [(m["body"], m["headers"]) for m in json.loads(popped.stdout)] == [
         ("one", {"content-type": "text/plain", "trace": "t1"})
     ]
-    text = run("pop")
-    assert text.stdout == '{"content-type": "text/plain", "trace": "t1"}\ttwo\n', text.stdout
+    assert run("pop").stdout == "two\n"  # bodies alone, one per line
+    shown = {run("pop", extra=("--show-headers", "--timeout", "5")).stdout for _ in range(2)}  # two pipes
+    assert shown == {
+        '{"content-type": "text/plain", "trace": "t1"}\tthree\n',
+        '{}\t{"a": 1}\tlooks like headers\n',
+    }, shown
     q.push(b"doomed", headers={"trace": "t2"})
     m = q.acquire(visibility=30)
     assert m is not None and m.nack(error="no") is True

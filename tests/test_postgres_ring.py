@@ -240,9 +240,9 @@ ADDED = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [13, 9, 8, 7])
+@pytest.mark.parametrize("version", [16, 13, 9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
-    """Version 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
+    """Version 17 changes routines only; 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
     column); 9 added the archive (a table, two totals, a routine, a metadata column); 8 added
     dead letters, delayed delivery and lease extension, and a nack with the error. A queue of any
     older version gets them in place, with every message, lease and dead letter it holds."""
@@ -277,6 +277,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
+        16: ["create_routines", "record_version"],
         13: ["index_spill", "add_headers", "create_routines", "record_version"],
         9: ["key_dead_letters", "index_spill", "add_headers", "create_routines", "record_version"],
         8: [

@@ -13,11 +13,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from dbq.client import connect
+from dbq.contract.headers import StoredHeaders
 from dbq.errors import InvalidSpec
 from dbq.spark import register
 from dbq.spark.options import Options
@@ -255,6 +257,18 @@ def test_a_written_headers_column_becomes_each_messages_headers(queues):
     with clients["write-ring"]() as q:
         got = {m.body: m.headers for m in q.pop_many(10, timeout=1)}
     assert got == {b"h1": {"trace": "t1", "content-type": "text/plain"}, b"h2": {}, b"h3": {}}
+    # A row's headers are checked when the task stages it: a bad one fails the task, by row.
+    for bad, error in (
+        ({"bad name": "v"}, "row 2 of this task: header name 'bad name' is not valid"),
+        ({"k": None}, "row 2 of this task: header 'k' is a string, integer, float or boolean, not NoneType"),
+        ({"dbq-error": "x"}, "row 2 of this task: header 'dbq-error': names starting with 'dbq-'"),
+        (
+            {"big": "x" * 2000},
+            r"row 2 of this task: headers of 2010 bytes .* spec.messages.headerBytes \(1024\)",
+        ),
+    ):
+        with pytest.raises(InvalidSpec, match=error):
+            writer.write(iter([(b"fine", None), (b"refused", bad)]))
     with pytest.raises(InvalidSpec, match="column headers is int: make it a map<string,string>"):
         QueueWriter(
             options, StructType([StructField("body", BinaryType()), StructField("headers", IntegerType())])
@@ -268,8 +282,10 @@ def test_a_stopped_stream_gives_back_what_it_staged_ahead(queues, name):
     cluster, kube, clients, _ = queues
     options = {"kubeconfig": kube.kubeconfig, "namespace": cluster.ns, "queue": name, "stream": "ahead"}
     bodies = {b"a%04d" % i for i in range(250)}
+    # Headers come back as they were, dbq's own keys too (a redriven message's, say).
+    stored = '{"dbq-attempts":3,"dbq-error":"boom","trace":"t"}'
     with clients[name]() as q:
-        q.push_many(sorted(bodies))
+        q.push_many(sorted(bodies), headers=[StoredHeaders(stored)] * len(bodies))
     reader = StreamReader(Options("dbq", {**options, "batch": "40"}, QUEUE_OPTIONS))
     end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(100))
     got = [
@@ -287,10 +303,11 @@ def test_a_stopped_stream_gives_back_what_it_staged_ahead(queues, name):
     with clients[name]() as q:
         assert staging_of(q).rows("read:ahead", end["seq"], 2**62) == []  # given back
         assert {r.body for r in staging_of(q).rows("read:ahead", 0, end["seq"])} == set(got)  # kept
-        back: list[bytes] = []
+        back: list[Any] = []
         while len(back) < 150:
-            back += [m.body for m in q.pop_many(150, timeout=1)]
-        assert set(back) == bodies - set(got)
+            back += q.pop_many(150, timeout=1)
+        assert {m.body for m in back} == bodies - set(got)
+        assert all(m.headers == {"dbq-attempts": 3, "dbq-error": "boom", "trace": "t"} for m in back)
         staging_of(q).drop("read:ahead")
     # On an empty queue the offset stays where it is: Spark runs no batch.
     idle = StreamReader(Options("dbq", {**options, "stream": "idle", "batch": "10"}, QUEUE_OPTIONS))

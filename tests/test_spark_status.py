@@ -46,7 +46,7 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     for name, (pushed, popped) in WORKLOAD.items():
         where = keyspace if name == "pipes-c" else schema
         with connect(urls[name], name.replace("-", "_"), schema=where) as q:
-            q.push_many([b"m%d" % i for i in range(pushed)])
+            q.push_many([b"m%d" % i for i in range(pushed)], headers={"n": 7, "from": name})
             taken = 0
             while taken < popped:
                 taken += len(q.pop_many(popped - taken))
@@ -129,6 +129,7 @@ def test_dbq_archive_has_one_row_per_message_taken_from_an_archived_queue(fleet,
         popped = WORKLOAD[name][1]
         assert sorted(r["body"] for r in mine) == sorted(b"m%d" % i for i in range(popped)), name
         assert len({r["id"] for r in mine}) == popped and all(r["pushed_at"] <= r["acked_at"] for r in mine)
+        assert all(r["headers"] == {"n": "7", "from": name} for r in mine), mine[0]
     assert {r["name"] for r in rows} == set(ARCHIVED)  # ring-b keeps none
     assert {r["design"] for r in rows if r["name"] == "pipes-c"} == {"pipes"}
     later = reader.option("since", (datetime.now(UTC) + timedelta(minutes=1)).isoformat()).load()

@@ -232,8 +232,9 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_headers_of_dead"(p_headers text, p_error text, p_attempts int) RETURNS text
 LANGUAGE sql IMMUTABLE AS $fn$
-  -- A dead letter's headers: the message's, with why it died and after how many attempts.
-  SELECT (coalesce(p_headers::jsonb, '{}') || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
+  -- A dead letter's headers: the message's, with why it died (when known) and after how many
+  -- attempts.
+  SELECT (coalesce(p_headers::jsonb, '{}') - 'dbq-error' || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
     || jsonb_build_object('dbq-attempts', p_attempts))::text
 $fn$
 
@@ -881,13 +882,14 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
       v_big USING ERRCODE = '22001';
   END IF;
-  v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
-  SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
-  INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN
     RAISE EXCEPTION 'dbq: defer got headers for % messages and % bodies', cardinality(v_headers),
       coalesce(cardinality(v_bodies), 0) USING ERRCODE = '22023';
   END IF;
+  -- Everything is checked before positions are drawn: a refusal leaves no hole behind.
+  v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
+  SELECT array_agg(nextval('"shopq"."orders_push_seq"') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
+  INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
   INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT u.id, 1, 0, 0, v_now, v_visible,
     CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body, u.headers
@@ -914,7 +916,8 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_redrive"(p_ids text, p_max int, OUT o
 LANGUAGE plpgsql AS $fn$
 BEGIN
   -- Dead letters back to delivery (the given ids, or the oldest p_max when none are given):
-  -- the same id, attempts from zero, ready at once.
+  -- the same id, attempts from zero, ready at once, headers as pushed (without dbq's
+  -- dead-letter keys).
   WITH moved AS (
     DELETE FROM "shopq"."orders_dead" d USING (
       SELECT msg_id FROM "shopq"."orders_dead"
@@ -923,7 +926,8 @@ BEGIN
     WHERE d.source = 'shopq.orders' AND d.msg_id = pick.msg_id
     RETURNING d.msg_id, d.pushed_at, d.body, d.headers)
   INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body, m.headers FROM moved m
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body,
+    nullif((m.headers::jsonb - 'dbq-error' - 'dbq-attempts')::text, '{}') FROM moved m
   ON CONFLICT (msg_id) DO NOTHING;
   GET DIAGNOSTICS o_moved = ROW_COUNT;
   PERFORM nextval('"shopq"."orders_n_redriven"') FROM generate_series(1, o_moved);
@@ -969,7 +973,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_headers int NOT NU
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers)
-VALUES ('orders', 'ring', 16, 1000, 300,
+VALUES ('orders', 'ring', 17, 1000, 300,
   5, 1, '', 1024,
   32)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,

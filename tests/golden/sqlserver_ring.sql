@@ -892,7 +892,8 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_redrive] @ids nvarchar(max), @max int
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
-  -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
+  -- Dead letters back to delivery (the given ids, or the oldest @max when none are given):
+  -- headers as pushed (without dbq's dead-letter keys).
   DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max), headers nvarchar(max));
   DECLARE @c bigint, @n bigint;
   BEGIN TRANSACTION;
@@ -903,7 +904,9 @@ AS BEGIN
       AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body, m.headers FROM @moved m
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body,
+    NULLIF(JSON_MODIFY(JSON_MODIFY(m.headers, N'$."dbq-error"', NULL), N'$."dbq-attempts"', NULL), N'{}')
+  FROM @moved m
   WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_spill] s WHERE s.msg_id = m.msg_id);
   COMMIT TRANSACTION;
   SELECT @c = COUNT(*) FROM @moved;
@@ -959,12 +962,12 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_headers int NOT NULL DEFAULT 32
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 16, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 17, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers)
-  VALUES (s.queue, N'ring', 16, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 17, 1000, 300, 5, 1, N'',
     1024, 32);
 
 -- teardown

@@ -36,6 +36,7 @@ from dbq.client import (
     connect,
     connect_resource,
 )
+from dbq.client.waiting import seconds_arg
 from dbq.errors import DbqError
 
 if TYPE_CHECKING:  # pipes need Cassandra's driver, which the lean install leaves out
@@ -112,11 +113,16 @@ def push(
 ) -> None:
     """Push MESSAGES (or, with none given, each line of stdin) to QUEUE; prints their ids."""
     headers = _headers_of(header_args)
+    for hint, seconds in (("--ttl", ttl), ("--timeout", timeout)):
+        try:
+            seconds_arg(seconds, hint, 0.0)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=hint) from None
     bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
     with opened(queue, url, schema, namespace, design) as q:
         try:
             ids = q.push_many(bodies, timeout=timeout, ttl=ttl, headers=headers) if bodies else []
-        except (ValueError, TypeError) as e:  # a header the queue refuses: its rule and limit
+        except (ValueError, TypeError) as e:  # the rest was checked: a header the queue refuses
             raise click.BadParameter(str(e), param_hint="--header") from None
     click.echo(json.dumps({"ids": ids}, default=str) if output == "json" else "\n".join(map(str, ids)))
 
@@ -125,6 +131,10 @@ def push(
 @target_options
 @click.option("--count", "-c", default=1, show_default=True, help="Pop up to this many messages.")
 @click.option("--timeout", type=float, default=0.0, show_default=True, help="Seconds to wait for one.")
+@click.option(
+    "--show-headers", is_flag=True,
+    help="Print each message as its headers (JSON, {} for none), a tab, then the body.",
+)  # fmt: skip
 def pop(
     queue: str,
     url: str | None,
@@ -134,18 +144,20 @@ def pop(
     output: str,
     count: int,
     timeout: float,
+    show_headers: bool,
 ) -> None:
-    """Pop up to COUNT messages from QUEUE (at-most-once: they are gone) and print them."""
+    """Pop up to COUNT messages from QUEUE (at-most-once: they are gone) and print their bodies,
+    one per line (-o json: with ids, attempts and headers)."""
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")
     with opened(queue, url, schema, namespace, design) as q:
         got = q.pop_many(count, timeout=timeout)
     if output == "json":
         click.echo(json.dumps([_message_json(m) for m in got]))
-    else:  # the body; a message with headers: them as JSON, a tab, then the body
+    else:
         for m in got:
             body = m.body.decode(errors="backslashreplace")
-            click.echo(f"{json.dumps(m.headers, sort_keys=True)}\t{body}" if m.headers else body)
+            click.echo(f"{json.dumps(m.headers, sort_keys=True)}\t{body}" if show_headers else body)
     if not got:
         sys.exit(3)  # like `grep`: nothing found is not an error, but scripts can tell
 

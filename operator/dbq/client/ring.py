@@ -25,7 +25,7 @@ from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueSt
 from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract import headers as header_codec
-from dbq.contract.headers import HeaderLimits, Headers, HeaderValue
+from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
 from dbq.contract.ring import (
     CALL_ARGS,
     HEADER_ENCODING,
@@ -436,7 +436,7 @@ class Queue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
-        headers: Headers | Sequence[Headers | None] | None = None,
+        headers: Headers | Sequence[Headers | StoredHeaders | None] | None = None,
     ) -> list[int]:
         """Store several messages with one round trip (while the ring has room); their ids, in
         order. With `delay`, they wait aside (not in the ring, which never waits for them) and

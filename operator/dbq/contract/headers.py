@@ -37,6 +37,15 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")  # control characters a value may 
 
 
 @dataclass(frozen=True)
+class StoredHeaders:
+    """A message's headers as stored (`text()`), pushed again as they are: dbq's own re-pushes
+    (a Spark stage given back, a sink's rows checked when staged) keep dbq's keys and are not
+    checked a second time."""
+
+    text: str | None
+
+
+@dataclass(frozen=True)
 class HeaderLimits:
     """spec.messages' limits on headers: their encoded size and how many keys."""
 
@@ -44,11 +53,15 @@ class HeaderLimits:
     max_headers: int = DEFAULT_MAX_HEADERS
 
 
-def encode(headers: Headers | None, limits: HeaderLimits, *, reserved: bool = False) -> str | None:
+def encode(
+    headers: Headers | StoredHeaders | None, limits: HeaderLimits, *, reserved: bool = False
+) -> str | None:
     """The JSON text stored for `headers`, or None for none. Raises ValueError naming the
     header and the rule before anything is written; `reserved`: dbq's own keys are allowed."""
     if headers is None:
         return None
+    if isinstance(headers, StoredHeaders):
+        return headers.text
     if not isinstance(headers, Mapping):
         raise TypeError(f"headers is a mapping of names to values, not {type(headers).__name__}")
     if not headers:
@@ -71,7 +84,7 @@ def encode(headers: Headers | None, limits: HeaderLimits, *, reserved: bool = Fa
 
 
 def encode_each(
-    headers: Headers | Sequence[Headers | None] | None, count: int, limits: HeaderLimits
+    headers: Headers | Sequence[Headers | StoredHeaders | None] | None, count: int, limits: HeaderLimits
 ) -> list[str | None]:
     """The stored headers of `count` messages: `headers` is one mapping for all of them, or a
     sequence of one mapping (or None) per message."""
@@ -108,6 +121,12 @@ def text(headers: Headers | None) -> str | None:
     return _json(headers) if headers else None
 
 
+def as_text(headers: Headers) -> dict[str, str]:
+    """Headers as a map of names to text (Spark's map<string,string>): a number or a boolean as
+    its JSON text (7, 0.25, true)."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in headers.items()}
+
+
 def _json(headers: Headers) -> str:
     return json.dumps(
         dict(headers), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -131,9 +150,19 @@ def _parsed(text: str) -> dict[str, HeaderValue]:
 
 
 def with_dead_letter_reason(stored: str | None, error: str | None, attempts: int) -> str:
-    """Stored headers with dbq's dead-letter keys added: the reason (if any) and the attempts."""
+    """Stored headers with dbq's dead-letter keys set: the reason (none when not known) and the
+    attempts."""
     headers: dict[str, HeaderValue] = decode(stored)
+    headers.pop(ERROR, None)
     if error is not None:
         headers[ERROR] = error[:4000]
     headers[ATTEMPTS] = attempts
     return _json(headers)
+
+
+def without_dead_letter_reason(stored: str | None) -> str | None:
+    """A redriven message's stored headers: as pushed, without dbq's dead-letter keys."""
+    headers = decode(stored)
+    headers.pop(ERROR, None)
+    headers.pop(ATTEMPTS, None)
+    return text(headers)

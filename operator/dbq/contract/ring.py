@@ -17,7 +17,7 @@ from dbq.names import QUOTE, QueueNames
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 16
+RING_SCHEMA_VERSION = 17
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {

@@ -44,7 +44,6 @@ batch.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import uuid
@@ -66,7 +65,7 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from dbq.client import BrokerQueue, PipesQueue, Queue, connect_resource
 from dbq.contract import headers as header_codec
-from dbq.contract.headers import HeaderValue
+from dbq.contract.headers import HeaderValue, StoredHeaders
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.spark.options import Options, Source, SourceReader
@@ -173,12 +172,8 @@ class QueueOptions:
 
 
 def headers_column(headers: Sequence[Mapping[str, HeaderValue]]) -> pa.Array:
-    """Messages' headers as the `headers` column: a map of names to text (a number or a boolean
-    as its JSON text: 7, 0.25, true)."""
-    return pa.array(
-        [[(k, v if isinstance(v, str) else json.dumps(v)) for k, v in h.items()] for h in headers],
-        HEADERS_TYPE,
-    )
+    """Messages' headers as the `headers` column: a map of names to text (`header_codec.as_text`)."""
+    return pa.array([list(header_codec.as_text(h).items()) for h in headers], HEADERS_TYPE)
 
 
 def headers_field(schema: StructType) -> int | None:
@@ -431,6 +426,15 @@ def body_field(schema: StructType) -> int:
     )
 
 
+def row_headers(headers: Mapping[str, str] | None, queue: AnyQueue, row: int) -> str | None:
+    """A written row's `headers` as stored, checked against the queue's limits when the row is
+    staged, so a refused one fails the task before anything is published."""
+    try:
+        return header_codec.encode(headers, queue.header_limits)
+    except (ValueError, TypeError) as e:
+        raise InvalidSpec(f"dbq: column headers of row {row} of this task: {e}") from None
+
+
 class QueueWriter(DataSourceWriter):
     """Stage in the tasks, publish in the driver's commit."""
 
@@ -443,13 +447,14 @@ class QueueWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> StagedRows:
         tag = uuid.uuid4().int >> 97  # 31 bits: this attempt's rows are tag << 32 | 1, 2, ...
         count = 0
-        staging = staging_of(self.q.task_client())
+        queue = self.q.task_client()
+        staging = staging_of(queue)
         chunk: list[Staged] = []
         for row in iterator:
             value = row[self.body]
             body = value.encode() if isinstance(value, str) else bytes(value)
-            headers = header_codec.text(row[self.headers]) if self.headers is not None else None
             count += 1
+            headers = None if self.headers is None else row_headers(row[self.headers], queue, count)
             chunk.append(Staged(tag << 32 | count, "", body, 0, headers))
             if len(chunk) == self.q.batch:
                 staging.put(self.stage, chunk)
@@ -467,9 +472,7 @@ class QueueWriter(DataSourceWriter):
             base = m.tag << 32
             for after in range(base, base + m.count, self.q.batch):
                 rows = staging.rows(self.stage, after, min(after + self.q.batch, base + m.count))
-                queue.push_many(
-                    [r.body for r in rows], headers=[header_codec.decode(r.headers) for r in rows]
-                )
+                queue.push_many([r.body for r in rows], headers=[StoredHeaders(r.headers) for r in rows])
         staging.drop(self.stage)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from dbq.client.pipes import PipesQueue
 from dbq.client.ring import Queue
 from dbq.contract import headers as header_codec
+from dbq.contract.headers import StoredHeaders
 from dbq.contract.staging import StagingStatements
 from dbq.errors import LeaseLost
 
@@ -91,7 +92,7 @@ def blocks(rows: Sequence[Staged]) -> Iterator[tuple[int, int, bytes]]:
     """Rows (in seq order) as blocks: (last seq, first seq, packed), each about BLOCK_BYTES at most."""
     start, size = 0, 0
     for i, r in enumerate(rows):
-        size += len(r.id) + len(r.body) + 16
+        size += len(r.id) + len(r.body) + (len(r.headers.encode()) if r.headers else 0) + 16
         if size >= BLOCK_BYTES or i == len(rows) - 1:
             yield rows[i].seq, rows[start].seq, pack(rows[start : i + 1])
             start, size = i + 1, 0
@@ -141,9 +142,7 @@ class Staging(ABC):
         rows = self.rows(stage, after, LAST_SEQ)
         for start in range(0, len(rows), GIVE_BACK_BATCH):
             some = rows[start : start + GIVE_BACK_BATCH]
-            self.queue.push_many(
-                [r.body for r in some], headers=[header_codec.decode(r.headers) for r in some]
-            )
+            self.queue.push_many([r.body for r in some], headers=[StoredHeaders(r.headers) for r in some])
         self._query(self.sql.delete_after, stage, after)
         return len(rows)
 

@@ -17,6 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from dbq.client import AnyQueue, BrokerQueue, connect_resource
+from dbq.contract import headers as header_codec
 from dbq.errors import InvalidSpec
 from dbq.kube import Kube, current_namespace
 from dbq.resource import parse_spec
@@ -37,7 +38,7 @@ STATS_SCHEMA = (
 )
 ARCHIVE_SCHEMA = (
     "namespace string, name string, backend string, design string, id string, attempts int,"
-    " pushed_at timestamp, acked_at timestamp, body binary"
+    " pushed_at timestamp, acked_at timestamp, body binary, headers map<string,string>"
 )
 SELECT_OPTIONS = {
     "kubeconfig": "path of a kubeconfig (default: the pod's service account, else KUBECONFIG)",
@@ -212,6 +213,7 @@ class ArchiveReader(SelectedQueues):
             yield (
                 meta["namespace"], meta["name"], spec.backend, spec.design, str(m.id), m.attempts,
                 datetime.fromtimestamp(m.pushed_at, UTC), datetime.fromtimestamp(m.acked_at, UTC), m.body,
+                header_codec.as_text(m.headers),
             )  # fmt: skip
 
 

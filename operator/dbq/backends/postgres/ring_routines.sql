@@ -60,8 +60,9 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_headers_of_dead}(p_headers text, p_error text, p_attempts int) RETURNS text
 LANGUAGE sql IMMUTABLE AS $fn$
-  -- A dead letter's headers: the message's, with why it died and after how many attempts.
-  SELECT (coalesce(p_headers::jsonb, '{}') || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
+  -- A dead letter's headers: the message's, with why it died (when known) and after how many
+  -- attempts.
+  SELECT (coalesce(p_headers::jsonb, '{}') - 'dbq-error' || jsonb_strip_nulls(jsonb_build_object('dbq-error', p_error))
     || jsonb_build_object('dbq-attempts', p_attempts))::text
 $fn$
 --;;
@@ -734,13 +735,14 @@ BEGIN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
   END IF;
-  v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
-  SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
-  INSERT INTO {gap} (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN
     RAISE EXCEPTION 'dbq: defer got headers for % messages and % bodies', cardinality(v_headers),
       coalesce(cardinality(v_bodies), 0) USING ERRCODE = '22023';
   END IF;
+  -- Everything is checked before positions are drawn: a refusal leaves no hole behind.
+  v_visible := v_now + greatest(p_delay_ms, 0) * interval '1 millisecond';
+  SELECT array_agg(nextval('{push_seq}') ORDER BY g) INTO v_ids FROM generate_series(1, coalesce(cardinality(v_bodies), 0)) g;
+  INSERT INTO {gap} (pos, reason) SELECT unnest(v_ids), 'void' ON CONFLICT (pos) DO NOTHING;
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT u.id, 1, 0, 0, v_now, v_visible,
     CASE WHEN p_ttl_ms > 0 THEN v_visible + p_ttl_ms * interval '1 millisecond' END, u.body, u.headers
@@ -767,7 +769,8 @@ CREATE OR REPLACE FUNCTION {fn_redrive}(p_ids text, p_max int, OUT o_moved bigin
 LANGUAGE plpgsql AS $fn$
 BEGIN
   -- Dead letters back to delivery (the given ids, or the oldest p_max when none are given):
-  -- the same id, attempts from zero, ready at once.
+  -- the same id, attempts from zero, ready at once, headers as pushed (without dbq's
+  -- dead-letter keys).
   WITH moved AS (
     DELETE FROM {dead} d USING (
       SELECT msg_id FROM {dead}
@@ -776,7 +779,8 @@ BEGIN
     WHERE d.source = {dead_source} AND d.msg_id = pick.msg_id
     RETURNING d.msg_id, d.pushed_at, d.body, d.headers)
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body, m.headers FROM moved m
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, clock_timestamp(), NULL, m.body,
+    nullif((m.headers::jsonb - 'dbq-error' - 'dbq-attempts')::text, '{}') FROM moved m
   ON CONFLICT (msg_id) DO NOTHING;
   GET DIAGNOSTICS o_moved = ROW_COUNT;
   PERFORM nextval('{n_redriven}') FROM generate_series(1, o_moved);

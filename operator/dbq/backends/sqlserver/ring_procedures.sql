@@ -724,7 +724,8 @@ CREATE OR ALTER PROCEDURE {fn_redrive} @ids nvarchar(max), @max int
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON; SET XACT_ABORT ON;
-  -- Dead letters back to delivery (the given ids, or the oldest @max when none are given).
+  -- Dead letters back to delivery (the given ids, or the oldest @max when none are given):
+  -- headers as pushed (without dbq's dead-letter keys).
   DECLARE @moved TABLE (msg_id bigint, pushed_at datetime2(3), body varbinary(max), headers nvarchar(max));
   DECLARE @c bigint, @n bigint;
   BEGIN TRANSACTION;
@@ -735,7 +736,9 @@ AS BEGIN
       AND (@ids = N'' OR x.msg_id IN (SELECT CAST(value AS bigint) FROM OPENJSON(N'[' + @ids + N']')))
     ORDER BY x.msg_id);
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body, m.headers FROM @moved m
+  SELECT m.msg_id, 1, 0, 0, m.pushed_at, SYSUTCDATETIME(), NULL, m.body,
+    NULLIF(JSON_MODIFY(JSON_MODIFY(m.headers, N'$."dbq-error"', NULL), N'$."dbq-attempts"', NULL), N'{}')
+  FROM @moved m
   WHERE NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = m.msg_id);
   COMMIT TRANSACTION;
   SELECT @c = COUNT(*) FROM @moved;

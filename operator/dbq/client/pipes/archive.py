@@ -9,7 +9,7 @@ from datetime import datetime
 
 from dbq.client.pipes import tuning
 from dbq.client.pipes.session import PipesSession
-from dbq.client.pipes.writing import batch_size
+from dbq.client.pipes.writing import batch_size, sizes
 from dbq.client.stats import ArchivedMessage
 from dbq.client.waiting import count_arg
 from dbq.contract import headers as header_codec
@@ -38,7 +38,7 @@ class PipeArchive:
             while start < len(rows):
                 hour = tuning.uuid_ms(rows[start][0]) // HOUR_MS
                 same = [r for r in rows[start:] if tuning.uuid_ms(r[0]) // HOUR_MS == hour]
-                n = batch_size([r[3] for r in same], len(same))
+                n = batch_size(sizes([r[3] for r in same], [r[4] for r in same]), len(same))
                 self.db.batch((self.db.cql.keep, (hour, *r, self.ttl_s)) for r in same[:n])
                 start += n
         except QueueError as e:

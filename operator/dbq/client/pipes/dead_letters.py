@@ -13,6 +13,7 @@ from dbq.client.pipes.session import PipesSession
 from dbq.client.pipes.writing import PipeWriter
 from dbq.client.stats import DeadLetter
 from dbq.client.waiting import count_arg
+from dbq.contract import headers as header_codec
 
 
 class PipeDeadLetters:
@@ -50,7 +51,7 @@ class PipeDeadLetters:
         if rows:
             self.writer.append(
                 [bytes(r[4]) for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),
-                headers=[r[7] for r in rows], also=[(self.db.cql.unbury, (r[0],)) for r in rows],
+                headers=[header_codec.without_dead_letter_reason(r[7]) for r in rows], also=[(self.db.cql.unbury, (r[0],)) for r in rows],
             )  # fmt: skip
         return len(rows)
 

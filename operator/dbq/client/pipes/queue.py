@@ -29,7 +29,7 @@ from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
 from dbq.contract import headers as header_codec
-from dbq.contract.headers import HeaderLimits, Headers
+from dbq.contract.headers import HeaderLimits, Headers, StoredHeaders
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
 from dbq.errors import LeaseLost, QueueError, QueueNotFound, QueueUnavailable
 from dbq.names import QueueNames
@@ -196,7 +196,7 @@ class PipesQueue:
         timeout: float | None = None,
         ttl: float | None = None,
         delay: float | None = None,
-        headers: Headers | Sequence[Headers | None] | None = None,
+        headers: Headers | Sequence[Headers | StoredHeaders | None] | None = None,
     ) -> list[uuid.UUID]:
         """Store messages in one batch per pipe (a pipe change splits a batch); their ids in order.
         `headers`: one mapping for all, or one (or None) per body. With `delay`, they wait in the

@@ -28,20 +28,28 @@ def check_bodies(bodies: list[bytes]) -> None:
             )
 
 
-def batch_size(bodies: list[bytes], room: int, logged: bool = False) -> int:
-    """How many of `bodies` go in the next batch. A logged batch spans partitions, and
-    Cassandra refuses one past batch_size_fail_threshold (50 KiB by default): it stays small."""
+def sizes(bodies: list[bytes], headers: list[str | None] | None) -> list[int]:
+    """Each message's bytes in a batch: its body and its headers as stored."""
+    if headers is None:
+        return [len(b) for b in bodies]
+    return [len(b) + (len(h.encode()) if h else 0) for b, h in zip(bodies, headers, strict=True)]
+
+
+def batch_size(sizes: list[int], room: int, logged: bool = False) -> int:
+    """How many of the messages of `sizes` (bytes each, body and headers) go in the next batch.
+    A logged batch spans partitions, and Cassandra refuses one past batch_size_fail_threshold
+    (50 KiB by default): it stays small."""
     most, most_bytes = (
         (tuning.LOGGED_MAX_MESSAGES, tuning.LOGGED_MAX_BYTES)
         if logged
         else (tuning.BATCH_MAX_MESSAGES, tuning.BATCH_MAX_BYTES)
     )
     total = 0
-    for i, body in enumerate(bodies[: min(room, most)]):
-        total += len(body)
+    for i, size in enumerate(sizes[: min(room, most)]):
+        total += size
         if total > most_bytes and i > 0:
             return i
-    return min(room, most, len(bodies))
+    return min(room, most, len(sizes))
 
 
 class PipeWriter:
@@ -121,9 +129,10 @@ class PipeWriter:
         cql = self.db.cql
         pusher = self._pusher()
         out: list[uuid.UUID] = []
+        bytes_each = sizes(bodies, headers)
         i = 0
         while i < len(bodies):
-            n = batch_size(bodies[i:], self._room(pusher), logged=bool(also))
+            n = batch_size(bytes_each[i:], self._room(pusher), logged=bool(also))
             keys = [uuid.uuid1() for _ in range(n)]
             new_ids = ids[i : i + n] if ids else keys
             again = bool(ids) and requeue
@@ -164,9 +173,10 @@ class PipeWriter:
         rows: list[tuple[Any, ...]] = [
             (due, i, body, unset(expiry), unset(h)) for i, body, h in zip(ids, bodies, headers, strict=True)
         ]
+        bytes_each = sizes(bodies, headers)
         start = 0
         while start < len(rows):  # one partition: unlogged batches
-            n = batch_size(bodies[start:], len(bodies) - start)
+            n = batch_size(bytes_each[start:], len(bodies) - start)
             self.db.batch((self.db.cql.delay, row) for row in rows[start : start + n])
             start += n
         return ids
