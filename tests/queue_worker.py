@@ -8,6 +8,8 @@
 Each line of LOG is written (and flushed to the kernel) right after the database answered:
 `P <body>` an acknowledged push, `G <body>` a delivery (pop returned, or acquire returned),
 `A <body>` an acknowledged ack, `N <body>` a nack, `L <body>` an ack refused (lease lost).
+With --large N every fourth body pushed is N bytes: its name, `|`, then filler derived from the
+name; lines name it, and a delivery whose filler differs is logged `B <name>` (a body damaged).
 With --tolerate-outages a call that failed (the database unreachable for a while) is logged and
 the worker goes on, as an application would: `F <body>` a push that failed (stored or not),
 `X <body>` an ack or nack that failed (applied or not). A process killed at any point loses at most the line of the call
@@ -44,6 +46,7 @@ def main() -> None:
         "--idle-exits", type=int, default=5, help="empty polls after --stop appears before exiting"
     )
     p.add_argument("--tolerate-outages", action="store_true", help="log failed calls and go on")
+    p.add_argument("--large", type=int, default=0, help="every fourth body pushed is this many bytes")
     a = p.parse_args()
     q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
     # Line-buffered: each line reaches the kernel as it is written.
@@ -51,26 +54,56 @@ def main() -> None:
         work(a, q, log)
 
 
+def large_body(name: bytes, size: int) -> bytes:
+    """A body of `size` bytes named `name`: the name, `|`, then filler derived from the name."""
+    head = name + b"|"
+    return head + (name + b".") * ((size - len(head)) // (len(name) + 1) + 1)[: size - len(head)]
+
+
+def body_of(name: str, n: int, large: int) -> bytes:
+    return large_body(name.encode(), large) if large and n % 4 == 3 else name.encode()
+
+
+def name_of(body: bytes) -> str:
+    """The name a body carries (all of a small one); raises ValueError for a damaged large one."""
+    name, bar, _ = body.partition(b"|")
+    if bar and body != large_body(name, len(body)):
+        raise ValueError(name.decode())
+    return name.decode()
+
+
+def names(messages: list[Any], log: TextIO) -> list[str]:
+    """The names of delivered messages; a damaged body is logged as B."""
+    out = []
+    for m in messages:
+        try:
+            out.append(name_of(m.body))
+        except ValueError as e:
+            log.write(f"B {e}\n")
+            out.append(str(e))
+    return out
+
+
 def work(a: argparse.Namespace, q: AnyQueue, log: TextIO) -> None:
     rng = random.Random(os.getpid())
     tolerated = (QueueUnavailable,) if a.tolerate_outages else ()
 
     def failed(kind: str, bodies: list[bytes]) -> None:
-        log.write("".join(f"{kind} {b.decode()}\n" for b in bodies))
+        log.write("".join(f"{kind} {name_of(b)}\n" for b in bodies))
         time.sleep(0.2)
 
     if a.role == "push":
         n = 0
         while n < a.count:
             k = min(rng.randint(1, a.batch), a.count - n)
-            bodies = [f"{a.prefix}-{n + i}".encode() for i in range(k)]
+            bodies = [body_of(f"{a.prefix}-{n + i}", n + i, a.large) for i in range(k)]
             n += k
             try:
                 q.push(bodies[0]) if k == 1 else q.push_many(bodies)
             except tolerated:
                 failed("F", bodies)
                 continue
-            log.write("".join(f"P {b.decode()}\n" for b in bodies))
+            log.write("".join(f"P {name_of(b)}\n" for b in bodies))
     elif a.role == "pop":
         idle = 0
         while idle < a.idle_exits:
@@ -88,13 +121,13 @@ def work(a: argparse.Namespace, q: AnyQueue, log: TextIO) -> None:
                 failed("E", [])
                 continue
             if got:
-                log.write("".join(f"G {m.body.decode()}\n" for m in got))
+                log.write("".join(f"G {name}\n" for name in names(got, log)))
             if a.mode == "leased" and got:
                 time.sleep(a.ack_delay)
                 if rng.random() < 0.02:
                     try:
                         got[0].nack()  # given back: delivered again, maybe to another consumer
-                        log.write(f"N {got[0].body.decode()}\n")
+                        log.write(f"N {name_of(got[0].body)}\n")
                     except tolerated:
                         failed("X", [got[0].body])
                     got = got[1:]
@@ -107,8 +140,8 @@ def work(a: argparse.Namespace, q: AnyQueue, log: TextIO) -> None:
                 except tolerated:
                     failed("X", [m.body for m in got])
                     lost = list(got)
-                log.write("".join(f"A {m.body.decode()}\n" for m in got if m not in lost))
-                log.write("".join(f"L {m.body.decode()}\n" for m in refused))
+                log.write("".join(f"A {name}\n" for name in names([m for m in got if m not in lost], log)))
+                log.write("".join(f"L {name}\n" for name in names(refused, log)))
             stopping = bool(a.stop) and os.path.exists(a.stop)
             idle = idle + 1 if stopping and not got else 0
     else:

@@ -37,6 +37,9 @@ from dbq.client import (
 )
 from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
+from dbq.contract.pipes import MAX_PIPES_BODY_BYTES
+from dbq.names import QUOTE
+from tests.queue_worker import name_of
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.workers import finish, read_logs, start
 
@@ -61,9 +64,14 @@ class Design:
         return p.rolled_back + p.finished_pipes
 
 
+# spec.messages.maxBytes of the designs' queues: past 1 MiB, so that the largest body differs from it.
+MAX_BODY = (1 << 20) + 7
+
+
 def _ring(url: str, name: str) -> Design:
-    spec = {"backend": name, "design": "ring", "ring": {"size": 1000, "messageBytes": 100}}
-    return Design(f"ring-{name}", url, spec, max_body=100, lease_slack=0.2, messages=100_000)
+    spec = {"backend": name, "design": "ring", "ring": {"size": 1000, "messageBytes": 100},
+            "messages": {"maxBytes": MAX_BODY}}  # fmt: skip
+    return Design(f"ring-{name}", url, spec, max_body=MAX_BODY, lease_slack=0.2, messages=100_000)
 
 
 @pytest.fixture(
@@ -82,9 +90,10 @@ def design(request) -> Iterator[Design]:
     else:
         request.getfixturevalue("cassandra")
         host, port = request.getfixturevalue("stack").cassandra.contact
-        spec = {"backend": "cassandra", "design": "pipes", "pipes": {"maxPushesPerPipe": 500}}
+        spec = {"backend": "cassandra", "design": "pipes", "pipes": {"maxPushesPerPipe": 500},
+                "messages": {"maxBytes": MAX_PIPES_BODY_BYTES}}  # fmt: skip
         url = f"cassandra://{host}:{port}"
-        yield Design("pipes-cassandra", url, spec, pipes_tuning.MAX_BODY_BYTES, 1.0 + pipes_tuning.SKEW_S + 0.2,
+        yield Design("pipes-cassandra", url, spec, MAX_PIPES_BODY_BYTES, 1.0 + pipes_tuning.SKEW_S + 0.2,
                      messages=50_000)  # fmt: skip
         # Dozens of queues of eleven tables each: dropping them outlasts the driver's 10 s default.
         request.getfixturevalue("cassandra").execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"', timeout=120)
@@ -548,14 +557,71 @@ def test_ttl_expires_messages_and_counts_them(make_queue):
 
 def test_an_oversize_body_is_refused_and_stores_nothing(make_queue, design):
     q = make_queue()
-    q.push(b"y" * min(design.max_body, 1000))  # up to the limit is fine
-    with pytest.raises(MessageTooLarge):
+    q.push(b"y" * design.max_body)  # up to the limit is fine
+    with pytest.raises(MessageTooLarge, match=rf"spec.messages.maxBytes \({design.max_body}\)"):
         q.push_many([b"ok", b"x" * (design.max_body + 1)])
-    with pytest.raises(MessageTooLarge):
+    with pytest.raises(MessageTooLarge, match=r"spec\.messages\.maxBytes"):
         q.push(b"x" * (design.max_body + 1))
     assert q.stats().pushed == 1
     with pytest.raises(TypeError, match="bytes"):
         q.push("text")  # type: ignore[arg-type]
+
+
+def content_rows(q: Queue, design: Design) -> int:
+    """Bodies kept beside the ring's messages: rows of its content table."""
+    quote = QUOTE["sqlserver" if design.name == "ring-sqlserver" else "postgres"]
+    with q._cursor() as cur:
+        table = f"{quote(q.names.schema)}.{quote(q.names.content)}"
+        return int(cur.execute(f"SELECT count(*) FROM {table}").fetchval())
+
+
+def test_large_bodies_round_trip_byte_for_byte_on_every_path(make_queue, design):
+    """Bodies one byte past a slot (ring.messageBytes), of 64 KiB, 1 MiB and spec.messages.maxBytes
+    come back byte for byte from pop and pop_many, acquire and its redelivery, a dead letter and
+    its redrive, peek and the archive, mixed with small ones in batches; one past maxBytes is
+    refused with nothing written; once every message has ended (taken, dead, expired), no body is
+    left beside the ring. (Pipes store a body of up to 1 MiB in its message's row.)"""
+    q = make_queue(spec={**design.spec, "deadLetter": {"maxAttempts": 2}, "archive": {"enabled": True}})
+    ring = isinstance(q, Queue)
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    sizes = sorted({101, 64 << 10, 1 << 20, design.max_body})
+    large = {n: secrets.token_bytes(n) for n in sizes}
+    with pytest.raises(MessageTooLarge, match=r"spec\.messages\.maxBytes"):
+        q.push_many([b"ok", b"x" * (design.max_body + 1)])
+    assert q.stats().pushed == 0 and (not ring or content_rows(q, design) == 0)  # nothing written
+    for n in sizes:  # one by one
+        q.push(large[n], headers={"size": n})
+        m = q.pop(timeout=1)
+        assert m is not None and m.body == large[n] and m.headers == {"size": n}, n
+    q.push_many([b"first", *large.values(), b"last"])  # a batch, mixed
+    got: list[bytes] = []
+    while len(got) < len(sizes) + 2:
+        got += [m.body for m in q.pop_many(10, timeout=1)]
+    assert got == [b"first", *large.values(), b"last"]
+    body = large[64 << 10]
+    q.push(body)
+    assert [m.body for m in q.peek(5)] == [body]
+    m = q.acquire(visibility=30)
+    assert m is not None and m.body == body and m.nack() is False  # attempt 1 of 2: again
+    m = q.acquire(visibility=30)
+    assert m is not None and m.body == body and m.nack(error="too big to handle") is True  # dead
+    [dead] = q.dead_letters()
+    assert dead.body == body
+    assert q.redrive() == 1
+    again = q.acquire(visibility=30)
+    assert again is not None and again.body == body
+    again.ack()
+    q.push_many([large[101], large[1 << 20]])
+    held = q.acquire_many(2, visibility=30)
+    assert [m.body for m in held] == [large[101], large[1 << 20]]
+    q.ack_many(held)
+    q.push(large[1 << 20], ttl=0.3)  # expires unread
+    time.sleep(0.5 + design.lease_slack)
+    design.repair(q)
+    assert q.pop(timeout=0.2) is None and q.stats().expired == 1
+    archived = [a.body for a in q.archived(since)]
+    assert archived.count(large[1 << 20]) == 3 and archived.count(body) == 3  # popped, acked
+    assert not ring or content_rows(q, design) == 0  # every message ended: no body left beside the ring
 
 
 def test_batches_keep_order_and_binary_bodies(make_queue):
@@ -597,16 +663,32 @@ def test_a_client_shared_by_threads(make_queue):
     assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(100))
 
 
+@pytest.mark.parametrize("large", [0, 65536], ids=["small", "large"])
 @pytest.mark.parametrize("mode", ["amo", "leased"])
-def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode):
+def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode, large):
     """Separate processes push and take concurrently while a fifth repairs: the multiset
-    delivered (amo: popped; leased: acknowledged) equals the multiset pushed."""
+    delivered (amo: popped; leased: acknowledged) equals the multiset pushed. `large`: every
+    fourth body is that big (kept beside the ring, or in chunks on pipes), none damaged, and
+    none left behind."""
     q = make_queue()
-    n = design.messages
+    n = 4000 if large else design.messages
     stop = tmp_path / "stop"
     logs = [tmp_path / f"w{i}.log" for i in range(9)]
     pushers = [
-        start("push", q, design.url, logs[i], "--prefix", f"p{i}", "--count", str(n // 4), "--batch", "40")
+        start(
+            "push",
+            q,
+            design.url,
+            logs[i],
+            "--prefix",
+            f"p{i}",
+            "--count",
+            str(n // 4),
+            "--batch",
+            "40",
+            "--large",
+            str(large),
+        )
         for i in range(4)
     ]
     poppers = [
@@ -622,11 +704,12 @@ def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode):
     # orphan only repair rescues; the repairer stopped with the poppers, so one last pass.
     design.repair(q)
     (tmp_path / "drain.log").write_text(
-        "".join(f"G {m.body.decode()}\nA {m.body.decode()}\n" for m in q.pop_many(1000, timeout=0))
+        "".join(f"G {name}\nA {name}\n" for name in (name_of(m.body) for m in q.pop_many(1000, timeout=0)))
     )
     seen = read_logs([*logs, tmp_path / "drain.log"])
     print(f"{design.name} {mode}: left for the final repair: depth={left.depth} in_flight={left.in_flight}")
     delivered = seen["G"] if mode == "amo" else seen["A"]
+    assert not seen["B"], f"damaged bodies: {list(seen['B'])[:5]}"
     assert sum(seen["P"].values()) == n and len(seen["P"]) == n
     assert delivered == seen["P"]  # the multiset delivered equals the multiset pushed
     s = q.stats()
@@ -635,6 +718,8 @@ def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode):
         assert s.popped == n
     if isinstance(q, PipesQueue):
         assert s.retired_pipes > 0  # the repairer retired drained pipes meanwhile
+    else:
+        assert content_rows(q, design) == 0
 
 
 def test_bad_arguments_are_refused_by_name_and_change_nothing(make_queue, design):

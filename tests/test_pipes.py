@@ -31,7 +31,7 @@ from dbq.client import PipeMessage, PipesQueue, QueueError, QueueNotFound, conne
 from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
-from dbq.errors import DeadLetterQueueNotFound
+from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
 from tests.workers import read_logs, start
 
@@ -75,6 +75,7 @@ def complete(**changes: Any) -> PipesObserved:
                 "dead_letter_queue",
                 "header_bytes",
                 "max_headers",
+                "max_body_bytes",
             }
         ),
         dead_columns=frozenset({"bucket", "id", "source"}),
@@ -128,6 +129,18 @@ def test_plan_repairs_drift_and_follows_spec_changes():
     stcs = TableOptions(cql.GC_GRACE_SECONDS, {"class": "SizeTieredCompactionStrategy"})
     assert actions(complete(tables=complete().tables | {"q_pipes": stcs})) == ["tune_table:q_pipes"]
     assert actions(complete(recorded=RecordedPipes(PIPES_SCHEMA_VERSION, 100, 60000))) == ["record_settings"]
+
+
+def test_a_body_limit_past_what_a_pipe_stores_is_refused_by_name():
+    """spec.messages.maxBytes: up to 1 MiB on pipes (a message is one row, one batch); a smaller
+    limit is recorded for the clients."""
+    with pytest.raises(InvalidSpec, match=r"spec\.messages\.maxBytes is 1048577, .* at most 1048576 bytes"):
+        plan_pipes(
+            PipesTarget(NAMES, TARGET.replication, 500, 60000, max_body_bytes=(1 << 20) + 1), complete()
+        )
+    smaller = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_body_bytes=4096)
+    [step] = plan_pipes(smaller, complete())
+    assert str(step) == "record_settings" and "bodies of at most 4096 bytes" in step.why
 
 
 def test_plan_upgrades_a_version_1_queue_in_place():
@@ -287,9 +300,9 @@ def test_provision_is_idempotent_repairs_drift_and_tears_down(cass_url, cassandr
     )
 
 
-@pytest.mark.parametrize("version", [3, 2, 1])
+@pytest.mark.parametrize("version", [4, 3, 2, 1])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(cass_url, cassandra, version):
-    """Version 4 adds headers (a column in each message table, two metadata columns); version 3 names the source queue of each dead letter (a metadata column, a dead table
+    """Version 5 records the largest body (a metadata column); version 4 adds headers (a column in each message table, two metadata columns); version 3 names the source queue of each dead letter (a metadata column, a dead table
     column, older dead letters named this queue's); version 2 added dead letters, delayed
     delivery and the archive (three tables, two metadata columns). A queue of either version gets
     them in place, in a keyspace whose metadata table that version made, with its messages,
@@ -303,9 +316,11 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(c
             ids = q.push_many([b"m%d" % i for i in range(10)])
             held = q.acquire_many(3, visibility=60)
         # What the older version had: none of the newer tables and columns.
-        cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP (header_bytes, max_headers)")
-        for table in ("waiting", "pending", "dead", "delayed", "archive"):
-            cassandra.execute(f"ALTER TABLE {ks}.upgrade_me_{table} DROP headers")
+        cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP max_body_bytes")
+        if version < 4:
+            cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP (header_bytes, max_headers)")
+            for table in ("waiting", "pending", "dead", "delayed", "archive"):
+                cassandra.execute(f"ALTER TABLE {ks}.upgrade_me_{table} DROP headers")
         if version < 3:
             cassandra.execute(f"ALTER TABLE {ks}.dbq_queues DROP dead_letter_queue")
         if version == 2:
@@ -329,6 +344,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(c
             f"add_headers:upgrade_me_{t}" for t in ("waiting", "pending", "dead", "delayed", "archive")
         ]
         assert [str(s) for s in upgraded.plan(upgraded.observe())] == (
+            ["add_meta_columns", "record_settings"] if version == 4 else
             ["add_meta_columns", *headers, "record_settings"] if version == 3 else
             ["add_meta_columns", "add_dead_source", *headers, "source_dead_letters", "record_settings"]
             if version == 2 else

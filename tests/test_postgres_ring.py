@@ -162,6 +162,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
     assert [str(s) for s in backend.plan(backend.observe())] == [
         "index_spill",
         "add_headers",
+        "allow_content",
         "create_routines",
         "record_version",
     ]
@@ -215,7 +216,7 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     cur.execute(f'DROP SEQUENCE "{schema}".orders_n_settled')  # what version 6 had
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 6')
     assert [str(s) for s in backend.plan(backend.observe())] == [
-        "create_sequences", "index_spill", "add_headers", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version"
     ]  # fmt: skip
     backend.apply()
     q.close()
@@ -233,6 +234,7 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
 
 # What each schema version added, taken away again to make a queue of the version before.
 ADDED = {
+    18: {"tables": ["content"], "totals": [], "routines": ["body_of"], "column": "max_body_bytes"},
     10: {"tables": [], "totals": [], "routines": [], "column": "dead_letter_queue"},
     9: {"tables": ["archive"], "totals": ["archived", "scavenged"], "routines": ["scavenge"], "column": "archive"},
     8: {"tables": ["dead"], "totals": ["dead", "redriven", "purged"],
@@ -240,9 +242,10 @@ ADDED = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [16, 13, 9, 8, 7])
+@pytest.mark.parametrize("version", [17, 13, 9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
-    """Version 17 changes routines only; 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
+    """Version 18 keeps bodies past a slot in a content table (a spilled one may be there: its
+    spill row's body is NULL); 17 changes routines only; 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
     column); 9 added the archive (a table, two totals, a routine, a metadata column); 8 added
     dead letters, delayed delivery and lease extension, and a nack with the error. A queue of any
     older version gets them in place, with every message, lease and dead letter it holds."""
@@ -262,6 +265,8 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
         for verb in ADDED[added]["routines"]:
             cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
         cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN {ADDED[added]["column"]}')
+    if version < 18:  # a spill row holds its body
+        cur.execute(f'ALTER TABLE "{schema}".orders_spill ALTER COLUMN body SET NOT NULL')
     if version < 14:
         cur.execute(f'DROP INDEX "{schema}".orders_spill_due')
     if version in (8, 9):  # a dead-letter table keyed by id alone, holding one dead letter
@@ -277,15 +282,31 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        16: ["create_routines", "record_version"],
-        13: ["index_spill", "add_headers", "create_routines", "record_version"],
-        9: ["key_dead_letters", "index_spill", "add_headers", "create_routines", "record_version"],
+        17: ["create_side_tables", "allow_content", "create_routines", "record_version"],
+        13: [
+            "create_side_tables",
+            "index_spill",
+            "add_headers",
+            "allow_content",
+            "create_routines",
+            "record_version",
+        ],
+        9: [
+            "create_side_tables",
+            "key_dead_letters",
+            "index_spill",
+            "add_headers",
+            "allow_content",
+            "create_routines",
+            "record_version",
+        ],
         8: [
             "create_sequences",
             "create_side_tables",
             "key_dead_letters",
             "index_spill",
             "add_headers",
+            "allow_content",
             "create_routines",
             "record_version",
         ],
@@ -294,6 +315,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "create_side_tables",
             "index_spill",
             "add_headers",
+            "allow_content",
             "create_routines",
             "record_version",
         ],

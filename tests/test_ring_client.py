@@ -268,11 +268,14 @@ def test_a_slot_held_by_a_lease_moves_aside_when_the_ring_laps(make_queue):
 # --- conservation and crashes ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("large", [0, 65536], ids=["small", "large"])
 @pytest.mark.parametrize("mode", ["amo", "leased"])
-def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_path, mode):
+def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_path, mode, large):
     """Clients are SIGKILLed at random points (and some server sessions terminated mid-call);
     after repair, every acknowledged push is delivered exactly once (amo: at most once, and only
-    messages claimed by a killed popper may be missing) or at least once (leased)."""
+    messages claimed by a killed popper may be missing) or at least once (leased). `large`:
+    every fourth body is that big (its content beside the ring): none is damaged, and once
+    drained nothing is left in the content table."""
     q = pg_queue(size=1000, pop_timeout=0.05)
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     stop = tmp_path / "stop"
@@ -283,7 +286,7 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
         log = tmp_path / f"{role}{i}-{gen}.log"
         logs.append(log)
         if role == "push":
-            args = ["--prefix", f"p{i}g{gen}", "--count", "1000000000", "--batch", "5"]
+            args = ["--prefix", f"p{i}g{gen}", "--count", "1000000000", "--batch", "5", "--large", str(large)]
         else:
             args = ["--mode", mode, "--batch", "3", "--stop", str(stop), "--visibility", visibility]
         return start(role, q, postgres.url, log, *args)
@@ -342,6 +345,8 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
     # The truth, from the rows: nothing left ready or leased.
     truth = sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.ring} WHERE state IN (1, 2)")
     assert truth == 0 and sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.spill}") == 0
+    assert sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.content}") == 0  # no body left behind
+    assert not seen["B"], f"damaged bodies: {list(seen['B'])[:5]}"
     # stats() reads totals kept in sequences, which a rollback does not undo: a session
     # terminated inside a take after it counted can leave in flight that many too high, and one
     # terminated inside a push of 5 after it counted leaves the depth 5 too high.

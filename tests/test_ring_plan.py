@@ -70,12 +70,21 @@ def test_older_schema_version_is_upgraded():
     def at(version: int) -> Observed:
         return complete(recorded=Recorded(schema_version=version, ring_size=1000, message_bytes=300))
 
-    assert actions(at(15)) == ["add_headers", "create_routines", "record_version"]
-    assert actions(at(13)) == ["index_spill", "add_headers", "create_routines", "record_version"]
+    assert actions(at(17)) == ["allow_content", "create_routines", "record_version"]
+    assert actions(at(16)) == ["allow_content", "create_routines", "record_version"]
+    assert actions(at(15)) == ["add_headers", "allow_content", "create_routines", "record_version"]
+    assert actions(at(13)) == [
+        "index_spill",
+        "add_headers",
+        "allow_content",
+        "create_routines",
+        "record_version",
+    ]
     assert actions(at(9)) == [
         "key_dead_letters",
         "index_spill",
         "add_headers",
+        "allow_content",
         "create_routines",
         "record_version",
     ]
@@ -87,7 +96,7 @@ def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
         recorded=Recorded(schema_version=6, ring_size=1000, message_bytes=300),
     )
     assert actions(version_6) == [
-        "create_sequences", "index_spill", "add_headers", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version"
     ]  # fmt: skip
     # A ring made anew has no leases to count: its totals start from nothing.
     assert "seed_settled" not in actions(complete(tables=frozenset(), sequences=frozenset()))
@@ -104,6 +113,7 @@ def test_a_version_7_queue_gets_its_dead_letter_table_and_totals_and_keeps_every
         "create_side_tables",
         "index_spill",
         "add_headers",
+        "allow_content",
         "create_routines",
         "record_version",
     ]

@@ -134,6 +134,7 @@ def test_every_step_the_planner_can_emit_exists_in_both_dialects():
         RingAction.KEY_DEAD_LETTERS,
         RingAction.INDEX_SPILL,
         RingAction.ADD_HEADERS,
+        RingAction.ALLOW_CONTENT,
     }
     emitted = {s.action for s in plan_ring(TARGET, Observed())} | upgrades_only
     assert emitted == set(RingAction)

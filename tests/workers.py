@@ -21,8 +21,9 @@ def start(role: str, q: Any, url: str, log: Path, *args: str) -> subprocess.Pope
 
 def read_logs(logs: list[Path]) -> dict[str, Counter[str]]:
     """Each kind of line (see tests/queue_worker.py: P pushes, G deliveries, A acks, N nacks,
-    L lost leases, F failed pushes, X failed acks) as a multiset of bodies."""
-    seen: dict[str, Counter[str]] = {kind: Counter() for kind in "PGANLFX"}
+    L lost leases, F failed pushes, X failed acks, B damaged bodies) as a multiset of bodies (their
+    names, for large ones)."""
+    seen: dict[str, Counter[str]] = {kind: Counter() for kind in "PGANLFXB"}
     for log in logs:
         if log.exists():
             for line in log.read_text().splitlines():

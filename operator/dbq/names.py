@@ -150,8 +150,16 @@ class QueueNames:
         return self._("spill_due")
 
     @property
+    def content(self) -> str:
+        """Bodies larger than a slot (spec.messages.maxBytes past ring.messageBytes), keyed by
+        message id, while their message is in the ring or the spill table."""
+        return self._("content")
+
+    @property
     def tables(self) -> tuple[str, ...]:
-        return (self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive)
+        return (
+            self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive, self.content
+        )  # fmt: skip
 
     @property
     def pipes(self) -> str:

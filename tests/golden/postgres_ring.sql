@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
   dead_letter_queue varchar(127) NOT NULL DEFAULT '',
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
+  max_body_bytes int NOT NULL DEFAULT 1048576,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -80,7 +81,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_spill" (
   pushed_at timestamptz NOT NULL,
   visible_at timestamptz NOT NULL,
   expires_at timestamptz,
-  body bytea NOT NULL,
+  body bytea,
   headers text)
 
 CREATE TABLE IF NOT EXISTS "shopq"."orders_gap" (
@@ -124,6 +125,12 @@ CREATE INDEX IF NOT EXISTS "orders_archive_at" ON "shopq"."orders_archive" (acke
 
 CREATE INDEX IF NOT EXISTS "orders_spill_due" ON "shopq"."orders_spill" (state, visible_at)
 
+CREATE TABLE IF NOT EXISTS "shopq"."orders_content" (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body bytea NOT NULL,
+  PRIMARY KEY (bucket, msg_id))
+
 -- step key_dead_letters
 
 ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT 'shopq.orders'
@@ -151,6 +158,16 @@ ALTER TABLE "shopq"."orders_spill" ADD COLUMN IF NOT EXISTS headers text
 ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS headers text
 
 ALTER TABLE "shopq"."orders_archive" ADD COLUMN IF NOT EXISTS headers text
+
+-- step allow_content
+
+ALTER TABLE "shopq"."orders_spill" ALTER COLUMN body DROP NOT NULL
+
+CREATE TABLE IF NOT EXISTS "shopq"."orders_content" (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body bytea NOT NULL,
+  PRIMARY KEY (bucket, msg_id))
 
 -- step seed_settled
 
@@ -238,6 +255,24 @@ LANGUAGE sql IMMUTABLE AS $fn$
     || jsonb_build_object('dbq-attempts', p_attempts))::text
 $fn$
 
+CREATE OR REPLACE FUNCTION "shopq"."orders_body_of"(p_id bigint, p_remove boolean) RETURNS bytea
+LANGUAGE plpgsql AS $fn$
+DECLARE v_body bytea;
+BEGIN
+  -- The body of message p_id kept in "shopq"."orders_content" (its slot or spill row holds NULL), removed with
+  -- p_remove: the message ends in the caller's transaction.
+  IF p_remove THEN
+    DELETE FROM "shopq"."orders_content" WHERE bucket = p_id % 8 AND msg_id = p_id RETURNING body INTO v_body;
+  ELSE
+    SELECT body INTO v_body FROM "shopq"."orders_content" WHERE bucket = p_id % 8 AND msg_id = p_id;
+  END IF;
+  IF v_body IS NULL THEN
+    RAISE EXCEPTION 'dbq: message % of queue orders has no body in its content table', p_id
+      USING ERRCODE = 'XX001';
+  END IF;
+  RETURN v_body;
+END $fn$
+
 CREATE OR REPLACE FUNCTION "shopq"."orders_place"(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz,
   p_headers text)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
@@ -281,11 +316,14 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body;
 BEGIN
   IF octet_length(p_body) > 300 THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
-      octet_length(p_body) USING ERRCODE = '22001';
+    IF octet_length(p_body) > 1048576 THEN
+      RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes (1048576) of queue orders',
+        octet_length(p_body) USING ERRCODE = '22001';
+    END IF;
+    v_slot := NULL;  -- past a slot: the body waits in "shopq"."orders_content"
   END IF;
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > 1024 OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM "shopq"."orders_check_headers"(octet_length(p_headers), json_typeof(p_headers::json));
@@ -303,16 +341,19 @@ BEGIN
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-    visible_at = NULL, body = p_body, headers = p_headers,
+    visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
   WHERE slot = o_id % 1000 AND state = 0
   RETURNING nextval('"shopq"."orders_n_pushed"') INTO v_used;
   IF NOT FOUND THEN
-    IF NOT "shopq"."orders_place"(o_id, p_body, p_ttl_ms, v_now, p_headers) THEN
+    IF NOT "shopq"."orders_place"(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
       o_id := -1;
       RETURN;
     END IF;
     PERFORM nextval('"shopq"."orders_n_pushed"');
+  END IF;
+  IF v_slot IS NULL THEN
+    INSERT INTO "shopq"."orders_content" (bucket, msg_id, body) VALUES (o_id % 8, o_id, p_body);
   END IF;
 END $fn$
 
@@ -320,7 +361,7 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies bytea, p_lengths 
   p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := "shopq"."orders_split_headers"(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
@@ -335,9 +376,14 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
       coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
   END IF;
-  IF v_big > 300 THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
+  IF v_big > 1048576 THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes (1048576) of queue orders',
       v_big USING ERRCODE = '22001';
+  END IF;
+  v_slots := v_bodies;
+  IF v_big > 300 THEN  -- bodies past a slot wait in "shopq"."orders_content": their slots get NULL
+    SELECT array_agg(CASE WHEN octet_length(b) > 300 THEN NULL ELSE b END ORDER BY i) INTO v_slots
+    FROM unnest(v_bodies) WITH ORDINALITY AS x(b, i);
   END IF;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> v_n THEN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
@@ -356,7 +402,7 @@ BEGIN
       UPDATE "shopq"."orders_ring" r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-      FROM unnest(v_ids, v_bodies[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
+      FROM unnest(v_ids, v_slots[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
       WHERE r.slot = u.id % 1000 AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
@@ -365,13 +411,18 @@ BEGIN
       v_out := v_ids;
     ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
-         OR "shopq"."orders_place"(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
+         OR "shopq"."orders_place"(v_ids[v_i], v_slots[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
       END IF;
     END LOOP; END IF;
     PERFORM nextval('"shopq"."orders_n_pushed"') FROM unnest(v_out) i WHERE i > 0;
+    IF v_big > 300 THEN
+      INSERT INTO "shopq"."orders_content" (bucket, msg_id, body)
+      SELECT u.id % 8, u.id, u.body FROM unnest(v_out, v_bodies[1:v_k]) AS u(id, body)
+      WHERE u.id > 0 AND octet_length(u.body) > 300;
+    END IF;
   END IF;
   FOR v_i IN (v_k + 1)..v_n LOOP
     v_out := v_out || -1::bigint;
@@ -383,7 +434,8 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint
 RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
-  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
+  v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
+  o_headers text;
 BEGIN
   -- A few rounds: a message written just after the update's snapshot is seen by the next
   -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
@@ -395,9 +447,10 @@ BEGIN
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
+        IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(p_pos, true); END IF;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
         INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
@@ -408,6 +461,7 @@ BEGIN
       WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
+        IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(p_pos, false); END IF;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
@@ -419,8 +473,12 @@ BEGIN
       IF v_exp IS NULL OR v_exp > v_now THEN
         CONTINUE;  -- written after the update looked: take it now
       END IF;
-      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1;
-      IF FOUND THEN PERFORM nextval('"shopq"."orders_n_expired"'); END IF;  -- expired (TTL): dropped
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
+      RETURNING body IS NULL INTO v_big;
+      IF FOUND THEN  -- expired (TTL): dropped
+        PERFORM nextval('"shopq"."orders_n_expired"');
+        IF v_big THEN DELETE FROM "shopq"."orders_content" WHERE bucket = p_pos % 8 AND msg_id = p_pos; END IF;
+      END IF;
       o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
@@ -455,12 +513,14 @@ BEGIN
       EXIT WHEN NOT FOUND;
       IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
         DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+        IF o_body IS NULL THEN DELETE FROM "shopq"."orders_content" WHERE bucket = o_id % 8 AND msg_id = o_id; END IF;
         PERFORM nextval('"shopq"."orders_n_expired"');
         CONTINUE;
       END IF;
+      IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(o_id, p_lease_ms <= 0); END IF;
       IF p_lease_ms <= 0 THEN
         INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_spill" WHERE msg_id = o_id;
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_spill" WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         DELETE FROM "shopq"."orders_spill" WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
@@ -498,8 +558,9 @@ BEGIN
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
+          IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(o_id, true); END IF;
           INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
           IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
           o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
         END IF;
@@ -510,7 +571,10 @@ BEGIN
         WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_acquired"') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
-        IF FOUND THEN o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF;
+        IF FOUND THEN
+          IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(o_id, false); END IF;
+          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
+        END IF;
         o_lease := NULL;
       END IF;
       v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
@@ -529,6 +593,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
+  v_bigs bigint[];
 BEGIN
   -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
   -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
@@ -562,23 +627,33 @@ BEGIN
              FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o WHERE g > 0)) d;  -- g > 0: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
+    -- A body in "shopq"."orders_content" is read in the same statement (COALESCE evaluates the subquery only
+    -- for a NULL body); a pop removes it after.
     IF p_lease_ms <= 0 THEN
       WITH t AS (
-        UPDATE "shopq"."orders_ring" SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, NULL::bigint AS lease, attempts, headers)
-      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
-      INTO v_rec, v_taken FROM t;
+        UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_pos) p(pos)
+        WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
+          (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
+        array_agg(msg_id) FILTER (WHERE big)
+      INTO v_rec, v_taken, v_bigs FROM t;
       INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_taken) p(pos)
-      JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
+        coalesce(r.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)),
+        r.headers
+      FROM unnest(v_taken) p(pos) JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
+      IF v_bigs IS NOT NULL THEN
+        DELETE FROM "shopq"."orders_content" c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % 8 AND c.msg_id = b.id;
+      END IF;
     ELSE
       WITH t AS (
-        UPDATE "shopq"."orders_ring" SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+        UPDATE "shopq"."orders_ring" r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % 1000 AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, lease, attempts, headers)
+        WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
+          (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
     END IF;
@@ -612,53 +687,68 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_ack"(p_id bigint, p_lease bigint, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_n bigint;
+DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
   UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-  RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
+  RETURNING nextval('"shopq"."orders_n_popped"'), body IS NULL INTO v_n, v_big;
   IF FOUND THEN
     INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+      coalesce(body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = p_id % 8 AND c.msg_id = p_id)), headers
+    FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
   ELSE
     WITH acked AS (
       DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-      RETURNING msg_id, attempts, pushed_at, body, headers)
-    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked
-    RETURNING nextval('"shopq"."orders_n_popped"') INTO v_n;
+      RETURNING msg_id, attempts, pushed_at, body, headers),
+    kept AS (
+      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+        coalesce(body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = p_id % 8 AND c.msg_id = p_id)), headers
+      FROM acked)
+    SELECT nextval('"shopq"."orders_n_popped"'), body IS NULL INTO v_n, v_big FROM acked;
   END IF;
   IF FOUND THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
   IF o_ok = 1 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- the lease ended
+  IF v_big THEN DELETE FROM "shopq"."orders_content" WHERE bucket = p_id % 8 AND msg_id = p_id; END IF;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_ack_many"(p_ids text, p_leases text, OUT o_acked text)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
-  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[];
+  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[]; v_bigs bigint[];
 BEGIN
   -- Two statements, not one: a lease moved from the ring to the spill table while the first
   -- ran is seen by the second, which takes a fresh snapshot.
   WITH acked AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
     WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
-    RETURNING r.msg_id)
-  SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+    RETURNING r.msg_id, r.body IS NULL AS big)
+  SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
   INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_done) d(id)
-  JOIN "shopq"."orders_ring" r ON r.slot = d.id % 1000 AND r.msg_id = d.id;
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
+    coalesce(r.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)),
+    r.headers
+  FROM unnest(v_done) d(id) JOIN "shopq"."orders_ring" r ON r.slot = d.id % 1000 AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   kept AS (
     INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked)
-  SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+      coalesce(body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = acked.msg_id % 8 AND c.msg_id = acked.msg_id)),
+      headers
+    FROM acked)
+  SELECT v_done || coalesce(array_agg(msg_id), '{}'), v_bigs || array_agg(msg_id) FILTER (WHERE body IS NULL)
+  INTO v_done, v_bigs FROM acked;
   PERFORM nextval('"shopq"."orders_n_archived"') FROM unnest(v_done);
   PERFORM nextval('"shopq"."orders_n_popped"'), nextval('"shopq"."orders_n_settled"') FROM unnest(v_done);
+  IF v_bigs IS NOT NULL THEN
+    DELETE FROM "shopq"."orders_content" c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % 8 AND c.msg_id = b.id;
+  END IF;
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 
@@ -687,6 +777,7 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF 5 > 0 AND v_attempts >= 5 THEN
     IF v_spilled THEN DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id; END IF;
+    IF v_body IS NULL THEN v_body := "shopq"."orders_body_of"(p_id, true); END IF;  -- a dead letter holds its body
     INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
     VALUES ('shopq.orders', p_id, v_attempts, left(p_error, 4000), v_pushed, v_body,
       "shopq"."orders_headers_of_dead"(v_headers, left(p_error, 4000), v_attempts))
@@ -721,9 +812,13 @@ BEGIN
     RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers),
   dead AS (
     INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
-    SELECT 'shopq.orders', m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body,
+    SELECT 'shopq.orders', m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at,
+      coalesce(m.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = m.msg_id % 8 AND c.msg_id = m.msg_id)),
       "shopq"."orders_headers_of_dead"(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
     WHERE 5 > 0 AND m.attempts >= 5 ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
+  unkept AS (  -- (all parts of one statement see the same snapshot: the copy above reads it first)
+    DELETE FROM "shopq"."orders_content" c USING moved m WHERE m.body IS NULL AND 5 > 0
+      AND m.attempts >= 5 AND c.bucket = m.msg_id % 8 AND c.msg_id = m.msg_id),
   ready AS (
     INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
@@ -736,9 +831,13 @@ BEGIN
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   dead AS (
     INSERT INTO "shopq"."orders_dead" (source, msg_id, attempts, error, pushed_at, body, headers)
-    SELECT 'shopq.orders', g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body,
+    SELECT 'shopq.orders', g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at,
+      coalesce(g.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id)),
       "shopq"."orders_headers_of_dead"(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
     ON CONFLICT (source, msg_id) DO NOTHING),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g
+    WHERE g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id),
   ready AS (
     UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT (5 > 0 AND s.attempts >= 5) RETURNING 1)
@@ -764,17 +863,31 @@ BEGIN
   WITH due AS (
     SELECT slot FROM "shopq"."orders_ring" WHERE state = 1 AND expires_at <= v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
   freed AS (
-    UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1 RETURNING r.msg_id),
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
+    RETURNING r.msg_id, r.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING freed f WHERE f.big AND c.bucket = f.msg_id % 8 AND c.msg_id = f.msg_id),
   voided AS (
     INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
     ON CONFLICT (pos) DO NOTHING)
   SELECT count(*) INTO o_expired FROM freed;
-  DELETE FROM "shopq"."orders_spill" s USING (
-    SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
-  WHERE s.msg_id = due.msg_id;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  WITH gone AS (
+    DELETE FROM "shopq"."orders_spill" s USING (
+      SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+    WHERE s.msg_id = due.msg_id RETURNING s.msg_id, s.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.big AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id)
+  SELECT count(*) INTO v_n FROM gone;
   o_expired := o_expired + v_n;
   PERFORM nextval('"shopq"."orders_n_expired"') FROM generate_series(1, o_expired);
+  -- Content whose message is gone: none should be (a body is written and removed in its
+  -- message's transactions), but should a message end without it, at most 1000 go a run.
+  DELETE FROM "shopq"."orders_content" c USING (
+    SELECT x.bucket, x.msg_id FROM "shopq"."orders_content" x
+    WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = x.msg_id % 1000 AND r.msg_id = x.msg_id AND r.state <> 0)
+      AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_spill" s WHERE s.msg_id = x.msg_id)
+    LIMIT 1000 FOR UPDATE OF x SKIP LOCKED) gone
+  WHERE c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   -- Gaps a whole lap behind the pop position can never be written any more.
   DELETE FROM "shopq"."orders_gap" g WHERE g.pos <= v_popped - 1000
     AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
@@ -878,8 +991,8 @@ BEGIN
     RAISE EXCEPTION 'dbq: defer got % bytes of bodies but lengths adding up to %',
       coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
   END IF;
-  IF v_big > 300 THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes (300) of queue orders',
+  IF v_big > 1048576 THEN  -- a delayed message's spill row holds its body, whatever its size
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes (1048576) of queue orders',
       v_big USING ERRCODE = '22001';
   END IF;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN
@@ -971,14 +1084,17 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS header_bytes int NOT N
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_headers int NOT NULL DEFAULT 32
 
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_body_bytes int NOT NULL DEFAULT 1048576
+
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue, header_bytes, max_headers)
-VALUES ('orders', 'ring', 17, 1000, 300,
+  dead_letter_queue, header_bytes, max_headers, max_body_bytes)
+VALUES ('orders', 'ring', 18, 1000, 300,
   5, 1, '', 1024,
-  32)
+  32, 1048576)
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
-  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers, updated_at = now()
+  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers,
+  max_body_bytes = EXCLUDED.max_body_bytes, updated_at = now()
 
 -- teardown
 
@@ -1026,6 +1142,8 @@ DROP FUNCTION IF EXISTS "shopq"."orders_split_headers"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_headers_of_dead"
 
+DROP FUNCTION IF EXISTS "shopq"."orders_body_of"
+
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 
 DROP TABLE IF EXISTS "shopq"."orders_spill"
@@ -1039,6 +1157,8 @@ DROP TABLE IF EXISTS "shopq"."orders_dead"
 DROP TABLE IF EXISTS "shopq"."orders_waiters"
 
 DROP TABLE IF EXISTS "shopq"."orders_archive"
+
+DROP TABLE IF EXISTS "shopq"."orders_content"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
 
@@ -1108,7 +1228,7 @@ SELECT "shopq"."orders_scavenge"(?, ?)
 
 -- client reads
 
-SELECT msg_id, body, attempts, headers FROM (SELECT msg_id, body, attempts, headers FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts, headers FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY msg_id LIMIT ?
+SELECT w.msg_id, COALESCE(w.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = w.msg_id % 8 AND c.msg_id = w.msg_id)), w.attempts, w.headers FROM (SELECT msg_id, body, attempts, headers FROM "shopq"."orders_ring" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now()) UNION ALL SELECT msg_id, body, attempts, headers FROM "shopq"."orders_spill" WHERE state = 1 AND (visible_at IS NULL OR visible_at <= now()) AND (expires_at IS NULL OR expires_at > now())) w ORDER BY w.msg_id LIMIT ?
 
 SELECT dead_letter_queue FROM "shopq"."dbq_queues" WHERE queue = ?
 
@@ -1162,9 +1282,9 @@ SELECT pg_advisory_xact_lock(hashtext(?))
 
 -- maintenance
 
-SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive')
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content')
 
-SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive')
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content')
 
 SELECT 1
 

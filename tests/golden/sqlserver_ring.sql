@@ -16,6 +16,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
+  max_body_bytes int NOT NULL DEFAULT 1048576,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 
@@ -102,7 +103,7 @@ CREATE TABLE [shopq].[orders_spill] (
   pushed_at datetime2(3) NOT NULL,
   visible_at datetime2(3) NOT NULL,
   expires_at datetime2(3) NULL,
-  body varbinary(7000) NOT NULL,
+  body varbinary(max) NULL,
   headers nvarchar(max) NULL)
 
 IF OBJECT_ID(N'[shopq].[orders_gap]', N'U') IS NULL
@@ -127,7 +128,7 @@ CREATE TABLE [shopq].[orders_dead] (
   error nvarchar(4000) NULL,
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
-  body varbinary(7000) NOT NULL,
+  body varbinary(max) NOT NULL,
   headers nvarchar(max) NULL,
   PRIMARY KEY CLUSTERED (source, msg_id))
 
@@ -144,11 +145,18 @@ CREATE TABLE [shopq].[orders_archive] (
   attempts int NOT NULL,
   pushed_at datetime2(3) NOT NULL,
   acked_at datetime2(3) NOT NULL,
-  body varbinary(7000) NOT NULL,
+  body varbinary(max) NOT NULL,
   headers nvarchar(max) NULL,
   INDEX [orders_archive_at] CLUSTERED (acked_at))
 
 IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE object_id = OBJECT_ID(N'[shopq].[orders_spill]') AND name = N'orders_spill_due') CREATE INDEX [orders_spill_due] ON [shopq].[orders_spill] (state, visible_at)
+
+IF OBJECT_ID(N'[shopq].[orders_content]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_content] (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body varbinary(max) NOT NULL,
+  PRIMARY KEY CLUSTERED (bucket, msg_id))
 
 -- step key_dead_letters
 
@@ -177,6 +185,21 @@ IF COL_LENGTH(N'[shopq].[orders_spill]', 'headers') IS NULL ALTER TABLE [shopq].
 IF COL_LENGTH(N'[shopq].[orders_dead]', 'headers') IS NULL ALTER TABLE [shopq].[orders_dead] ADD headers nvarchar(max) NULL
 
 IF COL_LENGTH(N'[shopq].[orders_archive]', 'headers') IS NULL ALTER TABLE [shopq].[orders_archive] ADD headers nvarchar(max) NULL
+
+-- step allow_content
+
+ALTER TABLE [shopq].[orders_spill] ALTER COLUMN body varbinary(max) NULL
+
+ALTER TABLE [shopq].[orders_dead] ALTER COLUMN body varbinary(max) NOT NULL
+
+ALTER TABLE [shopq].[orders_archive] ALTER COLUMN body varbinary(max) NOT NULL
+
+IF OBJECT_ID(N'[shopq].[orders_content]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_content] (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body varbinary(max) NOT NULL,
+  PRIMARY KEY CLUSTERED (bucket, msg_id))
 
 -- step seed_settled
 
@@ -207,6 +230,17 @@ CREATE TABLE [shopq].[dbq_stats_history] (
   PRIMARY KEY CLUSTERED (queue, at))
 
 -- step create_routines
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_body_of] @id bigint, @remove bit, @body varbinary(max) OUTPUT
+WITH EXECUTE AS OWNER
+AS BEGIN
+  -- The body of message @id kept in [shopq].[orders_content] (its slot or spill row holds NULL), removed with
+  -- @remove: the message ends in the caller's transaction.
+  SET NOCOUNT ON;
+  SET @body = (SELECT body FROM [shopq].[orders_content] WITH (ROWLOCK) WHERE bucket = @id % 8 AND msg_id = @id);
+  IF @body IS NULL THROW 50005, N'dbq: a message of queue orders has no body in its content table', 1;
+  IF @remove = 1 DELETE FROM [shopq].[orders_content] WITH (ROWLOCK) WHERE bucket = @id % 8 AND msg_id = @id;
+END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_place] @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @headers nvarchar(max), @placed bit OUTPUT
@@ -249,9 +283,13 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bi
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
-  IF DATALENGTH(@body) > 300
-    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int,
+    @slot varbinary(max) = @body;
+  IF DATALENGTH(@body) > 300 BEGIN
+    IF DATALENGTH(@body) > 1048576
+      THROW 50001, N'dbq: message is larger than spec.messages.maxBytes (1048576) of queue orders', 1;
+    SET @slot = NULL;  -- past a slot: the body waits in [shopq].[orders_content]
+  END;
   IF DATALENGTH(@headers) > 2 * 1024
     THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
   IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
@@ -265,14 +303,15 @@ AS BEGIN
   END;
   SET @id = NEXT VALUE FOR [shopq].[orders_push_seq];
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
-    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
+    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
   WHERE slot = @id % 1000 AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
-    EXEC [shopq].[orders_place] @id, @body, @ttl_ms, @now, @headers, @placed OUTPUT;
+    EXEC [shopq].[orders_place] @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
+  IF @slot IS NULL INSERT INTO [shopq].[orders_content] (bucket, msg_id, body) VALUES (@id % 8, @id, @body);
   SET @n = NEXT VALUE FOR [shopq].[orders_n_pushed];
   SELECT @id AS o_id;
 END
@@ -296,8 +335,8 @@ AS BEGIN
   SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
   IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
     THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
-  IF @big > 300
-    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF @big > 1048576
+    THROW 50001, N'dbq: message is larger than spec.messages.maxBytes (1048576) of queue orders', 1;
   IF @headers IS NOT NULL BEGIN
     IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
       THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
@@ -321,9 +360,10 @@ AS BEGIN
       @range_first_value = @first OUTPUT;
     SET @first_id = CAST(@first AS bigint);
     UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
+    -- A body past a slot waits in [shopq].[orders_content]: its slot gets NULL.
     UPDATE r WITH (ROWLOCK)
-      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
+        body = CASE WHEN b.n > 300 THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = b.id % 1000
     WHERE b.id IS NOT NULL AND r.state = 0;
     UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = b.id % 1000 AND r.msg_id = b.id;
@@ -331,13 +371,17 @@ AS BEGIN
     SET @i = 1;
     WHILE @i <= @k BEGIN
       IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
-        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i),
+        DECLARE @one bigint = @first_id + @i - 1,
+          @b varbinary(max) = (SELECT CASE WHEN n > 300 THEN NULL ELSE body END FROM @in WHERE i = @i),
           @h nvarchar(max) = (SELECT headers FROM @in WHERE i = @i);
         EXEC [shopq].[orders_place] @one, @b, @ttl_ms, @now, @h, @placed OUTPUT;
         UPDATE @in SET done = @placed WHERE i = @i;
       END;
       SET @i += 1;
     END;
+    IF @big > 300
+      INSERT INTO [shopq].[orders_content] (bucket, msg_id, body)
+      SELECT id % 8, id, body FROM @in WHERE done = 1 AND n > 300;
     SELECT @c = COUNT(*) FROM @in WHERE done = 1;
     WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
   END;
@@ -353,7 +397,8 @@ AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
-    @round int = 0, @n bigint, @got int;
+    @round int = 0, @n bigint, @got int, @big bit,
+    @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
   SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- A few rounds: a message committed after the update looked is taken on the next round, and
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
@@ -372,11 +417,12 @@ AS BEGIN
       SET @got = @@ROWCOUNT;
     END;
     IF @got = 1 BEGIN
+      IF @body IS NULL EXEC [shopq].[orders_body_of] @pos, @remove, @body OUTPUT;
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
       IF @lease_ms <= 0 BEGIN
         INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
         IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       END;
       SET @status = 0;
@@ -386,9 +432,11 @@ AS BEGIN
     SELECT @msg = msg_id, @state = state, @exp = expires_at FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
     IF @msg = @pos AND @state = 1 BEGIN
       IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
-      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0 WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1;
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
+      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1;
       SET @got = @@ROWCOUNT;
       IF @got = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_expired];  -- expired (TTL): dropped
+      IF @got = 1 AND @big = 1 DELETE FROM [shopq].[orders_content] WITH (ROWLOCK) WHERE bucket = @pos % 8 AND msg_id = @pos;
       SET @status = 3;
       RETURN;
     END;
@@ -423,7 +471,7 @@ AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
-    @n bigint, @look bit;
+    @n bigint, @look bit, @big bit, @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
   SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in 8 looks there first while the ring has messages, and every pop when
@@ -433,18 +481,21 @@ AS BEGIN
   -- 1. Redeliveries.
   WHILE @look = 1 BEGIN
     SET @id = NULL;
-    SELECT TOP (1) @id = msg_id, @exp = expires_at FROM [shopq].[orders_spill] WITH (ROWLOCK, UPDLOCK, READPAST)
+    SELECT TOP (1) @id = msg_id, @exp = expires_at, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
+    FROM [shopq].[orders_spill] WITH (ROWLOCK, UPDLOCK, READPAST)
     WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
     IF @id IS NULL BREAK;
     IF @exp IS NOT NULL AND @exp <= @now BEGIN  -- expired while waiting
       DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      IF @big = 1 DELETE FROM [shopq].[orders_content] WITH (ROWLOCK) WHERE bucket = @id % 8 AND msg_id = @id;
       SET @n = NEXT VALUE FOR [shopq].[orders_n_expired];
       CONTINUE;
     END;
     IF @lease_ms <= 0 BEGIN
       SELECT @body = body, @attempts = attempts, @headers = headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      IF @big = 1 EXEC [shopq].[orders_body_of] @id, @remove, @body OUTPUT;
       INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       DELETE FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_popped];
@@ -453,6 +504,7 @@ AS BEGIN
       UPDATE [shopq].[orders_spill] SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
         @headers = headers, visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
+      IF @big = 1 EXEC [shopq].[orders_body_of] @id, @remove, @body OUTPUT;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
     END;
     SET @status = 0;
@@ -552,10 +604,21 @@ AS BEGIN
     FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
+  -- Bodies past a slot come from [shopq].[orders_content]; a pop removes them.
+  IF EXISTS (SELECT 1 FROM @out WHERE o_status = 0 AND o_body IS NULL) BEGIN
+    DECLARE @bodies TABLE (msg_id bigint PRIMARY KEY, body varbinary(max));
+    INSERT INTO @bodies (msg_id, body)
+    SELECT c.msg_id, c.body FROM [shopq].[orders_content] c WITH (ROWLOCK)
+    JOIN @out o ON c.bucket = o.o_id % 8 AND c.msg_id = o.o_id WHERE o.o_status = 0 AND o.o_body IS NULL;
+    IF @lease_ms <= 0
+      DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK) JOIN @bodies b ON c.bucket = b.msg_id % 8 AND c.msg_id = b.msg_id;
+    UPDATE o SET o_body = b.body FROM @out o JOIN @bodies b ON b.msg_id = o.o_id WHERE o.o_status = 0;
+  END;
   IF @lease_ms <= 0
     INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
-    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000 AND r.msg_id = p.pos WHERE p.taken = 1;
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), o.o_body, r.headers
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000 AND r.msg_id = p.pos
+    JOIN @out o ON o.o_id = p.pos AND o.o_status = 0 WHERE p.taken = 1;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
   WHILE @p IS NOT NULL BEGIN
@@ -593,18 +656,37 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_ack] @id bigint, @lease bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @n bigint, @rc int;
+  DECLARE @n bigint, @rc int, @big bit = 0, @body varbinary(max);
+  DECLARE @acked TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), headers nvarchar(max), big bit);
+  -- A body in the row goes to the archive in the same statement; one in [shopq].[orders_content] after it.
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
     INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
+    AND body IS NOT NULL;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     DELETE FROM [shopq].[orders_spill]
     OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body, deleted.headers
       INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME() AND body IS NOT NULL;
     SET @rc = @@ROWCOUNT;
+  END;
+  IF @rc = 0 BEGIN
+    UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
+    OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, inserted.headers, 1 INTO @acked
+    WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    SET @rc = @@ROWCOUNT;
+    IF @rc = 0 BEGIN
+      DELETE FROM [shopq].[orders_spill] OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers, 1 INTO @acked
+      WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+      SET @rc = @@ROWCOUNT;
+    END;
+    IF @rc = 1 BEGIN
+      EXEC [shopq].[orders_body_of] @id, 1, @body OUTPUT;
+      INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM @acked;
+    END;
   END;
   IF @rc = 1
   BEGIN
@@ -622,25 +704,31 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @c bigint;
   DECLARE @a TABLE (id bigint PRIMARY KEY, lease bigint);
-  DECLARE @done TABLE (id bigint);
+  DECLARE @done TABLE (id bigint, big bit);  -- big: its body is in [shopq].[orders_content]
   INSERT INTO @a (id, lease)
   SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
-  UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT inserted.msg_id, CASE WHEN inserted.body IS NULL THEN 1 ELSE 0 END INTO @done
   FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
-  FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = d.id % 1000 AND r.msg_id = d.id;
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), ISNULL(r.body, c.body), r.headers
+  FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = d.id % 1000 AND r.msg_id = d.id
+  LEFT JOIN [shopq].[orders_content] c ON d.big = 1 AND c.bucket = d.id % 8 AND c.msg_id = d.id;
   DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
     headers nvarchar(max));
   DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM [shopq].[orders_spill] s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM @gone;
-  INSERT INTO @done (id) SELECT msg_id FROM @gone;
+  SELECT g.msg_id, g.attempts, g.pushed_at, SYSUTCDATETIME(), ISNULL(g.body, c.body), g.headers FROM @gone g
+  LEFT JOIN [shopq].[orders_content] c ON g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id;
+  INSERT INTO @done (id, big) SELECT msg_id, CASE WHEN body IS NULL THEN 1 ELSE 0 END FROM @gone;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_archived]; SET @c -= 1; END;
+  IF EXISTS (SELECT 1 FROM @done WHERE big = 1)
+    DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK) JOIN @done d ON c.bucket = d.id % 8 AND c.msg_id = d.id
+    WHERE d.big = 1;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
@@ -673,6 +761,11 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF 5 > 0 AND (SELECT attempts FROM @taken) >= 5
   BEGIN
+    IF (SELECT body FROM @taken) IS NULL BEGIN  -- a dead letter holds its body
+      DECLARE @body varbinary(max);
+      EXEC [shopq].[orders_body_of] @id, 1, @body OUTPUT;
+      UPDATE @taken SET body = @body;
+    END;
     INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body, headers)
     SELECT N'shopq.orders', @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body, JSON_MODIFY(JSON_MODIFY(ISNULL(t.headers, N'{}'), N'$."dbq-error"', LEFT(@error, 4000)), N'$."dbq-attempts"', t.attempts) FROM @taken t
     WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = @id);
@@ -692,7 +785,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
     @expired bigint, @gaps bigint, @c bigint, @n bigint, @dead bigint;
-  DECLARE @freed TABLE (msg_id bigint);
+  DECLARE @freed TABLE (msg_id bigint, big bit);
   SELECT @popped = CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]');
   -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
@@ -710,11 +803,14 @@ AS BEGIN
     INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
   INSERT INTO [shopq].[orders_dead] (source, msg_id, attempts, error, pushed_at, body, headers)
-  SELECT N'shopq.orders', l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body,
-    JSON_MODIFY(JSON_MODIFY(ISNULL(l.headers, N'{}'), N'$."dbq-error"', N'lease expired (visibility timeout)'), N'$."dbq-attempts"', l.attempts) FROM @lapsed l
+  SELECT N'shopq.orders', l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at,
+    ISNULL(l.body, c.body), JSON_MODIFY(JSON_MODIFY(ISNULL(l.headers, N'{}'), N'$."dbq-error"', N'lease expired (visibility timeout)'), N'$."dbq-attempts"', l.attempts) FROM @lapsed l
+  LEFT JOIN [shopq].[orders_content] c ON l.body IS NULL AND c.bucket = l.msg_id % 8 AND c.msg_id = l.msg_id
   WHERE 5 > 0 AND l.attempts >= 5
     AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_dead] d WHERE d.source = N'shopq.orders' AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
+  DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK) JOIN @lapsed l ON c.bucket = l.msg_id % 8 AND c.msg_id = l.msg_id
+  WHERE l.body IS NULL AND 5 > 0 AND l.attempts >= 5;
   INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body, l.headers FROM @lapsed l
   WHERE NOT (5 > 0 AND l.attempts >= 5);
@@ -733,13 +829,24 @@ AS BEGIN
     AND (expires_at IS NULL OR expires_at > @now);
   SET @orphans = @@ROWCOUNT;
   -- Expired messages (TTL): free the slot; a position not drawn yet becomes void.
-  UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0 OUTPUT deleted.msg_id INTO @freed
+  UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @freed
   WHERE state = 1 AND expires_at <= @now;
   SET @expired = @@ROWCOUNT;
   INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT f.msg_id, 'void' FROM @freed f
   WHERE f.msg_id > @popped AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = f.msg_id);
-  DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST) WHERE state = 1 AND expires_at <= @now;
+  DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK, READPAST)
+  OUTPUT deleted.msg_id, CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @freed  -- (after the gaps)
+  WHERE state = 1 AND expires_at <= @now;
   SET @expired += @@ROWCOUNT;
+  DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK) JOIN @freed f ON c.bucket = f.msg_id % 8 AND c.msg_id = f.msg_id
+  WHERE f.big = 1;
+  -- Content whose message is gone: none should be (see the PostgreSQL routine); at most 1000 a run.
+  DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK, READPAST)
+  JOIN (SELECT TOP (1000) x.bucket, x.msg_id FROM [shopq].[orders_content] x WITH (READPAST)
+    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = x.msg_id % 1000 AND r.msg_id = x.msg_id AND r.state <> 0)
+      AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_spill] s WHERE s.msg_id = x.msg_id)) gone
+    ON c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   SET @c = @expired;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_expired]; SET @c -= 1; END;
   -- Gaps a whole lap behind the pop position can never be written any more.
@@ -839,8 +946,8 @@ AS BEGIN
   SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
   IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
     THROW 50002, N'dbq: defer got bodies whose length differs from the sum of its lengths', 1;
-  IF @big > 300
-    THROW 50001, N'dbq: message is larger than ring.messageBytes (300) of queue orders', 1;
+  IF @big > 1048576  -- a delayed message's spill row holds its body, whatever its size
+    THROW 50001, N'dbq: message is larger than spec.messages.maxBytes (1048576) of queue orders', 1;
   IF @headers IS NOT NULL BEGIN
     IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
       THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
@@ -960,15 +1067,18 @@ ALTER TABLE [shopq].[dbq_queues] ADD header_bytes int NOT NULL DEFAULT 1024
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_headers') IS NULL
 ALTER TABLE [shopq].[dbq_queues] ADD max_headers int NOT NULL DEFAULT 32
 
+IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_body_bytes') IS NULL
+ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
+
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 17, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 18, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
-  max_headers = 32, updated_at = SYSUTCDATETIME()
+  max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-    dead_letter_queue, header_bytes, max_headers)
-  VALUES (s.queue, N'ring', 17, 1000, 300, 5, 1, N'',
-    1024, 32);
+    dead_letter_queue, header_bytes, max_headers, max_body_bytes)
+  VALUES (s.queue, N'ring', 18, 1000, 300, 5, 1, N'',
+    1024, 32, 1048576);
 
 -- teardown
 
@@ -1012,6 +1122,8 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_purge_dead]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_scavenge]
 
+DROP PROCEDURE IF EXISTS [shopq].[orders_body_of]
+
 DROP TABLE IF EXISTS [shopq].[orders_ring]
 
 DROP TABLE IF EXISTS [shopq].[orders_spill]
@@ -1025,6 +1137,8 @@ DROP TABLE IF EXISTS [shopq].[orders_dead]
 DROP TABLE IF EXISTS [shopq].[orders_waiters]
 
 DROP TABLE IF EXISTS [shopq].[orders_archive]
+
+DROP TABLE IF EXISTS [shopq].[orders_content]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
@@ -1096,7 +1210,7 @@ SET XACT_ABORT ON; BEGIN TRAN; EXEC [shopq].[orders_scavenge] ?, ?; COMMIT TRAN;
 
 -- client reads
 
-SELECT TOP (?) msg_id, body, attempts, headers FROM (SELECT msg_id, body, attempts, headers FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts, headers FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY msg_id
+SELECT TOP (?) w.msg_id, COALESCE(w.body, (SELECT c.body FROM [shopq].[orders_content] c WHERE c.bucket = w.msg_id % 8 AND c.msg_id = w.msg_id)), w.attempts, w.headers FROM (SELECT msg_id, body, attempts, headers FROM [shopq].[orders_ring] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME()) UNION ALL SELECT msg_id, body, attempts, headers FROM [shopq].[orders_spill] WHERE state = 1 AND (visible_at IS NULL OR visible_at <= SYSUTCDATETIME()) AND (expires_at IS NULL OR expires_at > SYSUTCDATETIME())) w ORDER BY w.msg_id
 
 SELECT dead_letter_queue FROM [shopq].[dbq_queues] WHERE queue = ?
 
@@ -1161,7 +1275,7 @@ DECLARE @lock nvarchar(255) = ?, @released int; IF APPLOCK_MODE('public', @lock,
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters', N'orders_archive') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters', N'orders_archive', N'orders_content') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 

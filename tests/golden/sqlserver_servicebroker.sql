@@ -23,6 +23,7 @@ CREATE TABLE [shopq].[dbq_queues] (
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
+  max_body_bytes int NOT NULL DEFAULT 1048576,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
 

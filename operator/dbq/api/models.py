@@ -171,7 +171,9 @@ class Ring(Model):
         ),
     ] = Field(default=100_000, description="Preallocated slots: the most messages the ring holds at once.")
     message_bytes: Annotated[int, Field(ge=16, le=7_000)] = Field(
-        default=300, description="Largest body the ring stores; larger pushes are refused with a clear error."
+        default=300,
+        description="Largest body a slot holds in its row; a larger one (up to spec.messages.maxBytes) waits in"
+        " the queue's content table, the slot keeping its id.",
     )
 
 
@@ -294,6 +296,13 @@ class Messages(Model):
     max_headers: Annotated[int, Field(ge=1, le=256)] = Field(
         default=32, description="Most header keys on one message."
     )
+    max_bytes: Annotated[int, Field(ge=16, le=67_108_864)] = Field(
+        default=1_048_576,
+        description="Largest body of one message, in bytes (at most 64 MiB); a push with a larger one is refused"
+        " with an error naming this field. Ring: a body past spec.ring.messageBytes waits in a content table"
+        " beside the ring. Pipes: a body past 256 KiB is stored in 256 KiB chunks. Service Broker: not used"
+        " (SQL Server's own limit, 2 GB a message).",
+    )
 
 
 class Archive(Model):
@@ -413,7 +422,8 @@ class QueueSpec(Model):
     )
     messages: Messages = Field(
         default_factory=Messages,
-        description="Limits of one message's headers (ring and pipes; Service Broker messages carry none).",
+        description="Limits of one message: its body's size and its headers (ring and pipes; Service Broker"
+        " messages carry no headers).",
     )
     archive: Archive = Field(
         default_factory=Archive,

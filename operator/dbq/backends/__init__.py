@@ -27,6 +27,7 @@ def open_backend(
             archive=spec.archive.enabled, archive_retention_s=seconds(spec.archive.retention),
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes, max_headers=spec.messages.max_headers,
+            max_body_bytes=spec.messages.max_bytes,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":
@@ -44,6 +45,7 @@ def open_backend(
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes,
             max_headers=spec.messages.max_headers,
+            max_body_bytes=spec.messages.max_bytes,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

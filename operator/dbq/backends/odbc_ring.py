@@ -28,7 +28,7 @@ from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
+from dbq.contract.ring import DEFAULT_MAX_BODY_BYTES, RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.errors import QueueNotFound
 from dbq.names import QueueNames
 
@@ -107,6 +107,7 @@ class OdbcRing(OdbcBackend):
             dead_letter_queue=str(values.get("dead_letter_queue") or ""),
             header_bytes=int(values.get("header_bytes") or DEFAULT_HEADER_BYTES),
             max_headers=int(values.get("max_headers") or DEFAULT_MAX_HEADERS),
+            max_body_bytes=int(values.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES),
         )
 
     def _keeper_version(self, cur: pyodbc.Cursor) -> int | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import DEFAULT_MAX_BODY_BYTES, RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 
 # Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so
@@ -22,6 +22,9 @@ DEAD_LETTERS_KEYED_BY_ID = (8, 9)
 SPILL_INDEXED_SINCE = 14
 # Since 16 every message table has a headers column (spec.messages).
 HEADERS_SINCE = 16
+# Since 18 a body past a slot waits in the content table, and a spilled message's body may be
+# there (its spill row's body NULL).
+CONTENT_SINCE = 18
 
 # The routines of every dialect (each adds its internal helpers: see `PgRing.ROUTINES`, `MsRing.ROUTINES`).
 ROUTINES = (
@@ -42,6 +45,7 @@ class RingAction(StrEnum):
     KEY_DEAD_LETTERS = "key_dead_letters"
     INDEX_SPILL = "index_spill"
     ADD_HEADERS = "add_headers"
+    ALLOW_CONTENT = "allow_content"
     SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
@@ -59,6 +63,7 @@ DONE = {
     RingAction.KEY_DEAD_LETTERS: "keyed the dead-letter table by source queue",
     RingAction.INDEX_SPILL: "indexed the spill table by due time",
     RingAction.ADD_HEADERS: "added the headers column to the message tables",
+    RingAction.ALLOW_CONTENT: "let spilled messages keep their body in the content table",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -92,6 +97,7 @@ class Recorded:
     dead_letter_queue: str = ""  # recorded since version 10: RingTarget.dead_letter_queue
     header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since version 16 (spec.messages)
     max_headers: int = DEFAULT_MAX_HEADERS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # recorded since version 18
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             RingAction.ADD_HEADERS,
             f"message tables are of version {recorded.schema_version}: no headers column",
         )
+    if recorded is not None and recorded.schema_version < CONTENT_SINCE and n.spill in observed.tables:
+        step(
+            RingAction.ALLOW_CONTENT,
+            f"spill table {n.schema}.{n.spill} is of version {recorded.schema_version}: its body cannot be elsewhere",
+        )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.
         step(
@@ -198,6 +209,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         or recorded.dead_letter_queue != target.dead_letter_queue
         or recorded.header_bytes != target.header_bytes
         or recorded.max_headers != target.max_headers
+        or recorded.max_body_bytes != target.max_body_bytes
     )
     if missing_routines or stale or ring_missing:
         why = (

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
-from dbq.contract.ring import RingTarget, notify_channel
+from dbq.contract.ring import CONTENT_BUCKETS, RingTarget, notify_channel
 from dbq.names import COUNTERS, QueueNames, qualified_literal
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
@@ -119,6 +119,8 @@ class RingSqlBase:
         self.message_bytes = int(target.message_bytes)
         self.header_bytes = int(target.header_bytes)
         self.max_headers = int(target.max_headers)
+        self.max_body_bytes = int(target.max_body_bytes)
+        self.content = f"{s}.{quote(n.content)}"
 
     @property
     def sequences(self) -> tuple[str, ...]:
@@ -143,6 +145,7 @@ class RingSqlBase:
             RingAction.KEY_DEAD_LETTERS: self.key_dead_letters,
             RingAction.INDEX_SPILL: self.index_spill,
             RingAction.ADD_HEADERS: self.add_headers,
+            RingAction.ALLOW_CONTENT: self.allow_content,
             RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
@@ -180,6 +183,9 @@ class RingSqlBase:
     def add_headers(self) -> list[str]:
         raise NotImplementedError
 
+    def allow_content(self) -> list[str]:
+        raise NotImplementedError
+
     def _dead_letter_queue(self) -> str:
         """RingTarget.dead_letter_queue as a literal, for the metadata row."""
         keeper = self.t.dead_letter_keeper
@@ -213,8 +219,11 @@ class RingSqlBase:
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,
             "size": self.size,
-            "max_bytes": self.message_bytes,
+            "max_bytes": min(self.message_bytes, self.max_body_bytes),  # the largest body a slot holds
             "header_bytes": self.header_bytes,
+            "max_body_bytes": self.max_body_bytes,
+            "content": self.content,
+            "buckets": CONTENT_BUCKETS,
             "queue": self.t.names.queue,
             "spill_share": SPILL_SHARE,
             "head_look": HEAD_LOOK,

@@ -29,6 +29,7 @@ from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeade
 from dbq.contract.ring import (
     CALL_ARGS,
     HEADER_ENCODING,
+    MAX_RING_BODY_BYTES,
     MESSAGE,
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,
@@ -38,9 +39,9 @@ from dbq.contract.ring import (
     call_statement,
     dead_letter_queue_query,
     dead_letters_query,
-    header_limits_query,
     history_bound,
     history_query,
+    message_limits_query,
     peek_query,
     recorded_query,
     records,
@@ -184,6 +185,11 @@ class Message:
         return self._queue
 
 
+# The bodies one call sends at most (a single larger body goes alone): large bodies in a batch go
+# in several calls, so no statement carries hundreds of MB.
+CALL_BYTES = 16 << 20
+
+
 class Queue:
     def __init__(
         self,
@@ -247,10 +253,11 @@ class Queue:
         self.message_bytes = message_bytes
         with self._cursor() as cur:
             kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
-            header_bytes, max_headers = cur.execute(
-                header_limits_query(settings.backend, names), names.queue
+            header_bytes, max_headers, max_body_bytes = cur.execute(
+                message_limits_query(settings.backend, names), names.queue
             ).fetchone()
         self.header_limits = HeaderLimits(int(header_bytes), int(max_headers))  # spec.messages
+        self.max_body_bytes = int(max_body_bytes)
         self._header_encoding = HEADER_ENCODING[settings.backend]
         # The queue whose dead-letter table keeps this queue's dead letters (spec.deadLetter.queue).
         self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
@@ -391,11 +398,11 @@ class Queue:
     def _check_size(self, body: bytes) -> None:
         if not isinstance(body, bytes | bytearray | memoryview):
             raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
-        if len(body) > self.message_bytes:
+        if len(body) > self.max_body_bytes:
             raise MessageTooLarge(
-                f"message of {len(body)} bytes is larger than spec.ring.messageBytes ({self.message_bytes})"
-                f" of queue {self.names.queue}: raise spec.ring.messageBytes (at most 7000), or store the"
-                " payload elsewhere and push a reference to it"
+                f"message of {len(body)} bytes is larger than spec.messages.maxBytes ({self.max_body_bytes})"
+                f" of queue {self.names.queue}: raise spec.messages.maxBytes (at most {MAX_RING_BODY_BYTES}"
+                " on a ring), or store the payload elsewhere and push a reference to it"
             )
 
     def _ttl_ms(self, ttl: float | None) -> int:
@@ -479,9 +486,24 @@ class Queue:
     def _store_once(
         self, messages: list[tuple[bytes, str | None]], ttl_ms: int, delay_ms: int | None
     ) -> list[int]:
-        """One round trip: the ids of the (body, stored headers) messages, in order, 0 for each
-        the full ring did not take (push, push_many), or, with a delay, ids for them all (defer:
-        they wait aside)."""
+        """One round trip per CALL_BYTES of bodies (one, unless they are large): the ids of the
+        (body, stored headers) messages, in order, 0 for each the full ring did not take (push,
+        push_many), or, with a delay, ids for them all (defer: they wait aside)."""
+        out: list[int] = []
+        start = 0
+        while start < len(messages):
+            end, size = start, 0
+            while end < len(messages) and (end == start or size + len(messages[end][0]) <= CALL_BYTES):
+                size += len(messages[end][0])
+                end += 1
+            out += self._store_call(messages[start:end], ttl_ms, delay_ms)
+            start = end
+        return out
+
+    def _store_call(
+        self, messages: list[tuple[bytes, str | None]], ttl_ms: int, delay_ms: int | None
+    ) -> list[int]:
+        """One round trip of `_store_once`."""
         if delay_ms is None and len(messages) == 1:
             body, headers = messages[0]
             return [int(self._call("push", body, ttl_ms, headers)[0][0])]

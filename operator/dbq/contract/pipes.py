@@ -14,15 +14,19 @@ from dbq.names import pg_quote as quote
 # 3: dead letters kept by another queue (spec.deadLetter.queue: meta.dead_letter_queue, dead.source)
 # 4: message headers (a headers column in the waiting, pending, delayed, dead and archive tables;
 #    their limits in meta.header_bytes and meta.max_headers)
-PIPES_SCHEMA_VERSION = 4
-# What versions 2 to 4 added to the metadata table, with their types.
+# 5: the largest body (spec.messages.maxBytes) in meta.max_body_bytes
+PIPES_SCHEMA_VERSION = 5
+# What versions 2 to 5 added to the metadata table, with their types.
 META_COLUMNS = {
     "max_attempts": "int",
     "archive_ttl_s": "int",
     "dead_letter_queue": "text",
     "header_bytes": "int",
     "max_headers": "int",
+    "max_body_bytes": "int",
 }
+# The largest body a pipes queue stores (a message is one row, written in one batch).
+MAX_PIPES_BODY_BYTES = 1 << 20
 BUCKET = 0  # the pipes table's single partition
 
 

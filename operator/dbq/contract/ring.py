@@ -14,10 +14,18 @@ from datetime import UTC, datetime
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.names import QUOTE, QueueNames
 
+# spec.messages.maxBytes: the default largest body, and the most a ring allows (past
+# ring.messageBytes a body waits beside the ring, in the content table).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+MAX_RING_BODY_BYTES = 64 << 20
+# The content table's key leads with msg_id % CONTENT_BUCKETS, so concurrent pushes (consecutive
+# ids) insert at that many places in its index, not all at its right edge.
+CONTENT_BUCKETS = 8
+
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 17
+RING_SCHEMA_VERSION = 18
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -72,6 +80,8 @@ class RingTarget:
     dead_letter_keeper: QueueNames | None = None
     header_bytes: int = DEFAULT_HEADER_BYTES  # spec.messages: the largest headers of a message ...
     max_headers: int = DEFAULT_MAX_HEADERS  # ... and how many
+    # spec.messages.maxBytes: the largest body; one past message_bytes waits in the content table
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     @property
     def dead_letter_queue(self) -> str:
@@ -130,11 +140,14 @@ def recorded_query(backend: str, names: QueueNames) -> str:
     )
 
 
-def header_limits_query(backend: str, names: QueueNames) -> str:
-    """spec.messages' header_bytes, max_headers of a queue (version 16 on), from its metadata
-    row (parameter: the queue's name)."""
+def message_limits_query(backend: str, names: QueueNames) -> str:
+    """spec.messages' header_bytes, max_headers and max_body_bytes of a queue (version 18 on),
+    from its metadata row (parameter: the queue's name)."""
     quote = QUOTE[backend]
-    return f"SELECT header_bytes, max_headers FROM {quote(names.schema)}.{quote(names.meta)} WHERE queue = ?"
+    return (
+        f"SELECT header_bytes, max_headers, max_body_bytes FROM {quote(names.schema)}.{quote(names.meta)}"
+        " WHERE queue = ?"
+    )
 
 
 def dead_letter_queue_query(backend: str, names: QueueNames) -> str:
@@ -182,7 +195,8 @@ def archive_query(backend: str, names: QueueNames) -> str:
 
 def peek_query(backend: str, names: QueueNames) -> str:
     """Waiting messages (written, visible, not expired, not leased) in id order, read without
-    taking them: msg_id, body, attempts, headers (parameter: how many)."""
+    taking them: msg_id, body (from the content table when past a slot), attempts, headers
+    (parameter: how many)."""
     quote = QUOTE[backend]
     now = "SYSUTCDATETIME()" if backend == "sqlserver" else "now()"
     waiting = " UNION ALL ".join(
@@ -190,9 +204,14 @@ def peek_query(backend: str, names: QueueNames) -> str:
         f" AND (visible_at IS NULL OR visible_at <= {now}) AND (expires_at IS NULL OR expires_at > {now})"
         for table in (names.ring, names.spill)
     )
+    content = f"{quote(names.schema)}.{quote(names.content)}"
+    body = (
+        f"COALESCE(w.body, (SELECT c.body FROM {content} c"
+        f" WHERE c.bucket = w.msg_id % {CONTENT_BUCKETS} AND c.msg_id = w.msg_id))"
+    )
     if backend == "sqlserver":
-        return f"SELECT TOP (?) msg_id, body, attempts, headers FROM ({waiting}) w ORDER BY msg_id"
-    return f"SELECT msg_id, body, attempts, headers FROM ({waiting}) w ORDER BY msg_id LIMIT ?"
+        return f"SELECT TOP (?) w.msg_id, {body}, w.attempts, w.headers FROM ({waiting}) w ORDER BY w.msg_id"
+    return f"SELECT w.msg_id, {body}, w.attempts, w.headers FROM ({waiting}) w ORDER BY w.msg_id LIMIT ?"
 
 
 HISTORY_COLUMNS = "depth, in_flight, pushed, popped, acquired, expired, oldest_age_s"

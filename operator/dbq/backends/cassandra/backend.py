@@ -26,7 +26,7 @@ from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import PipesQueue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
-from dbq.contract.pipes import PIPES_SCHEMA_VERSION
+from dbq.contract.pipes import MAX_PIPES_BODY_BYTES, PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
 from dbq.names import QueueNames
 
@@ -121,7 +121,7 @@ class CassandraPipes:
         return RecordedPipes(
             number("schema_version"), number("max_pushes_per_pipe"), number("max_push_time_ms"),
             number("max_attempts"), number("archive_ttl_s"), str(values.get("dead_letter_queue") or ""),
-            number("header_bytes"), number("max_headers"),
+            number("header_bytes"), number("max_headers"), number("max_body_bytes") or MAX_PIPES_BODY_BYTES,
         )  # fmt: skip
 
     def _keeper_version(self) -> int | None:
@@ -162,7 +162,7 @@ class CassandraPipes:
         if step.action is PipesAction.RECORD_SETTINGS:
             values = (
                 PIPES_SCHEMA_VERSION, t.max_pushes_per_pipe, t.max_push_time_ms, t.max_attempts, t.archive_ttl_s,
-                t.dead_letter_queue, t.header_bytes, t.max_headers, self.names.queue,
+                t.dead_letter_queue, t.header_bytes, t.max_headers, t.max_body_bytes, self.names.queue,
             )  # fmt: skip
         return statements[step.action](), values
 

@@ -89,8 +89,8 @@ class PipesCql(PipesStatements):
         # --- provisioning --------------------------------------------------------------------
         self.record = (
             f"UPDATE {m} SET design = 'pipes', schema_version = ?, max_pushes_per_pipe = ?, max_push_time_ms = ?,"
-            " max_attempts = ?, archive_ttl_s = ?, dead_letter_queue = ?, header_bytes = ?, max_headers = ?"
-            " WHERE queue = ?"
+            " max_attempts = ?, archive_ttl_s = ?, dead_letter_queue = ?, header_bytes = ?, max_headers = ?,"
+            " max_body_bytes = ? WHERE queue = ?"
         )
         self.recorded = f"SELECT JSON * FROM {m} WHERE queue = ?"
         added = ", ".join(f"{column} {kind}" for column, kind in META_COLUMNS.items())
@@ -114,7 +114,7 @@ class PipesCql(PipesStatements):
             self.names.meta: f"""CREATE TABLE IF NOT EXISTS {self.meta} (
     queue text PRIMARY KEY, design text, schema_version int,
     max_pushes_per_pipe int, max_push_time_ms bigint, max_attempts int, archive_ttl_s int, dead_letter_queue text,
-    header_bytes int, max_headers int,
+    header_bytes int, max_headers int, max_body_bytes int,
     watermark timeuuid, retired_pushed bigint, retired_requeued bigint, retired_popped bigint,
     retired_acquired bigint, retired_expired bigint, retired_pipes bigint,
     maintainer text, maintainer_until timestamp

@@ -11,8 +11,8 @@ from enum import StrEnum
 
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
-from dbq.errors import DeadLetterQueueNotFound
+from dbq.contract.pipes import MAX_PIPES_BODY_BYTES, META_COLUMNS, PIPES_SCHEMA_VERSION
+from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
 
 
@@ -29,6 +29,7 @@ class PipesTarget:
     dead_letter_keeper: QueueNames | None = None
     header_bytes: int = DEFAULT_HEADER_BYTES  # spec.messages.headerBytes
     max_headers: int = DEFAULT_MAX_HEADERS  # spec.messages.maxHeaders
+    max_body_bytes: int = MAX_PIPES_BODY_BYTES  # spec.messages.maxBytes
 
     @property
     def dead_letter_queue(self) -> str:
@@ -89,6 +90,7 @@ class RecordedPipes:
     dead_letter_queue: str = ""  # recorded since schema version 3
     header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since schema version 4
     max_headers: int = DEFAULT_MAX_HEADERS  # recorded since schema version 4
+    max_body_bytes: int = MAX_PIPES_BODY_BYTES  # recorded since schema version 5
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,11 @@ def is_new(target: PipesTarget, observed: PipesObserved) -> bool:
 def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     n = target.names
     steps: list[PipesStep] = []
+    if target.max_body_bytes > MAX_PIPES_BODY_BYTES:
+        raise InvalidSpec(
+            f"spec.messages.maxBytes is {target.max_body_bytes}, and a pipes queue stores bodies of at most"
+            f" {MAX_PIPES_BODY_BYTES} bytes (1 MiB): lower it, or use a ring queue (up to 64 MiB)"
+        )
     if target.dead_letter_keeper is not None and observed.keeper_version != PIPES_SCHEMA_VERSION:
         found = (
             "it is not provisioned"
@@ -178,6 +185,7 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     want = RecordedPipes(
         PIPES_SCHEMA_VERSION, target.max_pushes_per_pipe, target.max_push_time_ms, target.max_attempts,
         target.archive_ttl_s, target.dead_letter_queue, target.header_bytes, target.max_headers,
+        target.max_body_bytes,
     )  # fmt: skip
     if observed.recorded != want:
         why = f"record {_settings(want)} (was {_settings(observed.recorded)})"
@@ -193,5 +201,5 @@ def _settings(recorded: RecordedPipes | None) -> str:
         f" messages or {recorded.max_push_time_ms} ms, dead letters after {recorded.max_attempts or 'no'} attempts,"
         f" archive kept {recorded.archive_ttl_s} s, dead letters kept by"
         f" {recorded.dead_letter_queue or 'the queue itself'}, headers of at most {recorded.header_bytes} bytes"
-        f" and {recorded.max_headers} keys"
+        f" and {recorded.max_headers} keys, bodies of at most {recorded.max_body_bytes} bytes"
     )

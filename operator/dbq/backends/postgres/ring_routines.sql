@@ -7,7 +7,8 @@
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
 -- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {header_bytes} {spill_share}, {queue}
--- (the queue's name, in messages), {record} and {row_record} (expressions that pack one record
+-- (the queue's name, in messages), {content} {buckets} {max_body_bytes} (bodies past a slot),
+-- {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
 --
@@ -18,6 +19,14 @@
 -- defer a JSON array of one object (or null) per body, NULL when no body has any (the default:
 -- callers of earlier versions need not pass it). The client checks names and values; these
 -- routines check the size and that each is an object.
+--
+-- A body larger than {max_bytes} bytes (ring.messageBytes; at most {max_body_bytes},
+-- spec.messages.maxBytes) waits in {content}, keyed by (msg_id % {buckets}, msg_id), written in
+-- the push's transaction; the slot's body (and its spill row's, should it move there) is NULL,
+-- the slot's id points to it. Whatever ends the message (pop, ack, expiry, dead-lettering, a
+-- move to the archive) removes it in the same transaction; a dead letter and an archived
+-- message hold their body in their own row. A body of at most {max_bytes} bytes never touches
+-- {content}: its path runs no added statement.
 --
 -- take/pop/pop_many answer with packed records. Status codes: 0 message; 1 queue empty;
 -- 2 position `id` was drawn but its message is not written yet (call take(id) until it arrives,
@@ -66,6 +75,24 @@ LANGUAGE sql IMMUTABLE AS $fn$
     || jsonb_build_object('dbq-attempts', p_attempts))::text
 $fn$
 --;;
+CREATE OR REPLACE FUNCTION {fn_body_of}(p_id bigint, p_remove boolean) RETURNS bytea
+LANGUAGE plpgsql AS $fn$
+DECLARE v_body bytea;
+BEGIN
+  -- The body of message p_id kept in {content} (its slot or spill row holds NULL), removed with
+  -- p_remove: the message ends in the caller's transaction.
+  IF p_remove THEN
+    DELETE FROM {content} WHERE bucket = p_id % {buckets} AND msg_id = p_id RETURNING body INTO v_body;
+  ELSE
+    SELECT body INTO v_body FROM {content} WHERE bucket = p_id % {buckets} AND msg_id = p_id;
+  END IF;
+  IF v_body IS NULL THEN
+    RAISE EXCEPTION 'dbq: message % of queue {queue} has no body in its content table', p_id
+      USING ERRCODE = 'XX001';
+  END IF;
+  RETURN v_body;
+END $fn$
+--;;
 CREATE OR REPLACE FUNCTION {fn_place}(p_id bigint, p_body bytea, p_ttl_ms bigint, p_now timestamptz,
   p_headers text)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
@@ -109,11 +136,14 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_used bigint; v_now timestamptz := clock_timestamp();
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
-      octet_length(p_body) USING ERRCODE = '22001';
+    IF octet_length(p_body) > {max_body_bytes} THEN
+      RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}',
+        octet_length(p_body) USING ERRCODE = '22001';
+    END IF;
+    v_slot := NULL;  -- past a slot: the body waits in {content}
   END IF;
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > {header_bytes} OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM {fn_check_headers}(octet_length(p_headers), json_typeof(p_headers::json));
@@ -131,16 +161,19 @@ BEGIN
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
-    visible_at = NULL, body = p_body, headers = p_headers,
+    visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
   WHERE slot = o_id % {size} AND state = 0
   RETURNING nextval('{n_pushed}') INTO v_used;
   IF NOT FOUND THEN
-    IF NOT {fn_place}(o_id, p_body, p_ttl_ms, v_now, p_headers) THEN
+    IF NOT {fn_place}(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
       o_id := -1;
       RETURN;
     END IF;
     PERFORM nextval('{n_pushed}');
+  END IF;
+  IF v_slot IS NULL THEN
+    INSERT INTO {content} (bucket, msg_id, body) VALUES (o_id % {buckets}, o_id, p_body);
   END IF;
 END $fn$
 --;;
@@ -148,7 +181,7 @@ CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_
   p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  v_bodies bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := {fn_split_headers}(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
 BEGIN
@@ -163,9 +196,14 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
       coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
   END IF;
-  IF v_big > {max_bytes} THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
+  IF v_big > {max_body_bytes} THEN
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
+  END IF;
+  v_slots := v_bodies;
+  IF v_big > {max_bytes} THEN  -- bodies past a slot wait in {content}: their slots get NULL
+    SELECT array_agg(CASE WHEN octet_length(b) > {max_bytes} THEN NULL ELSE b END ORDER BY i) INTO v_slots
+    FROM unnest(v_bodies) WITH ORDINALITY AS x(b, i);
   END IF;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> v_n THEN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
@@ -184,7 +222,7 @@ BEGIN
       UPDATE {ring} r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-      FROM unnest(v_ids, v_bodies[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
+      FROM unnest(v_ids, v_slots[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
       WHERE r.slot = u.id % {size} AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
@@ -193,13 +231,18 @@ BEGIN
       v_out := v_ids;
     ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
-         OR {fn_place}(v_ids[v_i], v_bodies[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
+         OR {fn_place}(v_ids[v_i], v_slots[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
       END IF;
     END LOOP; END IF;
     PERFORM nextval('{n_pushed}') FROM unnest(v_out) i WHERE i > 0;
+    IF v_big > {max_bytes} THEN
+      INSERT INTO {content} (bucket, msg_id, body)
+      SELECT u.id % {buckets}, u.id, u.body FROM unnest(v_out, v_bodies[1:v_k]) AS u(id, body)
+      WHERE u.id > 0 AND octet_length(u.body) > {max_bytes};
+    END IF;
   END IF;
   FOR v_i IN (v_k + 1)..v_n LOOP
     v_out := v_out || -1::bigint;
@@ -211,7 +254,8 @@ CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count bo
 RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
-  o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
+  v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
+  o_headers text;
 BEGIN
   -- A few rounds: a message written just after the update's snapshot is seen by the next
   -- statement (READ COMMITTED takes a snapshot per statement), so the update is repeated; and a
@@ -223,10 +267,11 @@ BEGIN
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
+        IF o_body IS NULL THEN o_body := {fn_body_of}(p_pos, true); END IF;
         IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
         -- if archive
         INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = p_pos % {size};
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = p_pos % {size};
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
         o_status := 0; RETURN {record};
@@ -238,6 +283,7 @@ BEGIN
       WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
+        IF o_body IS NULL THEN o_body := {fn_body_of}(p_pos, false); END IF;
         IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
         o_status := 0; RETURN {record};
       END IF;
@@ -249,8 +295,12 @@ BEGIN
       IF v_exp IS NULL OR v_exp > v_now THEN
         CONTINUE;  -- written after the update looked: take it now
       END IF;
-      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1;
-      IF FOUND THEN PERFORM nextval('{n_expired}'); END IF;  -- expired (TTL): dropped
+      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
+      RETURNING body IS NULL INTO v_big;
+      IF FOUND THEN  -- expired (TTL): dropped
+        PERFORM nextval('{n_expired}');
+        IF v_big THEN DELETE FROM {content} WHERE bucket = p_pos % {buckets} AND msg_id = p_pos; END IF;
+      END IF;
       o_status := 3; RETURN {record};
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
@@ -285,13 +335,15 @@ BEGIN
       EXIT WHEN NOT FOUND;
       IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN  -- expired while waiting
         DELETE FROM {spill} WHERE msg_id = o_id;
+        IF o_body IS NULL THEN DELETE FROM {content} WHERE bucket = o_id % {buckets} AND msg_id = o_id; END IF;
         PERFORM nextval('{n_expired}');
         CONTINUE;
       END IF;
+      IF o_body IS NULL THEN o_body := {fn_body_of}(o_id, p_lease_ms <= 0); END IF;
       IF p_lease_ms <= 0 THEN
         -- if archive
         INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {spill} WHERE msg_id = o_id;
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {spill} WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
         DELETE FROM {spill} WHERE msg_id = o_id;
@@ -330,9 +382,10 @@ BEGIN
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_popped}') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
+          IF o_body IS NULL THEN o_body := {fn_body_of}(o_id, true); END IF;
           -- if archive
           INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = v_pos % {size};
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = v_pos % {size};
           IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
           -- end if
           o_status := 0; RETURN {record};
@@ -344,7 +397,10 @@ BEGIN
         WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_acquired}') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
-        IF FOUND THEN o_status := 0; RETURN {record}; END IF;
+        IF FOUND THEN
+          IF o_body IS NULL THEN o_body := {fn_body_of}(o_id, false); END IF;
+          o_status := 0; RETURN {record};
+        END IF;
         o_lease := NULL;
       END IF;
       v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
@@ -363,6 +419,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
+  v_bigs bigint[];
 BEGIN
   -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
   -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
@@ -396,25 +453,35 @@ BEGIN
              FROM {push_seq} u, {pop_seq} o WHERE g > 0)) d;  -- g > 0: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
+    -- A body in {content} is read in the same statement (COALESCE evaluates the subquery only
+    -- for a NULL body); a pop removes it after.
     IF p_lease_ms <= 0 THEN
       WITH t AS (
-        UPDATE {ring} SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, NULL::bigint AS lease, attempts, headers)
-      SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
-      INTO v_rec, v_taken FROM t;
+        UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
+        WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
+          (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
+        array_agg(msg_id) FILTER (WHERE big)
+      INTO v_rec, v_taken, v_bigs FROM t;
       -- if archive
       INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_taken) p(pos)
-      JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
+        coalesce(r.body, (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)),
+        r.headers
+      FROM unnest(v_taken) p(pos) JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
       -- end if
+      IF v_bigs IS NOT NULL THEN
+        DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
+      END IF;
     ELSE
       WITH t AS (
-        UPDATE {ring} SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = attempts + 1,
+        UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE slot = p.pos % {size} AND msg_id = p.pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
-        RETURNING msg_id, body, lease, attempts, headers)
+        WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
+          (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
       INTO v_rec, v_taken FROM t;
     END IF;
@@ -450,68 +517,84 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok int)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_n bigint;
+DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
   UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-  RETURNING nextval('{n_popped}') INTO v_n;
+  RETURNING nextval('{n_popped}'), body IS NULL INTO v_n, v_big;
   -- if archive
   IF FOUND THEN
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM {ring} WHERE slot = p_id % {size};
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+      coalesce(body, (SELECT c.body FROM {content} c WHERE c.bucket = p_id % {buckets} AND c.msg_id = p_id)), headers
+    FROM {ring} WHERE slot = p_id % {size};
   ELSE
     WITH acked AS (
       DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-      RETURNING msg_id, attempts, pushed_at, body, headers)
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked
-    RETURNING nextval('{n_popped}') INTO v_n;
+      RETURNING msg_id, attempts, pushed_at, body, headers),
+    kept AS (
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+        coalesce(body, (SELECT c.body FROM {content} c WHERE c.bucket = p_id % {buckets} AND c.msg_id = p_id)), headers
+      FROM acked)
+    SELECT nextval('{n_popped}'), body IS NULL INTO v_n, v_big FROM acked;
   END IF;
   IF FOUND THEN PERFORM nextval('{n_archived}'); END IF;
   -- else
   IF NOT FOUND THEN
     DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
-    RETURNING nextval('{n_popped}') INTO v_n;
+    RETURNING nextval('{n_popped}'), body IS NULL INTO v_n, v_big;
   END IF;
   -- end if
   o_ok := CASE WHEN FOUND THEN 1 ELSE 0 END;
   IF o_ok = 1 THEN PERFORM nextval('{n_settled}'); END IF;  -- the lease ended
+  IF v_big THEN DELETE FROM {content} WHERE bucket = p_id % {buckets} AND msg_id = p_id; END IF;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
 LANGUAGE plpgsql AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
-  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[];
+  v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[]; v_bigs bigint[];
 BEGIN
   -- Two statements, not one: a lease moved from the ring to the spill table while the first
   -- ran is seen by the second, which takes a fresh snapshot.
   WITH acked AS (
     UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
     WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
-    RETURNING r.msg_id)
-  SELECT coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+    RETURNING r.msg_id, r.body IS NULL AS big)
+  SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
   -- if archive
   INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), r.body, r.headers FROM unnest(v_done) d(id)
-  JOIN {ring} r ON r.slot = d.id % {size} AND r.msg_id = d.id;
+  SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
+    coalesce(r.body, (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)),
+    r.headers
+  FROM unnest(v_done) d(id) JOIN {ring} r ON r.slot = d.id % {size} AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   kept AS (
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT msg_id, attempts, pushed_at, clock_timestamp(), body, headers FROM acked)
-  SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+    SELECT msg_id, attempts, pushed_at, clock_timestamp(),
+      coalesce(body, (SELECT c.body FROM {content} c WHERE c.bucket = acked.msg_id % {buckets} AND c.msg_id = acked.msg_id)),
+      headers
+    FROM acked)
+  SELECT v_done || coalesce(array_agg(msg_id), '{}'), v_bigs || array_agg(msg_id) FILTER (WHERE body IS NULL)
+  INTO v_done, v_bigs FROM acked;
   PERFORM nextval('{n_archived}') FROM unnest(v_done);
   -- else
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
-    RETURNING s.msg_id)
-  SELECT v_done || coalesce(array_agg(msg_id), '{}') INTO v_done FROM acked;
+    RETURNING s.msg_id, s.body IS NULL AS big)
+  SELECT v_done || coalesce(array_agg(msg_id), '{}'), v_bigs || array_agg(msg_id) FILTER (WHERE big)
+  INTO v_done, v_bigs FROM acked;
   -- end if
   PERFORM nextval('{n_popped}'), nextval('{n_settled}') FROM unnest(v_done);
+  IF v_bigs IS NOT NULL THEN
+    DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
+  END IF;
   o_acked := coalesce(array_to_string(v_done, ','), '');
 END $fn$
 --;;
@@ -540,6 +623,7 @@ BEGIN
     v_attempts := greatest(v_attempts - 1, 0);
   ELSIF {max_attempts} > 0 AND v_attempts >= {max_attempts} THEN
     IF v_spilled THEN DELETE FROM {spill} WHERE msg_id = p_id; END IF;
+    IF v_body IS NULL THEN v_body := {fn_body_of}(p_id, true); END IF;  -- a dead letter holds its body
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
     VALUES ({dead_source}, p_id, v_attempts, left(p_error, 4000), v_pushed, v_body,
       {fn_headers_of_dead}(v_headers, left(p_error, 4000), v_attempts))
@@ -574,9 +658,13 @@ BEGIN
     RETURNING r.msg_id, r.attempts, r.pushed_at, r.expires_at, r.body, r.headers),
   dead AS (
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
-    SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at, m.body,
+    SELECT {dead_source}, m.msg_id, m.attempts, 'lease expired (visibility timeout)', m.pushed_at,
+      coalesce(m.body, (SELECT c.body FROM {content} c WHERE c.bucket = m.msg_id % {buckets} AND c.msg_id = m.msg_id)),
       {fn_headers_of_dead}(m.headers, 'lease expired (visibility timeout)', m.attempts) FROM moved m
     WHERE {max_attempts} > 0 AND m.attempts >= {max_attempts} ON CONFLICT (source, msg_id) DO NOTHING RETURNING msg_id),
+  unkept AS (  -- (all parts of one statement see the same snapshot: the copy above reads it first)
+    DELETE FROM {content} c USING moved m WHERE m.body IS NULL AND {max_attempts} > 0
+      AND m.attempts >= {max_attempts} AND c.bucket = m.msg_id % {buckets} AND c.msg_id = m.msg_id),
   ready AS (
     INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
@@ -589,9 +677,13 @@ BEGIN
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   dead AS (
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
-    SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at, g.body,
+    SELECT {dead_source}, g.msg_id, g.attempts, 'lease expired (visibility timeout)', g.pushed_at,
+      coalesce(g.body, (SELECT c.body FROM {content} c WHERE c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id)),
       {fn_headers_of_dead}(g.headers, 'lease expired (visibility timeout)', g.attempts) FROM gone g
     ON CONFLICT (source, msg_id) DO NOTHING),
+  unkept AS (
+    DELETE FROM {content} c USING gone g
+    WHERE g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id),
   ready AS (
     UPDATE {spill} s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT ({max_attempts} > 0 AND s.attempts >= {max_attempts}) RETURNING 1)
@@ -617,17 +709,31 @@ BEGIN
   WITH due AS (
     SELECT slot FROM {ring} WHERE state = 1 AND expires_at <= v_now ORDER BY slot FOR UPDATE SKIP LOCKED),
   freed AS (
-    UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1 RETURNING r.msg_id),
+    UPDATE {ring} r SET state = 0 FROM due WHERE r.slot = due.slot AND r.state = 1
+    RETURNING r.msg_id, r.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM {content} c USING freed f WHERE f.big AND c.bucket = f.msg_id % {buckets} AND c.msg_id = f.msg_id),
   voided AS (
     INSERT INTO {gap} (pos, reason) SELECT msg_id, 'void' FROM freed WHERE msg_id > v_popped
     ON CONFLICT (pos) DO NOTHING)
   SELECT count(*) INTO o_expired FROM freed;
-  DELETE FROM {spill} s USING (
-    SELECT msg_id FROM {spill} WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
-  WHERE s.msg_id = due.msg_id;
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  WITH gone AS (
+    DELETE FROM {spill} s USING (
+      SELECT msg_id FROM {spill} WHERE state = 1 AND expires_at <= v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED) due
+    WHERE s.msg_id = due.msg_id RETURNING s.msg_id, s.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM {content} c USING gone g WHERE g.big AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id)
+  SELECT count(*) INTO v_n FROM gone;
   o_expired := o_expired + v_n;
   PERFORM nextval('{n_expired}') FROM generate_series(1, o_expired);
+  -- Content whose message is gone: none should be (a body is written and removed in its
+  -- message's transactions), but should a message end without it, at most 1000 go a run.
+  DELETE FROM {content} c USING (
+    SELECT x.bucket, x.msg_id FROM {content} x
+    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = x.msg_id % {size} AND r.msg_id = x.msg_id AND r.state <> 0)
+      AND NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = x.msg_id)
+    LIMIT 1000 FOR UPDATE OF x SKIP LOCKED) gone
+  WHERE c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   -- Gaps a whole lap behind the pop position can never be written any more.
   DELETE FROM {gap} g WHERE g.pos <= v_popped - {size}
     AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
@@ -731,8 +837,8 @@ BEGIN
     RAISE EXCEPTION 'dbq: defer got % bytes of bodies but lengths adding up to %',
       coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
   END IF;
-  IF v_big > {max_bytes} THEN
-    RAISE EXCEPTION 'dbq: message of % bytes is larger than ring.messageBytes ({max_bytes}) of queue {queue}',
+  IF v_big > {max_body_bytes} THEN  -- a delayed message's spill row holds its body, whatever its size
+    RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
   END IF;
   IF v_headers IS NOT NULL AND cardinality(v_headers) <> coalesce(cardinality(v_bodies), 0) THEN

@@ -25,13 +25,15 @@ FILLFACTOR = 50
 
 
 class PgRing(RingSqlBase):
-    # stats calls oldest_age; pushes check headers, nack and repair write dead letters' headers
+    # stats calls oldest_age; pushes check headers, nack and repair write dead letters' headers;
+    # takes read a body kept in the content table
     ROUTINES: tuple[str, ...] = (
         *PG_ROUTINES,
         "oldest_age",
         "check_headers",
         "split_headers",
         "headers_of_dead",
+        "body_of",
     )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
@@ -85,6 +87,7 @@ class PgRing(RingSqlBase):
   dead_letter_queue varchar(127) NOT NULL DEFAULT '',
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
+  max_body_bytes int NOT NULL DEFAULT 1048576,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -162,7 +165,7 @@ END $$""",
   pushed_at timestamptz NOT NULL,
   visible_at timestamptz NOT NULL,
   expires_at timestamptz,
-  body bytea NOT NULL,
+  body bytea,
   headers text)""",
             f"""CREATE TABLE IF NOT EXISTS {self.gap} (
   pos bigint PRIMARY KEY,
@@ -199,7 +202,25 @@ END $$""",
   headers text)""",
             f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.archive_index)} ON {self.archive} (acked_at)",
             *self.index_spill(),
+            *self.create_content(),
         ]
+
+    def create_content(self) -> list[str]:
+        # A body larger than a slot, while its message is in the ring (whose slot's body is NULL)
+        # or the spill table. Keyed by (msg_id % buckets, msg_id): consecutive ids from concurrent
+        # pushes go to `buckets` places in the index, not all to its right edge.
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.content} (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body bytea NOT NULL,
+  PRIMARY KEY (bucket, msg_id))"""
+        ]
+
+    def allow_content(self) -> list[str]:
+        """A queue of version 17 or older: a spilled message's body may be in the content table
+        (the spill row's NULL; the table itself comes with the missing side tables)."""
+        return [f"ALTER TABLE {self.spill} ALTER COLUMN body DROP NOT NULL"]
 
     def add_headers(self) -> list[str]:
         """A queue of version 15 or older: its message tables gain the headers column (NULL: no
@@ -285,14 +306,16 @@ END $$""",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS dead_letter_queue varchar(127) NOT NULL DEFAULT ''",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS header_bytes int NOT NULL DEFAULT 1024",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_headers int NOT NULL DEFAULT 32",
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_body_bytes int NOT NULL DEFAULT 1048576",
             f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue, header_bytes, max_headers)
+  dead_letter_queue, header_bytes, max_headers, max_body_bytes)
 VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes},
   {int(self.t.max_attempts)}, {int(self.t.archive)}, {self._dead_letter_queue()}, {self.header_bytes},
-  {self.max_headers})
+  {self.max_headers}, {self.max_body_bytes})
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
-  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers, updated_at = now()""",
+  header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers,
+  max_body_bytes = EXCLUDED.max_body_bytes, updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------

@@ -12,6 +12,19 @@
 -- Headers are JSON text in nvarchar(max) (NULL for none), travelling as in the PostgreSQL
 -- routines; {nack_dead_headers} and {repair_dead_headers} write a dead letter's. A size check
 -- here is a guard (nvarchar holds UTF-16, at most twice the UTF-8 size the client checks).
+-- A body past {max_bytes} bytes waits in {content}, as on PostgreSQL (see its routines): the
+-- slot's body is NULL, and whatever ends the message removes it in the same transaction.
+--;;
+CREATE OR ALTER PROCEDURE {fn_body_of} @id bigint, @remove bit, @body varbinary(max) OUTPUT
+WITH EXECUTE AS OWNER
+AS BEGIN
+  -- The body of message @id kept in {content} (its slot or spill row holds NULL), removed with
+  -- @remove: the message ends in the caller's transaction.
+  SET NOCOUNT ON;
+  SET @body = (SELECT body FROM {content} WITH (ROWLOCK) WHERE bucket = @id % {buckets} AND msg_id = @id);
+  IF @body IS NULL THROW 50005, N'dbq: a message of queue {queue} has no body in its content table', 1;
+  IF @remove = 1 DELETE FROM {content} WITH (ROWLOCK) WHERE bucket = @id % {buckets} AND msg_id = @id;
+END
 --;;
 CREATE OR ALTER PROCEDURE {fn_place} @id bigint, @body varbinary(max), @ttl_ms bigint, @now datetime2(3),
   @headers nvarchar(max), @placed bit OUTPUT
@@ -54,9 +67,13 @@ CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint, @heade
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int;
-  IF DATALENGTH(@body) > {max_bytes}
-    THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int,
+    @slot varbinary(max) = @body;
+  IF DATALENGTH(@body) > {max_bytes} BEGIN
+    IF DATALENGTH(@body) > {max_body_bytes}
+      THROW 50001, N'dbq: message is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}', 1;
+    SET @slot = NULL;  -- past a slot: the body waits in {content}
+  END;
   IF DATALENGTH(@headers) > 2 * {header_bytes}
     THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
   IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
@@ -70,14 +87,15 @@ AS BEGIN
   END;
   SET @id = NEXT VALUE FOR {push_seq};
   UPDATE {ring} WITH (ROWLOCK)
-    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
+    SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
   WHERE slot = @id % {size} AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
-    EXEC {fn_place} @id, @body, @ttl_ms, @now, @headers, @placed OUTPUT;
+    EXEC {fn_place} @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
     IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
+  IF @slot IS NULL INSERT INTO {content} (bucket, msg_id, body) VALUES (@id % {buckets}, @id, @body);
   SET @n = NEXT VALUE FOR {n_pushed};
   SELECT @id AS o_id;
 END
@@ -101,8 +119,8 @@ AS BEGIN
   SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
   IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
     THROW 50002, N'dbq: push_many got bodies whose length differs from the sum of its lengths', 1;
-  IF @big > {max_bytes}
-    THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  IF @big > {max_body_bytes}
+    THROW 50001, N'dbq: message is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}', 1;
   IF @headers IS NOT NULL BEGIN
     IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
       THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;
@@ -126,9 +144,10 @@ AS BEGIN
       @range_first_value = @first OUTPUT;
     SET @first_id = CAST(@first AS bigint);
     UPDATE @in SET id = @first_id + i - 1 WHERE i <= @k;
+    -- A body past a slot waits in {content}: its slot gets NULL.
     UPDATE r WITH (ROWLOCK)
-      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = b.body,
-        headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
+      SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
+        body = CASE WHEN b.n > {max_bytes} THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
     FROM {ring} r JOIN @in b ON r.slot = b.id % {size}
     WHERE b.id IS NOT NULL AND r.state = 0;
     UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = b.id % {size} AND r.msg_id = b.id;
@@ -136,13 +155,17 @@ AS BEGIN
     SET @i = 1;
     WHILE @i <= @k BEGIN
       IF EXISTS (SELECT 1 FROM @in WHERE i = @i AND done = 0) BEGIN
-        DECLARE @one bigint = @first_id + @i - 1, @b varbinary(max) = (SELECT body FROM @in WHERE i = @i),
+        DECLARE @one bigint = @first_id + @i - 1,
+          @b varbinary(max) = (SELECT CASE WHEN n > {max_bytes} THEN NULL ELSE body END FROM @in WHERE i = @i),
           @h nvarchar(max) = (SELECT headers FROM @in WHERE i = @i);
         EXEC {fn_place} @one, @b, @ttl_ms, @now, @h, @placed OUTPUT;
         UPDATE @in SET done = @placed WHERE i = @i;
       END;
       SET @i += 1;
     END;
+    IF @big > {max_bytes}
+      INSERT INTO {content} (bucket, msg_id, body)
+      SELECT id % {buckets}, id, body FROM @in WHERE done = 1 AND n > {max_bytes};
     SELECT @c = COUNT(*) FROM @in WHERE done = 1;
     WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
   END;
@@ -158,7 +181,8 @@ AS BEGIN
   -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
-    @round int = 0, @n bigint, @got int;
+    @round int = 0, @n bigint, @got int, @big bit,
+    @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
   SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- A few rounds: a message committed after the update looked is taken on the next round, and
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
@@ -177,12 +201,13 @@ AS BEGIN
       SET @got = @@ROWCOUNT;
     END;
     IF @got = 1 BEGIN
+      IF @body IS NULL EXEC {fn_body_of} @pos, @remove, @body OUTPUT;
       IF @count = 1 AND @lease_ms <= 0 SET @n = NEXT VALUE FOR {n_popped};
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR {n_acquired};
       -- if archive
       IF @lease_ms <= 0 BEGIN
         INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM {ring} WHERE slot = @pos % {size};
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM {ring} WHERE slot = @pos % {size};
         IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
       END;
       -- end if
@@ -193,9 +218,11 @@ AS BEGIN
     SELECT @msg = msg_id, @state = state, @exp = expires_at FROM {ring} WHERE slot = @pos % {size};
     IF @msg = @pos AND @state = 1 BEGIN
       IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
-      UPDATE {ring} WITH (ROWLOCK) SET state = 0 WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1;
+      UPDATE {ring} WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
+      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1;
       SET @got = @@ROWCOUNT;
       IF @got = 1 SET @n = NEXT VALUE FOR {n_expired};  -- expired (TTL): dropped
+      IF @got = 1 AND @big = 1 DELETE FROM {content} WITH (ROWLOCK) WHERE bucket = @pos % {buckets} AND msg_id = @pos;
       SET @status = 3;
       RETURN;
     END;
@@ -230,7 +257,7 @@ AS BEGIN
   -- pop() with OUTPUT parameters, for pop_many.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
-    @n bigint, @look bit;
+    @n bigint, @look bit, @big bit, @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
   SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
@@ -240,19 +267,22 @@ AS BEGIN
   -- 1. Redeliveries.
   WHILE @look = 1 BEGIN
     SET @id = NULL;
-    SELECT TOP (1) @id = msg_id, @exp = expires_at FROM {spill} WITH (ROWLOCK, UPDLOCK, READPAST)
+    SELECT TOP (1) @id = msg_id, @exp = expires_at, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
+    FROM {spill} WITH (ROWLOCK, UPDLOCK, READPAST)
     WHERE state = 1 AND visible_at <= @now ORDER BY visible_at;
     IF @id IS NULL BREAK;
     IF @exp IS NOT NULL AND @exp <= @now BEGIN  -- expired while waiting
       DELETE FROM {spill} WHERE msg_id = @id;
+      IF @big = 1 DELETE FROM {content} WITH (ROWLOCK) WHERE bucket = @id % {buckets} AND msg_id = @id;
       SET @n = NEXT VALUE FOR {n_expired};
       CONTINUE;
     END;
     IF @lease_ms <= 0 BEGIN
       SELECT @body = body, @attempts = attempts, @headers = headers FROM {spill} WHERE msg_id = @id;
+      IF @big = 1 EXEC {fn_body_of} @id, @remove, @body OUTPUT;
       -- if archive
       INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM {spill} WHERE msg_id = @id;
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM {spill} WHERE msg_id = @id;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
       -- end if
       DELETE FROM {spill} WHERE msg_id = @id;
@@ -262,6 +292,7 @@ AS BEGIN
       UPDATE {spill} SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
         @headers = headers, visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
+      IF @big = 1 EXEC {fn_body_of} @id, @remove, @body OUTPUT;
       IF @count = 1 SET @n = NEXT VALUE FOR {n_acquired};
     END;
     SET @status = 0;
@@ -361,11 +392,22 @@ AS BEGIN
     FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
+  -- Bodies past a slot come from {content}; a pop removes them.
+  IF EXISTS (SELECT 1 FROM @out WHERE o_status = 0 AND o_body IS NULL) BEGIN
+    DECLARE @bodies TABLE (msg_id bigint PRIMARY KEY, body varbinary(max));
+    INSERT INTO @bodies (msg_id, body)
+    SELECT c.msg_id, c.body FROM {content} c WITH (ROWLOCK)
+    JOIN @out o ON c.bucket = o.o_id % {buckets} AND c.msg_id = o.o_id WHERE o.o_status = 0 AND o.o_body IS NULL;
+    IF @lease_ms <= 0
+      DELETE c FROM {content} c WITH (ROWLOCK) JOIN @bodies b ON c.bucket = b.msg_id % {buckets} AND c.msg_id = b.msg_id;
+    UPDATE o SET o_body = b.body FROM @out o JOIN @bodies b ON b.msg_id = o.o_id WHERE o.o_status = 0;
+  END;
   -- if archive
   IF @lease_ms <= 0
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size} AND r.msg_id = p.pos WHERE p.taken = 1;
+    SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), o.o_body, r.headers
+    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size} AND r.msg_id = p.pos
+    JOIN @out o ON o.o_id = p.pos AND o.o_status = 0 WHERE p.taken = 1;
   -- end if
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
@@ -406,28 +448,51 @@ CREATE OR ALTER PROCEDURE {fn_ack} @id bigint, @lease bigint
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @n bigint, @rc int;
+  DECLARE @n bigint, @rc int, @big bit = 0, @body varbinary(max);
+  DECLARE @acked TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), headers nvarchar(max), big bit);
   -- if archive
+  -- A body in the row goes to the archive in the same statement; one in {content} after it.
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
     INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
+    AND body IS NOT NULL;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     DELETE FROM {spill}
     OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, SYSUTCDATETIME(), deleted.body, deleted.headers
       INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME() AND body IS NOT NULL;
     SET @rc = @@ROWCOUNT;
   END;
+  IF @rc = 0 BEGIN
+    UPDATE {ring} WITH (ROWLOCK) SET state = 0
+    OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, inserted.headers, 1 INTO @acked
+    WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    SET @rc = @@ROWCOUNT;
+    IF @rc = 0 BEGIN
+      DELETE FROM {spill} OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers, 1 INTO @acked
+      WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+      SET @rc = @@ROWCOUNT;
+    END;
+    IF @rc = 1 BEGIN
+      EXEC {fn_body_of} @id, 1, @body OUTPUT;
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM @acked;
+    END;
+  END;
   -- else
-  UPDATE {ring} WITH (ROWLOCK) SET state = 0
+  UPDATE {ring} WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
   WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
-    DELETE FROM {spill} WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    DELETE FROM {spill} OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers,
+      CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @acked
+    WHERE msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
     SET @rc = @@ROWCOUNT;
+    IF @rc = 1 SET @big = (SELECT big FROM @acked);
   END;
+  IF @big = 1 DELETE FROM {content} WITH (ROWLOCK) WHERE bucket = @id % {buckets} AND msg_id = @id;
   -- end if
   IF @rc = 1
   BEGIN
@@ -447,32 +512,38 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @n bigint, @c bigint;
   DECLARE @a TABLE (id bigint PRIMARY KEY, lease bigint);
-  DECLARE @done TABLE (id bigint);
+  DECLARE @done TABLE (id bigint, big bit);  -- big: its body is in {content}
   INSERT INTO @a (id, lease)
   SELECT CAST(i.value AS bigint), CAST(l.value AS bigint)
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
-  UPDATE r WITH (ROWLOCK) SET state = 0 OUTPUT inserted.msg_id INTO @done
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT inserted.msg_id, CASE WHEN inserted.body IS NULL THEN 1 ELSE 0 END INTO @done
   FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   -- if archive
   INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), r.body, r.headers
-  FROM {ring} r JOIN @done d ON r.slot = d.id % {size} AND r.msg_id = d.id;
+  SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), ISNULL(r.body, c.body), r.headers
+  FROM {ring} r JOIN @done d ON r.slot = d.id % {size} AND r.msg_id = d.id
+  LEFT JOIN {content} c ON d.big = 1 AND c.bucket = d.id % {buckets} AND c.msg_id = d.id;
   DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
     headers nvarchar(max));
   DELETE s OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-  SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), body, headers FROM @gone;
-  INSERT INTO @done (id) SELECT msg_id FROM @gone;
+  SELECT g.msg_id, g.attempts, g.pushed_at, SYSUTCDATETIME(), ISNULL(g.body, c.body), g.headers FROM @gone g
+  LEFT JOIN {content} c ON g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id;
+  INSERT INTO @done (id, big) SELECT msg_id, CASE WHEN body IS NULL THEN 1 ELSE 0 END FROM @gone;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_archived}; SET @c -= 1; END;
   -- else
   -- A separate statement: a lease moved to the spill table meanwhile is seen here.
-  DELETE s OUTPUT deleted.msg_id INTO @done
+  DELETE s OUTPUT deleted.msg_id, CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @done
   FROM {spill} s JOIN @a a ON s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > SYSUTCDATETIME()
   WHERE NOT EXISTS (SELECT 1 FROM @done d WHERE d.id = a.id);
   -- end if
+  IF EXISTS (SELECT 1 FROM @done WHERE big = 1)
+    DELETE c FROM {content} c WITH (ROWLOCK) JOIN @done d ON c.bucket = d.id % {buckets} AND c.msg_id = d.id
+    WHERE d.big = 1;
   SELECT @c = COUNT(*) FROM @done;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;
   SELECT ISNULL(STRING_AGG(CAST(id AS nvarchar(max)), N','), N'') AS o_acked FROM @done;
@@ -505,6 +576,11 @@ AS BEGIN
     UPDATE @taken SET attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END
   ELSE IF {max_attempts} > 0 AND (SELECT attempts FROM @taken) >= {max_attempts}
   BEGIN
+    IF (SELECT body FROM @taken) IS NULL BEGIN  -- a dead letter holds its body
+      DECLARE @body varbinary(max);
+      EXEC {fn_body_of} @id, 1, @body OUTPUT;
+      UPDATE @taken SET body = @body;
+    END;
     INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
     SELECT {dead_source}, @id, t.attempts, LEFT(@error, 4000), t.pushed_at, t.body, {nack_dead_headers} FROM @taken t
     WHERE NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = @id);
@@ -524,7 +600,7 @@ AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @popped bigint, @leases bigint, @orphans bigint,
     @expired bigint, @gaps bigint, @c bigint, @n bigint, @dead bigint;
-  DECLARE @freed TABLE (msg_id bigint);
+  DECLARE @freed TABLE (msg_id bigint, big bit);
   SELECT @popped = {drawn} FROM sys.sequences
   WHERE object_id = OBJECT_ID(N'{pop_seq}');
   -- Rows a client is changing right now are skipped (READPAST): repair never waits on a client.
@@ -542,11 +618,14 @@ AS BEGIN
     INTO @lapsed
   WHERE state = 2 AND visible_at < @now;
   INSERT INTO {dead} (source, msg_id, attempts, error, pushed_at, body, headers)
-  SELECT {dead_source}, l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at, l.body,
-    {repair_dead_headers} FROM @lapsed l
+  SELECT {dead_source}, l.msg_id, l.attempts, N'lease expired (visibility timeout)', l.pushed_at,
+    ISNULL(l.body, c.body), {repair_dead_headers} FROM @lapsed l
+  LEFT JOIN {content} c ON l.body IS NULL AND c.bucket = l.msg_id % {buckets} AND c.msg_id = l.msg_id
   WHERE {max_attempts} > 0 AND l.attempts >= {max_attempts}
     AND NOT EXISTS (SELECT 1 FROM {dead} d WHERE d.source = {dead_source} AND d.msg_id = l.msg_id);
   SET @dead = @@ROWCOUNT;
+  DELETE c FROM {content} c WITH (ROWLOCK) JOIN @lapsed l ON c.bucket = l.msg_id % {buckets} AND c.msg_id = l.msg_id
+  WHERE l.body IS NULL AND {max_attempts} > 0 AND l.attempts >= {max_attempts};
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT l.msg_id, 1, 0, l.attempts, l.pushed_at, @now, l.expires_at, l.body, l.headers FROM @lapsed l
   WHERE NOT ({max_attempts} > 0 AND l.attempts >= {max_attempts});
@@ -565,13 +644,24 @@ AS BEGIN
     AND (expires_at IS NULL OR expires_at > @now);
   SET @orphans = @@ROWCOUNT;
   -- Expired messages (TTL): free the slot; a position not drawn yet becomes void.
-  UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0 OUTPUT deleted.msg_id INTO @freed
+  UPDATE {ring} WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @freed
   WHERE state = 1 AND expires_at <= @now;
   SET @expired = @@ROWCOUNT;
   INSERT INTO {gap} (pos, reason) SELECT f.msg_id, 'void' FROM @freed f
   WHERE f.msg_id > @popped AND NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = f.msg_id);
-  DELETE FROM {spill} WITH (ROWLOCK, READPAST) WHERE state = 1 AND expires_at <= @now;
+  DELETE FROM {spill} WITH (ROWLOCK, READPAST)
+  OUTPUT deleted.msg_id, CASE WHEN deleted.body IS NULL THEN 1 ELSE 0 END INTO @freed  -- (after the gaps)
+  WHERE state = 1 AND expires_at <= @now;
   SET @expired += @@ROWCOUNT;
+  DELETE c FROM {content} c WITH (ROWLOCK) JOIN @freed f ON c.bucket = f.msg_id % {buckets} AND c.msg_id = f.msg_id
+  WHERE f.big = 1;
+  -- Content whose message is gone: none should be (see the PostgreSQL routine); at most 1000 a run.
+  DELETE c FROM {content} c WITH (ROWLOCK, READPAST)
+  JOIN (SELECT TOP (1000) x.bucket, x.msg_id FROM {content} x WITH (READPAST)
+    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = x.msg_id % {size} AND r.msg_id = x.msg_id AND r.state <> 0)
+      AND NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = x.msg_id)) gone
+    ON c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   SET @c = @expired;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_expired}; SET @c -= 1; END;
   -- Gaps a whole lap behind the pop position can never be written any more.
@@ -671,8 +761,8 @@ AS BEGIN
   SELECT @n = COUNT(*), @big = MAX(n), @total = SUM(CAST(n AS bigint)) FROM @in;
   IF ISNULL(@total, 0) <> ISNULL(DATALENGTH(@bodies), 0)
     THROW 50002, N'dbq: defer got bodies whose length differs from the sum of its lengths', 1;
-  IF @big > {max_bytes}
-    THROW 50001, N'dbq: message is larger than ring.messageBytes ({max_bytes}) of queue {queue}', 1;
+  IF @big > {max_body_bytes}  -- a delayed message's spill row holds its body, whatever its size
+    THROW 50001, N'dbq: message is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}', 1;
   IF @headers IS NOT NULL BEGIN
     IF ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'['
       THROW 50004, N'dbq: headers of several messages are a JSON array of one object (or null) per body', 1;

@@ -61,7 +61,7 @@ class MsRing(RingSqlBase):
     # procedures call each other through OUTPUT parameters).
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
                                  "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats",
-                                 "defer", "extend", "redrive", "purge_dead", "scavenge")  # fmt: skip
+                                 "defer", "extend", "redrive", "purge_dead", "scavenge", "body_of")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
@@ -110,6 +110,7 @@ CREATE TABLE {self.meta} (
   dead_letter_queue nvarchar(300) NOT NULL DEFAULT N'',
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
+  max_body_bytes int NOT NULL DEFAULT 1048576,
   created_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
   updated_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())"""
         ]
@@ -207,7 +208,7 @@ CREATE TABLE {self.spill} (
   pushed_at datetime2(3) NOT NULL,
   visible_at datetime2(3) NOT NULL,
   expires_at datetime2(3) NULL,
-  body varbinary({MAX_BODY}) NOT NULL,
+  body varbinary(max) NULL,
   headers nvarchar(max) NULL)""",
             f"""{self._object_missing(self.gap, "U")}
 CREATE TABLE {self.gap} (
@@ -230,7 +231,7 @@ CREATE TABLE {self.own_dead} (
   error nvarchar(4000) NULL,
   pushed_at datetime2(3) NOT NULL,
   dead_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME(),
-  body varbinary({MAX_BODY}) NOT NULL,
+  body varbinary(max) NOT NULL,
   headers nvarchar(max) NULL,
   PRIMARY KEY CLUSTERED (source, msg_id))""",
             # Kept like PostgreSQL's (SQL Server has no LISTEN/NOTIFY: its clients poll).
@@ -246,10 +247,33 @@ CREATE TABLE {self.archive} (
   attempts int NOT NULL,
   pushed_at datetime2(3) NOT NULL,
   acked_at datetime2(3) NOT NULL,
-  body varbinary({MAX_BODY}) NOT NULL,
+  body varbinary(max) NOT NULL,
   headers nvarchar(max) NULL,
   INDEX {quote(self.t.names.archive_index)} CLUSTERED (acked_at))""",
             *self.index_spill(),
+            *self.create_content(),
+        ]
+
+    def create_content(self) -> list[str]:
+        # A body larger than a slot while its message is in the ring or the spill table (see
+        # PgRing.create_content): the key leads with msg_id % buckets.
+        return [
+            f"""{self._object_missing(self.content, "U")}
+CREATE TABLE {self.content} (
+  bucket smallint NOT NULL,
+  msg_id bigint NOT NULL,
+  body varbinary(max) NOT NULL,
+  PRIMARY KEY CLUSTERED (bucket, msg_id))"""
+        ]
+
+    def allow_content(self) -> list[str]:
+        """A queue of version 17 or older: spilled, dead and archived messages may hold a body past
+        a slot (varbinary(max)), a spilled one's may be in the content table (NULL; the table
+        itself comes with the missing side tables)."""
+        return [
+            f"ALTER TABLE {self.spill} ALTER COLUMN body varbinary(max) NULL",
+            f"ALTER TABLE {self.own_dead} ALTER COLUMN body varbinary(max) NOT NULL",
+            f"ALTER TABLE {self.archive} ALTER COLUMN body varbinary(max) NOT NULL",
         ]
 
     def add_headers(self) -> list[str]:
@@ -353,17 +377,21 @@ CREATE TABLE {self.history} (
             *(
                 f"IF COL_LENGTH(N'{self.meta}', '{column}') IS NULL\n"
                 f"ALTER TABLE {self.meta} ADD {column} int NOT NULL DEFAULT {default}"
-                for column, default in (("header_bytes", 1024), ("max_headers", 32))
+                for column, default in (
+                    ("header_bytes", 1024),
+                    ("max_headers", 32),
+                    ("max_body_bytes", 1048576),
+                )
             ),
             f"""MERGE {self.meta} WITH (HOLDLOCK) AS m
 USING (SELECT {literal(self.t.names.queue)} AS queue) AS s ON m.queue = s.queue
 WHEN MATCHED THEN UPDATE SET schema_version = {RING_SCHEMA_VERSION}, message_bytes = {self.message_bytes},
   max_attempts = {attempts}, archive = {archive}, dead_letter_queue = {keeper}, header_bytes = {self.header_bytes},
-  max_headers = {self.max_headers}, updated_at = SYSUTCDATETIME()
+  max_headers = {self.max_headers}, max_body_bytes = {self.max_body_bytes}, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-    dead_letter_queue, header_bytes, max_headers)
+    dead_letter_queue, header_bytes, max_headers, max_body_bytes)
   VALUES (s.queue, N'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes}, {attempts}, {archive}, {keeper},
-    {self.header_bytes}, {self.max_headers});""",
+    {self.header_bytes}, {self.max_headers}, {self.max_body_bytes});""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------

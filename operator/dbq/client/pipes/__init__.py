@@ -20,10 +20,9 @@ wall clocks: keep clocks within `SKEW_S` of each other (NTP), as Cassandra itsel
 
 from dbq.client.pipes.model import PipeMessage, PipesRepair, PipesStats, PipeStat
 from dbq.client.pipes.queue import PipesQueue
-from dbq.client.pipes.tuning import MAX_BODY_BYTES, SKEW_S, now_ms, uuid_ms
+from dbq.client.pipes.tuning import SKEW_S, now_ms, uuid_ms
 
 __all__ = [
-    "MAX_BODY_BYTES",
     "SKEW_S",
     "PipeMessage",
     "PipeStat",

@@ -69,14 +69,15 @@ class PipesQueue:
             meta = self._check_meta()
             # spec.deadLetter.maxAttempts (0: none), how long archived rows live (0: no
             # archive), the queue whose dead table keeps this queue's dead letters ('': its own),
-            # and spec.messages' limits on headers
-            max_attempts, archive_ttl_s, kept_by, header_bytes, max_headers = self.db.rows(
+            # and spec.messages' limits on headers and bodies
+            max_attempts, archive_ttl_s, kept_by, header_bytes, max_headers, max_body_bytes = self.db.rows(
                 self.db.cql.read_settings, names.queue
             )[0]
         except Exception:
             self._disconnect()  # a cluster this client opened must not outlive the failed connect
             raise
         self.header_limits = HeaderLimits(int(header_bytes), int(max_headers))
+        self.max_body_bytes = int(max_body_bytes)
         self.dead_letter_keeper = QueueNames.of_qualified(kept_by) if kept_by else names
         if kept_by:
             self.db.cql = PipesStatements(names, self.dead_letter_keeper)
@@ -180,7 +181,7 @@ class PipesQueue:
         pipe has no size limit. With `delay` (seconds), it is delivered no earlier than that from now."""
         if self._pushes is None:
             return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay, headers=headers)[0]
-        check_bodies([body])
+        check_bodies([body], self.max_body_bytes, self.names.queue)
         stored = header_codec.encode(headers, self.header_limits)
         seconds_arg(timeout, "timeout", self.push_timeout)
         options = (
@@ -203,7 +204,7 @@ class PipesQueue:
         delayed table until due, and the first repair after that (the operator's cleanup) moves
         them to a pipe, with their ids."""
         batch = list(bodies)
-        check_bodies(batch)
+        check_bodies(batch, self.max_body_bytes, self.names.queue)
         stored = header_codec.encode_each(headers, len(batch), self.header_limits)
         return self._store(
             list(zip([bytes(b) for b in batch], stored, strict=True)), timeout=timeout, ttl=ttl, delay=delay

@@ -15,7 +15,6 @@ FINISH_GRACE_S = 15.0
 # retried only after this long: its logged batch may still be applied by Cassandra's batchlog
 # replay, and pushing again before that would leave two copies.
 RETAKE_AFTER_S = 60.0
-MAX_BODY_BYTES = 1 << 20
 BATCH_MAX_MESSAGES = 500
 BATCH_MAX_BYTES = 4 << 20
 LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows they replace)

@@ -13,18 +13,20 @@ from typing import Any
 from dbq.client.pipes import tuning
 from dbq.client.pipes.model import Pusher, unset
 from dbq.client.pipes.session import Part, PipesSession
+from dbq.contract.pipes import MAX_PIPES_BODY_BYTES
 from dbq.errors import MessageTooLarge, QueueError
 
 
-def check_bodies(bodies: list[bytes]) -> None:
-    """Refuse what a pipe cannot store, before anything is written."""
+def check_bodies(bodies: list[bytes], max_bytes: int, queue: str) -> None:
+    """Refuse what the queue does not store (spec.messages.maxBytes), before anything is written."""
     for body in bodies:
         if not isinstance(body, bytes | bytearray | memoryview):
             raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
-        if len(body) > tuning.MAX_BODY_BYTES:
+        if len(body) > max_bytes:
             raise MessageTooLarge(
-                f"a body of {len(body)} bytes is larger than {tuning.MAX_BODY_BYTES} bytes, the most a pipes"
-                " queue stores: store large payloads elsewhere and push a reference"
+                f"message of {len(body)} bytes is larger than spec.messages.maxBytes ({max_bytes}) of queue"
+                f" {queue}: raise spec.messages.maxBytes (at most {MAX_PIPES_BODY_BYTES} on pipes), or store"
+                " the payload elsewhere and push a reference to it"
             )
 
 

@@ -1,0 +1,237 @@
+"""What a message's size costs the ring on the local PostgreSQL, 4 pushers and 4 poppers (one
+process each, single push and pop): delivered messages/s and MB/s for bodies of 300 B, 4 KiB,
+64 KiB and 1 MiB, beside the same run's hand-built table (INSERT to push, DELETE ... FOR UPDATE
+SKIP LOCKED to pop, the same bodies through the same driver) and the disk's write rate (one
+process writing and fsyncing 1 MiB blocks beside the database's files).
+
+The queue has the default ring.messageBytes (300): 4 KiB and larger bodies wait in its content
+table, the slot holding their id. At 300 B the ring of the code before bodies larger than a slot
+(--old, a git revision, checked out in a worktree and run from there) is measured in the same run,
+taking turns with this code, so a change in the machine's pace shows in both alike: the medians
+of --rounds rounds count.
+
+    ~/.cache/dbq/venv/bin/python -m bench.message_size --old d422719
+    ~/.cache/dbq/venv/bin/python -m bench.message_size --old d422719 --rounds 5 --seconds 20
+
+Writes nothing but its report (tee it to bench/results/message_size.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyodbc
+from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"300 B": 300, "4 KiB": 4 << 10, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
+RING_SIZE = 1024  # slots: at 1 MiB a full ring is 1 GiB of content
+QUEUE = "benchq"
+
+
+# --- one measurement, in a process of its own (--measure): the code under test is on its path ---
+def push_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
+    body = os.urandom(size)
+    n = 0
+    if design == "table":
+        cur = pyodbc.connect(odbc, autocommit=True).cursor()
+        while not stop.is_set():
+            cur.execute(f"INSERT INTO {SCHEMA}.sl_queue (body) VALUES (?)", body)
+            n += 1
+            counter.value = n
+        return
+    from dbq.client import QueueFull, connect
+
+    q = connect(url, QUEUE, schema=SCHEMA, pool_size=1, push_timeout=1, smart_batching=False)
+    while not stop.is_set():
+        try:
+            q.push(body)
+        except QueueFull:
+            continue  # the poppers are behind: wait again
+        n += 1
+        counter.value = n
+
+
+def pop_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
+    n = 0
+    if design == "table":
+        cur = pyodbc.connect(odbc, autocommit=True).cursor()
+        pop = (
+            f"DELETE FROM {SCHEMA}.sl_queue WHERE id = (SELECT id FROM {SCHEMA}.sl_queue ORDER BY id"
+            " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, body"
+        )
+        counter.value = -1  # ready
+        while not stop.is_set():
+            cur.execute(pop)
+            row = cur.fetchone() if cur.rowcount > 0 else None
+            if row is not None:
+                assert len(row[1]) == size
+                n += 1
+                counter.value = n
+            else:
+                time.sleep(0.001)
+        return
+    from dbq.client import connect
+
+    q = connect(url, QUEUE, schema=SCHEMA, pool_size=1, pop_timeout=0.05, smart_batching=False)
+    counter.value = -1
+    while not stop.is_set():
+        m = q.pop()
+        if m is not None:
+            assert len(m.body) == size
+            n += 1
+            counter.value = n
+
+
+def worker(role: str, *args: Any) -> None:
+    (push_worker if role == "push" else pop_worker)(*args)
+
+
+def prepare(design: str, url: str, odbc: str) -> None:
+    cur = admin(odbc)
+    cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    if design == "table":
+        cur.execute(f"CREATE SCHEMA {SCHEMA}")
+        cur.execute(f"CREATE TABLE {SCHEMA}.sl_queue (id bigserial PRIMARY KEY, body bytea NOT NULL)")
+        return
+    from dbq.backends.odbc_ring import OdbcRing
+    from dbq.connection import from_url
+    from dbq.contract.ring import RingTarget
+    from dbq.names import QueueNames
+
+    OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, QUEUE), RING_SIZE, 300)).apply()
+    cur.execute(f"VACUUM ANALYZE {SCHEMA}.{QUEUE}_ring")
+
+
+def measure(design: str, size: int, url: str, odbc: str, seconds: float, workers: int) -> float:
+    """Delivered messages per second (the poppers' counts) of `workers` pushers and as many
+    poppers, one process each, over `seconds` once all of them are connected."""
+    prepare(design, url, odbc)
+    args = [("push", design, url, odbc, size)] * workers + [("pop", design, url, odbc, size)] * workers
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    counters = [ctx.Value("q", 0, lock=False) for _ in args]
+    procs = [ctx.Process(target=worker, args=(*a, c, stop)) for a, c in zip(args, counters, strict=True)]
+    for p in procs:
+        p.start()
+    while not all(c.value for c in counters):  # every worker connected (and a push done)
+        time.sleep(0.05)
+    popped = counters[workers:]
+    start_count = sum(max(c.value, 0) for c in popped)
+    started = time.monotonic()
+    time.sleep(seconds)
+    got = sum(max(c.value, 0) for c in popped) - start_count
+    elapsed = time.monotonic() - started
+    stop.set()
+    for p in procs:
+        p.join(timeout=120)
+    return got / elapsed
+
+
+def disk_rate(directory: str, seconds: float) -> float:
+    """MB/s of one process writing 1 MiB blocks to a file in `directory`, fsyncing each."""
+    block = os.urandom(1 << 20)
+    fd, path = tempfile.mkstemp(dir=directory, prefix="dbq-bench-disk")
+    written, started = 0, time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            os.write(fd, block)
+            os.fsync(fd)
+            written += len(block)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return written / (time.monotonic() - started) / 1e6
+
+
+def run_measurement(code: Path, design: str, size: int, seconds: float, workers: int) -> float:
+    """One measurement in a process whose `dbq` is the package under `code`."""
+    env = {**os.environ, "PYTHONPATH": f"{code / 'operator'}:{ROOT}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.message_size", "--measure", design, "--size", str(size),
+         "--seconds", str(seconds), "--workers", str(workers)],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=seconds * 10 + 300,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"measurement {design} {size} B under {code} failed:\n{out.stderr[-3000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["delivered"])
+
+
+def worktree(revision: str) -> Path:
+    path = Path(tempfile.gettempdir()) / f"dbq-bench-{revision}"
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], cwd=ROOT, check=True)
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--old", help="git revision of the code before large bodies (measured at 300 B)")
+    p.add_argument("--workers", type=int, default=4, help="pushers, and as many poppers")
+    p.add_argument("--seconds", type=float, default=10.0, help="seconds of each run")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
+    p.add_argument("--measure", choices=["ring", "table"], help=argparse.SUPPRESS)
+    p.add_argument("--size", type=int, default=300, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.measure:  # a child: the database exists
+        from dbq.devstack import Stack
+
+        pg = Stack().component("postgres")
+        print(
+            json.dumps(
+                {"delivered": measure(a.measure, a.size, pg.url(DB), pg.odbc(DB), a.seconds, a.workers)}
+            )
+        )
+        return
+    pg, _url, _odbc = bench_database()
+    codes = {"this": ROOT} | ({"old": worktree(a.old)} if a.old else {})
+    rates: dict[str, list[float]] = {}
+    disk: list[float] = []
+    for round_ in range(1, a.rounds + 1):
+        disk.append(disk_rate(str(pg.dir), a.seconds))
+        print(f"{'disk, 1 MiB blocks fsynced':36} #{round_} {disk[-1]:10,.1f} MB/s", flush=True)
+        for label, size in SIZES.items():
+            runs = [("ring", "this"), ("table", "this")] + (
+                [("ring", "old")] if a.old and size == 300 else []
+            )
+            for design, code in runs:
+                key = f"{design} {code} {label}"
+                rate = run_measurement(codes[code], design, size, a.seconds, a.workers)
+                rates.setdefault(key, []).append(rate)
+                print(f"{key:36} #{round_} {rate:10,.1f} /s {rate * size / 1e6:8,.1f} MB/s", flush=True)
+    admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    median = {key: statistics.median(values) for key, values in rates.items()}
+    disk_mb = statistics.median(disk)
+    print(f"\n{a.workers} pushers + {a.workers} poppers, single push and pop, {a.seconds:g} s x {a.rounds}"
+          f" rounds (median); ring.messageBytes 300, {RING_SIZE} slots")  # fmt: skip
+    print(f"disk: one process writing 1 MiB blocks, fsync each: {disk_mb:,.1f} MB/s")
+    print(
+        f"{'body':>8}{'ring /s':>10}{'MB/s':>8}{'table /s':>10}{'MB/s':>8}{'ring/table':>11}{'of disk':>9}{'spread':>8}"
+    )
+    for label, size in SIZES.items():
+        ring, table = median[f"ring this {label}"], median[f"table this {label}"]
+        values = rates[f"ring this {label}"]
+        spread = (max(values) - min(values)) / max(values)
+        print(f"{label:>8}{ring:10,.1f}{ring * size / 1e6:8,.1f}{table:10,.1f}{table * size / 1e6:8,.1f}"
+              f"{ring / table:11.2f}{ring * size / 1e6 / disk_mb:9.0%}{spread:8.0%}")  # fmt: skip
+    if a.old:
+        old, new = median["ring old 300 B"], median["ring this 300 B"]
+        print(
+            f"300 B: this code {new:,.1f} /s, the code of {a.old} {old:,.1f} /s: {new / old:.2f}"
+            f" (its runs: {', '.join(f'{v:,.0f}' for v in rates['ring old 300 B'])};"
+            f" this code's: {', '.join(f'{v:,.0f}' for v in rates['ring this 300 B'])})"
+        )
+
+
+if __name__ == "__main__":
+    main()
