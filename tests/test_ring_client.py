@@ -48,9 +48,10 @@ def queues(url: str) -> Iterator[MakeQueue]:
     """Ring queues provisioned at `url` and clients of them; dropped afterwards."""
     opened: list[tuple[Queue, OdbcRing]] = []
 
-    def make(size: int = 1000, message_bytes: int = 100, **options) -> Queue:
+    def make(size: int = 1000, message_bytes: int = 100, max_body_bytes: int = 1 << 20, **options) -> Queue:
         name = f"q_{secrets.token_hex(4)}"
-        backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, name), size, message_bytes))
+        target = RingTarget(QueueNames(SCHEMA, name), size, message_bytes, max_body_bytes=max_body_bytes)
+        backend = OdbcRing(from_url(url), target)
         backend.apply()
         options.setdefault("pop_timeout", 0.1)
         q = connect(url, name, schema=SCHEMA, **options)
@@ -178,15 +179,23 @@ def test_ttl_expires_messages_in_ring_and_spill(make_queue):
 
 
 def test_oversize_body_is_refused_with_the_fix_and_changes_nothing(pg_queue, postgres):
-    q = pg_queue(message_bytes=64)
-    q.push(b"y" * 64)  # exactly the limit is fine
-    with pytest.raises(MessageTooLarge, match=r"65 bytes is larger than spec.ring.messageBytes \(64\)"):
-        q.push_many([b"ok", b"y" * 65])
+    q = pg_queue(message_bytes=64, max_body_bytes=1000)
+    q.push(b"y" * 1000)  # exactly the limit is fine (past the slot: beside the ring)
+    with pytest.raises(MessageTooLarge, match=r"1001 bytes is larger than spec.messages.maxBytes \(1000\)"):
+        q.push_many([b"ok", b"y" * 1001])
     assert q.stats().pushed == 1
     # The routines refuse it too (a client that skips the check), before drawing a position.
-    with q._cursor() as cur, pytest.raises(Exception, match=r"larger than ring\.messageBytes"):
-        cur.execute(call_statement("postgres", q.names, "push"), b"z" * 65, 0, None).fetchval()
+    for verb, args in (
+        ("push", (b"z" * 1001, 0, None)),
+        ("push_many", (b"ok" + b"z" * 1001, "2,1001", 0, None)),
+    ):
+        with (
+            q._cursor() as cur,
+            pytest.raises(Exception, match=r"larger than spec\.messages\.maxBytes \(1000\)"),
+        ):
+            cur.execute(call_statement("postgres", q.names, verb), *args).fetchval()
     assert sql(q, f"SELECT last_value FROM {SCHEMA}.{q.names.push_seq}") == 1
+    assert sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.content}") == 1
     with pytest.raises(TypeError, match="bytes"):
         q.push("text")  # type: ignore[arg-type]
 
@@ -394,7 +403,7 @@ def test_concurrent_single_pushes_share_round_trips_and_each_gets_its_own_id(mak
 
 
 def test_smart_batching_gives_each_caller_its_own_error(make_queue):
-    q = make_queue(size=64, message_bytes=16, push_timeout=0.2)
+    q = make_queue(size=64, message_bytes=16, max_body_bytes=16, push_timeout=0.2)
     results: list[object] = []
 
     def push(body: bytes) -> None:

@@ -166,11 +166,11 @@ class QueueFull(DbqError):
 
 
 class MessageTooLarge(DbqError):
-    """A body is larger than the queue accepts (spec.ring.messageBytes); nothing was stored."""
+    """A body is larger than the queue accepts (spec.messages.maxBytes); nothing was stored."""
 
     reason = "MessageTooLarge"
     retry = False
-    fix = "Send a smaller body, or use a Queue with a larger spec.ring.messageBytes."
+    fix = "Send a smaller body, or raise the Queue's spec.messages.maxBytes."
 
 
 class LeaseLost(DbqError):

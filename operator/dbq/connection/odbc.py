@@ -25,7 +25,7 @@ RETRIES = 5  # how many times a call rolled back so is made again
 # The object named does not exist: PostgreSQL (undefined table, schema), SQL Server (invalid
 # object name).
 UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
-# A body over the ring's messageBytes, refused by the routine (PostgreSQL raises 22001).
+# A body over spec.messages.maxBytes, refused by the routine (PostgreSQL raises 22001).
 TOO_LARGE_STATE = "22001"
 
 
@@ -88,7 +88,7 @@ def translate(e: Exception, settings: ConnectionSettings) -> DatabaseError | Mes
             f" (for SQL Server msodbcsql18, or Debian's tdsodbc as 'FreeTDS'), or name an installed one with"
             f" ?driver=... in the url or `driver` in the Secret (installed: {', '.join(pyodbc.drivers()) or 'none'})"
         )
-    if state == TOO_LARGE_STATE or "larger than ring.messageBytes" in text:
+    if state == TOO_LARGE_STATE or "larger than spec.messages.maxBytes" in text:
         return MessageTooLarge(text[:300])
     if "password authentication failed" in text or state in ("28000", "28P01"):
         return AuthenticationFailed(
