@@ -57,7 +57,8 @@ def main() -> None:
 def large_body(name: bytes, size: int) -> bytes:
     """A body of `size` bytes named `name`: the name, `|`, then filler derived from the name."""
     head = name + b"|"
-    return head + (name + b".") * ((size - len(head)) // (len(name) + 1) + 1)[: size - len(head)]
+    filler = (name + b".") * ((size - len(head)) // (len(name) + 1) + 1)
+    return head + filler[: size - len(head)]
 
 
 def body_of(name: str, n: int, large: int) -> bytes:

@@ -163,12 +163,6 @@ ALTER TABLE "shopq"."orders_archive" ADD COLUMN IF NOT EXISTS headers text
 
 ALTER TABLE "shopq"."orders_spill" ALTER COLUMN body DROP NOT NULL
 
-CREATE TABLE IF NOT EXISTS "shopq"."orders_content" (
-  bucket smallint NOT NULL,
-  msg_id bigint NOT NULL,
-  body bytea NOT NULL,
-  PRIMARY KEY (bucket, msg_id))
-
 -- step seed_settled
 
 SELECT setval('"shopq"."orders_n_settled"', greatest(v, 1), v > 0) FROM (SELECT greatest(

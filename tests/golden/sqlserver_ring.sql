@@ -194,13 +194,6 @@ ALTER TABLE [shopq].[orders_dead] ALTER COLUMN body varbinary(max) NOT NULL
 
 ALTER TABLE [shopq].[orders_archive] ALTER COLUMN body varbinary(max) NOT NULL
 
-IF OBJECT_ID(N'[shopq].[orders_content]', N'U') IS NULL
-CREATE TABLE [shopq].[orders_content] (
-  bucket smallint NOT NULL,
-  msg_id bigint NOT NULL,
-  body varbinary(max) NOT NULL,
-  PRIMARY KEY CLUSTERED (bucket, msg_id))
-
 -- step seed_settled
 
 DECLARE @settled bigint = (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences
