@@ -62,7 +62,11 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ("size-huge", with_path(queue(), "spec.ring.size", 10**12), "spec.ring.size"),
     ("size-wrong-type", with_path(queue(), "spec.ring.size", "big"), "spec.ring.size"),
     ("message-bytes-huge", with_path(queue(), "spec.ring.messageBytes", 100_000), "spec.ring.messageBytes"),
-    ("max-bytes-huge", with_path(queue(), "spec.messages.maxBytes", (64 << 20) + 1), "spec.messages.maxBytes"),
+    (
+        "max-bytes-huge",
+        with_path(queue(), "spec.messages.maxBytes", (64 << 20) + 1),
+        "spec.messages.maxBytes",
+    ),
     (
         "visibility-not-duration",
         with_path(queue(), "spec.timeouts.visibility", "forever"),

@@ -132,12 +132,15 @@ def test_plan_repairs_drift_and_follows_spec_changes():
 
 
 def test_a_body_limit_past_what_a_pipe_stores_is_refused_by_name():
-    """spec.messages.maxBytes: up to 1 MiB on pipes (a message is one row, one batch); a smaller
-    limit is recorded for the clients."""
-    with pytest.raises(InvalidSpec, match=r"spec\.messages\.maxBytes is 1048577, .* at most 1048576 bytes"):
+    """spec.messages.maxBytes: up to 32 KiB on pipes, and with the headers up to 48 KiB (a message
+    moves in logged batches, which Cassandra refuses past 50 KiB); a smaller limit is recorded for
+    the clients."""
+    with pytest.raises(InvalidSpec, match=r"spec\.messages\.maxBytes is 32769, .* at most 32768 bytes"):
         plan_pipes(
-            PipesTarget(NAMES, TARGET.replication, 500, 60000, max_body_bytes=(1 << 20) + 1), complete()
+            PipesTarget(NAMES, TARGET.replication, 500, 60000, max_body_bytes=(32 << 10) + 1), complete()
         )
+    with pytest.raises(InvalidSpec, match=r"maxBytes \(32768\) and spec\.messages\.headerBytes \(20000\)"):
+        plan_pipes(PipesTarget(NAMES, TARGET.replication, 500, 60000, header_bytes=20_000), complete())
     smaller = PipesTarget(NAMES, TARGET.replication, 500, 60000, max_body_bytes=4096)
     [step] = plan_pipes(smaller, complete())
     assert str(step) == "record_settings" and "bodies of at most 4096 bytes" in step.why

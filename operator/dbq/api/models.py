@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from dbq.api.durations import Duration
+from dbq.contract.headers import DEFAULT_HEADER_BYTES
+from dbq.contract.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
 
 GROUP = "dbq.dev"
 VERSION = "v1alpha1"
@@ -296,12 +298,13 @@ class Messages(Model):
     max_headers: Annotated[int, Field(ge=1, le=256)] = Field(
         default=32, description="Most header keys on one message."
     )
-    max_bytes: Annotated[int, Field(ge=16, le=67_108_864)] = Field(
-        default=1_048_576,
-        description="Largest body of one message, in bytes (at most 64 MiB); a push with a larger one is refused"
-        " with an error naming this field. Ring: a body past spec.ring.messageBytes waits in a content table"
-        " beside the ring. Pipes: a body past 256 KiB is stored in 256 KiB chunks. Service Broker: not used"
-        " (SQL Server's own limit, 2 GB a message).",
+    max_bytes: Annotated[int | None, Field(ge=16, le=67_108_864)] = Field(
+        default=None,
+        description="Largest body of one message, in bytes; a push with a larger one is refused with an error"
+        " naming this field. Ring: default 1 MiB, at most 64 MiB; a body past spec.ring.messageBytes waits in a"
+        " content table beside the ring. Pipes: default and most 32 KiB, and with spec.messages.headerBytes at"
+        " most 48 KiB (a message moves between tables in a logged batch, which Cassandra refuses past 50 KiB)."
+        " Service Broker: not used (SQL Server's own limit, 2 GB a message).",
     )
 
 
@@ -452,6 +455,10 @@ class QueueSpec(Model):
             raise ValueError(DEAD_LETTER_HINT)
         if self.archive.enabled and self.design == "servicebroker":
             raise ValueError(ARCHIVE_HINT)
+        if self.design == "pipes":
+            body = self.messages.max_bytes or MAX_PIPES_BODY_BYTES
+            if body > MAX_PIPES_BODY_BYTES or body + self.messages.header_bytes > MAX_PIPES_MESSAGE_BYTES:
+                raise ValueError(PIPES_SIZE_HINT)
         for field, section in (("ring", "ring"), ("pipes", "pipes"), ("service_broker", "serviceBroker")):
             if field in self.model_fields_set and self.design != SECTION_DESIGNS[section]:
                 raise ValueError(section_error(section, str(self.design)))
@@ -484,6 +491,11 @@ ARCHIVE_HINT = (
     "spec.archive.enabled: a servicebroker queue has no archive (Service Broker keeps messages with the"
     " queue's RETENTION setting instead); set it to false"
 )
+PIPES_SIZE_HINT = (
+    f"spec.messages: a pipes message holds a body of at most {MAX_PIPES_BODY_BYTES} bytes (maxBytes), and"
+    f" {MAX_PIPES_MESSAGE_BYTES} bytes with its headers (maxBytes + headerBytes): it moves between tables in"
+    " logged batches, which Cassandra refuses past 50 KiB; lower them, or use a ring queue for larger bodies"
+)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
     {"rule": "!has(self.deadLetter) || self.design != 'servicebroker'", "message": DEAD_LETTER_HINT},
@@ -506,6 +518,14 @@ SPEC_RULES = [
         }
         for section, design in SECTION_DESIGNS.items()
     ),
+    {
+        "rule": "self.design != 'pipes' || !has(self.messages) || ("
+        f"(has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES}) <= {MAX_PIPES_BODY_BYTES}"
+        f" && (has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES})"
+        f" + (has(self.messages.headerBytes) ? self.messages.headerBytes : {DEFAULT_HEADER_BYTES})"
+        f" <= {MAX_PIPES_MESSAGE_BYTES})",
+        "message": PIPES_SIZE_HINT,
+    },
     {
         "rule": "has(self.queueName) == has(oldSelf.queueName)",
         "message": "spec.queueName cannot be added or removed after creation; create a new Queue instead",

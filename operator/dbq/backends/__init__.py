@@ -7,6 +7,7 @@ from dbq.api.models import QueueSpec
 from dbq.backends.base import QueueBackend
 from dbq.backends.broker_plan import BrokerTarget
 from dbq.connection import ConnectionSettings
+from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES
 from dbq.contract.ring import RingTarget
 from dbq.errors import InvalidSpec
 from dbq.names import QueueNames
@@ -27,7 +28,7 @@ def open_backend(
             archive=spec.archive.enabled, archive_retention_s=seconds(spec.archive.retention),
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes, max_headers=spec.messages.max_headers,
-            max_body_bytes=spec.messages.max_bytes,
+            max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":
@@ -45,7 +46,7 @@ def open_backend(
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes,
             max_headers=spec.messages.max_headers,
-            max_body_bytes=spec.messages.max_bytes,
+            max_body_bytes=spec.messages.max_bytes or MAX_PIPES_BODY_BYTES,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

@@ -28,7 +28,8 @@ from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import DEFAULT_MAX_BODY_BYTES, RING_SCHEMA_VERSION, RingTarget, call_statement
+from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.errors import QueueNotFound
 from dbq.names import QueueNames
 

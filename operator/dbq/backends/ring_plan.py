@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import DEFAULT_MAX_BODY_BYTES, RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
 
 # Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so

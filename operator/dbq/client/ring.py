@@ -26,10 +26,10 @@ from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract import headers as header_codec
 from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
+from dbq.contract.limits import MAX_RING_BODY_BYTES
 from dbq.contract.ring import (
     CALL_ARGS,
     HEADER_ENCODING,
-    MAX_RING_BODY_BYTES,
     MESSAGE,
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,

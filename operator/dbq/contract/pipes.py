@@ -25,8 +25,6 @@ META_COLUMNS = {
     "max_headers": "int",
     "max_body_bytes": "int",
 }
-# The largest body a pipes queue stores (a message is one row, written in one batch).
-MAX_PIPES_BODY_BYTES = 1 << 20
 BUCKET = 0  # the pipes table's single partition
 
 

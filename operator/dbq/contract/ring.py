@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
+from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.names import QUOTE, QueueNames
 
-# spec.messages.maxBytes: the default largest body, and the most a ring allows (past
-# ring.messageBytes a body waits beside the ring, in the content table).
-DEFAULT_MAX_BODY_BYTES = 1 << 20
-MAX_RING_BODY_BYTES = 64 << 20
 # The content table's key leads with msg_id % CONTENT_BUCKETS, so concurrent pushes (consecutive
 # ids) insert at that many places in its index, not all at its right edge.
 CONTENT_BUCKETS = 8

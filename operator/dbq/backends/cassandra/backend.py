@@ -26,7 +26,8 @@ from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import PipesQueue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
-from dbq.contract.pipes import MAX_PIPES_BODY_BYTES, PIPES_SCHEMA_VERSION
+from dbq.contract.limits import MAX_PIPES_BODY_BYTES
+from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
 from dbq.names import QueueNames
 

@@ -11,7 +11,8 @@ from enum import StrEnum
 
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.pipes import MAX_PIPES_BODY_BYTES, META_COLUMNS, PIPES_SCHEMA_VERSION
+from dbq.contract.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
+from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
 from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
 
@@ -134,7 +135,13 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     if target.max_body_bytes > MAX_PIPES_BODY_BYTES:
         raise InvalidSpec(
             f"spec.messages.maxBytes is {target.max_body_bytes}, and a pipes queue stores bodies of at most"
-            f" {MAX_PIPES_BODY_BYTES} bytes (1 MiB): lower it, or use a ring queue (up to 64 MiB)"
+            f" {MAX_PIPES_BODY_BYTES} bytes: lower it, or use a ring queue (up to 64 MiB)"
+        )
+    if target.max_body_bytes + target.header_bytes > MAX_PIPES_MESSAGE_BYTES:
+        raise InvalidSpec(
+            f"spec.messages.maxBytes ({target.max_body_bytes}) and spec.messages.headerBytes"
+            f" ({target.header_bytes}) add up to more than the {MAX_PIPES_MESSAGE_BYTES} bytes a pipes message"
+            " may hold (it moves in logged batches, which Cassandra refuses past 50 KiB): lower one of them"
         )
     if target.dead_letter_keeper is not None and observed.keeper_version != PIPES_SCHEMA_VERSION:
         found = (
