@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
 from dbq.client import (
@@ -37,7 +38,6 @@ from dbq.client import (
 )
 from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
-from dbq.contract.limits import MAX_PIPES_BODY_BYTES
 from dbq.names import QUOTE
 from tests.queue_worker import name_of
 from tests.sqlserver import MSSQL_DSN, on_sqlserver

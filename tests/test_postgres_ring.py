@@ -62,7 +62,9 @@ def test_apply_creates_the_ring_as_declared(postgres, schema):
         " WHERE n.nspname = ? AND c.relkind = 'r' AND c.reltoastrelid <> 0 ORDER BY 1",
         schema,
     ).fetchall()
-    assert [r[0] for r in toasted] == [f"orders_{t}" for t in ("archive", "dead", "ring", "spill", "staged")]
+    assert [r[0] for r in toasted] == [
+        f"orders_{t}" for t in ("archive", "content", "dead", "ring", "spill", "staged")
+    ]
     # Applying again changes nothing.
     assert backend.apply().steps == []
     backend.teardown()

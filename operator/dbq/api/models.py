@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from dbq.api.durations import Duration
-from dbq.contract.headers import DEFAULT_HEADER_BYTES
-from dbq.contract.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
+from dbq.api.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
 
 GROUP = "dbq.dev"
 VERSION = "v1alpha1"
@@ -522,7 +521,7 @@ SPEC_RULES = [
         "rule": "self.design != 'pipes' || !has(self.messages) || ("
         f"(has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES}) <= {MAX_PIPES_BODY_BYTES}"
         f" && (has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES})"
-        f" + (has(self.messages.headerBytes) ? self.messages.headerBytes : {DEFAULT_HEADER_BYTES})"
+        f" + (has(self.messages.headerBytes) ? self.messages.headerBytes : {Messages().header_bytes})"
         f" <= {MAX_PIPES_MESSAGE_BYTES})",
         "message": PIPES_SIZE_HINT,
     },

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dbq.api.durations import seconds
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES
 from dbq.api.models import QueueSpec
 from dbq.backends.base import QueueBackend
 from dbq.backends.broker_plan import BrokerTarget
 from dbq.connection import ConnectionSettings
-from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES
 from dbq.contract.ring import RingTarget
 from dbq.errors import InvalidSpec
 from dbq.names import QueueNames

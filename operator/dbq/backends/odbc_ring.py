@@ -12,6 +12,7 @@ import time
 
 import pyodbc
 
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.backends.base import ApplyResult, Depth, Finding
 from dbq.backends.dialects import RingSql, relations, ring_sql
 from dbq.backends.maintenance import (
@@ -28,7 +29,6 @@ from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
 from dbq.errors import QueueNotFound
 from dbq.names import QueueNames

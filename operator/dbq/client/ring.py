@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyodbc
 
+from dbq.api.limits import MAX_RING_BODY_BYTES
 from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer, take_one
 from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
@@ -26,7 +27,6 @@ from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract import headers as header_codec
 from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
-from dbq.contract.limits import MAX_RING_BODY_BYTES
 from dbq.contract.ring import (
     CALL_ARGS,
     HEADER_ENCODING,

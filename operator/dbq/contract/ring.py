@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.names import QUOTE, QueueNames
 
 # The content table's key leads with msg_id % CONTENT_BUCKETS, so concurrent pushes (consecutive

@@ -10,6 +10,7 @@ from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
+from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
@@ -26,7 +27,6 @@ from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import PipesQueue, QueueStats
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session, translate
-from dbq.contract.limits import MAX_PIPES_BODY_BYTES
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
 from dbq.names import QueueNames

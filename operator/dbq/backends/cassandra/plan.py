@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from dbq.api.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
 from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
 from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames

@@ -10,10 +10,10 @@ import time
 import uuid
 from typing import Any
 
+from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.client.pipes import tuning
 from dbq.client.pipes.model import Pusher, unset
 from dbq.client.pipes.session import Part, PipesSession
-from dbq.contract.limits import MAX_PIPES_BODY_BYTES
 from dbq.errors import MessageTooLarge, QueueError
 
 
