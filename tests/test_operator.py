@@ -267,9 +267,9 @@ def test_operator_killed_while_provisioning_converges_without_duplicates(env):
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relkind IN ('r', 'S')",
         schema,
     ).fetchval()
-    # meta, history, ring, spill, gap, staged, dead letters, waiters, archive; push and pop positions,
-    # ten totals
-    assert relations == 21
+    # meta, history, ring, spill, gap, staged, dead letters, waiters, archive, content; push and pop
+    # positions, ten totals
+    assert relations == 22
 
 
 def test_deletion_policies(env):
