@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyodbc
 
 from dbq.client.stats import HistorySample, QueueStats
-from dbq.client.waiting import count_arg, seconds_arg
+from dbq.client.waiting import check_bodies, count_arg, seconds_arg
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract.broker import CONVERSATION_SECONDS_MAX, BrokerStatements
 from dbq.contract.ring import history_bound, history_query
@@ -243,9 +243,7 @@ class BrokerQueue:
         seconds_arg(timeout, "timeout", 0.0)
         _no_ttl(ttl)
         _no_headers(headers)
-        for body in bodies:
-            if not isinstance(body, bytes | bytearray | memoryview):
-                raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
+        check_bodies(bodies)  # bytes; their size is SQL Server's to limit (2 GB)
         ids: list[str] = []
         with self._send_lock:
             for start in range(0, len(bodies), SEND_CHUNK):

@@ -23,7 +23,7 @@ from dbq.api.limits import MAX_RING_BODY_BYTES
 from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer, take_one
 from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
-from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
+from dbq.client.waiting import Deadline, check_bodies, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc
 from dbq.contract import headers as header_codec
 from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
@@ -49,7 +49,6 @@ from dbq.contract.ring import (
 from dbq.errors import (
     DbqError,
     LeaseLost,
-    MessageTooLarge,
     QueueError,
     QueueFull,
     QueueNotFound,
@@ -395,15 +394,8 @@ class Queue:
         self.close()
 
     # --- push -----------------------------------------------------------------------------
-    def _check_size(self, body: bytes) -> None:
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
-        if len(body) > self.max_body_bytes:
-            raise MessageTooLarge(
-                f"message of {len(body)} bytes is larger than spec.messages.maxBytes ({self.max_body_bytes})"
-                f" of queue {self.names.queue}: raise spec.messages.maxBytes (at most {MAX_RING_BODY_BYTES}"
-                " on a ring), or store the payload elsewhere and push a reference to it"
-            )
+    def _check_bodies(self, bodies: Sequence[bytes]) -> None:
+        check_bodies(bodies, self.max_body_bytes, self.names.queue, f"{MAX_RING_BODY_BYTES} on a ring")
 
     def _ttl_ms(self, ttl: float | None) -> int:
         return int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
@@ -426,7 +418,7 @@ class Queue:
         values carried beside the body (`dbq.contract.headers`)."""
         if self._pushes is None:
             return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay, headers=headers)[0]
-        self._check_size(body)
+        self._check_bodies([body])
         stored = header_codec.encode(headers, self.header_limits)
         options = (self._ttl_ms(ttl), self._delay_ms(delay))
         deadline = Deadline(seconds_arg(timeout, "timeout", self.push_timeout))
@@ -449,8 +441,7 @@ class Queue:
         order. With `delay`, they wait aside (not in the ring, which never waits for them) and
         are delivered once due, among the ring's messages; `ttl` then counts from that time.
         `headers`: one mapping for every message, or one (or None) per message."""
-        for body in bodies:
-            self._check_size(body)
+        self._check_bodies(bodies)
         stored = header_codec.encode_each(headers, len(bodies), self.header_limits)
         messages = [(bytes(b), h) for b, h in zip(bodies, stored, strict=True)]
         ttl_ms, delay_ms = self._ttl_ms(ttl), self._delay_ms(delay)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
+
+from dbq.errors import MessageTooLarge
 
 SPINS = 3
 FIRST_SLEEP_S = 0.001
@@ -90,6 +92,23 @@ def seconds_arg(value: float | None, name: str, default: float, *, positive: boo
         bound = "> 0" if positive else ">= 0"
         raise ValueError(f"{name} must be a number of seconds {bound}, not {value!r}")
     return float(value)
+
+
+def check_bodies(
+    bodies: Iterable[object], max_bytes: int | None = None, queue: str = "", most: str = ""
+) -> None:
+    """Refuse, before anything is written, a body that is not bytes, or one larger than the
+    queue's spec.messages.maxBytes (`max_bytes`; None: no limit checked here). `most`: how far
+    the limit may be raised, in words ("67108864 on a ring")."""
+    for body in bodies:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
+        if max_bytes is not None and len(body) > max_bytes:
+            raise MessageTooLarge(
+                f"message of {len(body)} bytes is larger than spec.messages.maxBytes ({max_bytes}) of queue"
+                f" {queue}: raise spec.messages.maxBytes (at most {most}), or store the payload elsewhere"
+                " and push a reference to it"
+            )
 
 
 def count_arg(value: int, name: str) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cassandra.cluster import Cluster, Session
 
+from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coalescer, take_one
 from dbq.client.pipes import measuring, tuning
 from dbq.client.pipes.archive import PipeArchive
@@ -23,9 +24,9 @@ from dbq.client.pipes.repairing import PipeRepairer
 from dbq.client.pipes.session import PipesSession
 from dbq.client.pipes.settling import PipeSettler
 from dbq.client.pipes.taking import PipeReader
-from dbq.client.pipes.writing import PipeWriter, check_bodies
+from dbq.client.pipes.writing import PipeWriter
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample
-from dbq.client.waiting import Deadline, count_arg, seconds_arg, take_until
+from dbq.client.waiting import Deadline, check_bodies, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
 from dbq.contract import headers as header_codec
@@ -168,6 +169,9 @@ class PipesQueue:
         self.close()
 
     # --- push -----------------------------------------------------------------------------
+    def _check_bodies(self, bodies: Sequence[bytes]) -> None:
+        check_bodies(bodies, self.max_body_bytes, self.names.queue, f"{MAX_PIPES_BODY_BYTES} on pipes")
+
     def push(
         self,
         body: bytes,
@@ -181,7 +185,7 @@ class PipesQueue:
         pipe has no size limit. With `delay` (seconds), it is delivered no earlier than that from now."""
         if self._pushes is None:
             return self.push_many([body], timeout=timeout, ttl=ttl, delay=delay, headers=headers)[0]
-        check_bodies([body], self.max_body_bytes, self.names.queue)
+        self._check_bodies([body])
         stored = header_codec.encode(headers, self.header_limits)
         seconds_arg(timeout, "timeout", self.push_timeout)
         options = (
@@ -204,7 +208,7 @@ class PipesQueue:
         delayed table until due, and the first repair after that (the operator's cleanup) moves
         them to a pipe, with their ids."""
         batch = list(bodies)
-        check_bodies(batch, self.max_body_bytes, self.names.queue)
+        self._check_bodies(batch)
         stored = header_codec.encode_each(headers, len(batch), self.header_limits)
         return self._store(
             list(zip([bytes(b) for b in batch], stored, strict=True)), timeout=timeout, ttl=ttl, delay=delay

@@ -10,24 +10,10 @@ import time
 import uuid
 from typing import Any
 
-from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.client.pipes import tuning
 from dbq.client.pipes.model import Pusher, unset
 from dbq.client.pipes.session import Part, PipesSession
-from dbq.errors import MessageTooLarge, QueueError
-
-
-def check_bodies(bodies: list[bytes], max_bytes: int, queue: str) -> None:
-    """Refuse what the queue does not store (spec.messages.maxBytes), before anything is written."""
-    for body in bodies:
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"a message body is bytes, not {type(body).__name__}: encode it first")
-        if len(body) > max_bytes:
-            raise MessageTooLarge(
-                f"message of {len(body)} bytes is larger than spec.messages.maxBytes ({max_bytes}) of queue"
-                f" {queue}: raise spec.messages.maxBytes (at most {MAX_PIPES_BODY_BYTES} on pipes), or store"
-                " the payload elsewhere and push a reference to it"
-            )
+from dbq.errors import QueueError
 
 
 def sizes(bodies: list[bytes], headers: list[str | None] | None) -> list[int]:
