@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pyodbc
-from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database
+from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database, sampled
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"300 B": 300, "4 KiB": 4 << 10, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
@@ -118,24 +117,8 @@ def measure(design: str, size: int, url: str, odbc: str, seconds: float, workers
     poppers, one process each, over `seconds` once all of them are connected."""
     prepare(design, url, odbc)
     args = [("push", design, url, odbc, size)] * workers + [("pop", design, url, odbc, size)] * workers
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    counters = [ctx.Value("q", 0, lock=False) for _ in args]
-    procs = [ctx.Process(target=worker, args=(*a, c, stop)) for a, c in zip(args, counters, strict=True)]
-    for p in procs:
-        p.start()
-    while not all(c.value for c in counters):  # every worker connected (and a push done)
-        time.sleep(0.05)
-    popped = counters[workers:]
-    start_count = sum(max(c.value, 0) for c in popped)
-    started = time.monotonic()
-    time.sleep(seconds)
-    got = sum(max(c.value, 0) for c in popped) - start_count
-    elapsed = time.monotonic() - started
-    stop.set()
-    for p in procs:
-        p.join(timeout=120)
-    return got / elapsed
+    # The pushers count once their first push is done, the poppers say -1 once connected.
+    return statistics.fmean(sampled(worker, args, seconds, counted=range(workers, 2 * workers)))
 
 
 def disk_rate(directory: str, seconds: float) -> float:

@@ -172,9 +172,12 @@ def measure(design: str, kind: str, seconds: float, url: str, odbc: str, queue: 
     return Run(design, kind, seconds, samples)  # ring-batch cycles count messages already
 
 
-def sampled(target: Callable[..., None], args: list[tuple[Any, ...]], seconds: float) -> list[float]:
+def sampled(
+    target: Callable[..., None], args: list[tuple[Any, ...]], seconds: float, counted: range | None = None
+) -> list[float]:
     """Run `target(*args[i], counter, stop)` in one process each (it adds what it did to its
-    counter until `stop` is set); the total per second, sampled once a second for `seconds`."""
+    counter until `stop` is set; a worker that is ready but has done nothing may set -1); the total
+    per second of the `counted` workers (all by default), sampled once a second for `seconds`."""
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     counters = [ctx.Value("q", 0, lock=False) for _ in args]
@@ -184,13 +187,17 @@ def sampled(target: Callable[..., None], args: list[tuple[Any, ...]], seconds: f
     # Start the clock once every worker has done its first cycle (connections made).
     while not all(c.value for c in counters):
         time.sleep(0.05)
+
+    def total() -> int:
+        return sum(max(counters[i].value, 0) for i in counted or range(len(counters)))
+
     samples: list[float] = []
-    last = sum(c.value for c in counters)
+    last = total()
     started = tick = time.monotonic()
     while time.monotonic() - started < seconds:
         tick += 1.0
         time.sleep(max(0.0, tick - time.monotonic()))
-        now = sum(c.value for c in counters)
+        now = total()
         samples.append(float(now - last))
         last = now
     stop.set()
