@@ -68,14 +68,14 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         "spec.messages.maxBytes",
     ),
     (
-        "pipes-max-bytes-past-a-logged-batch",
-        with_path(pipes_queue("events", "events"), "spec.messages.maxBytes", 40_000),
-        "a pipes message holds a body of at most 32768 bytes",
+        "pipes-max-bytes-past-a-mutation",
+        with_path(pipes_queue("events", "events"), "spec.messages.maxBytes", (8 << 20) + 1),
+        "a pipes message holds a body of at most 8388608 bytes",
     ),
     (
         "pipes-headers-past-a-logged-batch",
         with_path(pipes_queue("events", "events"), "spec.messages.headerBytes", 20_000),
-        "and 49152 bytes with its headers",
+        "and at most 16384 bytes of headers",
     ),
     (
         "visibility-not-duration",

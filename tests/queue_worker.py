@@ -47,7 +47,17 @@ def main() -> None:
     )
     p.add_argument("--tolerate-outages", action="store_true", help="log failed calls and go on")
     p.add_argument("--large", type=int, default=0, help="every fourth body pushed is this many bytes")
+    p.add_argument(
+        "--pipes-ending",
+        type=float,
+        default=0.0,
+        help="pipes: tuning.ENDING_S (when repair finishes what a killed client left)",
+    )
     a = p.parse_args()
+    if a.pipes_ending:
+        from dbq.client.pipes import tuning
+
+        tuning.ENDING_S = a.pipes_ending
     q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
     # Line-buffered: each line reaches the kernel as it is written.
     with q, open(a.log, "a", buffering=1) as log:

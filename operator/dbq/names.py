@@ -151,8 +151,9 @@ class QueueNames:
 
     @property
     def content(self) -> str:
-        """Bodies larger than a slot (spec.messages.maxBytes past ring.messageBytes), keyed by
-        message id, while their message is in the ring or the spill table."""
+        """Bodies too large for their message's row, keyed by message id: on a ring, past
+        ring.messageBytes while the message is in the ring or the spill table; on pipes, in chunks
+        past 32 KiB."""
         return self._("content")
 
     @property
@@ -185,7 +186,8 @@ class QueueNames:
     def pipes_tables(self) -> tuple[str, ...]:
         """Cassandra: the tables of one pipes queue."""
         return (
-            self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead, self.delayed, self.archive
+            self.pipes, self.pipe_state, self.waiting, self.pending, self.staged, self.dead, self.delayed, self.archive,
+            self.content,
         )  # fmt: skip
 
     @property

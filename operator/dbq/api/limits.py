@@ -7,8 +7,10 @@ from __future__ import annotations
 # content table.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 MAX_RING_BODY_BYTES = 64 << 20
-# Pipes: the most a body holds, and a body and its headers together: a nack, a rollback, a dead
-# letter or a redrive moves a message between partitions in one logged batch, which Cassandra
-# refuses past batch_size_fail_threshold (50 KiB by default).
-MAX_PIPES_BODY_BYTES = 32 << 10
-MAX_PIPES_MESSAGE_BYTES = 48 << 10
+# Pipes: a body past INLINE_BODY_BYTES (dbq.contract.pipes) is stored in chunks beside the pipes,
+# and the most is 8 MiB: a Spark job stages a pipes queue's messages in blocks, one Cassandra
+# mutation each, which Cassandra refuses past 16 MiB (half its commit log segment). Headers stay
+# in the message's row, which moves between partitions in logged batches that Cassandra refuses
+# past batch_size_fail_threshold (50 KiB by default): a pipes message holds at most 16 KiB of them.
+MAX_PIPES_BODY_BYTES = 8 << 20
+MAX_PIPES_HEADER_BYTES = 16 << 10

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from dbq.api.durations import Duration
-from dbq.api.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES, MAX_PIPES_HEADER_BYTES
 
 GROUP = "dbq.dev"
 VERSION = "v1alpha1"
@@ -301,8 +301,8 @@ class Messages(Model):
         default=None,
         description="Largest body of one message, in bytes; a push with a larger one is refused with an error"
         " naming this field. Ring: default 1 MiB, at most 64 MiB; a body past spec.ring.messageBytes waits in a"
-        " content table beside the ring. Pipes: default and most 32 KiB, and with spec.messages.headerBytes at"
-        " most 48 KiB (a message moves between tables in a logged batch, which Cassandra refuses past 50 KiB)."
+        " content table beside the ring. Pipes: default 1 MiB, at most 8 MiB; a body past 32 KiB is stored in chunks"
+        " of 256 KiB beside the pipes, and headerBytes is at most 16 KiB."
         " Service Broker: not used (SQL Server's own limit, 2 GB a message).",
     )
 
@@ -455,8 +455,8 @@ class QueueSpec(Model):
         if self.archive.enabled and self.design == "servicebroker":
             raise ValueError(ARCHIVE_HINT)
         if self.design == "pipes":
-            body = self.messages.max_bytes or MAX_PIPES_BODY_BYTES
-            if body > MAX_PIPES_BODY_BYTES or body + self.messages.header_bytes > MAX_PIPES_MESSAGE_BYTES:
+            body = self.messages.max_bytes or DEFAULT_MAX_BODY_BYTES
+            if body > MAX_PIPES_BODY_BYTES or self.messages.header_bytes > MAX_PIPES_HEADER_BYTES:
                 raise ValueError(PIPES_SIZE_HINT)
         for field, section in (("ring", "ring"), ("pipes", "pipes"), ("service_broker", "serviceBroker")):
             if field in self.model_fields_set and self.design != SECTION_DESIGNS[section]:
@@ -491,9 +491,10 @@ ARCHIVE_HINT = (
     " queue's RETENTION setting instead); set it to false"
 )
 PIPES_SIZE_HINT = (
-    f"spec.messages: a pipes message holds a body of at most {MAX_PIPES_BODY_BYTES} bytes (maxBytes), and"
-    f" {MAX_PIPES_MESSAGE_BYTES} bytes with its headers (maxBytes + headerBytes): it moves between tables in"
-    " logged batches, which Cassandra refuses past 50 KiB; lower them, or use a ring queue for larger bodies"
+    f"spec.messages: a pipes message holds a body of at most {MAX_PIPES_BODY_BYTES} bytes (maxBytes; a Spark"
+    f" job stages it in one Cassandra mutation) and at most {MAX_PIPES_HEADER_BYTES} bytes of headers"
+    " (headerBytes; they move in logged batches, which Cassandra refuses past 50 KiB); lower them, or use"
+    " a ring queue for larger bodies"
 )
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
@@ -519,10 +520,8 @@ SPEC_RULES = [
     ),
     {
         "rule": "self.design != 'pipes' || !has(self.messages) || ("
-        f"(has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES}) <= {MAX_PIPES_BODY_BYTES}"
-        f" && (has(self.messages.maxBytes) ? self.messages.maxBytes : {MAX_PIPES_BODY_BYTES})"
-        f" + (has(self.messages.headerBytes) ? self.messages.headerBytes : {Messages().header_bytes})"
-        f" <= {MAX_PIPES_MESSAGE_BYTES})",
+        f"(!has(self.messages.maxBytes) || self.messages.maxBytes <= {MAX_PIPES_BODY_BYTES})"
+        f" && (!has(self.messages.headerBytes) || self.messages.headerBytes <= {MAX_PIPES_HEADER_BYTES}))",
         "message": PIPES_SIZE_HINT,
     },
     {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dbq.api.durations import seconds
-from dbq.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.api.models import QueueSpec
 from dbq.backends.base import QueueBackend
 from dbq.backends.broker_plan import BrokerTarget
@@ -46,7 +46,7 @@ def open_backend(
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes,
             max_headers=spec.messages.max_headers,
-            max_body_bytes=spec.messages.max_bytes or MAX_PIPES_BODY_BYTES,
+            max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
         )
         return CassandraPipes(settings, target)
     if spec.backend == "sqlserver" and spec.design == "servicebroker":

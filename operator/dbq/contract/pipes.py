@@ -7,6 +7,8 @@ marker of a prepared statement. The tables are described in `dbq.backends.cassan
 
 from __future__ import annotations
 
+import uuid
+
 from dbq.names import QueueNames
 from dbq.names import pg_quote as quote
 
@@ -15,7 +17,8 @@ from dbq.names import pg_quote as quote
 # 4: message headers (a headers column in the waiting, pending, delayed, dead and archive tables;
 #    their limits in meta.header_bytes and meta.max_headers)
 # 5: the largest body (spec.messages.maxBytes) in meta.max_body_bytes
-PIPES_SCHEMA_VERSION = 5
+# 6: bodies past INLINE_BODY_BYTES in chunks in the content table (the message row's body unset)
+PIPES_SCHEMA_VERSION = 6
 # What versions 2 to 5 added to the metadata table, with their types.
 META_COLUMNS = {
     "max_attempts": "int",
@@ -26,6 +29,16 @@ META_COLUMNS = {
     "max_body_bytes": "int",
 }
 BUCKET = 0  # the pipes table's single partition
+# A body up to this size is stored in its message's row; a larger one in chunks of CHUNK_BYTES in
+# the content table, keyed by the message id, written before the row: a row whose body is unset
+# (null) points there. An empty body is an empty blob, not a null.
+INLINE_BODY_BYTES = 32 << 10
+CHUNK_BYTES = 256 << 10
+# The lease of a pending row that is no lease: it marks content on its way in (a push between its
+# chunks and its row) or out (a message popped, expired or acked whose chunks are being deleted).
+# Should its client die meanwhile, the row comes due at its deadline and repair deletes the
+# content, then the row.
+ENDING = uuid.UUID(int=0)
 
 
 class PipesStatements:
@@ -49,6 +62,7 @@ class PipesStatements:
         self.own_dead = f"{ks}.{quote(names.dead)}"
         self.delayed = f"{ks}.{quote(names.delayed)}"
         self.archive = f"{ks}.{quote(names.archive)}"
+        self.content = f"{ks}.{quote(names.content)}"
         m, p, st, w, d = self.meta, self.pipes, self.state, self.waiting, self.pending
         counters = "pushed, requeued, popped, acquired, expired"
 
@@ -101,6 +115,15 @@ class PipesStatements:
             f" FROM {d} WHERE pipe = ?"
         )
         self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
+        # A pending row marking content on its way in or out (lease ENDING).
+        self.mark_ending = f"INSERT INTO {d} (pipe, msg, id, deadline, lease) VALUES (?, ?, ?, ?, ?)"
+        # Content: a message's chunks (by its id; an archived message's by its archive key), and
+        # their total size, so a reader knows it has them all.
+        c = self.content
+        self.put_chunk = f"INSERT INTO {c} (id, chunk, data, size) VALUES (?, ?, ?, ?)"
+        self.put_chunk_for = f"INSERT INTO {c} (id, chunk, data, size) VALUES (?, ?, ?, ?) USING TTL ?"
+        self.chunks = f"SELECT size, data FROM {c} WHERE id = ?"
+        self.drop_content = f"DELETE FROM {c} WHERE id = ?"
         # Delayed messages: one partition, in due-time order; repair moves those due to a pipe.
         dy = self.delayed
         self.delay = (

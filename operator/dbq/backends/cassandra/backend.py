@@ -10,7 +10,6 @@ from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
-from dbq.api.limits import MAX_PIPES_BODY_BYTES
 from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.plan import (
@@ -122,7 +121,7 @@ class CassandraPipes:
         return RecordedPipes(
             number("schema_version"), number("max_pushes_per_pipe"), number("max_push_time_ms"),
             number("max_attempts"), number("archive_ttl_s"), str(values.get("dead_letter_queue") or ""),
-            number("header_bytes"), number("max_headers"), number("max_body_bytes") or MAX_PIPES_BODY_BYTES,
+            number("header_bytes"), number("max_headers"), number("max_body_bytes"),
         )  # fmt: skip
 
     def _keeper_version(self) -> int | None:

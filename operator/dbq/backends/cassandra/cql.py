@@ -17,7 +17,10 @@ Tables (per queue, in the keyspace `spec.connection.schema`):
 - `<q>_waiting`: one partition per pipe, messages in push order. A popper deletes what it took
   as one range behind its cursor and reads only after the cursor, so reads at the head never
   scan tombstones, and a pipe holds at most maxPushesPerPipe messages.
-- `<q>_pending`: leased messages, partitioned like `waiting`.
+- `<q>_pending`: leased messages, partitioned like `waiting`; also rows marking content on its
+  way in or out (lease `ENDING`), which repair finishes once their deadline passes.
+- `<q>_content`: bodies past 32 KiB, in chunks of 256 KiB, one partition per message id (or per
+  archive key, with the archive's TTL); the message's row leaves its body unset.
 `state`, `waiting` and `pending` share the partition key (the pipe id), so a batch touching one
 pipe in all three is a single mutation: a push (rows + count) or a take (delete + count + pending
 rows) is atomic on every replica.
@@ -155,6 +158,10 @@ class PipesCql(PipesStatements):
     hour int, acked timeuuid, id timeuuid, attempts int, body blob, headers text,
     PRIMARY KEY ((hour), acked, id)
 ) WITH CLUSTERING ORDER BY (acked ASC, id ASC) AND {TABLE_OPTIONS}""",
+            self.names.content: f"""CREATE TABLE IF NOT EXISTS {self.content} (
+    id timeuuid, chunk int, data blob, size bigint static,
+    PRIMARY KEY ((id), chunk)
+) WITH CLUSTERING ORDER BY (chunk ASC) AND {TABLE_OPTIONS}""",
             self.names.staged: f"""CREATE TABLE IF NOT EXISTS {self.staged} (
     stage text, seq bigint, first_seq bigint, packed blob,
     PRIMARY KEY ((stage), seq)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from dbq.api.limits import MAX_PIPES_BODY_BYTES, MAX_PIPES_MESSAGE_BYTES
+from dbq.api.limits import DEFAULT_MAX_BODY_BYTES, MAX_PIPES_BODY_BYTES, MAX_PIPES_HEADER_BYTES
 from dbq.backends.cassandra.cql import COMPACTION, COMPACTION_OPTIONS, GC_GRACE_SECONDS
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.pipes import META_COLUMNS, PIPES_SCHEMA_VERSION
@@ -30,7 +30,7 @@ class PipesTarget:
     dead_letter_keeper: QueueNames | None = None
     header_bytes: int = DEFAULT_HEADER_BYTES  # spec.messages.headerBytes
     max_headers: int = DEFAULT_MAX_HEADERS  # spec.messages.maxHeaders
-    max_body_bytes: int = MAX_PIPES_BODY_BYTES  # spec.messages.maxBytes
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # spec.messages.maxBytes
 
     @property
     def dead_letter_queue(self) -> str:
@@ -91,7 +91,7 @@ class RecordedPipes:
     dead_letter_queue: str = ""  # recorded since schema version 3
     header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since schema version 4
     max_headers: int = DEFAULT_MAX_HEADERS  # recorded since schema version 4
-    max_body_bytes: int = MAX_PIPES_BODY_BYTES  # recorded since schema version 5
+    max_body_bytes: int = 0  # recorded since schema version 5
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,14 @@ def plan_pipes(target: PipesTarget, observed: PipesObserved) -> list[PipesStep]:
     if target.max_body_bytes > MAX_PIPES_BODY_BYTES:
         raise InvalidSpec(
             f"spec.messages.maxBytes is {target.max_body_bytes}, and a pipes queue stores bodies of at most"
-            f" {MAX_PIPES_BODY_BYTES} bytes: lower it, or use a ring queue (up to 64 MiB)"
+            f" {MAX_PIPES_BODY_BYTES} bytes (a Spark job stages each in one Cassandra mutation): lower it, or"
+            " use a ring queue (up to 64 MiB)"
         )
-    if target.max_body_bytes + target.header_bytes > MAX_PIPES_MESSAGE_BYTES:
+    if target.header_bytes > MAX_PIPES_HEADER_BYTES:
         raise InvalidSpec(
-            f"spec.messages.maxBytes ({target.max_body_bytes}) and spec.messages.headerBytes"
-            f" ({target.header_bytes}) add up to more than the {MAX_PIPES_MESSAGE_BYTES} bytes a pipes message"
-            " may hold (it moves in logged batches, which Cassandra refuses past 50 KiB): lower one of them"
+            f"spec.messages.headerBytes is {target.header_bytes}, and a pipes message holds at most"
+            f" {MAX_PIPES_HEADER_BYTES} bytes of headers (they move in logged batches, which Cassandra refuses"
+            " past 50 KiB): lower it"
         )
     if target.dead_letter_keeper is not None and observed.keeper_version != PIPES_SCHEMA_VERSION:
         found = (

@@ -1,5 +1,6 @@
 """The dead letters of a pipes queue: listed, redriven (pushed again with their ids) and purged,
-wherever they are kept (the queue's own dead table, or spec.deadLetter.queue's)."""
+wherever they are kept (the queue's own dead table, or spec.deadLetter.queue's). A large body
+stays in its queue's content table, under the message id, until the dead letter is purged."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from dbq.client.pipes import tuning
+from dbq.client.pipes.content import PipeContent
 from dbq.client.pipes.model import dead_letter_of_row
 from dbq.client.pipes.session import PipesSession
 from dbq.client.pipes.writing import PipeWriter
 from dbq.client.stats import DeadLetter
 from dbq.client.waiting import count_arg
 from dbq.contract import headers as header_codec
+from dbq.contract.pipes import PipesStatements
+from dbq.names import QueueNames
 
 
 class PipeDeadLetters:
@@ -21,16 +25,29 @@ class PipeDeadLetters:
         self.db = db
         self.writer = writer
         self.source = source  # schema.queue, as dead letters record their queue
+        self.content = PipeContent(db)
 
     def listed(self, limit: int, held: bool) -> list[DeadLetter]:
         """This queue's dead letters, oldest pushed first; `held`: every dead letter this
         queue's table keeps, its own and other queues'."""
-        if held:
-            return [
-                dead_letter_of_row(r)
-                for r in self.db.rows(self.db.cql.held_dead_letters, count_arg(limit, "limit"))
-            ]
-        return [dead_letter_of_row(r) for r in self._rows(None, limit)]
+        rows = (
+            self.db.rows(self.db.cql.held_dead_letters, count_arg(limit, "limit"))
+            if held
+            else self._rows(None, limit)
+        )
+        bodies: dict[uuid.UUID, bytes] = {}
+        for source in {
+            r[6] or self.source for r in rows if r[4] is None
+        }:  # chunks stay in their queue's table
+            theirs = (
+                None if source == self.source else PipesStatements(QueueNames.of_qualified(source)).chunks
+            )
+            bodies |= self.content.get(
+                [r[0] for r in rows if r[4] is None and (r[6] or self.source) == source], theirs
+            )
+        return [
+            dead_letter_of_row(r, bytes(r[4]) if r[4] is not None else bodies.get(r[0], b"")) for r in rows
+        ]
 
     def _rows(self, ids: Iterable[uuid.UUID] | None, limit: int) -> list[Any]:
         count_arg(limit, "limit")
@@ -50,7 +67,7 @@ class PipeDeadLetters:
         rows = self.db.claimed(self.db.cql.claim_dead, rows, lambda r: (r[0],), at)
         if rows:
             self.writer.append(
-                [bytes(r[4]) for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),
+                [r[4] for r in rows], ids=[r[0] for r in rows], attempts=[0] * len(rows),
                 headers=[header_codec.without_dead_letter_reason(r[7]) for r in rows], also=[(self.db.cql.unbury, (r[0],)) for r in rows],
             )  # fmt: skip
         return len(rows)
@@ -59,4 +76,5 @@ class PipeDeadLetters:
         """Dead letters deleted for good. How many went."""
         rows = self._rows(ids, limit)
         self.db.many(self.db.cql.unbury, [(r[0],) for r in rows])
+        self.content.drop([r[0] for r in rows if r[4] is None])
         return len(rows)

@@ -40,6 +40,12 @@ class PipeMessage:
     headers: dict[str, HeaderValue] = field(default_factory=dict)
     stored_headers: str | None = field(default=None, repr=False, compare=False)  # as stored (pushed again so)
     _queue: MessageOwner | None = field(default=None, repr=False, compare=False)
+    chunked: bool = field(default=False, repr=False, compare=False)  # its body is in the content table
+
+    @property
+    def stored_body(self) -> bytes | None:
+        """The body as the message's row holds it: None when it is in chunks (under its id)."""
+        return None if self.chunked else self.body
 
     def ack(self) -> None:
         """Done with it: never delivered again. Raises LeaseLost if the lease had expired."""
@@ -94,6 +100,7 @@ class PipesRepair:
     retired_pipes: int  # drained pipes removed (partitions dropped, totals kept)
     dead_lettered: int = 0  # of those rolled back: acquired deadLetter.maxAttempts times
     delayed_due: int = 0  # delayed messages come due, moved to a pipe
+    ended: int = 0  # large bodies a client left half-stored or half-deleted, deleted
 
 
 @dataclass
@@ -165,16 +172,16 @@ def unset(value: Any) -> Any:
     return UNSET_VALUE if value is None else value
 
 
-def dead_letter_of_row(row: Sequence[Any]) -> DeadLetter:
-    """A dead letter from (id, attempts, error, dead_at ms, body, moving_until, source, headers);
-    pushed when its id was made."""
+def dead_letter_of_row(row: Sequence[Any], body: bytes) -> DeadLetter:
+    """A dead letter from (id, attempts, error, dead_at ms, body, moving_until, source, headers)
+    and its body (the row's, or its chunks); pushed when its id was made."""
     return DeadLetter(
         row[0],
         int(row[1] or 0),
         row[2],
         tuning.uuid_ms(row[0]) / 1000,
         (row[3] or 0) / 1000,
-        bytes(row[4]),
+        body,
         row[6] or "",
         header_codec.decode(row[7]),
     )

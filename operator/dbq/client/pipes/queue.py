@@ -310,6 +310,7 @@ class PipesQueue:
             return
         acked, lost = self.settler.ack(batch)
         self.archive.keep([(m.id, m.attempts, m.body, m.stored_headers) for m in acked])
+        self.settler.finish(acked)
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 

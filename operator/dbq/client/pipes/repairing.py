@@ -1,5 +1,6 @@
 """`repair()` of a pipes queue (the operator's cleanup): moves delayed messages that came due,
-finishes pipes whose pusher vanished (past maxPushTime), rolls back pending messages past their
+finishes pipes whose pusher vanished (past maxPushTime), deletes the chunks a client that died
+half-way left marked (`dbq.client.pipes.content`), rolls back pending messages past their
 deadline (holding that pipe's lease, so one rollback per message), marks pipes drained, and
 retires the drained pipes at the head: their totals move to the queue row and the watermark in
 one conditional update, then their partitions go. Idempotent and safe while clients work."""
@@ -32,7 +33,7 @@ class PipeRepairer:
         if meta is None:
             raise QueueNotFound(f"queue {db.names.queue} is gone")
         delayed_due = self._deliver_due()
-        finished = rolled_back = dead_lettered = drained = 0
+        finished = rolled_back = dead_lettered = drained = ended = 0
         pipes = self.leases.live_pipes(meta)
         states = self.leases.states([p for p, _ in pipes])
         pending = db.many(cql.pending_of, [(p,) for p, _ in pipes])
@@ -50,11 +51,13 @@ class PipeRepairer:
                 if status == "active":
                     db.rows(cql.set_status, "finished", at, pipe)
                 finished += 1
-            late = overdue(rows, at)
+            late, finished_ends = self.settler.finish_ending(pipe, overdue(rows, at))
+            ended += finished_ends
             if late:
                 with self.leases.client_lease():  # the pipe may be this client's own
                     moved, dead = self.settler.roll_back(state, late) or (0, 0)
                 rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
+            if late or finished_ends:
                 rows = db.rows(cql.pending_of, pipe)
             is_drained = state.remaining <= 0 and state.done_pushing(max_push_time_ms, at)
             if is_drained and status != "drained":
@@ -64,7 +67,7 @@ class PipeRepairer:
             if prefix:
                 retirable.append(state)
         retired = self._retire(meta, retirable) if retirable else 0
-        return PipesRepair(finished, rolled_back, drained, retired, dead_lettered, delayed_due)
+        return PipesRepair(finished, rolled_back, drained, retired, dead_lettered, delayed_due, ended)
 
     def _deliver_due(self) -> int:
         """Move delayed messages that are due to this client's pipe, with their ids (at most
@@ -80,7 +83,7 @@ class PipeRepairer:
             rows = self.db.claimed(cql.claim_delayed, rows, lambda r: (r[0], r[1]), at)
             if rows:
                 self.writer.append(
-                    [bytes(r[2]) for r in rows], ids=[r[1] for r in rows], expires=[r[3] for r in rows],
+                    [r[2] for r in rows], ids=[r[1] for r in rows], expires=[r[3] for r in rows],
                     headers=[r[5] for r in rows], also=[(cql.undelay, (r[0], r[1])) for r in rows], requeue=False,
                 )  # fmt: skip
             moved += len(rows)

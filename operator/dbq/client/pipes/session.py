@@ -4,12 +4,14 @@ translated into `dbq.errors`."""
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cassandra.cluster import ResponseFuture, Session
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.cluster import NoHostAvailable, ResponseFuture, ResultSet, Session
+from cassandra.connection import ConnectionBusy
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statement
 
 from dbq.client.pipes import tuning
 from dbq.connection import ConnectionSettings
@@ -23,6 +25,18 @@ from dbq.names import QueueNames
 _PREPARED: weakref.WeakKeyDictionary[Session, dict[str, PreparedStatement]] = weakref.WeakKeyDictionary()
 
 Part = tuple[str, tuple[Any, ...]]  # a statement's text and its parameters, as a batch holds them
+BUSY_RETRIES = 12  # a request refused unsent is tried again this often, for about 0.6 s in all
+
+
+def busy(e: Exception) -> bool:
+    """Whether the driver refused a request before sending it, every connection's socket full
+    (large bodies in flight on them): safe to send again, whatever the statement."""
+    errors: dict[Any, Exception] = getattr(e, "errors", None) or {}
+    return (
+        isinstance(e, NoHostAvailable)
+        and bool(errors)
+        and all(isinstance(v, ConnectionBusy) for v in errors.values())
+    )
 
 
 class PipesSession:
@@ -45,19 +59,24 @@ class PipesSession:
     def error(self, e: Exception) -> QueueError:
         return translate(e, self.settings)
 
+    def _execute(self, statement: Statement | PreparedStatement, params: Any = None) -> ResultSet:
+        """Run a statement, again while the driver refuses it unsent (`busy`)."""
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                return self.session.execute(statement, params)
+            except Exception as e:
+                if not busy(e) or attempt == BUSY_RETRIES:
+                    raise self.error(e) from None
+                time.sleep(min(0.002 * 2**attempt, 0.1))
+        raise AssertionError("unreachable")
+
     def rows(self, text: str, *params: Any) -> list[Any]:
         """Run one statement; its rows."""
-        try:
-            return list(self.session.execute(self.statement(text), params))
-        except Exception as e:
-            raise self.error(e) from None
+        return list(self._execute(self.statement(text), params))
 
     def cas(self, text: str, *params: Any) -> bool:
         """Run a lightweight transaction; whether it applied."""
-        try:
-            return bool(self.session.execute(self.statement(text), params).was_applied)
-        except Exception as e:
-            raise self.error(e) from None
+        return bool(self._execute(self.statement(text), params).was_applied)
 
     def batch(self, parts: Iterable[Part], logged: bool = False, conditional: bool = False) -> bool:
         """Run statements as one batch; whether it applied. That is always so without
@@ -67,20 +86,22 @@ class PipesSession:
         batch = BatchStatement(batch_type=BatchType.LOGGED if logged else BatchType.UNLOGGED)
         for text, params in parts:
             batch.add(self.statement(text), params)
-        try:
-            result = self.session.execute(batch)
-        except Exception as e:
-            raise self.error(e) from None
+        result = self._execute(batch)
         return bool(result.was_applied) if conditional else True
 
     def many(self, text: str, params: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
         """Run one statement for many parameter tuples concurrently; rows per tuple, in order."""
         statement = self.statement(text)
-        try:
-            futures: list[ResponseFuture] = [self.session.execute_async(statement, p) for p in params]
-            return [list(f.result()) for f in futures]
-        except Exception as e:
-            raise self.error(e) from None
+        futures: list[ResponseFuture] = [self.session.execute_async(statement, p) for p in params]
+        out: list[list[Any]] = []
+        for future, p in zip(futures, params, strict=True):
+            try:
+                out.append(list(future.result()))
+            except Exception as e:
+                if not busy(e):
+                    raise self.error(e) from None
+                out.append(list(self._execute(statement, p)))  # it was never sent: once more
+        return out
 
     def meta(self) -> list[Any] | None:
         """The queue's metadata row, or None when there is none."""

@@ -12,11 +12,13 @@ import uuid
 from typing import Any
 
 from dbq.client.pipes import tuning
+from dbq.client.pipes.content import PipeContent
 from dbq.client.pipes.leasing import PipeLeases
-from dbq.client.pipes.model import Lease, PipeMessage, PipeState, overdue
+from dbq.client.pipes.model import Lease, PipeMessage, PipeState, overdue, unset
 from dbq.client.pipes.session import Part, PipesSession
 from dbq.client.pipes.writing import PipeWriter
 from dbq.contract import headers as header_codec
+from dbq.contract.pipes import ENDING
 from dbq.errors import LeaseLost
 
 
@@ -32,6 +34,7 @@ class PipeSettler:
         # Pipes holding messages this client nacked with a delay, and when the last is due
         # (monotonic): its takes push them again then, without waiting for a repair.
         self._deferred: dict[uuid.UUID, float] = {}
+        self.content = PipeContent(db)
 
     def check_leases(self, messages: list[PipeMessage]) -> tuple[list[PipeMessage], list[PipeMessage]]:
         """(still leased with time to spare, lost) among `messages`."""
@@ -58,13 +61,30 @@ class PipeSettler:
         by_pipe: dict[uuid.UUID, list[PipeMessage]] = {}
         for m in ok:
             by_pipe.setdefault(m.pipe, []).append(m)
-        settle = self.db.cql.settle
-        for pipe, ms in by_pipe.items():
+        until = tuning.now_ms() + int(tuning.ENDING_S * 1000)
+
+        def settle(m: PipeMessage) -> Part:
+            # A large message's row stays, marked ENDING, until its chunks are deleted (`finish`).
+            cql = self.db.cql
+            if m.chunked:
+                return cql.take_over, (ENDING, until, m.pipe, m.key, m.lease)
+            return cql.settle, (m.pipe, m.key, m.lease)
+
+        for ms in by_pipe.values():
             # One conditional batch per pipe (one partition of one table): all of them, or, when
             # a rollback took one over meanwhile, none, and then each on its own.
-            if not self.db.batch(((settle, (pipe, m.key, m.lease)) for m in ms), conditional=True):
-                lost += [m for m in ms if not self.db.cas(settle, pipe, m.key, m.lease)]
+            if not self.db.batch((settle(m) for m in ms), conditional=True):
+                for m in ms:
+                    text, params = settle(m)
+                    if not self.db.cas(text, *params):
+                        lost.append(m)
         return [m for m in ok if m not in lost], lost
+
+    def finish(self, acked: list[PipeMessage]) -> None:
+        """Delete the chunks of acked large messages, then their rows (marked ENDING by `ack`)."""
+        for m in acked:
+            if m.chunked:
+                self.content.finish(m.pipe, [(m.key, m.id)])
 
     def nack(self, m: PipeMessage, delay: float, error: str | None, handled: bool) -> bool:
         """Give a leased message back (`PipeMessage.nack`); whether it was dead-lettered."""
@@ -77,7 +97,7 @@ class PipeSettler:
             # letter and the end of the pending row in one logged batch.
             if not self.db.cas(cql.take_over, uuid.uuid4(), tuning.retake_at(), m.pipe, m.key, m.lease):
                 raise LeaseLost.of_nack(m)
-            burial = self.burial(m.pipe, m.key, m.id, m.attempts, error, m.body, m.stored_headers)
+            burial = self.burial(m.pipe, m.key, m.id, m.attempts, error, m.stored_body, m.stored_headers)
             self.db.batch(burial, logged=True)
             return True
         if delay > 0:
@@ -91,7 +111,7 @@ class PipeSettler:
             raise LeaseLost.of_nack(m)  # a rollback took it over: it is delivered again anyway
         attempts = m.attempts if handled else max(m.attempts - 1, 0)
         self.writer.append(
-            [m.body],
+            [m.stored_body],
             ids=[m.id],
             attempts=[attempts],
             headers=[m.stored_headers],
@@ -106,7 +126,7 @@ class PipeSettler:
         msg_id: uuid.UUID,
         attempts: int,
         error: str | None,
-        body: bytes,
+        body: bytes | None,
         stored_headers: str | None,
     ) -> list[Part]:
         """The statements that move a pending message (taken over) to the dead letters; its
@@ -114,7 +134,7 @@ class PipeSettler:
         text = None if error is None else error[:4000]
         headers = header_codec.with_dead_letter_reason(stored_headers, text, attempts)
         return [
-            (self.db.cql.bury, (msg_id, self.source, attempts, text, tuning.now_ms(), body, headers)),
+            (self.db.cql.bury, (msg_id, self.source, attempts, text, tuning.now_ms(), unset(body), headers)),
             (self.db.cql.ack, (pipe, key)),
         ]
 
@@ -142,7 +162,16 @@ class PipeSettler:
         """Roll back the pipe's overdue pending messages (`roll_back`); None when another
         client leases the pipe."""
         late = overdue(self.db.rows(self.db.cql.pending_of, state.pipe), tuning.now_ms())
+        late, _ = self.finish_ending(state.pipe, late)
         return self.roll_back(state, late) if late else (0, 0)
+
+    def finish_ending(self, pipe: uuid.UUID, late: list[Any]) -> tuple[list[Any], int]:
+        """Finish the rows of lease ENDING among a pipe's overdue pending rows (their client
+        died, or failed, half-way: their chunks go, then they): the other rows, and how many
+        were finished."""
+        ending = [r for r in late if r[6] == ENDING]
+        finished = self.content.finish(pipe, [(r[0], r[1]) for r in ending])
+        return [r for r in late if r[6] != ENDING], finished
 
     def roll_back(self, state: PipeState, late: list[Any]) -> tuple[int, int] | None:
         """Push overdue pending messages again (or dead-letter them), holding the pipe's lease:
@@ -166,14 +195,12 @@ class PipeSettler:
             # Those acquired deadLetter.maxAttempts times go to the dead letters instead.
             dead = [r for r in taken if self.max_attempts and int(r[3] or 0) >= self.max_attempts]
             for r in dead:
-                burial = self.burial(
-                    state.pipe, r[0], r[1], int(r[3]), tuning.LEASE_EXPIRED, bytes(r[2]), r[7]
-                )
+                burial = self.burial(state.pipe, r[0], r[1], int(r[3]), tuning.LEASE_EXPIRED, r[2], r[7])
                 self.db.batch(burial, logged=True)
             taken = [r for r in taken if r not in dead]
             if taken:
                 self.writer.append(
-                    [bytes(r[2]) for r in taken],
+                    [r[2] for r in taken],
                     ids=[r[1] for r in taken],
                     attempts=[int(r[3] or 0) for r in taken],
                     expires=[r[4] for r in taken],

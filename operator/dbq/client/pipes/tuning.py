@@ -26,6 +26,13 @@ OWN_ROLLBACK_S = 1.0  # also how often a pipe of deferred messages leased by ano
 STATE_READ_WINDOW = 16  # pipe states read concurrently when looking for work
 DUE_BATCHES = 40  # delayed messages moved per repair: at most this many logged batches of them
 LEASE_EXPIRED = "lease expired (visibility timeout)"  # a dead letter's error when repair moved it
+# How long a push may take between storing a large body's chunks and its row, and a take or an
+# ack between ending a large message and deleting its chunks: past this, repair deletes them.
+# A push that took more than half of it gives up (raises) rather than write its rows.
+ENDING_S = 60.0
+# Chunks written, or bodies read, at once: the driver refuses requests while a connection's socket
+# is full, so a client does not queue megabytes on it.
+CONTENT_WINDOW = 8
 READ_AHEAD = 16  # rows a take reads at least, so most single pops are one round trip (the batch)
 
 

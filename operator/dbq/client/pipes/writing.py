@@ -1,26 +1,30 @@
 """The push path: each pushing thread appends to a pipe of its own, one single-partition batch
 per push or batch (rows plus the pipe's pushed count), no read, no lock; after
 `maxPushesPerPipe` messages or `maxPushTime` it marks the pipe finished and opens a new one.
-Delayed messages wait in the delayed table instead, until repair moves them to a pipe."""
+Delayed messages wait in the delayed table instead, until repair moves them to a pipe. A large
+body's chunks are stored first (`dbq.client.pipes.content`), marked in the pipe until its row is."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from dbq.client.pipes import tuning
+from dbq.client.pipes.content import PipeContent, in_row, to_upload
 from dbq.client.pipes.model import Pusher, unset
 from dbq.client.pipes.session import Part, PipesSession
 from dbq.errors import QueueError
 
 
-def sizes(bodies: list[bytes], headers: list[str | None] | None) -> list[int]:
-    """Each message's bytes in a batch: its body and its headers as stored."""
+def sizes(bodies: Sequence[bytes | None], headers: Sequence[str | None] | None) -> list[int]:
+    """Each message's bytes in a batch: its body as its row holds it, and its headers as stored."""
+    held = [len(b) if (b := in_row(body)) is not None else 0 for body in bodies]
     if headers is None:
-        return [len(b) for b in bodies]
-    return [len(b) + (len(h.encode()) if h else 0) for b, h in zip(bodies, headers, strict=True)]
+        return held
+    return [n + (len(h.encode()) if h else 0) for n, h in zip(held, headers, strict=True)]
 
 
 def batch_size(sizes: list[int], room: int, logged: bool = False) -> int:
@@ -51,6 +55,7 @@ class PipeWriter:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._pushers: list[Pusher] = []
+        self.content = PipeContent(db)
 
     def _pusher(self) -> Pusher:
         pusher: Pusher | None = getattr(self._local, "pusher", None)
@@ -100,9 +105,29 @@ class PipeWriter:
         for pusher in pushers:
             self._finish(pusher)
 
+    def _upload(self, pusher: Pusher, ids: list[uuid.UUID], bodies: list[bytes]) -> list[Part]:
+        """Store large bodies in chunks, marked in the pusher's pipe meanwhile; the statements
+        that end the marks, to go in the batch that writes the messages' rows (one partition)."""
+        pipe = pusher.pipe
+        assert pipe is not None
+        started = time.monotonic()
+        ends, marks = self.content.marks(pipe, ids, tuning.now_ms())
+        self.db.batch(marks)
+        self.content.put(ids, bodies)
+        # The rows must land while the marks stand and while the pipe still takes pushes.
+        pipe_ends = pusher.opened + (self.max_push_time_ms / 1000 + tuning.FINISH_GRACE_S / 2)
+        if time.monotonic() > min(started + tuning.ENDING_S / 2, pipe_ends):
+            pusher.broken = True  # the next push opens a new pipe
+            raise QueueError(
+                f"queue {self.db.names.queue}: storing {len(bodies)} large bodies took"
+                f" {time.monotonic() - started:.0f} s, too long to write their messages safely: nothing"
+                " was pushed (repair deletes what was stored); push them again"
+            )
+        return [(self.db.cql.ack, (pipe, mark)) for mark, _ in ends]
+
     def append(
         self,
-        bodies: list[bytes],
+        bodies: Sequence[bytes | None],
         *,
         ids: list[uuid.UUID] | None = None,
         attempts: list[int] | None = None,
@@ -113,7 +138,8 @@ class PipeWriter:
     ) -> list[uuid.UUID]:
         """Append messages (`headers` as stored) to this thread's pipe. `ids` given: a requeue (ids kept, counted as
         requeued unless `requeue` is False: delayed messages come due, counted as pushed);
-        `also` joins the (then logged) batch, e.g. the pending rows being requeued."""
+        `also` joins the (then logged) batch, e.g. the pending rows being requeued. A body of
+        None is one whose chunks are stored already (under its id)."""
         cql = self.db.cql
         pusher = self._pusher()
         out: list[uuid.UUID] = []
@@ -126,6 +152,12 @@ class PipeWriter:
             again = bool(ids) and requeue
             pushed = pusher.pushed + (0 if again else n)
             requeued = pusher.requeued + (n if again else 0)
+            large = [j for j in range(n) if to_upload(bodies[i + j])]
+            unmark = (
+                self._upload(pusher, [new_ids[j] for j in large], [b for j in large if (b := bodies[i + j])])
+                if large
+                else []
+            )
             parts: list[Part] = [
                 (
                     cql.push,
@@ -133,7 +165,7 @@ class PipeWriter:
                         pusher.pipe,
                         keys[j],
                         new_ids[j],
-                        bodies[i + j],
+                        unset(in_row(bodies[i + j])),
                         attempts[i + j] if attempts else 0,
                         unset(expires[i + j] if expires else None),
                         unset(headers[i + j] if headers else None),
@@ -142,6 +174,7 @@ class PipeWriter:
                 for j in range(n)
             ]
             parts.append((cql.count_pushes, (pushed, requeued, pusher.pipe)))
+            parts += unmark  # one partition with the rows: the marks go when the rows come
             extra = also[i : i + n] if also else []
             try:
                 self.db.batch([*parts, *extra], logged=bool(extra))
@@ -156,15 +189,27 @@ class PipeWriter:
     def delay(
         self, bodies: list[bytes], headers: list[str | None], due: int, expiry: int | None
     ) -> list[uuid.UUID]:
-        """Keep messages in the delayed table until `due` (ms); their ids."""
+        """Keep messages in the delayed table until `due` (ms); their ids. Large bodies are
+        marked in this thread's pipe while stored; the marks end in the (then logged) batches
+        that write their rows."""
         ids = [uuid.uuid1() for _ in bodies]
         rows: list[tuple[Any, ...]] = [
-            (due, i, body, unset(expiry), unset(h)) for i, body, h in zip(ids, bodies, headers, strict=True)
+            (due, i, unset(in_row(body)), unset(expiry), unset(h))
+            for i, body, h in zip(ids, bodies, headers, strict=True)
         ]
+        large = [j for j, body in enumerate(bodies) if to_upload(body)]
+        unmark: dict[int, Part] = {}
+        if large:
+            pusher = self._pusher()
+            self._room(pusher)
+            ends = self._upload(pusher, [ids[j] for j in large], [bodies[j] for j in large])
+            unmark = dict(zip(large, ends, strict=True))
         bytes_each = sizes(bodies, headers)
         start = 0
-        while start < len(rows):  # one partition: unlogged batches
-            n = batch_size(bytes_each[start:], len(bodies) - start)
-            self.db.batch((self.db.cql.delay, row) for row in rows[start : start + n])
+        while start < len(rows):  # one partition: unlogged batches, unless marks end with them
+            n = batch_size(bytes_each[start:], len(bodies) - start, logged=bool(unmark))
+            ends_here = [unmark[j] for j in range(start, start + n) if j in unmark]
+            self.db.batch([*((self.db.cql.delay, row) for row in rows[start : start + n]), *ends_here],
+                          logged=bool(ends_here))  # fmt: skip
             start += n
         return ids
