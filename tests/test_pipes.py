@@ -585,6 +585,25 @@ def stored_bodies(q: PipesQueue) -> int:
     return len(list(q.session.execute(f"SELECT DISTINCT id FROM {q.db.cql.content}")))
 
 
+def test_an_ack_right_after_its_take_ends_the_message_for_good(make_queue):
+    """A lightweight transaction writes with whole-millisecond timestamps: a pending row written
+    with the client's microseconds, and acked within that millisecond, used to outlive its ack
+    and be delivered again after its visibility timeout. 400 acks right after their takes: none
+    comes back."""
+    q = make_queue(smart_batching=False)
+    q.push_many([b"%d" % i for i in range(400)])
+    taken = 0
+    while m := q.acquire(timeout=0.5, visibility=1):
+        m.ack()
+        taken += 1
+    assert taken == 400
+    time.sleep(1 + pipes_tuning.SKEW_S + 0.2)
+    assert q.repair().rolled_back == 0
+    assert q.acquire(timeout=0.5) is None
+    s = q.stats()
+    assert (s.depth, s.in_flight, s.requeued) == (0, 0, 0)
+
+
 def test_bodies_a_failed_push_or_take_left_half_stored_or_half_deleted_are_removed_by_repair(
     make_queue, monkeypatch
 ):
@@ -702,7 +721,8 @@ def test_sigkills_during_large_pushes_and_takes_lose_nothing_and_leave_no_body_b
         assert len(missing) <= 3 * kills["pop"], (len(missing), kills)
     else:
         assert pushed <= set(seen["G"]), f"lost: {sorted(pushed - set(seen['G']))[:10]}"
-        assert max(seen["A"].values()) == 1, "a message was acknowledged twice"
+        twice = [name for name, n in seen["A"].items() if n > 1]
+        assert not twice, f"acknowledged twice: {twice[:5]}"
 
 
 def test_settings_of_other_backends_are_refused(postgres):

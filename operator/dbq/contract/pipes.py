@@ -70,9 +70,12 @@ class PipesStatements:
         self.add_pipe = (
             f"INSERT INTO {p} (bucket, pipe, pusher, status, changed) VALUES ({BUCKET}, ?, ?, 'active', ?)"
         )
+        # Rows that lightweight transactions change moments later (a pipe's lease, a pending
+        # row's, a dead letter's or a delayed message's claim) are written timed a millisecond
+        # back (`tuning.before_lwt`): those transactions write with whole-millisecond timestamps.
         self.open_pipe = (
             f"INSERT INTO {st} (pipe, pusher, created, finished, lease_until, {counters})"
-            " VALUES (?, ?, ?, false, 0, 0, 0, 0, 0, 0)"
+            " VALUES (?, ?, ?, false, 0, 0, 0, 0, 0, 0) USING TIMESTAMP ?"
         )
         self.push = (
             f"INSERT INTO {w} (pipe, msg, id, body, attempts, expires, headers) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -99,7 +102,7 @@ class PipesStatements:
         self.count_takes = f"UPDATE {st} SET cursor = ?, popped = ?, acquired = ?, expired = ? WHERE pipe = ?"
         self.lease_message = (
             f"INSERT INTO {d} (pipe, msg, id, body, attempts, expires, deadline, lease, headers)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
         )
 
         # --- ack / nack / rollback ---------------------------------------------------------
@@ -116,7 +119,9 @@ class PipesStatements:
         )
         self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
         # A pending row marking content on its way in or out (lease ENDING).
-        self.mark_ending = f"INSERT INTO {d} (pipe, msg, id, deadline, lease) VALUES (?, ?, ?, ?, ?)"
+        self.mark_ending = (
+            f"INSERT INTO {d} (pipe, msg, id, deadline, lease) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
+        )
         # Content: a message's chunks (by its id; an archived message's by its archive key), and
         # their total size, so a reader knows it has them all.
         c = self.content
@@ -128,7 +133,7 @@ class PipesStatements:
         dy = self.delayed
         self.delay = (
             f"INSERT INTO {dy} (bucket, due, id, body, expires, moving_until, headers)"
-            f" VALUES ({BUCKET}, ?, ?, ?, ?, 0, ?)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, 0, ?) USING TIMESTAMP ?"
         )
         self.due = (
             "SELECT toUnixTimestamp(due), id, body, toUnixTimestamp(expires), toUnixTimestamp(moving_until),"
@@ -148,7 +153,7 @@ class PipesStatements:
         dl = self.dead
         self.bury = (
             f"INSERT INTO {dl} (bucket, id, source, attempts, error, dead_at, body, moving_until, headers)"
-            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, ?, 0, ?)"
+            f" VALUES ({BUCKET}, ?, ?, ?, ?, ?, ?, 0, ?) USING TIMESTAMP ?"
         )
         dead_cols = "id, attempts, error, toUnixTimestamp(dead_at), body, toUnixTimestamp(moving_until), source, headers"
         self.dead_letters = (

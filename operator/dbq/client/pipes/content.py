@@ -66,7 +66,10 @@ class PipeContent:
         `at`, ms): the rows, and the statements that write them."""
         until = at + int(tuning.ENDING_S * 1000)
         ends = [(uuid.uuid1(), key) for key in keys]
-        return ends, [(self.db.cql.mark_ending, (pipe, mark, key, until, ENDING)) for mark, key in ends]
+        written = tuning.before_lwt()
+        return ends, [
+            (self.db.cql.mark_ending, (pipe, mark, key, until, ENDING, written)) for mark, key in ends
+        ]
 
     def finish(self, pipe: uuid.UUID, ends: Sequence[Ending]) -> int:
         """Delete the content the ENDING rows mark, then the rows (each only if still ENDING);

@@ -77,10 +77,7 @@ class PipeLeases:
         if now >= lease.renew_at:
             until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
             if self.db.cas(self.db.cql.renew, until, lease.state.pipe, lease.owner):
-                lease.until, lease.renew_at = (
-                    now + tuning.PIPE_LEASE_S - tuning.SKEW_S,
-                    now + tuning.RENEW_AFTER_S,
-                )
+                lease.renew_at, lease.until = tuning.lease_use(now)
             else:
                 self.set_current(None)
                 return self.working()
@@ -132,12 +129,8 @@ class PipeLeases:
                     # Read the state again now that it is ours: between the first read and the
                     # claim, another popper may have leased it, taken messages and released it.
                     fresh = self.states([state.pipe])[0] or state
-                    return Lease(
-                        owner,
-                        fresh,
-                        started + tuning.PIPE_LEASE_S - tuning.SKEW_S,
-                        started + tuning.RENEW_AFTER_S,
-                    )
+                    renew_at, use_until = tuning.lease_use(started)
+                    return Lease(owner, fresh, use_until, renew_at)
         return None
 
     def borrow(self, state: PipeState) -> str | None:

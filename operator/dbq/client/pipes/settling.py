@@ -134,7 +134,19 @@ class PipeSettler:
         text = None if error is None else error[:4000]
         headers = header_codec.with_dead_letter_reason(stored_headers, text, attempts)
         return [
-            (self.db.cql.bury, (msg_id, self.source, attempts, text, tuning.now_ms(), unset(body), headers)),
+            (
+                self.db.cql.bury,
+                (
+                    msg_id,
+                    self.source,
+                    attempts,
+                    text,
+                    tuning.now_ms(),
+                    unset(body),
+                    headers,
+                    tuning.before_lwt(),
+                ),
+            ),
             (self.db.cql.ack, (pipe, key)),
         ]
 

@@ -65,9 +65,6 @@ class PipeReader:
                 self.db.rows(self.db.cql.set_status, "drained", tuning.now_ms(), s.pipe)
                 self.leases.release(lease)
             return []
-        if time.monotonic() >= lease.until:  # too late to use this lease safely
-            self.leases.set_current(None)
-            return []
         cql = self.db.cql
         at = tuning.now_ms()
         live = [r for r in found if r[4] is None or r[4] > at]
@@ -78,6 +75,9 @@ class PipeReader:
             LOG.warning("queue %s: %d messages lost their bodies (ids %s...): counted as expired",
                         self.db.names.queue, len(lost), lost[0][1])  # fmt: skip
             live = [r for r in live if r not in lost]
+        if time.monotonic() >= lease.until:  # too late to use this lease safely (reads took long)
+            self.leases.set_current(None)
+            return []
         last = found[-1][0]
         popped = s.popped + (len(live) if visibility is None else 0)
         acquired = s.acquired + (len(live) if visibility is not None else 0)
@@ -97,6 +97,7 @@ class PipeReader:
         if visibility is not None:
             each = [visibility] * len(live) if isinstance(visibility, float) else visibility[: len(live)]
             untils = [at + int(seconds * 1000) for seconds in each]  # fewer rows live when some expired
+            written = tuning.before_lwt()
             parts += [
                 (
                     cql.lease_message,
@@ -110,6 +111,7 @@ class PipeReader:
                         until,
                         token,
                         unset(r[5]),
+                        written,
                     ),
                 )
                 for r, until in zip(live, untils, strict=True)

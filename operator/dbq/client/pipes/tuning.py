@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 
-PIPE_LEASE_S = 5.0  # a popper owns a pipe this long unless it renews
-RENEW_AFTER_S = 2.0  # ...and renews it when the lease is this old
+# A popper owns a pipe this long unless it renews; it renews when a third of the lease has passed
+# and stops using the lease at half of it (`lease_use`): a take it sent must land before another
+# popper can claim the pipe, and the other half is the margin for a process stalled between its
+# check and its write (under load, more than clock skew).
+PIPE_LEASE_S = 6.0
 SKEW_S = 1.0  # clocks of clients and nodes agree within this
 # A pipe past maxPushTime + this is finished, whatever its pusher says: longer than a request
 # can take, so a write sent before maxPushTime has landed by then.
@@ -48,3 +51,18 @@ def retake_at() -> int:
 def uuid_ms(value: uuid.UUID) -> int:
     """Milliseconds since the epoch of a version-1 (time) UUID."""
     return (value.time - 0x01B21DD213814000) // 10_000
+
+
+def lease_use(start: float) -> tuple[float, float]:
+    """For a lease taken or renewed at `start` (monotonic): when to renew it, and when to stop
+    using it."""
+    return start + PIPE_LEASE_S / 3, start + PIPE_LEASE_S / 2
+
+
+def before_lwt() -> int:
+    """The write time (microseconds) of a row that a lightweight transaction may end moments
+    later. Cassandra times a lightweight transaction's writes by its ballot, in whole
+    milliseconds, while a client times its writes to the microsecond: a row written 0.6 ms into
+    a millisecond and deleted by a transaction in that millisecond would outlive its deletion
+    (an ack applied, and the message delivered again). Timed a millisecond back, it never does."""
+    return (now_ms() - 1) * 1000

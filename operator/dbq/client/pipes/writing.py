@@ -77,7 +77,7 @@ class PipeWriter:
             self._finish(pusher)
             pipe, at = uuid.uuid1(), tuning.now_ms()
             self.db.rows(self.db.cql.add_pipe, pipe, self.identity, at)
-            self.db.rows(self.db.cql.open_pipe, pipe, self.identity, at)
+            self.db.rows(self.db.cql.open_pipe, pipe, self.identity, at, tuning.before_lwt())
             pusher.pipe, pusher.opened, pusher.pushed, pusher.requeued = pipe, time.monotonic(), 0, 0
             pusher.broken = False
         return self.max_pushes_per_pipe - pusher.pushed - pusher.requeued
@@ -194,7 +194,7 @@ class PipeWriter:
         that write their rows."""
         ids = [uuid.uuid1() for _ in bodies]
         rows: list[tuple[Any, ...]] = [
-            (due, i, unset(in_row(body)), unset(expiry), unset(h))
+            (due, i, unset(in_row(body)), unset(expiry), unset(h), tuning.before_lwt())
             for i, body, h in zip(ids, bodies, headers, strict=True)
         ]
         large = [j for j, body in enumerate(bodies) if to_upload(body)]
