@@ -49,9 +49,21 @@ def push_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop:
             n += 1
             counter.value = n
         return
-    from dbq.client import QueueFull, connect
+    from dbq.client import connect
 
-    q = connect(url, QUEUE, schema=SCHEMA, pool_size=1, push_timeout=1, smart_batching=False)
+    push_loop(
+        connect(url, QUEUE, schema=SCHEMA, pool_size=1, push_timeout=1, smart_batching=False),
+        body,
+        counter,
+        stop,
+    )
+
+
+def push_loop(q: Any, body: bytes, counter: Any, stop: Any) -> None:
+    """Push `body` with client `q` until `stop`, counting pushes (a full queue waits again)."""
+    from dbq.client import QueueFull
+
+    n = 0
     while not stop.is_set():
         try:
             q.push(body)
@@ -59,6 +71,18 @@ def push_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop:
             continue  # the poppers are behind: wait again
         n += 1
         counter.value = n
+
+
+def pop_loop(q: Any, size: int, counter: Any, stop: Any) -> None:
+    """Pop with client `q` until `stop`, counting messages (each of `size` bytes); -1 once ready."""
+    counter.value = -1
+    n = 0
+    while not stop.is_set():
+        m = q.pop()
+        if m is not None:
+            assert len(m.body) == size
+            n += 1
+            counter.value = n
 
 
 def pop_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
@@ -82,14 +106,12 @@ def pop_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: 
         return
     from dbq.client import connect
 
-    q = connect(url, QUEUE, schema=SCHEMA, pool_size=1, pop_timeout=0.05, smart_batching=False)
-    counter.value = -1
-    while not stop.is_set():
-        m = q.pop()
-        if m is not None:
-            assert len(m.body) == size
-            n += 1
-            counter.value = n
+    pop_loop(
+        connect(url, QUEUE, schema=SCHEMA, pool_size=1, pop_timeout=0.05, smart_batching=False),
+        size,
+        counter,
+        stop,
+    )
 
 
 def worker(role: str, *args: Any) -> None:

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.message_size import disk_rate, worktree
+from bench.message_size import disk_rate, pop_loop, push_loop, worktree
 from bench.ring_vs_skiplocked import sampled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,27 +51,15 @@ def url() -> str:
 def push_worker(queue: str, size: int, counter: Any, stop: Any) -> None:
     from dbq.client import connect
 
-    body = os.urandom(size)
-    q = connect(url(), queue, schema=KEYSPACE, smart_batching=False)
-    n = 0
-    while not stop.is_set():
-        q.push(body)
-        n += 1
-        counter.value = n
+    push_loop(connect(url(), queue, schema=KEYSPACE, smart_batching=False), os.urandom(size), counter, stop)
 
 
 def pop_worker(queue: str, size: int, counter: Any, stop: Any) -> None:
     from dbq.client import connect
 
-    q = connect(url(), queue, schema=KEYSPACE, pop_timeout=0.05, smart_batching=False)
-    counter.value = -1  # ready
-    n = 0
-    while not stop.is_set():
-        m = q.pop()
-        if m is not None:
-            assert len(m.body) == size
-            n += 1
-            counter.value = n
+    pop_loop(
+        connect(url(), queue, schema=KEYSPACE, pop_timeout=0.05, smart_batching=False), size, counter, stop
+    )
 
 
 def worker(role: str, *args: Any) -> None:

@@ -37,7 +37,7 @@ from dbq.connection import from_url
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
-from tests.workers import finish, read_logs, start
+from tests.workers import finish, kill, read_logs, start
 
 KEYSPACE = f"dbq_pipes_{uuid.uuid4().hex[:6]}"
 
@@ -684,15 +684,11 @@ def test_sigkills_during_large_pushes_and_takes_lose_nothing_and_leave_no_body_b
         assert time.monotonic() < give_up, f"after {kills} kills the pushers had pushed too little"
         time.sleep(rng.uniform(0.1, 0.5))
         role, i = key = rng.choice([("push", 0), ("push", 1), ("pop", 0), ("pop", 1)])
-        workers[key].send_signal(signal.SIGKILL)
-        workers[key].wait()
+        kill([workers[key]])
         kills[role] += 1
         workers[key] = spawn(role, i, gen)
         gen += 1
-    for key, proc in workers.items():
-        if key[0] == "push":
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+    kill([proc for key, proc in workers.items() if key[0] == "push"])
     # Past the marks' deadlines, the killed poppers' pipe leases and visibility, and the pushers'
     # pipes' maxPushTime: repair finishes half-stored and half-deleted bodies and rolls back.
     time.sleep(max(ending, pipes_tuning.PIPE_LEASE_S, 2.0 + 1.0) + pipes_tuning.SKEW_S + 0.2)

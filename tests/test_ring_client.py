@@ -9,7 +9,6 @@ import json
 import os
 import random
 import secrets
-import signal
 import subprocess
 import threading
 import time
@@ -37,7 +36,7 @@ from dbq.connection import from_url
 from dbq.contract.ring import RingTarget, call_statement
 from dbq.names import QueueNames
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
-from tests.workers import finish, read_logs, start
+from tests.workers import finish, kill, read_logs, start
 
 SCHEMA = "ringq"
 MakeQueue = Callable[..., Queue]
@@ -327,15 +326,11 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
             if pids:
                 sql(q, f"SELECT pg_terminate_backend({rng.choice(str(pids).split(','))})")
                 terminations += 1
-        workers[key].send_signal(signal.SIGKILL)
-        workers[key].wait()
+        kill([workers[key]])
         kills[role] += 1
         workers[key] = spawn(role, i, gen)
         gen += 1
-    for key, proc in workers.items():
-        if key[0] == "push":
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+    kill([proc for key, proc in workers.items() if key[0] == "push"])
     # Recovery: repair rescues orphans and (after the visibility timeout) expired leases; the
     # poppers drain the rest.
     time.sleep(float(visibility) + 0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -39,3 +40,10 @@ def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 600) -> None:
         p.wait(timeout=timeout)
         err = p.stderr.read().decode() if p.stderr else ""
         assert p.returncode == 0, f"worker failed: {err[-2000:]}"
+
+
+def kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL workers and reap them."""
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
