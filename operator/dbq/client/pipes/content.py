@@ -16,7 +16,9 @@ from dbq.errors import QueueError
 
 LOG = logging.getLogger("dbq.pipes")
 
-Ending = tuple[uuid.UUID, uuid.UUID]  # a pending row of lease ENDING: its key in the pipe, the content's key
+# A pending row of lease ENDING: its key in the pipe, and the content's key (None in a row whose
+# deletion lost to a clock: its content is gone already).
+Ending = tuple[uuid.UUID, uuid.UUID | None]
 
 
 def to_upload(body: bytes | None) -> bool:
@@ -65,20 +67,22 @@ class PipeContent:
         """Pending rows of lease ENDING in `pipe` for content under `keys` (due ENDING_S after
         `at`, ms): the rows, and the statements that write them."""
         until = at + int(tuning.ENDING_S * 1000)
-        ends = [(uuid.uuid1(), key) for key in keys]
+        ends: list[Ending] = [(uuid.uuid1(), key) for key in keys]
         written = tuning.before_lwt()
         return ends, [
             (self.db.cql.mark_ending, (pipe, mark, key, until, ENDING, written)) for mark, key in ends
         ]
 
     def finish(self, pipe: uuid.UUID, ends: Sequence[Ending]) -> int:
-        """Delete the content the ENDING rows mark, then the rows (each only if still ENDING);
-        how many. A failure is logged: repair finishes them after their deadline."""
+        """Delete the content the ENDING rows mark, then the rows (one partition: one batch);
+        how many. A failure is logged: repair finishes them after their deadline. (No row of
+        lease ENDING ever changes hands, so plain deletes do; should one lose to a clock, the
+        row stays ENDING and repair deletes it again.)"""
         if not ends:
             return 0
         try:
-            self.drop([key for _, key in ends])
-            self.db.many(self.db.cql.settle, [(pipe, mark, ENDING) for mark, _ in ends])
+            self.drop([key for _, key in ends if key is not None])  # (None: a row half deleted)
+            self.db.batch((self.db.cql.ack, (pipe, mark)) for mark, _ in ends)
         except QueueError as e:
             LOG.warning("queue %s: the bodies of %d ended messages are left to repair: %s",
                         self.db.names.queue, len(ends), e)  # fmt: skip

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from dbq.client.pipes import tuning
-from dbq.client.pipes.content import PipeContent
+from dbq.client.pipes.content import Ending, PipeContent
 from dbq.client.pipes.leasing import PipeLeases
 from dbq.client.pipes.model import Lease, PipeMessage, PipeState, overdue, unset
 from dbq.client.pipes.session import Part, PipesSession
@@ -82,9 +82,12 @@ class PipeSettler:
 
     def finish(self, acked: list[PipeMessage]) -> None:
         """Delete the chunks of acked large messages, then their rows (marked ENDING by `ack`)."""
+        by_pipe: dict[uuid.UUID, list[Ending]] = {}
         for m in acked:
             if m.chunked:
-                self.content.finish(m.pipe, [(m.key, m.id)])
+                by_pipe.setdefault(m.pipe, []).append((m.key, m.id))
+        for pipe, ends in by_pipe.items():
+            self.content.finish(pipe, ends)
 
     def nack(self, m: PipeMessage, delay: float, error: str | None, handled: bool) -> bool:
         """Give a leased message back (`PipeMessage.nack`); whether it was dead-lettered."""
