@@ -127,9 +127,12 @@ def cassandra(stack: LocalStack) -> Iterator[Any]:
     stack.need("cassandra")
     from cassandra.cluster import Cluster
 
+    from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S
+
     host, port = stack.cassandra.contact
     cluster = Cluster([host], port=port)
     session = cluster.connect()
+    session.default_timeout = SCHEMA_CHANGE_TIMEOUT_S  # the tests change schemas by hand too
     yield session
     cluster.shutdown()
 

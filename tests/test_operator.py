@@ -523,6 +523,7 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
         "events_q_dead",
         "events_q_delayed",
         "events_q_archive",
+        "events_q_content",
     }
     cassandra.execute(f'DROP TABLE "{keyspace}".events_q_pending')
     wait_for(lambda: "events_q_pending" in tables(), 30, "pending table re-created")

@@ -25,6 +25,9 @@ CONNECT_TIMEOUT_S = 5.0
 # driver's 2 s default timed out on a loaded one-node Cassandra and refused the connection.
 CONTROL_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 12.0
+# A schema change (CREATE/DROP/ALTER) waits for the node to write and announce the new schema:
+# under load that outlasted REQUEST_TIMEOUT_S, and provisioning failed half-way.
+SCHEMA_CHANGE_TIMEOUT_S = 60.0
 
 
 def hosts(settings: ConnectionSettings) -> list[str]:

@@ -25,7 +25,7 @@ from dbq.backends.cassandra.plan import (
 from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import PipesQueue, QueueStats
 from dbq.connection import ConnectionSettings
-from dbq.connection.cassandra import open_session, translate
+from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S, open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION
 from dbq.errors import DbqError
 from dbq.names import QueueNames
@@ -71,11 +71,12 @@ class CassandraPipes:
         self._cluster = self._session = None
 
     def _run(self, statement: str, *params: Any) -> list[Any]:
-        """Run one statement; with values it is prepared (values are never written into CQL)."""
+        """Run one statement; with values it is prepared (values are never written into CQL).
+        One without values is DDL, or reads the schema: it may wait for the schema's agreement."""
         try:
             if params:
                 return list(self.session.execute(self.session.prepare(statement), params))
-            return list(self.session.execute(statement))
+            return list(self.session.execute(statement, timeout=SCHEMA_CHANGE_TIMEOUT_S))
         except DbqError:
             raise
         except Exception as e:
