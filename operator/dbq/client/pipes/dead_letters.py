@@ -35,16 +35,16 @@ class PipeDeadLetters:
             if held
             else self._rows(None, limit)
         )
+        chunked: dict[str, list[uuid.UUID]] = {}  # by source: chunks stay in their queue's table
+        for r in rows:
+            if r[4] is None:
+                chunked.setdefault(r[6] or self.source, []).append(r[0])
         bodies: dict[uuid.UUID, bytes] = {}
-        for source in {
-            r[6] or self.source for r in rows if r[4] is None
-        }:  # chunks stay in their queue's table
+        for source, ids in chunked.items():
             theirs = (
                 None if source == self.source else PipesStatements(QueueNames.of_qualified(source)).chunks
             )
-            bodies |= self.content.get(
-                [r[0] for r in rows if r[4] is None and (r[6] or self.source) == source], theirs
-            )
+            bodies |= self.content.get(ids, theirs)
         return [
             dead_letter_of_row(r, bytes(r[4]) if r[4] is not None else bodies.get(r[0], b"")) for r in rows
         ]
