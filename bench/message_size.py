@@ -1,17 +1,17 @@
 """What a message's size costs the ring on the local PostgreSQL, 4 pushers and 4 poppers (one
 process each, single push and pop): delivered messages/s and MB/s for bodies of 300 B, 4 KiB,
 64 KiB and 1 MiB, beside the same run's hand-built table (INSERT to push, DELETE ... FOR UPDATE
-SKIP LOCKED to pop, the same bodies through the same driver) and the disk's write rate (one
-process writing and fsyncing 1 MiB blocks beside the database's files).
+SKIP LOCKED to pop, the same bodies; through psycopg, the driver the ring client uses, and
+through psqlODBC, as `table-odbc`) and the disk's write rate (one process writing and fsyncing
+1 MiB blocks beside the database's files).
 
 The queue has the default ring.messageBytes (300): 4 KiB and larger bodies wait in its content
-table, the slot holding their id. At 300 B the ring of the code before bodies larger than a slot
-(--old, a git revision, checked out in a worktree and run from there) is measured in the same run,
-taking turns with this code, so a change in the machine's pace shows in both alike: the medians
-of --rounds rounds count.
+table, the slot holding their id. The ring of an earlier revision (--old, checked out in a
+worktree and run from there) is measured in the same run at every size, taking turns with this
+code, so a change in the machine's pace shows in both alike: the medians of --rounds rounds count.
 
-    ~/.cache/dbq/venv/bin/python -m bench.message_size --old d422719
-    ~/.cache/dbq/venv/bin/python -m bench.message_size --old d422719 --rounds 5 --seconds 20
+    ~/.cache/dbq/venv/bin/python -m bench.message_size --old 8aaac7d
+    ~/.cache/dbq/venv/bin/python -m bench.message_size --old 8aaac7d --rounds 5 --seconds 20
 
 Writes nothing but its report (tee it to bench/results/message_size.txt).
 """
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyodbc
 from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database, sampled
 
@@ -36,16 +37,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"300 B": 300, "4 KiB": 4 << 10, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
 RING_SIZE = 1024  # slots: at 1 MiB a full ring is 1 GiB of content
 QUEUE = "benchq"
+TABLES = ("table", "table-odbc")  # the hand-built table through psycopg, and through psqlODBC
+POP = (
+    f"DELETE FROM {SCHEMA}.sl_queue WHERE id = (SELECT id FROM {SCHEMA}.sl_queue ORDER BY id"
+    " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, body"
+)
 
 
 # --- one measurement, in a process of its own (--measure): the code under test is on its path ---
 def push_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
     body = os.urandom(size)
-    n = 0
-    if design == "table":
-        cur = pyodbc.connect(odbc, autocommit=True).cursor()
+    if design in TABLES:
+        insert = f"INSERT INTO {SCHEMA}.sl_queue (body) VALUES "
+        if design == "table":  # psycopg: %s placeholders, parameters in a tuple
+            cur: Any = psycopg.connect(url, autocommit=True).cursor()
+            statement, args = insert + "(%s)", ((body,),)
+        else:
+            cur = pyodbc.connect(odbc, autocommit=True).cursor()
+            statement, args = insert + "(?)", (body,)
+        n = 0
         while not stop.is_set():
-            cur.execute(f"INSERT INTO {SCHEMA}.sl_queue (body) VALUES (?)", body)
+            cur.execute(statement, *args)
             n += 1
             counter.value = n
         return
@@ -86,16 +98,15 @@ def pop_loop(q: Any, size: int, counter: Any, stop: Any) -> None:
 
 
 def pop_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
-    n = 0
-    if design == "table":
-        cur = pyodbc.connect(odbc, autocommit=True).cursor()
-        pop = (
-            f"DELETE FROM {SCHEMA}.sl_queue WHERE id = (SELECT id FROM {SCHEMA}.sl_queue ORDER BY id"
-            " LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, body"
-        )
+    if design in TABLES:
+        if design == "table":
+            cur: Any = psycopg.connect(url, autocommit=True).cursor(binary=True)
+        else:
+            cur = pyodbc.connect(odbc, autocommit=True).cursor()
         counter.value = -1  # ready
+        n = 0
         while not stop.is_set():
-            cur.execute(pop)
+            cur.execute(POP)
             row = cur.fetchone() if cur.rowcount > 0 else None
             if row is not None:
                 assert len(row[1]) == size
@@ -121,7 +132,7 @@ def worker(role: str, *args: Any) -> None:
 def prepare(design: str, url: str, odbc: str) -> None:
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-    if design == "table":
+    if design in TABLES:
         cur.execute(f"CREATE SCHEMA {SCHEMA}")
         cur.execute(f"CREATE TABLE {SCHEMA}.sl_queue (id bigserial PRIMARY KEY, body bytea NOT NULL)")
         return
@@ -181,11 +192,11 @@ def worktree(revision: str) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--old", help="git revision of the code before large bodies (measured at 300 B)")
+    p.add_argument("--old", help="git revision of earlier code, whose ring is measured beside this one")
     p.add_argument("--workers", type=int, default=4, help="pushers, and as many poppers")
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of each run")
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
-    p.add_argument("--measure", choices=["ring", "table"], help=argparse.SUPPRESS)
+    p.add_argument("--measure", choices=["ring", *TABLES], help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, default=300, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.measure:  # a child: the database exists
@@ -206,9 +217,8 @@ def main() -> None:
         disk.append(disk_rate(str(pg.dir), a.seconds))
         print(f"{'disk, 1 MiB blocks fsynced':36} #{round_} {disk[-1]:10,.1f} MB/s", flush=True)
         for label, size in SIZES.items():
-            runs = [("ring", "this"), ("table", "this")] + (
-                [("ring", "old")] if a.old and size == 300 else []
-            )
+            runs = [("ring", "this"), ("table", "this"), ("table-odbc", "this")]
+            runs += [("ring", "old")] if a.old else []
             for design, code in runs:
                 key = f"{design} {code} {label}"
                 rate = run_measurement(codes[code], design, size, a.seconds, a.workers)
@@ -220,21 +230,22 @@ def main() -> None:
     print(f"\n{a.workers} pushers + {a.workers} poppers, single push and pop, {a.seconds:g} s x {a.rounds}"
           f" rounds (median); ring.messageBytes 300, {RING_SIZE} slots")  # fmt: skip
     print(f"disk: one process writing 1 MiB blocks, fsync each: {disk_mb:,.1f} MB/s")
-    print(
-        f"{'body':>8}{'ring /s':>10}{'MB/s':>8}{'table /s':>10}{'MB/s':>8}{'ring/table':>11}{'of disk':>9}{'spread':>8}"
-    )
+    print(f"{'body':>8}{'ring /s':>10}{'MB/s':>8}{'table /s':>10}{'MB/s':>8}{'ring/table':>11}"
+          f"{'table-odbc /s':>14}{'ring/odbc':>10}{'of disk':>9}{'spread':>8}")  # fmt: skip
     for label, size in SIZES.items():
         ring, table = median[f"ring this {label}"], median[f"table this {label}"]
+        odbc_table = median[f"table-odbc this {label}"]
         values = rates[f"ring this {label}"]
         spread = (max(values) - min(values)) / max(values)
         print(f"{label:>8}{ring:10,.1f}{ring * size / 1e6:8,.1f}{table:10,.1f}{table * size / 1e6:8,.1f}"
-              f"{ring / table:11.2f}{ring * size / 1e6 / disk_mb:9.0%}{spread:8.0%}")  # fmt: skip
-    if a.old:
-        old, new = median["ring old 300 B"], median["ring this 300 B"]
+              f"{ring / table:11.2f}{odbc_table:14,.1f}{ring / odbc_table:10.2f}"
+              f"{ring * size / 1e6 / disk_mb:9.0%}{spread:8.0%}")  # fmt: skip
+    for label in SIZES if a.old else ():
+        old, new = median[f"ring old {label}"], median[f"ring this {label}"]
         print(
-            f"300 B: this code {new:,.1f} /s, the code of {a.old} {old:,.1f} /s: {new / old:.2f}"
-            f" (its runs: {', '.join(f'{v:,.0f}' for v in rates['ring old 300 B'])};"
-            f" this code's: {', '.join(f'{v:,.0f}' for v in rates['ring this 300 B'])})"
+            f"{label}: this code {new:,.1f} /s, the code of {a.old} {old:,.1f} /s: {new / old:.2f}"
+            f" (its runs: {', '.join(f'{v:,.0f}' for v in rates[f'ring old {label}'])};"
+            f" this code's: {', '.join(f'{v:,.0f}' for v in rates[f'ring this {label}'])})"
         )
 
 

@@ -5,6 +5,7 @@ on this machine). What every design shares is in test_contract.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -33,7 +34,9 @@ from dbq.client import (
     connect,
 )
 from dbq.connection import from_url
+from dbq.connection.postgres import placeholders
 from dbq.contract.ring import RingTarget, call_statement
+from dbq.errors import AuthenticationFailed, DatabaseUnreachable
 from dbq.names import QueueNames
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.workers import finish, kill, read_logs, start
@@ -85,9 +88,9 @@ def pg_queue(postgres) -> Iterator[MakeQueue]:
         yield make
 
 
-def sql(q: Queue, statement: str) -> object:
+def sql(q: Queue, statement: str, *params: object) -> object:
     with q._cursor() as cur:
-        return cur.execute(statement).fetchval()
+        return cur.execute(statement, *params).fetchval()
 
 
 def test_unknown_queue_and_schema_are_named(postgres, pg_queue):
@@ -98,6 +101,34 @@ def test_unknown_queue_and_schema_are_named(postgres, pg_queue):
         Queue(from_url("cassandra://127.0.0.1:19042"), QueueNames(schema=SCHEMA, queue="orders"))
     with pytest.raises(ValueError, match="not a safe identifier"):
         connect(postgres.url, "orders; drop table x", schema=SCHEMA)
+
+
+def test_postgres_statements_take_odbc_placeholders_and_keep_quoted_text():
+    assert placeholders("SELECT f(?, ?) WHERE a LIKE 'x%' AND b = '?' AND \"c?\" = ?") == (
+        "SELECT f(%s, %s) WHERE a LIKE 'x%%' AND b = '?' AND \"c?\" = %s"
+    )
+    assert placeholders("SELECT 'it''s ?', ?") == "SELECT 'it''s ?', %s"
+
+
+def test_postgres_errors_name_the_cause_without_the_password(postgres, pg_queue):
+    q = pg_queue()
+    wrong = dataclasses.replace(from_url(postgres.url), password="not-the-password-42")
+    with pytest.raises(AuthenticationFailed) as refused:
+        Queue(wrong, q.names)
+    assert "not-the-password-42" not in str(refused.value)
+    with pytest.raises(DatabaseUnreachable, match=r"127\.0\.0\.1:1/"):
+        Queue(dataclasses.replace(wrong, port=1), q.names)
+
+
+def test_every_byte_value_and_a_large_body_travel_unchanged(pg_queue):
+    q = pg_queue(message_bytes=300, max_body_bytes=4 << 20)
+    bodies = [bytes(range(256)) * 2, b"\x00" * 5, os.urandom(3 << 20), b""]
+    for body in bodies:
+        q.push(body, headers={"kind": "bytes", "n": len(body)})
+    got = q.pop_many(10)
+    assert [m.body for m in got] == bodies
+    assert [m.headers for m in got] == [{"kind": "bytes", "n": len(b)} for b in bodies]
+    assert sql(q, "SELECT 'a%b' || ?::text", "?") == "a%b?"
 
 
 def test_redeliveries_are_not_starved_by_a_busy_ring(make_queue):

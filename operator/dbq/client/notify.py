@@ -5,8 +5,8 @@ notify until `WAIT_MARK_S` from now), marks the count of notifications it has se
 more, and waits until that count moves or `FALLBACK_S` passes (the poll that covers a
 notification lost with a connection). A ring's push routines notify the queue's channel only
 while the mark holds, so a queue nobody waits on pays nothing, and a push between a consumer's
-last try and its wait is never missed. A client listens on one connection of its own (psycopg:
-ODBC drivers do not deliver notifications) from its first wait on.
+last try and its wait is never missed. A client listens on one connection of its own (its
+calls share others, `dbq.connection.postgres`) from its first wait on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 
 import psycopg
 
-from dbq.connection import ConnectionSettings
+from dbq.connection import ConnectionSettings, postgres
 from dbq.contract.ring import notify_channel
 from dbq.errors import DatabaseUnreachable
 from dbq.names import QueueNames
@@ -55,8 +55,7 @@ class Notifications:
                 return
             s = self.settings
             try:
-                conn = psycopg.connect(host=s.host, port=s.port, dbname=s.database, user=s.username,
-                                       password=s.password, autocommit=True, connect_timeout=5)  # fmt: skip
+                conn = postgres.connect(s)
             except psycopg.Error as e:
                 raise DatabaseUnreachable(
                     f"{s.endpoint}: cannot listen for notifications ({type(e).__name__})"

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+import psycopg
 import pyodbc
 
 from dbq.api.limits import MAX_RING_BODY_BYTES
@@ -24,7 +25,7 @@ from dbq.client.coalescing import ByOptions, Coalescer, ack_coalescer, take_coal
 from dbq.client.notify import FALLBACK_S, POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
 from dbq.client.waiting import Deadline, check_bodies, count_arg, seconds_arg, take_until
-from dbq.connection import ConnectionSettings, odbc
+from dbq.connection import ConnectionSettings, odbc, postgres
 from dbq.contract import headers as header_codec
 from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
 from dbq.contract.ring import (
@@ -69,16 +70,22 @@ SMART_BATCH_LIMIT = 500  # at most this many waiting calls share one round trip
 IDLE_KEEP_S = 30.0
 
 
+# A connection to PostgreSQL (psycopg, binary protocol) or SQL Server (pyodbc); both take `?`
+# placeholders and parameters as arguments (`dbq.connection.postgres`).
+Connection: TypeAlias = postgres.Connection | pyodbc.Connection
+Cursor: TypeAlias = postgres.Cursor | pyodbc.Cursor
+
+
 class _Session:
     """A connection with one cursor per statement: a cursor keeps its statement prepared, so a
     call costs one round trip instead of a prepare and an execute."""
 
-    def __init__(self, conn: pyodbc.Connection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self._cursors: dict[str, pyodbc.Cursor] = {}
+        self._cursors: dict[str, Cursor] = {}
         self.idle_since = 0.0  # monotonic: when it last came back to the pool
 
-    def cursor(self, statement: str) -> pyodbc.Cursor:
+    def cursor(self, statement: str) -> Cursor:
         cur = self._cursors.get(statement)
         if cur is None:
             cur = self._cursors[statement] = self.conn.cursor()
@@ -202,7 +209,7 @@ class Queue:
         ttl: float = 0.0,
         hole_grace: float = DEFAULT_HOLE_GRACE_S,
         smart_batching: bool = True,
-        connection: pyodbc.Connection | None = None,
+        connection: Connection | None = None,
         notify: bool = True,
     ) -> None:
         """`connection`: calls go over this one (the operator's, lent by its pool), which
@@ -234,7 +241,7 @@ class Queue:
         session = self._checkout()
         try:
             row = session.cursor("").execute(recorded_query(settings.backend, names), names.queue).fetchone()
-        except pyodbc.Error as e:
+        except odbc.DRIVER_ERRORS as e:
             session.conn.close()
             if odbc.driver_error(e, settings)[0] in odbc.UNDEFINED_OBJECT_STATES:  # no schema, no table
                 raise not_found from None
@@ -286,18 +293,18 @@ class Queue:
 
     # --- connections ----------------------------------------------------------------------
     @contextmanager
-    def _cursor(self) -> Iterator[pyodbc.Cursor]:
+    def _cursor(self) -> Iterator[Cursor]:
         """A cursor for ad-hoc statements (tests, metadata)."""
         session = self._checkout()
         try:
             yield session.cursor("")
-        except pyodbc.Error as e:
+        except odbc.DRIVER_ERRORS as e:
             session.conn.close()
             raise self._translate(e) from None
         self._checkin(session)
 
     @contextmanager
-    def _transaction(self) -> Iterator[pyodbc.Cursor]:
+    def _transaction(self) -> Iterator[Cursor]:
         """A cursor whose statements commit together when the block ends (roll back if it raises)."""
         session = self._checkout()
         conn = session.conn
@@ -306,7 +313,7 @@ class Queue:
             yield conn.cursor()
             conn.commit()
             conn.autocommit = True
-        except pyodbc.Error as e:
+        except odbc.DRIVER_ERRORS as e:
             conn.close()
             raise self._translate(e) from None
         except BaseException:
@@ -349,7 +356,7 @@ class Queue:
             session = self._checkout()
             try:
                 rows = session.cursor(statement).execute(statement, *args).fetchall()
-            except pyodbc.Error as e:
+            except odbc.DRIVER_ERRORS as e:
                 if odbc.rolled_back(e):
                     self._checkin(session)
                 else:
@@ -363,7 +370,7 @@ class Queue:
 
         try:
             return odbc.retried(once)
-        except pyodbc.Error as e:
+        except odbc.DRIVER_ERRORS as e:
             if odbc.rolled_back(e):
                 raise QueueUnavailable(
                     f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
@@ -371,9 +378,14 @@ class Queue:
             raise self._translate(e) from None
 
     def _connect(self) -> _Session:
+        try:
+            if self.settings.backend == "postgres":
+                return _Session(postgres.Connection.open(self.settings))
+        except psycopg.Error as e:
+            raise self._translate(e) from None
         return _Session(odbc.connect(self.settings))
 
-    def _translate(self, e: pyodbc.Error) -> DbqError:
+    def _translate(self, e: Exception) -> DbqError:
         return odbc.translate(e, self.settings)
 
     def close(self) -> None:
@@ -559,7 +571,7 @@ class Queue:
         found = self._records("pop", lease_ms) if n == 1 else self._records("pop_many", n, lease_ms)
         return self._messages(found, lease_ms, self._call)
 
-    def pop_many_in(self, cur: pyodbc.Cursor, n: int) -> list[Message]:
+    def pop_many_in(self, cur: Cursor, n: int) -> list[Message]:
         """Pop up to n waiting messages inside the caller's transaction (`_transaction()`),
         without waiting for more: they leave the queue only if it commits. Should it roll back,
         or its process die, the messages stay; their spent positions make them orphans, which

@@ -1,5 +1,6 @@
 """ODBC connections (PostgreSQL through psqlODBC, SQL Server through its driver), and driver
-errors translated into `dbq.errors` with the password masked. The twin of `cassandra.py`."""
+errors, of pyodbc and of psycopg (`postgres.py`), translated into `dbq.errors` with the password
+masked. The twin of `cassandra.py`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psycopg
 import pyodbc
 
 from dbq.connection import DEFAULT_DRIVERS, SQLSERVER_DRIVERS, ConnectionSettings
@@ -29,13 +31,23 @@ UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
 TOO_LARGE_STATE = "22001"
 
 
+# What a call to PostgreSQL or SQL Server raises, through either driver.
+DRIVER_ERRORS: tuple[type[Exception], ...] = (pyodbc.Error, psycopg.Error)
+
 T = TypeVar("T")
 
 
-def rolled_back(e: pyodbc.Error) -> bool:
+def rolled_back(e: Exception) -> bool:
     """Whether the database rolled the statement back whole (a deadlock, a serialization
     failure): it changed nothing and may be run again."""
-    return bool(e.args) and str(e.args[0]) in RETRY_STATES
+    return sql_state(e) in RETRY_STATES
+
+
+def sql_state(e: Exception) -> str:
+    """The SQLSTATE of a driver error ('' when it has none)."""
+    if isinstance(e, psycopg.Error):
+        return e.sqlstate or ""
+    return str(e.args[0]) if e.args else ""
 
 
 def retried(call: Callable[[], T]) -> T:
@@ -44,7 +56,7 @@ def retried(call: Callable[[], T]) -> T:
     for attempt in range(RETRIES):
         try:
             return call()
-        except pyodbc.Error as e:
+        except DRIVER_ERRORS as e:
             if not rolled_back(e):
                 raise
         time.sleep(0.001 * 2**attempt)
@@ -70,9 +82,9 @@ def with_driver(settings: ConnectionSettings) -> ConnectionSettings:
 
 
 def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
-    """(SQLSTATE, message) of an ODBC driver error, the password masked out of the message."""
-    state = str(e.args[0]) if e.args else ""
-    text = str(e.args[1] if len(e.args) > 1 else e)
+    """(SQLSTATE, message) of a driver error, the password masked out of the message."""
+    state = sql_state(e)
+    text = str(e.args[1] if len(e.args) > 1 and not isinstance(e, psycopg.Error) else e)
     if settings.password:
         text = text.replace(settings.password, "***")
     return state, text.strip()
@@ -97,6 +109,7 @@ def translate(e: Exception, settings: ConnectionSettings) -> DatabaseError | Mes
     if (
         state in ("08001", "08006", "08S01", "HYT00")
         or "could not connect" in text
+        or "connection failed" in text  # psycopg's
         or "Connection refused" in text
     ):
         return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")

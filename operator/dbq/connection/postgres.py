@@ -1,0 +1,124 @@
+"""PostgreSQL through psycopg: the clients' connections (the ring's data plane, notifications).
+
+psycopg speaks PostgreSQL's binary protocol: a 1 MiB body travels as its bytes, where psqlODBC
+spends about 16 ms of client CPU a MiB decoding its text form (`bench/message_size.py`). The
+operator's own statements (DDL plans, maintenance) stay on ODBC (`dbq.connection.odbc`).
+
+`Connection.cursor()` takes the ODBC calling convention (`?` placeholders, parameters as
+arguments, `fetchval`), so the statements and code the ring client shares with SQL Server
+(pyodbc) are written once. Its errors are `psycopg.Error`s: `dbq.connection.odbc.translate` turns
+them (and pyodbc's) into `dbq.errors`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import psycopg
+from psycopg.types.json import set_json_loads
+
+from dbq.connection import ConnectionSettings
+
+CONNECT_TIMEOUT_S = 5
+
+
+def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
+    """A psycopg connection in autocommit mode (each routine call its own transaction). Raises
+    psycopg.Error."""
+    conn = psycopg.connect(
+        host=settings.host,
+        port=settings.port,
+        dbname=settings.database,
+        user=settings.username,
+        password=settings.password,
+        autocommit=True,
+        connect_timeout=CONNECT_TIMEOUT_S,
+    )
+    set_json_loads(_json_text, conn)  # JSON columns (headers) come back as their text, as over ODBC
+    return conn
+
+
+def _json_text(data: str | bytes) -> str:
+    return data if isinstance(data, str) else bytes(data).decode()
+
+
+class Connection:
+    """A psycopg connection whose cursors take `?` placeholders and return results in binary."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.raw = conn
+
+    @classmethod
+    def open(cls, settings: ConnectionSettings) -> Connection:
+        return cls(connect(settings))
+
+    def cursor(self) -> Cursor:
+        return Cursor(self.raw.cursor(binary=True))
+
+    @property
+    def autocommit(self) -> bool:
+        return self.raw.autocommit
+
+    @autocommit.setter
+    def autocommit(self, on: bool) -> None:
+        self.raw.autocommit = on
+
+    def commit(self) -> None:
+        self.raw.commit()
+
+    def rollback(self) -> None:
+        self.raw.rollback()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class Cursor:
+    """`execute(statement, *params)` with `?` placeholders, as a pyodbc cursor."""
+
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+        self.raw = cur
+
+    def execute(self, statement: str, *params: Any) -> Cursor:
+        if params:
+            self.raw.execute(placeholders(statement), params)
+        else:
+            self.raw.execute(statement)
+        return self
+
+    @property
+    def description(self) -> Any:
+        return self.raw.description
+
+    def fetchone(self) -> Any:
+        return self.raw.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self.raw.fetchall()
+
+    def fetchval(self) -> Any:
+        row = self.raw.fetchone()
+        return None if row is None else row[0]
+
+
+@functools.lru_cache(maxsize=1024)
+def placeholders(statement: str) -> str:
+    """`statement` with psycopg's placeholders: each `?` outside quotes becomes `%s`, and a `%`
+    becomes `%%` (for a statement run with parameters). (A ring statement never uses the jsonb `?` operator: it is a placeholder on
+    SQL Server's side of the same text too.)"""
+    out: list[str] = []
+    quote = ""
+    for ch in statement:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "?":
+            out.append("%s")
+            continue
+        if ch == "%":
+            out.append("%%")
+            continue
+        out.append(ch)
+    return "".join(out)
