@@ -34,7 +34,7 @@ from dbq.client import (
     connect,
 )
 from dbq.connection import from_url
-from dbq.connection.postgres import placeholders
+from dbq.connection.postgres import libpq_options, placeholders
 from dbq.contract.ring import RingTarget, call_statement
 from dbq.errors import AuthenticationFailed, DatabaseUnreachable
 from dbq.names import QueueNames
@@ -105,9 +105,22 @@ def test_unknown_queue_and_schema_are_named(postgres, pg_queue):
 
 def test_postgres_statements_take_odbc_placeholders_and_keep_quoted_text():
     assert placeholders("SELECT f(?, ?) WHERE a LIKE 'x%' AND b = '?' AND \"c?\" = ?") == (
-        "SELECT f(%s, %s) WHERE a LIKE 'x%%' AND b = '?' AND \"c?\" = %s"
+        "SELECT f($1, $2) WHERE a LIKE 'x%' AND b = '?' AND \"c?\" = $3"
     )
-    assert placeholders("SELECT 'it''s ?', ?") == "SELECT 'it''s ?', %s"
+    assert placeholders("SELECT 'it''s ?', ?") == "SELECT 'it''s ?', $1"
+
+
+def test_postgres_url_options_libpq_knows_reach_it_and_odbc_ones_stay_with_odbc(postgres, pg_queue):
+    assert libpq_options({"SSLMODE": "require", "UseServerSidePrepare": "1"}) == {"sslmode": "require"}
+    q = pg_queue()
+    named = connect(f"{postgres.url}?application_name=dbq-test-client", q.names.queue, schema=SCHEMA)
+    assert isinstance(named, Queue)
+    assert sql(named, "SELECT current_setting('application_name')") == "dbq-test-client"
+    named.close()
+    with pytest.raises(
+        DatabaseUnreachable, match="SSL"
+    ):  # the local server has no TLS: sslmode reached libpq
+        connect(f"{postgres.url}?sslmode=require", q.names.queue, schema=SCHEMA)
 
 
 def test_postgres_errors_name_the_cause_without_the_password(postgres, pg_queue):

@@ -5,8 +5,10 @@ The Secret holds either `url` (`postgresql://user:pass@host:port/db?driver=...`,
 password and optionally driver. `ConnectionSettings.__repr__` never shows the password, and
 `endpoint` (what status and events show) has no credentials.
 
-The drivers live beside this module: `odbc` (PostgreSQL and SQL Server) and `cassandra`, each
-opening connections and translating its driver's errors into `dbq.errors`.
+The drivers live beside this module: `odbc` (PostgreSQL and SQL Server, for the operator and the
+SQL Server clients), `postgres` (psycopg, for the PostgreSQL clients) and `cassandra`, each
+opening connections; `odbc.translate` and `cassandra.translate` turn driver errors into
+`dbq.errors`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ them (and pyodbc's) into `dbq.errors`.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import set_json_loads
 
 from dbq.connection import ConnectionSettings
@@ -24,19 +25,33 @@ CONNECT_TIMEOUT_S = 5
 
 
 def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
-    """A psycopg connection in autocommit mode (each routine call its own transaction). Raises
-    psycopg.Error."""
-    conn = psycopg.connect(
+    """A psycopg connection in autocommit mode (each routine call its own transaction). The url's
+    options that libpq knows (`sslmode`, `sslrootcert`, `application_name`...) are passed on;
+    those only psqlODBC reads are left to it. Raises psycopg.Error."""
+    conninfo = make_conninfo(
         host=settings.host,
         port=settings.port,
         dbname=settings.database,
         user=settings.username,
         password=settings.password,
-        autocommit=True,
         connect_timeout=CONNECT_TIMEOUT_S,
+        **libpq_options(settings.options),
     )
+    conn = psycopg.connect(conninfo, autocommit=True, cursor_factory=psycopg.RawCursor)
     set_json_loads(_json_text, conn)  # JSON columns (headers) come back as their text, as over ODBC
     return conn
+
+
+def libpq_options(options: dict[str, str]) -> dict[str, str]:
+    """The url options (any case, as ODBC takes them) that are libpq connection parameters."""
+    known = _libpq_keywords()
+    return {key.lower(): value for key, value in options.items() if key.lower() in known}
+
+
+@functools.cache
+def _libpq_keywords() -> frozenset[str]:
+    taken_here = {"host", "port", "dbname", "user", "password", "connect_timeout"}
+    return frozenset(o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults()) - taken_here
 
 
 def _json_text(data: str | bytes) -> str:
@@ -47,14 +62,14 @@ class Connection:
     """A psycopg connection whose cursors take `?` placeholders and return results in binary."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.raw = conn
+        self.raw = conn  # its cursor_factory is psycopg.RawCursor (`connect`)
 
     @classmethod
     def open(cls, settings: ConnectionSettings) -> Connection:
         return cls(connect(settings))
 
     def cursor(self) -> Cursor:
-        return Cursor(self.raw.cursor(binary=True))
+        return Cursor(cast("psycopg.RawCursor[Any]", self.raw.cursor(binary=True)))
 
     @property
     def autocommit(self) -> bool:
@@ -77,14 +92,11 @@ class Connection:
 class Cursor:
     """`execute(statement, *params)` with `?` placeholders, as a pyodbc cursor."""
 
-    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+    def __init__(self, cur: psycopg.RawCursor[Any]) -> None:
         self.raw = cur
 
     def execute(self, statement: str, *params: Any) -> Cursor:
-        if params:
-            self.raw.execute(placeholders(statement), params)
-        else:
-            self.raw.execute(statement)
+        self.raw.execute(placeholders(statement) if params else statement, params or None)
         return self
 
     @property
@@ -104,21 +116,20 @@ class Cursor:
 
 @functools.lru_cache(maxsize=1024)
 def placeholders(statement: str) -> str:
-    """`statement` with psycopg's placeholders: each `?` outside quotes becomes `%s`, and a `%`
-    becomes `%%` (for a statement run with parameters). (A ring statement never uses the jsonb `?` operator: it is a placeholder on
-    SQL Server's side of the same text too.)"""
+    """`statement` with PostgreSQL's own placeholders: the n-th `?` outside quotes becomes `$n`
+    (psycopg's raw cursors pass the text through as it is). A ring statement never uses the
+    jsonb `?` operator: SQL Server's side of the same text takes `?` for a placeholder too."""
     out: list[str] = []
     quote = ""
+    count = 0
     for ch in statement:
         if quote:
             quote = "" if ch == quote else quote
         elif ch in "'\"":
             quote = ch
         elif ch == "?":
-            out.append("%s")
-            continue
-        if ch == "%":
-            out.append("%%")
+            count += 1
+            out.append(f"${count}")
             continue
         out.append(ch)
     return "".join(out)
