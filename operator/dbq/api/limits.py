@@ -1,7 +1,15 @@
-"""The largest body of a message on each design (spec.messages.maxBytes): the API's admission
-rules, the planners and the clients read them from here."""
+"""The largest body of a message on each design (spec.messages.maxBytes), and what a header
+name may be: the API's admission rules, the planners and the clients read them from here."""
 
 from __future__ import annotations
+
+import re
+
+# A header name: printable ASCII without spaces, quotes, backslashes or control characters.
+MAX_KEY_LENGTH = 128
+KEY_PATTERN = re.compile(r"^[!#-\[\]-~]{1,128}$")
+KEY_HINT = "printable ASCII without spaces, quotes or backslashes, 1 to 128 characters"
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")  # control characters a value may not hold (a tab may)
 
 # A ring: the default and the most; past ring.messageBytes a body waits beside the ring, in the
 # content table.

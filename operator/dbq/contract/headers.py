@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from dbq.api.limits import CONTROL, KEY_HINT, KEY_PATTERN
 
 HeaderValue = str | int | float | bool
 Headers = Mapping[str, HeaderValue]
@@ -29,11 +30,6 @@ CONTENT_TYPE = "content-type"  # the body's media type, e.g. application/json (s
 
 DEFAULT_HEADER_BYTES = 1024
 DEFAULT_MAX_HEADERS = 32
-MAX_KEY_LENGTH = 128
-# A key: printable ASCII without spaces, quotes, backslashes or control characters.
-KEY_PATTERN = re.compile(r"^[!#-\[\]-~]{1,128}$")
-KEY_HINT = "printable ASCII without spaces, quotes or backslashes, 1 to 128 characters"
-CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f]")  # control characters a value may not hold (a tab may)
 
 
 @dataclass(frozen=True)
