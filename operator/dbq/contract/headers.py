@@ -26,6 +26,7 @@ Headers = Mapping[str, HeaderValue]
 RESERVED_PREFIX = "dbq-"
 ERROR = "dbq-error"  # why a message was dead-lettered: nack(error=...) or the lease that expired
 ATTEMPTS = "dbq-attempts"  # how many times it was acquired when it was dead-lettered
+SUBJECT = "dbq-subject"  # a message published to a topic: its subject (routing key)
 CONTENT_TYPE = "content-type"  # the body's media type, e.g. application/json (set by the pusher)
 
 DEFAULT_HEADER_BYTES = 1024

@@ -1,0 +1,70 @@
+"""A topic on PostgreSQL: makes or changes its publish routine and counters from its
+subscriptions, and drops them. Each change is one transaction holding the schema's lock and the
+topic's lock exclusively, so publishes see the old rules or the new ones, never a mix
+(`dbq.contract.topics`)."""
+
+from __future__ import annotations
+
+from dbq.backends.odbc import OdbcBackend
+from dbq.backends.topic_sql import PgTopic
+from dbq.connection import ConnectionSettings
+from dbq.contract.topics import Route, TopicTarget
+from dbq.errors import InvalidSpec
+from dbq.names import QueueNames
+
+TOPIC_LOCK = "SELECT pg_advisory_xact_lock(hashtext(?))"
+
+
+def numbered(routes: tuple[Route, ...], known: dict[str, int]) -> tuple[Route, ...]:
+    """The routes with their ordinals: a subscription keeps the one it has (`known`: by name),
+    a new one takes the next free number (its counters start anew)."""
+    taken = set(known.values())
+    out = []
+    for route in sorted(routes, key=lambda r: r.subscription):
+        ordinal = known.get(route.subscription)
+        if ordinal is None:
+            ordinal = max(taken, default=0) + 1
+            taken.add(ordinal)
+        out.append(Route(route.subscription, route.queue, route.filter, route.on_full, ordinal))
+    return tuple(out)
+
+
+class OdbcTopic(OdbcBackend):
+    def __init__(self, settings: ConnectionSettings, target: TopicTarget) -> None:
+        if settings.backend != "postgres":
+            raise InvalidSpec(f"topics on {settings.backend} are not provisioned yet: use postgres")
+        # The schema's lock, and a seat in the operator's pool by the topic's name.
+        super().__init__(settings, QueueNames(target.names.schema, target.names.topic))
+        self.target = target
+
+    def advisory_lock(self) -> str:
+        return TOPIC_LOCK
+
+    def apply(self) -> int:
+        """Make the topic's routine match its subscriptions; the rules version now in force."""
+        names = self.target.names
+        with self._locked_transaction() as cur:
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {PgTopic(self.target).schema}")
+            for statement in PgTopic(self.target).tables():
+                cur.execute(statement)
+            cur.execute(TOPIC_LOCK, names.lock)  # publishes in flight end first; new ones wait
+            sql = PgTopic(self.target)
+            known = {str(s): int(o) for s, o in cur.execute(sql.known_ordinals(), names.topic).fetchall()}
+            version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
+            sql = PgTopic(TopicTarget(names, numbered(self.target.routes, known), self.target.unrouted))
+            for statement in sql.statements(version):
+                cur.execute(statement)
+            for statement, params in sql.rows(version):
+                cur.execute(statement, *params)
+        return version
+
+    def teardown(self) -> None:
+        names = self.target.names
+        with self._locked_transaction() as cur:
+            sql = PgTopic(self.target)
+            if not cur.execute(sql.has_tables(), names.schema).fetchval():
+                return
+            cur.execute(TOPIC_LOCK, names.lock)
+            ordinals = [int(o) for _, o in cur.execute(sql.known_ordinals(), names.topic).fetchall()]
+            for statement in sql.drop(ordinals):
+                cur.execute(statement, *([names.topic] if "?" in statement else []))

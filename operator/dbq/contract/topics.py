@@ -1,0 +1,106 @@
+"""What a topic's client and its provisioning share: names, the publish call, its answer.
+
+A topic routes each message it is given, in one transaction, into the queue of every
+subscription whose filter matches it (`dbq.api.filters`); each subscription's queue is an
+ordinary Queue, with its own leases, retries and dead letters. On PostgreSQL the routing is one
+routine per topic, generated from its subscriptions: one compiled predicate and one push per
+subscription, and no dynamic SQL when a message is published.
+
+The subscriptions a routine was made from are its rules version: a change of subscriptions takes
+the topic's lock exclusively, replaces the routine and moves the version on; a publish takes the
+lock shared and checks the version, so each message is routed by the rules in force when it
+commits (a publish that waited on a change is refused with SQLSTATE 40001 and made again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dbq.api.filters import Filter
+from dbq.names import QueueNames, check_identifier, pg_quote
+
+TOPIC_SCHEMA_VERSION = 1
+TOPICS_TABLE = "dbq_topics"  # per schema: topic, schema_version, rules_version, unrouted queue
+SUBSCRIPTIONS_TABLE = "dbq_subscriptions"  # per schema: the rules of each topic, as a DBA reads them
+# A publish whose subscription's queue is full and says onFull: Reject fails whole with this
+# SQLSTATE (configuration_limit_exceeded): no queue gets a copy.
+FULL_STATE = "53400"
+ON_FULL = ("Reject", "Drop")
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """Names of one topic's objects, unquoted."""
+
+    schema: str
+    topic: str
+
+    def __post_init__(self) -> None:
+        check_identifier(self.schema, "spec.connection.schema")
+        check_identifier(self.topic, "topic name")
+
+    @property
+    def publish(self) -> str:
+        return f"{self.topic}_publish"
+
+    @property
+    def published(self) -> str:
+        """Sequence: messages published (committed or not: a sequence is not transactional)."""
+        return f"{self.topic}_n_published"
+
+    @property
+    def unrouted(self) -> str:
+        """Sequence: messages no subscription matched."""
+        return f"{self.topic}_n_unrouted"
+
+    def routed(self, ordinal: int) -> str:
+        """Sequence: copies routed to the queue of the subscription numbered `ordinal`."""
+        return f"{self.topic}_s{int(ordinal)}_routed"
+
+    def dropped(self, ordinal: int) -> str:
+        """Sequence: copies skipped for that subscription, its queue full (onFull: Drop)."""
+        return f"{self.topic}_s{int(ordinal)}_dropped"
+
+    @property
+    def lock(self) -> str:
+        """The text whose hash keys the topic's advisory lock."""
+        return f"dbq-topic:{self.schema}.{self.topic}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One subscription: its name, its queue (in the topic's database) and filter, and what to do
+    when that queue is full. `ordinal` numbers it within the topic for good (its counters)."""
+
+    subscription: str
+    queue: QueueNames
+    filter: Filter
+    on_full: str = "Reject"
+    ordinal: int = 0
+
+    def __post_init__(self) -> None:
+        check_identifier(self.subscription, "subscription name")
+        if self.on_full not in ON_FULL:
+            raise ValueError(f"onFull is Reject or Drop, not {self.on_full!r}")
+
+
+@dataclass(frozen=True)
+class TopicTarget:
+    names: TopicNames
+    routes: tuple[Route, ...] = ()
+    unrouted: QueueNames | None = None  # the queue that gets what no subscription matched
+
+
+def publish_statement(names: TopicNames) -> str:
+    """The call of the topic's routine: body, stored headers, subject, ttl in ms."""
+    return f"SELECT {pg_quote(names.schema)}.{pg_quote(names.publish)}(?, ?, ?, ?)"
+
+
+def routed_ids(answer: str | None) -> dict[str, int]:
+    """The routine's answer, `subscription=id,...`, as subscription -> message id in its queue."""
+    found: dict[str, int] = {}
+    for pair in (answer or "").split(","):
+        if pair:
+            name, _, msg_id = pair.partition("=")
+            found[name] = int(msg_id)
+    return found

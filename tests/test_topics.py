@@ -1,0 +1,218 @@
+"""Topics on PostgreSQL: a publish puts a copy in the queue of every subscription whose filter
+matches, in one transaction (all or none when a Reject queue is full), counts what it routed,
+dropped and could not route, and follows a change of subscriptions made while publishers run
+without mixing old and new rules in one message."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from dbq.api.filters import Filter
+from dbq.backends.odbc_topic import OdbcTopic
+from dbq.client import QueueFull
+from dbq.client.ring import Queue
+from dbq.client.topic import Topic
+from dbq.connection import from_url
+from dbq.contract.filters import matches
+from dbq.contract.topics import Route, TopicNames, TopicTarget
+from tests.test_ring_client import SCHEMA, queues
+
+
+def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -> Filter:
+    return Filter.model_validate({"headers": list(headers), "subject": subject or []})
+
+
+class Topics:
+    """Topics provisioned at `url` and clients of them; dropped afterwards."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.made: list[tuple[Topic, OdbcTopic]] = []
+
+    def make(self, routes: list[Route], unrouted: Queue | None = None) -> tuple[Topic, OdbcTopic]:
+        names = TopicNames(SCHEMA, f"t_{secrets.token_hex(4)}")
+        target = TopicTarget(names, tuple(routes), unrouted.names if unrouted else None)
+        backend = OdbcTopic(from_url(self.url), target)
+        backend.apply()
+        topic = Topic(from_url(self.url), names)
+        self.made.append((topic, backend))
+        return topic, backend
+
+    def close(self) -> None:
+        for topic, backend in self.made:
+            topic.close()
+            backend.teardown()
+            backend.close()
+
+
+@pytest.fixture
+def topics(postgres) -> Iterator[tuple[Topics, Any]]:
+    with queues(postgres.url) as make_queue:
+        made = Topics(postgres.url)
+        yield made, make_queue
+        made.close()
+
+
+def route(name: str, q: Queue, f: Filter, on_full: str = "Reject") -> Route:
+    return Route(name, q.names, f, on_full)
+
+
+def drain(q: Queue) -> list[Any]:
+    got = []
+    while batch := q.pop_many(100, timeout=0):
+        got += batch
+    return got
+
+
+def sql(q: Queue, statement: str) -> Any:
+    with q._cursor() as cur:
+        return cur.execute(statement).fetchval()
+
+
+def test_each_message_reaches_the_queues_whose_filters_match_it(topics):
+    made, make_queue = topics
+    eu, big, sub, rest = (make_queue() for _ in range(4))
+    filters = {
+        "eu": flt({"key": "region", "in": ["eu", "uk"]}),
+        "big": flt({"key": "amount", "gte": 100}),
+        "sub": flt(subject=[{"prefix": "orders.eu."}]),
+    }
+    by_name = {"eu": eu, "big": big, "sub": sub}
+    topic, _ = made.make([route(n, by_name[n], f) for n, f in filters.items()], unrouted=rest)
+    messages = [
+        ({"region": "eu", "amount": 250}, "orders.eu.de"),
+        ({"region": "us", "amount": 99.5}, "orders.us"),
+        ({"region": "uk"}, None),
+        ({"amount": "100"}, "orders.eu."),  # a string is not a number
+        ({}, None),
+        ({"region": "EU", "amount": 100}, "orders.eu.fr"),
+    ]
+    expected: dict[str, list[bytes]] = {"eu": [], "big": [], "sub": [], "": []}
+    for i, (headers, subject) in enumerate(messages):
+        body = f"m{i}".encode()
+        routed = topic.publish(body, headers=headers, subject=subject)
+        wanted = {n for n, f in filters.items() if matches(f, subject, headers)} or {""}
+        assert set(routed) == wanted, (headers, subject)
+        for name in wanted:
+            expected[name].append(body)
+    for name, q in (*by_name.items(), ("", rest)):
+        got = drain(q)
+        assert [m.body for m in got] == expected[name]
+        for m in got:
+            headers, subject = messages[int(m.body[1:])]
+            assert m.headers == {**headers, **({"dbq-subject": subject} if subject else {})}
+    names = topic.names
+    assert sql(eu, f"SELECT last_value FROM {SCHEMA}.{names.published}") == len(messages)
+    assert sql(eu, f"SELECT last_value FROM {SCHEMA}.{names.unrouted}") == len(expected[""])
+
+
+def test_a_full_reject_queue_fails_the_publish_whole_and_a_drop_queue_is_skipped_and_counted(topics):
+    made, make_queue = topics
+    small, other = make_queue(size=2), make_queue()
+    everything = flt()
+    topic, backend = made.make([route("small", small, everything), route("other", other, everything)])
+    topic.publish(b"1")
+    topic.publish(b"2")
+    with pytest.raises(QueueFull, match=r"subscription small is full: nothing was published"):
+        topic.publish(b"3")
+    assert [m.body for m in drain(other)] == [b"1", b"2"]  # nothing of the failed publish
+    assert sql(other, f"SELECT last_value FROM {SCHEMA}.{topic.names.published}") == 2
+    # The same subscription with onFull: Drop: the others get their copy, the drop is counted.
+    backend.target = TopicTarget(
+        topic.names, (route("small", small, everything, "Drop"), route("other", other, everything))
+    )
+    backend.apply()
+    assert set(topic.publish(b"4")) == {"other"}
+    assert [m.body for m in drain(other)] == [b"4"]
+    dropped = topic.names.dropped(2)  # ordinals follow the names: other 1, small 2
+    assert sql(other, f"SELECT last_value FROM {SCHEMA}.{dropped}") == 1
+    assert [m.body for m in drain(small)] == [b"1", b"2"]
+
+
+def test_subscriptions_changed_while_publishers_run_route_each_message_by_one_set_of_rules(topics):
+    made, make_queue = topics
+    qa, qb = make_queue(size=10_000), make_queue(size=10_000)
+    everything, nothing = flt(), flt({"key": "absent", "exists": True})
+    rules = [
+        (route("a", qa, everything), route("b", qb, nothing)),
+        (route("a", qa, nothing), route("b", qb, everything)),
+    ]
+    topic, backend = made.make(list(rules[0]))
+    stop, routed, errors = threading.Event(), [], []
+
+    def publisher(who: int) -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                routed.append((f"{who}-{i}".encode(), set(topic.publish(f"{who}-{i}".encode()))))
+                i += 1
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=publisher, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    changes = 0
+    while changes < 20:
+        backend.target = TopicTarget(topic.names, rules[(changes + 1) % 2])
+        backend.apply()
+        changes += 1
+        time.sleep(0.05)  # publishers get through between changes too
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(routed) > 100
+    assert all(r in ({"a"}, {"b"}) for _, r in routed)  # one rule set each: never both, never none
+    in_a, in_b = {m.body for m in drain(qa)}, {m.body for m in drain(qb)}
+    assert in_a == {b for b, r in routed if r == {"a"}}
+    assert in_b == {b for b, r in routed if r == {"b"}}
+    assert in_a and in_b and not in_a & in_b
+
+
+def test_a_publish_that_waited_on_a_change_of_subscriptions_is_routed_by_the_new_rules(topics, postgres):
+    made, make_queue = topics
+    qa, qb = make_queue(), make_queue()
+    everything, nothing = flt(), flt({"key": "absent", "exists": True})
+    topic, backend = made.make([route("a", qa, everything), route("b", qb, nothing)])
+    # Another session holds the topic's row: the change below takes the topic's lock, replaces
+    # the routine, then waits on that row before it can commit.
+    holder = psycopg.connect(postgres.url)
+    holder.execute(f"SELECT 1 FROM {SCHEMA}.dbq_topics WHERE topic = %s FOR UPDATE", (topic.names.topic,))
+    backend.target = TopicTarget(topic.names, (route("a", qa, nothing), route("b", qb, everything)))
+    change = threading.Thread(target=backend.apply)
+    change.start()
+    time.sleep(0.5)
+    result: dict[str, Any] = {}
+    publisher = threading.Thread(target=lambda: result.update(routed=topic.publish(b"during")))
+    started = time.monotonic()
+    publisher.start()
+    time.sleep(0.5)
+    assert publisher.is_alive()  # it waits for the change to commit
+    holder.rollback()
+    change.join(10)
+    publisher.join(10)
+    holder.close()
+    assert time.monotonic() - started >= 0.5
+    assert result["routed"].keys() == {"b"}  # committed after the change: the new rules
+    assert [m.body for m in drain(qb)] == [b"during"] and drain(qa) == []
+
+
+def test_filter_values_that_look_like_sql_are_only_values_and_teardown_removes_the_topic(topics):
+    made, make_queue = topics
+    q = make_queue()
+    tricky = "$fn$'; DROP TABLE x; --"
+    topic, backend = made.make([route("odd", q, flt({"key": "it's", "eq": tricky}))])
+    assert topic.publish(b"yes", headers={"it's": tricky}) == {"odd": 1}
+    assert topic.publish(b"no", headers={"it's": tricky + " "}) == {}
+    assert [m.body for m in drain(q)] == [b"yes"]
+    backend.teardown()
+    assert sql(q, f"SELECT to_regproc('{SCHEMA}.{topic.names.publish}') IS NULL") is True
+    assert sql(q, f"SELECT count(*) FROM {SCHEMA}.dbq_subscriptions WHERE topic = '{topic.names.topic}'") == 0
