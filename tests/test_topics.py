@@ -205,6 +205,18 @@ def test_a_publish_that_waited_on_a_change_of_subscriptions_is_routed_by_the_new
     assert [m.body for m in drain(qb)] == [b"during"] and drain(qa) == []
 
 
+def test_applying_the_same_subscriptions_again_keeps_the_rules_version(topics):
+    made, make_queue = topics
+    q, rest = make_queue(), make_queue()
+    topic, backend = made.make([route("only", q, flt({"key": "n", "gt": 1.5}))], unrouted=rest)
+    assert backend.apply() == 1 and backend.apply() == 1  # nothing changed: nothing done
+    backend.target = TopicTarget(topic.names, (route("only", q, flt({"key": "n", "gt": 2})),), rest.names)
+    assert backend.apply() == 2
+    backend.target = TopicTarget(topic.names, backend.target.routes, None)  # no unrouted queue now
+    assert backend.apply() == 3 and backend.apply() == 3
+    assert topic.publish(b"x", headers={"n": 2}) == {}
+
+
 def test_filter_values_that_look_like_sql_are_only_values_and_teardown_removes_the_topic(topics):
     made, make_queue = topics
     q = make_queue()

@@ -5,6 +5,10 @@ topic's lock exclusively, so publishes see the old rules or the new ones, never 
 
 from __future__ import annotations
 
+import json
+
+import pyodbc
+
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.topic_sql import PgTopic
 from dbq.connection import ConnectionSettings
@@ -29,6 +33,10 @@ def numbered(routes: tuple[Route, ...], known: dict[str, int]) -> tuple[Route, .
     return tuple(out)
 
 
+def _canonical(flt: object) -> str:
+    return json.dumps(flt, sort_keys=True)
+
+
 class OdbcTopic(OdbcBackend):
     def __init__(self, settings: ConnectionSettings, target: TopicTarget) -> None:
         if settings.backend != "postgres":
@@ -41,15 +49,26 @@ class OdbcTopic(OdbcBackend):
         return TOPIC_LOCK
 
     def apply(self) -> int:
-        """Make the topic's routine match its subscriptions; the rules version now in force."""
+        """Make the topic's routine match its subscriptions; the rules version now in force. A
+        first look takes no lock: rules already in force (what a periodic check finds, mostly)
+        cost no transaction and keep their version."""
         names = self.target.names
+        with self._errors():
+            version = self._in_force(self.conn.cursor())
+        if version is not None:
+            return version
         with self._locked_transaction() as cur:
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {PgTopic(self.target).schema}")
             for statement in PgTopic(self.target).tables():
                 cur.execute(statement)
             cur.execute(TOPIC_LOCK, names.lock)  # publishes in flight end first; new ones wait
+            version = self._in_force(cur)
+            if version is not None:  # made meanwhile, by another operator
+                return version
             sql = PgTopic(self.target)
-            known = {str(s): int(o) for s, o in cur.execute(sql.known_ordinals(), names.topic).fetchall()}
+            known = {
+                str(row[0]): int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
+            }
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             sql = PgTopic(TopicTarget(names, numbered(self.target.routes, known), self.target.unrouted))
             for statement in sql.statements(version):
@@ -58,6 +77,26 @@ class OdbcTopic(OdbcBackend):
                 cur.execute(statement, *params)
         return version
 
+    def _in_force(self, cur: pyodbc.Cursor) -> int | None:
+        """The rules version when the recorded rules are the target's and its routine exists."""
+        sql, names = PgTopic(self.target), self.target.names
+        if not cur.execute(sql.has_tables(), names.schema).fetchval():
+            return None
+        found = cur.execute(sql.recorded_topic(), names.topic).fetchone()
+        if found is None:
+            return None
+        version, unrouted, routine = found
+        rows = cur.execute(sql.recorded_rules(), names.topic).fetchall()
+        recorded = {(str(s), str(q), _canonical(json.loads(f)), str(o)) for s, _, q, f, o in rows}
+        wanted = {
+            (r.subscription, r.queue.qualified, _canonical(r.filter.wire()), r.on_full)
+            for r in self.target.routes
+        }
+        same_unrouted = (unrouted or None) == (
+            self.target.unrouted.qualified if self.target.unrouted else None
+        )
+        return int(version) if routine and same_unrouted and recorded == wanted else None
+
     def teardown(self) -> None:
         names = self.target.names
         with self._locked_transaction() as cur:
@@ -65,6 +104,6 @@ class OdbcTopic(OdbcBackend):
             if not cur.execute(sql.has_tables(), names.schema).fetchval():
                 return
             cur.execute(TOPIC_LOCK, names.lock)
-            ordinals = [int(o) for _, o in cur.execute(sql.known_ordinals(), names.topic).fetchall()]
+            ordinals = [int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()]
             for statement in sql.drop(ordinals):
                 cur.execute(statement, *([names.topic] if "?" in statement else []))

@@ -128,16 +128,30 @@ class PgTopic:
             f"  IF {route.ordinal} = ANY (v_dropped) THEN PERFORM nextval('{dropped}'); END IF;"
         )
 
-    def known_ordinals(self) -> str:
-        """(subscription, ordinal) of the topic's recorded rules (parameter: the topic)."""
-        return f"SELECT subscription, ordinal FROM {self.subscriptions} WHERE topic = ?"
+    def recorded_rules(self) -> str:
+        """(subscription, ordinal, queue, filter as JSON text, on_full) of the topic's recorded
+        rules (parameter: the topic)."""
+        return (
+            f"SELECT subscription, ordinal, queue, filter::text, on_full FROM {self.subscriptions}"
+            " WHERE topic = ? ORDER BY ordinal"
+        )
+
+    def recorded_topic(self) -> str:
+        """(rules_version, unrouted queue, whether the routine exists) (parameter: the topic)."""
+        routine = pg_text(f"{self.schema}.{quote(self.names.publish)}(bytea, text, text, bigint)")
+        return (
+            f"SELECT rules_version, unrouted, CASE WHEN to_regprocedure({routine}) IS NULL THEN 0 ELSE 1 END"
+            f" FROM {self.topics}"
+            " WHERE topic = ?"
+        )
 
     def rules_version(self) -> str:
         return f"SELECT rules_version FROM {self.topics} WHERE topic = ?"
 
     def has_tables(self) -> str:
-        """Whether the schema (parameter) has the topic tables."""
-        return f"SELECT to_regclass(quote_ident(?) || '.{TOPICS_TABLE}') IS NOT NULL"
+        """1 when the schema (parameter) has the topic tables, else 0 (psqlODBC answers a boolean
+        as the text '0' or '1')."""
+        return f"SELECT CASE WHEN to_regclass(quote_ident(?) || '.{TOPICS_TABLE}') IS NULL THEN 0 ELSE 1 END"
 
     def drop(self, ordinals: list[int]) -> list[str]:
         """The routine, the counters (those of the subscriptions numbered `ordinals` too) and the
