@@ -6,6 +6,7 @@ from its subscriptions (`dbq.contract.topics`). Identifiers come from `TopicName
 from __future__ import annotations
 
 import json
+import re
 
 from dbq.backends.filter_sql import pg_predicate, pg_text
 from dbq.backends.ring_sql import load_template, render_template
@@ -15,6 +16,15 @@ from dbq.names import pg_quote as quote
 
 TABLES = load_template("dbq.backends.postgres", "topic_tables.sql")
 ROUTINES = load_template("dbq.backends.postgres", "topic_routines.sql")
+
+
+def _blocks(template: str) -> dict[str, str]:
+    """The `-- block: name` parts of topic_routes.sql, by name."""
+    parts = re.split(r"^-- block: ([a-z_]+)\n", template, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+BLOCKS = _blocks(load_template("dbq.backends.postgres", "topic_routes.sql"))
 
 
 class PgTopic:
@@ -29,30 +39,60 @@ class PgTopic:
         return f"{quote(self.names.schema)}.{quote(name)}"
 
     def statements(self, rules_version: int) -> list[str]:
-        """The tables (if missing), the topic's counters and each subscription's, and the
-        publish routine made for `rules_version`."""
+        """The topic's counters and each subscription's, and the publish routines made for
+        `rules_version`."""
         routes = self.target.routes
-        values = {
+        unrouted = self.target.unrouted
+        each = {name: "\n".join(self._block(name, r) for r in routes) for name in BLOCKS}
+        values: dict[str, object] = {
             "topics": self.topics,
             "n_published": self._q(self.names.published),
             "n_unrouted": self._q(self.names.unrouted),
             "fn_publish": self._q(self.names.publish),
+            "fn_publish_many": self._q(self.names.publish_many),
             "lock": pg_text(self.names.lock),
             "topic": pg_text(self.names.topic),
             "topic_name": self.names.topic,
             "rules_version": int(rules_version),
-            "routes": "\n".join(self._route(r) for r in routes),
-            "unrouted": self._unrouted(),
-            "counts": "\n".join(self._counts(r) for r in routes),
+            "routes": each["publish"],
+            "counts": each["count"],
+            "declare_many": each["declare_many"],
+            "picks": each["pick"],
+            "routes_many": each["publish_many"],
+            "counts_many": each["count_many"],
         }
-        values["tag"] = free_tag(str(values["routes"]) + str(values["unrouted"]))
+        if unrouted is not None:
+            values |= {
+                "unrouted_push": self._routine(unrouted, "push"),
+                "unrouted_push_many": self._routine(unrouted, "push_many"),
+                "unrouted_queue": unrouted.qualified,
+            }
+        values["tag"] = free_tag("".join(each.values()))
+        made = render_template(ROUTINES, values, {"unrouted": unrouted is not None})
         counters = [
             f"CREATE SEQUENCE IF NOT EXISTS {self._q(seq)}"
             for r in routes
             for seq in (self.names.routed(r.ordinal), self.names.dropped(r.ordinal))
         ]
-        made = render_template(ROUTINES, values)
-        return made[:-1] + counters + made[-1:]
+        return made[:2] + counters + made[2:]
+
+    def _routine(self, queue: QueueNames, verb: str) -> str:
+        return f"{quote(queue.schema)}.{quote(queue.routine(verb))}"
+
+    def _block(self, name: str, route: Route) -> str:
+        """One subscription's block `name` of topic_routes.sql, filled in."""
+        values = {
+            "subscription": route.subscription,
+            "subscription_text": pg_text(route.subscription + "="),
+            "queue": route.queue.qualified,
+            "ordinal": int(route.ordinal),
+            "predicate": pg_predicate(route.filter, "v_h", "v_s"),
+            "push": self._routine(route.queue, "push"),
+            "push_many": self._routine(route.queue, "push_many"),
+            "n_routed": self._q(self.names.routed(route.ordinal)),
+            "n_dropped": self._q(self.names.dropped(route.ordinal)),
+        }
+        return "\n".join(render_template(BLOCKS[name], values, {"reject": route.on_full == "Reject"}))
 
     def tables(self) -> list[str]:
         """The schema's topic tables, made if missing (before the rules version is read)."""
@@ -79,54 +119,6 @@ class PgTopic:
                 [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full],
             ))  # fmt: skip
         return out
-
-    def _push(self, queue: QueueNames) -> str:
-        return f"{quote(queue.schema)}.{quote(queue.routine('push'))}(p_body, p_ttl_ms, p_headers)"
-
-    def _route(self, route: Route) -> str:
-        if route.on_full == "Reject":
-            when_full = (
-                f"RAISE EXCEPTION 'dbq: queue {route.queue.qualified} of subscription {route.subscription} is full:"
-                f" nothing was published' USING ERRCODE = '53400';"
-            )
-        else:
-            when_full = f"v_dropped := v_dropped || {route.ordinal};"
-        return (
-            f"  -- subscription {route.subscription} -> {route.queue.qualified}, onFull {route.on_full}\n"
-            f"  IF {pg_predicate(route.filter, 'v_h', 'p_subject')} THEN\n"
-            f"    v_matched := true;\n"
-            f"    v_id := {self._push(route.queue)};\n"
-            f"    IF v_id > 0 THEN\n"
-            f"      v_ids := v_ids || ({pg_text(route.subscription + '=')} || v_id);\n"
-            f"      v_routed := v_routed || {route.ordinal};\n"
-            f"    ELSE\n"
-            f"      {when_full}\n"
-            f"    END IF;\n"
-            f"  END IF;"
-        )
-
-    def _unrouted(self) -> str:
-        count = f"    PERFORM nextval('{self._q(self.names.unrouted)}');"
-        if self.target.unrouted is None:
-            return count
-        return (
-            f"{count}\n    v_id := {self._push(self.target.unrouted)};\n"
-            f"    IF v_id <= 0 THEN\n"
-            f"      RAISE EXCEPTION 'dbq: queue {self.target.unrouted.qualified} (unrouted messages) is full:"
-            f" nothing was published' USING ERRCODE = '53400';\n"
-            f"    END IF;\n"
-            f"    v_ids := v_ids || ('=' || v_id);"
-        )
-
-    def _counts(self, route: Route) -> str:
-        routed, dropped = (
-            self._q(self.names.routed(route.ordinal)),
-            self._q(self.names.dropped(route.ordinal)),
-        )
-        return (
-            f"  IF {route.ordinal} = ANY (v_routed) THEN PERFORM nextval('{routed}'); END IF;\n"
-            f"  IF {route.ordinal} = ANY (v_dropped) THEN PERFORM nextval('{dropped}'); END IF;"
-        )
 
     def recorded_rules(self) -> str:
         """(subscription, ordinal, queue, filter as JSON text, on_full) of the topic's recorded
@@ -160,6 +152,7 @@ class PgTopic:
         sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
         return [
             f"DROP FUNCTION IF EXISTS {self._q(self.names.publish)}(bytea, text, text, bigint)",
+            f"DROP FUNCTION IF EXISTS {self._q(self.names.publish_many)}(bytea, text, text, text, bigint)",
             *(f"DROP SEQUENCE IF EXISTS {self._q(s)}" for s in sequences),
             f"DELETE FROM {self.subscriptions} WHERE topic = ?",
             f"DELETE FROM {self.topics} WHERE topic = ?",

@@ -1,28 +1,38 @@
 """Client of a topic (PostgreSQL): `publish` routes a message, in one round trip and one
-transaction, into the queue of every subscription whose filter matches it (`dbq.contract.topics`).
-Each subscriber consumes its own queue with `dbq.client.connect`.
+transaction, into the queue of every subscription whose filter matches it (`dbq.contract.topics`);
+`publish_many` routes several in one. Each subscriber consumes its own queue with
+`dbq.client.connect`.
 
-Thread-safe: calls borrow connections from a small pool, as `dbq.client.ring.Queue` does.
+Thread-safe: calls borrow connections from a small pool, as `dbq.client.ring.Queue` does, and
+single publishes made at once by several threads share one publish_many round trip (smart
+batching, `dbq.client.coalescing`; on unless `smart_batching=False`). Should a batch fail because
+a Reject subscription's queue is full, its messages are published again one by one, so each
+caller gets the answer its own publish would have had.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import psycopg
 
 from dbq.api.limits import CONTROL
+from dbq.client.coalescing import ByOptions, Coalescer
 from dbq.client.waiting import Deadline, seconds_arg
 from dbq.connection import ConnectionSettings, odbc, postgres
 from dbq.contract import headers as header_codec
 from dbq.contract.headers import SUBJECT, HeaderLimits, Headers
-from dbq.contract.topics import FULL_STATE, TopicNames, publish_statement, routed_ids
+from dbq.contract.topics import FULL_STATE, TopicNames, publish_many_statement, publish_statement, routed_ids
 from dbq.errors import DbqError, QueueError, QueueFull, QueueUnavailable
 
 MAX_SUBJECT = 256  # characters of a subject (a filter's subject clauses compare up to 256)
 # The widest headers any queue allows (spec.messages): each subscription's queue checks its own
 # limits when the routine pushes the copy, and a copy it refuses fails the publish.
 WIDEST = HeaderLimits(header_bytes=65_536, max_headers=256)
+SMART_BATCH_LIMIT = 500  # at most this many waiting publishes share one round trip
+Publish = tuple[bytes, str | None, str | None]  # body, stored headers, subject
 
 
 class Topic:
@@ -34,6 +44,7 @@ class Topic:
         ttl: float = 0.0,
         timeout: float = 5.0,
         pool_size: int = 4,
+        smart_batching: bool = True,
     ) -> None:
         """`ttl`: the copies' default time to live; `timeout`: how long a publish is made again
         while the subscriptions change under it."""
@@ -45,7 +56,13 @@ class Topic:
         self.timeout = seconds_arg(timeout, "timeout", 0.0)
         self.pool_size = pool_size
         self._statement = publish_statement(names)
+        self._many_statement = publish_many_statement(names)
         self._idle: list[postgres.Connection] = []
+        self._publishes: ByOptions[int, Publish, dict[str, int]] | None = None
+        if smart_batching:
+            self._publishes = ByOptions(
+                lambda ttl_ms: Coalescer(lambda items: self._batch(items, ttl_ms), SMART_BATCH_LIMIT)
+            )
 
     def publish(
         self,
@@ -58,20 +75,69 @@ class Topic:
         """Route one message: its id in each subscription's queue that got a copy, by
         subscription ('' for the topic's queue of unrouted messages). A subscription whose queue
         is full and says onFull: Reject fails it whole (QueueFull; no queue got a copy)."""
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"body is bytes, not {type(body).__name__}")
-        stored = _stored_headers(headers, subject)
+        item = (_body(body), _stored_headers(headers, subject), subject)
         ttl_ms = int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
-        return routed_ids(self._call(bytes(body), stored, subject, ttl_ms))
+        if self._publishes is not None:
+            return self._publishes(ttl_ms, item)
+        return routed_ids(self._call(self._statement, *item, ttl_ms))
 
-    def _call(self, *args: object) -> str | None:
+    def publish_many(
+        self,
+        bodies: Sequence[bytes],
+        *,
+        headers: Headers | Sequence[Headers | None] | None = None,
+        subjects: str | Sequence[str | None] | None = None,
+        ttl: float | None = None,
+    ) -> list[dict[str, int]]:
+        """Route several messages in one round trip and one transaction: for each, what
+        `publish` answers. `headers` and `subjects`: one for every message, or one per message."""
+        count = len(bodies)
+        each_headers = _each(headers, count, "headers", Mapping)
+        each_subject = _each(subjects, count, "subjects", str)
+        items = [
+            (_body(b), _stored_headers(h, s), s)
+            for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
+        ]
+        return self._many(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
+
+    def _many(self, items: list[Publish], ttl_ms: int) -> list[dict[str, int]]:
+        if not items:
+            return []
+        stored = [h for _, h, _ in items]
+        subjects = [s for _, _, s in items]
+        answer = self._call(
+            self._many_statement,
+            b"".join(b for b, _, _ in items),
+            ",".join(str(len(b)) for b, _, _ in items),
+            None if all(h is None for h in stored) else "[" + ",".join(h or "null" for h in stored) + "]",
+            None if all(s is None for s in subjects) else json.dumps(subjects, ensure_ascii=False),
+            ttl_ms,
+        )
+        return [routed_ids(part) for part in (answer or "").split(";")] if items else []
+
+    def _batch(self, items: list[Publish], ttl_ms: int) -> list[dict[str, int] | BaseException]:
+        """The single publishes of several threads in one round trip (smart batching)."""
+        if len(items) == 1:
+            return [routed_ids(self._call(self._statement, *items[0], ttl_ms))]
+        try:
+            return list(self._many(items, ttl_ms))
+        except QueueFull:  # whose? publish them one by one: each caller gets its own answer
+            out: list[dict[str, int] | BaseException] = []
+            for item in items:
+                try:
+                    out.append(routed_ids(self._call(self._statement, *item, ttl_ms)))
+                except QueueFull as e:
+                    out.append(e)
+            return out
+
+    def _call(self, statement: str, *args: object) -> str | None:
         """One call of the routine. One refused because the subscriptions changed while it
         waited (or a deadlock) changed nothing: it is made again, for up to `timeout` seconds."""
         deadline = Deadline(self.timeout)
         while True:
             conn = self._checkout()
             try:
-                answer = conn.cursor().execute(self._statement, *args).fetchval()
+                answer = conn.cursor().execute(statement, *args).fetchval()
             except psycopg.Error as e:
                 if not odbc.rolled_back(e):
                     conn.close()
@@ -118,6 +184,25 @@ class Topic:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _body(body: object) -> bytes:
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise TypeError(f"a body is bytes, not {type(body).__name__}")
+    return bytes(body)
+
+
+def _each(value: object, count: int, name: str, single: type) -> list[Any]:
+    """`value` for each of `count` messages: one for all (or None), or a sequence of one each."""
+    if value is None or isinstance(value, single):
+        return [value] * count
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise TypeError(f"{name} is one value for every message, or a list of one (or None) per message")
+    if len(value) != count:
+        raise ValueError(
+            f"{name} has {len(value)} values for {count} messages: give one per message, or one for all"
+        )
+    return list(value)
 
 
 def _stored_headers(headers: Headers | None, subject: str | None) -> str | None:

@@ -44,6 +44,10 @@ class TopicNames:
         return f"{self.topic}_publish"
 
     @property
+    def publish_many(self) -> str:
+        return f"{self.topic}_publish_many"
+
+    @property
     def published(self) -> str:
         """Sequence: messages published (committed or not: a sequence is not transactional)."""
         return f"{self.topic}_n_published"
@@ -94,6 +98,12 @@ class TopicTarget:
 def publish_statement(names: TopicNames) -> str:
     """The call of the topic's routine: body, stored headers, subject, ttl in ms."""
     return f"SELECT {pg_quote(names.schema)}.{pg_quote(names.publish)}(?, ?, ?, ?)"
+
+
+def publish_many_statement(names: TopicNames) -> str:
+    """The call of the topic's batch routine: bodies end to end, their lengths, a JSON array of
+    stored headers (or NULL), a JSON array of subjects (or NULL), ttl in ms."""
+    return f"SELECT {pg_quote(names.schema)}.{pg_quote(names.publish_many)}(?, ?, ?, ?, ?)"
 
 
 def routed_ids(answer: str | None) -> dict[str, int]:

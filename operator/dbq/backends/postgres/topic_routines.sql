@@ -6,15 +6,19 @@
 -- publish(body, headers, subject, ttl_ms) -> 'subscription=id,...': in one transaction, a copy
 -- of the message in the queue of every subscription whose filter matches it; none if one of
 -- them is full and says onFull: Reject (SQLSTATE 53400). The copies keep the body and headers;
--- the subject travels in the headers (dbq-subject), put there by the client.
+-- the subject travels in the headers (dbq-subject), put there by the client. A message no
+-- subscription matched goes to the unrouted queue when the topic has one (its id under '').
+-- publish_many does the same for several messages (bodies end to end, their lengths, a JSON
+-- array of headers and one of subjects), one push_many per subscription, and answers each
+-- message's copies, separated by ';'.
 CREATE SEQUENCE IF NOT EXISTS {n_published}
 --;;
 CREATE SEQUENCE IF NOT EXISTS {n_unrouted}
 --;;
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
-DECLARE v_h jsonb := p_headers::jsonb; v_id bigint; v_ids text[] := '{}'; v_matched boolean := false;
-  v_routed int[] := '{}'; v_dropped int[] := '{}';
+DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
+  v_matched boolean := false; v_routed int[] := '{}'; v_dropped int[] := '{}';
 BEGIN
   -- The rules this routine was made from must still be in force: a change takes this lock
   -- exclusively, and moves the version on before it lets go.
@@ -25,10 +29,74 @@ BEGIN
   END IF;
 {routes}
   IF NOT v_matched THEN
-{unrouted}
+    PERFORM nextval('{n_unrouted}');
+-- if unrouted
+    v_id := {unrouted_push}(p_body, p_ttl_ms, p_headers);
+    IF v_id <= 0 THEN
+      RAISE EXCEPTION 'dbq: queue {unrouted_queue} (unrouted messages) is full: nothing was published'
+        USING ERRCODE = '53400';
+    END IF;
+    v_ids := v_ids || ('=' || v_id);
+-- end if
   END IF;
   -- Counted once every copy is in (a Reject above raised before any count).
   PERFORM nextval('{n_published}');
 {counts}
   o_ids := array_to_string(v_ids, ',');
+END {tag}
+--;;
+CREATE OR REPLACE FUNCTION {fn_publish_many}(p_bodies bytea, p_lengths text, p_headers text, p_subjects text,
+  p_ttl_ms bigint, OUT o_ids text)
+LANGUAGE plpgsql AS {tag}
+DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; v_n int; v_i int; v_j int;
+  v_h jsonb; v_s text; v_got text[]; v_out text[]; v_matched boolean; v_unmatched int[] := '{}';
+{declare_many}
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
+  IF (SELECT rules_version FROM {topics} WHERE topic = {topic}) IS DISTINCT FROM {rules_version} THEN
+    RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
+      USING ERRCODE = '40001';
+  END IF;
+  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), array_agg(n ORDER BY i)
+  INTO v_bodies, v_lengths
+  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
+        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
+  v_n := coalesce(cardinality(v_bodies), 0);
+  IF p_headers IS NOT NULL THEN
+    SELECT array_agg(CASE WHEN json_typeof(e) = 'null' THEN NULL ELSE e::text END ORDER BY i) INTO v_headers
+    FROM json_array_elements(p_headers::json) WITH ORDINALITY AS x(e, i);
+  END IF;
+  IF p_subjects IS NOT NULL THEN
+    SELECT array_agg(e ORDER BY i) INTO v_subjects FROM json_array_elements_text(p_subjects::json) WITH ORDINALITY AS x(e, i);
+  END IF;
+  v_out := array_fill(''::text, ARRAY[v_n]);
+  FOR v_i IN 1..v_n LOOP
+    v_h := v_headers[v_i]::jsonb;
+    v_s := v_subjects[v_i];
+    v_matched := false;
+{picks}
+    IF NOT v_matched THEN v_unmatched := v_unmatched || v_i; END IF;
+  END LOOP;
+{routes_many}
+  PERFORM nextval('{n_unrouted}') FROM unnest(v_unmatched);
+-- if unrouted
+  IF cardinality(v_unmatched) > 0 THEN
+    v_got := string_to_array({unrouted_push_many}(
+      (SELECT string_agg(v_bodies[k], ''::bytea ORDER BY o) FROM unnest(v_unmatched) WITH ORDINALITY u(k, o)),
+      (SELECT string_agg(v_lengths[k]::text, ',' ORDER BY o) FROM unnest(v_unmatched) WITH ORDINALITY u(k, o)),
+      p_ttl_ms,
+      (SELECT CASE WHEN v_headers IS NULL THEN NULL ELSE '[' || string_agg(coalesce(v_headers[k], 'null'), ',' ORDER BY o) || ']' END
+       FROM unnest(v_unmatched) WITH ORDINALITY u(k, o))), ',');
+    FOR v_j IN 1..cardinality(v_unmatched) LOOP
+      IF v_got[v_j]::bigint <= 0 THEN
+        RAISE EXCEPTION 'dbq: queue {unrouted_queue} (unrouted messages) is full: nothing was published'
+          USING ERRCODE = '53400';
+      END IF;
+      v_out[v_unmatched[v_j]] := v_out[v_unmatched[v_j]] || '=' || v_got[v_j];
+    END LOOP;
+  END IF;
+-- end if
+  PERFORM nextval('{n_published}') FROM generate_series(1, v_n);
+{counts_many}
+  o_ids := array_to_string(v_out, ';');
 END {tag}

@@ -1,0 +1,185 @@
+"""What routing at publish time costs on the local PostgreSQL: a topic with 1 to 64
+subscriptions, each its own ring queue, 4 publishers (one process each, single publishes of
+300 B with one header), in two shapes:
+
+- broadcast: every subscription matches every message (a copy in every queue);
+- partitioned: subscription i takes header `p` = i, and each message carries one p (1 of N).
+
+Beside them, in the same run: a plain push (4 pushers into one queue, the same client), and what
+a team would write by hand without topics: one transaction from the client that pushes into each
+matching queue (BEGIN, one push routine call per match, COMMIT; psycopg). Publishes/s count
+messages, deliveries/s their copies.
+
+    ~/.cache/dbq/venv/bin/python -m bench.fanout
+    ~/.cache/dbq/venv/bin/python -m bench.fanout --seconds 10 --subscriptions 1,8,64
+
+Writes nothing but its report (tee it to bench/results/fanout.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from typing import Any
+
+from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database, sampled
+
+RING_SIZE = 16384  # slots per queue: a 5 s run of broadcasts to one queue stays below it
+QUEUES = 64
+BODY = 300
+PUBLISHERS = 4
+
+
+def queue_name(i: int) -> str:
+    return f"fan{i}"
+
+
+def filters(shape: str, n: int) -> list[dict[str, Any]]:
+    if shape == "broadcast":
+        return [{} for _ in range(n)]
+    return [{"headers": [{"key": "p", "eq": i}]} for i in range(n)]
+
+
+# --- workers, one process each (spawned): they add to `counter` until `stop` ----------------------
+def publish_worker(url: str, topic: str, shape: str, n: int, counter: Any, stop: Any) -> None:
+    from dbq.client import QueueFull
+    from dbq.client.topic import Topic
+    from dbq.connection import from_url
+    from dbq.contract.topics import TopicNames
+
+    t = Topic(from_url(url), TopicNames(SCHEMA, topic))
+    body = os.urandom(BODY)
+    done = 0
+    while not stop.is_set():
+        try:
+            t.publish(body, headers={"p": random.randrange(n) if shape == "partitioned" else 0})
+        except QueueFull:
+            continue
+        done += 1
+        counter.value = done
+
+
+def by_hand_worker(url: str, shape: str, n: int, counter: Any, stop: Any) -> None:
+    """One transaction per message, one push call per matching queue."""
+    import psycopg
+
+    conn = psycopg.connect(url, autocommit=True)
+    body = os.urandom(BODY)
+    done = 0
+    while not stop.is_set():
+        p = random.randrange(n) if shape == "partitioned" else 0
+        headers = f'{{"p":{p}}}'
+        targets = [p] if shape == "partitioned" else range(n)
+        with conn.transaction():
+            for i in targets:
+                conn.execute(f'SELECT "{SCHEMA}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
+        done += 1
+        counter.value = done
+
+
+def push_worker(url: str, counter: Any, stop: Any) -> None:
+    from dbq.client import QueueFull, connect
+
+    q = connect(url, queue_name(0), schema=SCHEMA, smart_batching=False, push_timeout=0)
+    body = os.urandom(BODY)
+    done = 0
+    while not stop.is_set():
+        try:
+            q.push(body, headers={"p": 0})
+        except QueueFull:
+            continue
+        done += 1
+        counter.value = done
+
+
+# --- the run ----------------------------------------------------------------------------------------
+def provision(url: str) -> None:
+    from dbq.backends.odbc_ring import OdbcRing
+    from dbq.connection import from_url
+    from dbq.contract.ring import RingTarget
+    from dbq.names import QueueNames
+
+    settings = from_url(url)
+    for i in range(QUEUES):
+        backend = OdbcRing(settings, RingTarget(QueueNames(SCHEMA, queue_name(i)), RING_SIZE, 300))
+        backend.apply()
+        backend.close()
+
+
+def make_topic(url: str, shape: str, n: int) -> Any:
+    from dbq.api.filters import Filter
+    from dbq.backends.odbc_topic import OdbcTopic
+    from dbq.connection import from_url
+    from dbq.contract.topics import Route, TopicNames, TopicTarget
+    from dbq.names import QueueNames
+
+    routes = tuple(
+        Route(f"s{i}", QueueNames(SCHEMA, queue_name(i)), Filter.model_validate(f))
+        for i, f in enumerate(filters(shape, n))
+    )
+    backend = OdbcTopic(from_url(url), TopicTarget(TopicNames(SCHEMA, f"{shape}_{n}"), routes))
+    backend.apply()
+    return backend
+
+
+def drain(url: str, n: int) -> None:
+    from dbq.client import connect
+
+    for i in range(n):
+        with connect(url, queue_name(i), schema=SCHEMA, smart_batching=False) as q:
+            while q.pop_many(5000, timeout=0):
+                pass
+
+
+def rate(target: Any, args: tuple[Any, ...], seconds: float) -> float:
+    return statistics.fmean(sampled(target, [args] * PUBLISHERS, seconds))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=5.0, help="seconds of each run")
+    p.add_argument("--subscriptions", default="1,2,4,8,16,32,64", help="subscription counts, comma-separated")
+    a = p.parse_args()
+    counts = [int(c) for c in a.subscriptions.split(",")]
+    pg, url, _odbc = bench_database()
+    started = time.monotonic()
+    provision(url)
+    print(
+        f"{QUEUES} ring queues of {RING_SIZE} slots provisioned in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+    plain = rate(push_worker, (url,), a.seconds)
+    drain(url, 1)
+    print(f"plain push: {plain:,.0f} /s", flush=True)
+    rows = []
+    for shape in ("broadcast", "partitioned"):
+        for n in counts:
+            topic = make_topic(url, shape, n)
+            published = rate(publish_worker, (url, topic.target.names.topic, shape, n), a.seconds)
+            drain(url, n)
+            by_hand = rate(by_hand_worker, (url, shape, n), a.seconds)
+            drain(url, n)
+            topic.teardown()
+            topic.close()
+            copies = n if shape == "broadcast" else 1
+            rows.append((shape, n, published, published * copies, by_hand, by_hand * copies))
+            print(
+                f"{shape:12} {n:3} subscriptions: publish {published:9,.0f} /s  by hand {by_hand:9,.0f} /s",
+                flush=True,
+            )
+    admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    print(
+        f"\n{PUBLISHERS} publishers, single publishes of {BODY} B, {a.seconds:g} s each; plain push {plain:,.0f} /s"
+    )
+    print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
+          f"{'deliveries':>12}{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
+    for shape, n, published, delivered, by_hand, by_hand_delivered in rows:
+        print(f"{shape:>12}{n:6}{published:11,.0f}{delivered:14,.0f}{by_hand:11,.0f}{by_hand_delivered:12,.0f}"
+              f"{published / by_hand:8.2f}{published / plain:8.2f}{delivered / plain:15.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

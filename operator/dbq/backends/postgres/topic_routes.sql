@@ -1,0 +1,54 @@
+-- The blocks of a topic's routines written once per subscription (dbq.backends.topic_sql):
+-- each starts at its `-- block:` line and ends before the next. The route's placeholders: its
+-- compiled filter (over the headers v_h and the subject v_s), its queue's push and push_many
+-- routines, its subscription name (text and literal), its number, its queue, and its counters.
+-- block: publish
+  -- subscription {subscription} -> {queue}
+  IF {predicate} THEN
+    v_matched := true;
+    v_id := {push}(p_body, p_ttl_ms, p_headers);
+    IF v_id > 0 THEN
+      v_ids := v_ids || ({subscription_text} || v_id);
+      v_routed := v_routed || {ordinal};
+    ELSE
+-- if reject
+      RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
+        USING ERRCODE = '53400';
+-- else
+      v_dropped := v_dropped || {ordinal};
+-- end if
+    END IF;
+  END IF;
+-- block: count
+  IF {ordinal} = ANY (v_routed) THEN PERFORM nextval('{n_routed}'); END IF;
+  IF {ordinal} = ANY (v_dropped) THEN PERFORM nextval('{n_dropped}'); END IF;
+-- block: pick
+    IF {predicate} THEN v_pick_{ordinal} := v_pick_{ordinal} || v_i; v_matched := true; END IF;
+-- block: declare_many
+  v_pick_{ordinal} int[] := '{}'; v_routed_{ordinal} int := 0; v_dropped_{ordinal} int := 0;
+-- block: publish_many
+  -- subscription {subscription} -> {queue}: its messages in one push_many
+  IF cardinality(v_pick_{ordinal}) > 0 THEN
+    v_got := string_to_array({push_many}(
+      (SELECT string_agg(v_bodies[k], ''::bytea ORDER BY o) FROM unnest(v_pick_{ordinal}) WITH ORDINALITY u(k, o)),
+      (SELECT string_agg(v_lengths[k]::text, ',' ORDER BY o) FROM unnest(v_pick_{ordinal}) WITH ORDINALITY u(k, o)),
+      p_ttl_ms,
+      (SELECT CASE WHEN v_headers IS NULL THEN NULL ELSE '[' || string_agg(coalesce(v_headers[k], 'null'), ',' ORDER BY o) || ']' END
+       FROM unnest(v_pick_{ordinal}) WITH ORDINALITY u(k, o))), ',');
+    FOR v_j IN 1..cardinality(v_pick_{ordinal}) LOOP
+      IF v_got[v_j]::bigint > 0 THEN
+        v_out[v_pick_{ordinal}[v_j]] := v_out[v_pick_{ordinal}[v_j]] || {subscription_text} || v_got[v_j] || ',';
+        v_routed_{ordinal} := v_routed_{ordinal} + 1;
+      ELSE
+-- if reject
+        RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
+          USING ERRCODE = '53400';
+-- else
+        v_dropped_{ordinal} := v_dropped_{ordinal} + 1;
+-- end if
+      END IF;
+    END LOOP;
+  END IF;
+-- block: count_many
+  PERFORM nextval('{n_routed}') FROM generate_series(1, v_routed_{ordinal});
+  PERFORM nextval('{n_dropped}') FROM generate_series(1, v_dropped_{ordinal});
