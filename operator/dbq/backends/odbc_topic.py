@@ -6,6 +6,7 @@ topic's lock exclusively, so publishes see the old rules or the new ones, never 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pyodbc
 
@@ -29,8 +30,23 @@ def numbered(routes: tuple[Route, ...], known: dict[str, int]) -> tuple[Route, .
         if ordinal is None:
             ordinal = max(taken, default=0) + 1
             taken.add(ordinal)
-        out.append(Route(route.subscription, route.queue, route.filter, route.on_full, ordinal))
+        out.append(replace(route, ordinal=ordinal))
     return tuple(out)
+
+
+def _sized(cur: pyodbc.Cursor, route: Route) -> Route:
+    """The route with its queue's ring size; InvalidSpec naming the subscription when the queue is
+    not a provisioned ring of this database."""
+    queue = route.queue
+    size = None
+    if int(cur.execute(PgTopic.has_meta(queue)).fetchval()):
+        size = cur.execute(PgTopic.ring_size(queue), queue.queue).fetchval()
+    if size is None:
+        raise InvalidSpec(
+            f"subscription {route.subscription}: queue {queue.qualified} is not a ring queue of this database:"
+            " create it (a Queue with the topic's backend and Secret), or bind the subscription to another"
+        )
+    return replace(route, ring_size=int(size))
 
 
 def _canonical(flt: object) -> str:
@@ -70,7 +86,8 @@ class OdbcTopic(OdbcBackend):
                 str(row[0]): int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
             }
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
-            sql = PgTopic(TopicTarget(names, numbered(self.target.routes, known), self.target.unrouted))
+            routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
+            sql = PgTopic(TopicTarget(names, routes, self.target.unrouted))
             for statement in sql.statements(version):
                 cur.execute(statement)
             for statement, params in sql.rows(version):

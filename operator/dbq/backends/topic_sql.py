@@ -44,6 +44,10 @@ class PgTopic:
         routes = self.target.routes
         unrouted = self.target.unrouted
         each = {name: "\n".join(self._block(name, r) for r in routes) for name in BLOCKS}
+        # A Reject route whose ring size is known refuses a message before any push draws.
+        checked = [r for r in routes if r.on_full == "Reject" and r.ring_size > 0]
+        each["room"] = "\n".join(self._block("room", r) for r in checked)
+        each["room_many"] = "\n".join(self._block("room_many", r) for r in checked)
         values: dict[str, object] = {
             "topics": self.topics,
             "n_published": self._q(self.names.published),
@@ -54,10 +58,14 @@ class PgTopic:
             "topic": pg_text(self.names.topic),
             "topic_name": self.names.topic,
             "rules_version": int(rules_version),
+            "declare": each["declare"],
+            "matches": each["match"],
+            "rooms": each["room"],
             "routes": each["publish"],
             "counts": each["count"],
             "declare_many": each["declare_many"],
             "picks": each["pick"],
+            "rooms_many": each["room_many"],
             "routes_many": each["publish_many"],
             "counts_many": each["count_many"],
         }
@@ -79,6 +87,18 @@ class PgTopic:
     def _routine(self, queue: QueueNames, verb: str) -> str:
         return f"{quote(queue.schema)}.{quote(queue.routine(verb))}"
 
+    @staticmethod
+    def _free(route: Route) -> str:
+        """The free slots of the route's ring, from its push and pop sequences."""
+        push, pop = (
+            f"{quote(route.queue.schema)}.{quote(seq)}" for seq in (route.queue.push_seq, route.queue.pop_seq)
+        )
+        drawn = "CASE WHEN {0}.is_called THEN {0}.last_value ELSE 0 END"
+        return (
+            f"({int(route.ring_size)} - (SELECT {drawn.format('u')} - {drawn.format('o')}"
+            f" FROM {push} u, {pop} o))"
+        )
+
     def _block(self, name: str, route: Route) -> str:
         """One subscription's block `name` of topic_routes.sql, filled in."""
         values = {
@@ -91,6 +111,7 @@ class PgTopic:
             "push_many": self._routine(route.queue, "push_many"),
             "n_routed": self._q(self.names.routed(route.ordinal)),
             "n_dropped": self._q(self.names.dropped(route.ordinal)),
+            "free": self._free(route),
         }
         return "\n".join(render_template(BLOCKS[name], values, {"reject": route.on_full == "Reject"}))
 
@@ -136,6 +157,17 @@ class PgTopic:
             f" FROM {self.topics}"
             " WHERE topic = ?"
         )
+
+    @staticmethod
+    def has_meta(queue: QueueNames) -> str:
+        """1 when the queue's schema has the queues' metadata table, else 0."""
+        table = pg_text(f"{quote(queue.schema)}.{quote(queue.meta)}")
+        return f"SELECT CASE WHEN to_regclass({table}) IS NULL THEN 0 ELSE 1 END"
+
+    @staticmethod
+    def ring_size(queue: QueueNames) -> str:
+        """The queue's ring size, from its metadata row (parameter: the queue)."""
+        return f"SELECT ring_size FROM {quote(queue.schema)}.{quote(queue.meta)} WHERE queue = ? AND design = 'ring'"
 
     def rules_version(self) -> str:
         return f"SELECT rules_version FROM {self.topics} WHERE topic = ?"

@@ -74,13 +74,15 @@ class TopicNames:
 @dataclass(frozen=True)
 class Route:
     """One subscription: its name, its queue (in the topic's database) and filter, and what to do
-    when that queue is full. `ordinal` numbers it within the topic for good (its counters)."""
+    when that queue is full. `ordinal` numbers it within the topic for good (its counters);
+    `ring_size` is its queue's (read from the queue's metadata when the topic is applied)."""
 
     subscription: str
     queue: QueueNames
     filter: Filter
     on_full: str = "Reject"
     ordinal: int = 0
+    ring_size: int = 0
 
     def __post_init__(self) -> None:
         check_identifier(self.subscription, "subscription name")

@@ -19,6 +19,7 @@ CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject 
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
   v_matched boolean := false; v_routed int[] := '{}'; v_dropped int[] := '{}';
+{declare}
 BEGIN
   -- The rules this routine was made from must still be in force: a change takes this lock
   -- exclusively, and moves the version on before it lets go.
@@ -27,6 +28,8 @@ BEGIN
     RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
       USING ERRCODE = '40001';
   END IF;
+{matches}
+{rooms}
 {routes}
   IF NOT v_matched THEN
     PERFORM nextval('{n_unrouted}');
@@ -77,6 +80,7 @@ BEGIN
 {picks}
     IF NOT v_matched THEN v_unmatched := v_unmatched || v_i; END IF;
   END LOOP;
+{rooms_many}
 {routes_many}
   PERFORM nextval('{n_unrouted}') FROM unnest(v_unmatched);
 -- if unrouted
