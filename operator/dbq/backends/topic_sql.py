@@ -54,6 +54,7 @@ class PgTopic:
             "n_unrouted": self._q(self.names.unrouted),
             "fn_publish": self._q(self.names.publish),
             "fn_publish_many": self._q(self.names.publish_many),
+            "fn_in_force": self._q(self.names.in_force),
             "lock": pg_text(self.names.lock),
             "topic": pg_text(self.names.topic),
             "topic_name": self.names.topic,
@@ -185,6 +186,7 @@ class PgTopic:
         return [
             f"DROP FUNCTION IF EXISTS {self._q(self.names.publish)}(bytea, text, text, bigint)",
             f"DROP FUNCTION IF EXISTS {self._q(self.names.publish_many)}(bytea, text, text, text, bigint)",
+            f"DROP FUNCTION IF EXISTS {self._q(self.names.in_force)}()",
             *(f"DROP SEQUENCE IF EXISTS {self._q(s)}" for s in sequences),
             f"DELETE FROM {self.subscriptions} WHERE topic = ?",
             f"DELETE FROM {self.topics} WHERE topic = ?",

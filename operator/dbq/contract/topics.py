@@ -48,6 +48,11 @@ class TopicNames:
         return f"{self.topic}_publish_many"
 
     @property
+    def in_force(self) -> str:
+        """The routine the publish routines call first: the rules they were made from still hold."""
+        return f"{self.topic}_in_force"
+
+    @property
     def published(self) -> str:
         """Sequence: messages published (committed or not: a sequence is not transactional)."""
         return f"{self.topic}_n_published"

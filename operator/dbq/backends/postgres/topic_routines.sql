@@ -15,19 +15,25 @@ CREATE SEQUENCE IF NOT EXISTS {n_published}
 --;;
 CREATE SEQUENCE IF NOT EXISTS {n_unrouted}
 --;;
+CREATE OR REPLACE FUNCTION {fn_in_force}() RETURNS void
+LANGUAGE plpgsql AS {tag}
+BEGIN
+  -- The rules the publish routines were made from (they are replaced with this one) must still
+  -- be in force: a change takes this lock exclusively, and moves the version on before it lets go.
+  PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
+  IF (SELECT rules_version FROM {topics} WHERE topic = {topic}) IS DISTINCT FROM {rules_version} THEN
+    RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
+      USING ERRCODE = '40001';
+  END IF;
+END {tag}
+--;;
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
   v_matched boolean := false; v_routed int[] := '{}'; v_dropped int[] := '{}';
 {declare}
 BEGIN
-  -- The rules this routine was made from must still be in force: a change takes this lock
-  -- exclusively, and moves the version on before it lets go.
-  PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
-  IF (SELECT rules_version FROM {topics} WHERE topic = {topic}) IS DISTINCT FROM {rules_version} THEN
-    RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
-      USING ERRCODE = '40001';
-  END IF;
+  PERFORM {fn_in_force}();
 {matches}
 {rooms}
 {routes}
@@ -55,11 +61,7 @@ DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; 
   v_h jsonb; v_s text; v_got text[]; v_out text[]; v_matched boolean; v_unmatched int[] := '{}';
 {declare_many}
 BEGIN
-  PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
-  IF (SELECT rules_version FROM {topics} WHERE topic = {topic}) IS DISTINCT FROM {rules_version} THEN
-    RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
-      USING ERRCODE = '40001';
-  END IF;
+  PERFORM {fn_in_force}();
   SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), array_agg(n ORDER BY i)
   INTO v_bodies, v_lengths
   FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
