@@ -1,4 +1,4 @@
-"""All PostgreSQL text of a topic: its tables and counters, and its publish routine generated
+"""All PostgreSQL text of a topic: its tables and counters, and its publish routines generated
 from its subscriptions (`dbq.contract.topics`). Identifiers come from `TopicNames` and
 `QueueNames` (validated) and are quoted by `pg_quote`; filter values become literals in
 `dbq.backends.filter_sql`; the rules version is an integer."""

@@ -113,7 +113,7 @@ class Topic:
             None if all(s is None for s in subjects) else json.dumps(subjects, ensure_ascii=False),
             ttl_ms,
         )
-        return [routed_ids(part) for part in (answer or "").split(";")] if items else []
+        return [routed_ids(part) for part in (answer or "").split(";")]  # one part a message
 
     def _batch(self, items: list[Publish], ttl_ms: int) -> list[dict[str, int] | BaseException]:
         """The single publishes of several threads in one round trip (smart batching)."""
