@@ -5,10 +5,16 @@ without mixing old and new rules in one message."""
 
 from __future__ import annotations
 
+import os
+import random
 import secrets
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -308,3 +314,33 @@ def test_filter_values_that_look_like_sql_are_only_values_and_teardown_removes_t
     backend.teardown()
     assert sql(q, f"SELECT to_regproc('{SCHEMA}.{topic.names.publish}') IS NULL") is True
     assert sql(q, f"SELECT count(*) FROM {SCHEMA}.dbq_subscriptions WHERE topic = '{topic.names.topic}'") == 0
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queue_or_in_none(
+    topics, postgres, tmp_path, batch
+):
+    made, make_queue = topics
+    queues = [make_queue(size=100_000) for _ in range(3)]
+    first = flt({"key": "n", "lt": 50})  # a partial match as well
+    topic, _ = made.make([route(f"s{i}", q, flt() if i < 2 else first) for i, q in enumerate(queues)])
+    logs, rng = [], random.Random(7)
+    for run in range(12):
+        log = tmp_path / f"publisher-{run}.log"
+        logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("topic_publisher.py")), postgres.url, SCHEMA,
+             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(batch)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+        time.sleep(rng.uniform(0.3, 1.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    logged = [line.split(" ", 1)[1] for log in logs if log.exists() for line in log.read_text().splitlines()]
+    assert len(logged) > 50
+    got = [[m.body.decode() for m in drain(q)] for q in queues]
+    for bodies in got:
+        assert len(bodies) == len(set(bodies))  # none twice
+    assert set(got[0]) == set(got[1])  # both take every message: all or none of each
+    assert set(logged) <= set(got[0])  # every publish that returned is there
+    assert set(got[2]) == {b for b in got[0] if int(b.rsplit("-", 1)[1]) < 50}
