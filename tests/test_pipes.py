@@ -637,6 +637,7 @@ def test_bodies_a_failed_push_or_take_left_half_stored_or_half_deleted_are_remov
     monkeypatch.setattr(q.reader.content, "drop", real_drop)
     monkeypatch.setattr(q.settler.content, "drop", real_drop)
     assert stored_bodies(q) == 3
+    assert q.stats().in_flight == 0  # the marks of chunks on their way out hold no message
     assert q.repair().ended == 0  # not before the deadline
     time.sleep(1.0 + pipes_tuning.SKEW_S + 0.2)
     assert q.repair().ended == 3

@@ -117,7 +117,8 @@ class PipesStatements:
             "SELECT msg, id, body, attempts, toUnixTimestamp(expires), toUnixTimestamp(deadline), lease, headers"
             f" FROM {d} WHERE pipe = ?"
         )
-        self.count_pending = f"SELECT count(*) FROM {d} WHERE pipe = ?"
+        # The leases of a pipe's pending rows: stats count those held by consumers (not ENDING).
+        self.pending_leases = f"SELECT lease FROM {d} WHERE pipe = ?"
         # A pending row marking content on its way in or out (lease ENDING).
         self.mark_ending = (
             f"INSERT INTO {d} (pipe, msg, id, deadline, lease) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"

@@ -12,6 +12,7 @@ from dbq.client.pipes.leasing import PipeLeases
 from dbq.client.pipes.model import PipesStats, PipeStat, PipeState
 from dbq.client.pipes.session import PipesSession
 from dbq.client.stats import HistorySample
+from dbq.contract.pipes import ENDING
 from dbq.errors import QueueNotFound
 
 
@@ -24,15 +25,17 @@ def stats(db: PipesSession, leases: PipeLeases, source: str, counts_dead: bool) 
     pushed, requeued, popped, acquired, expired, retired = (int(v or 0) for v in meta[5:11])
     pipes = leases.live_pipes(meta)
     states = leases.states([p for p, _ in pipes])
-    counts = db.many(db.cql.count_pending, [(p,) for p, _ in pipes])
+    leased = db.many(db.cql.pending_leases, [(p,) for p, _ in pipes])
     per_pipe: list[PipeStat] = []
     depth = in_flight = 0
     heads: list[PipeState] = []
     at = tuning.now_ms()
-    for (pipe, status), state, count in zip(pipes, states, counts, strict=True):
+    for (pipe, status), state, held in zip(pipes, states, leased, strict=True):
         if state is None:
             continue
-        pending = int(count[0][0]) if count else 0
+        # In flight: rows a consumer holds; those marked ENDING are large messages on their way
+        # out (their chunks being deleted), already acked.
+        pending = sum(1 for (lease,) in held if lease != ENDING)
         pushed, requeued = pushed + state.pushed, requeued + state.requeued
         popped, acquired, expired = popped + state.popped, acquired + state.acquired, expired + state.expired
         depth += max(state.remaining, 0)
