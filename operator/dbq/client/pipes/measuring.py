@@ -33,8 +33,8 @@ def stats(db: PipesSession, leases: PipeLeases, source: str, counts_dead: bool) 
     for (pipe, status), state, held in zip(pipes, states, leased, strict=True):
         if state is None:
             continue
-        # In flight: rows a consumer holds; those marked ENDING are large messages on their way
-        # out (their chunks being deleted), already acked.
+        # In flight: rows a consumer holds. Those of lease ENDING mark chunks on their way in or
+        # out (a push, a take or an ack under way), not a message anyone holds.
         pending = sum(1 for (lease,) in held if lease != ENDING)
         pushed, requeued = pushed + state.pushed, requeued + state.requeued
         popped, acquired, expired = popped + state.popped, acquired + state.acquired, expired + state.expired
