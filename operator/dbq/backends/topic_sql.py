@@ -43,11 +43,13 @@ class PgTopic:
         `rules_version`."""
         routes = self.target.routes
         unrouted = self.target.unrouted
-        each = {name: "\n".join(self._block(name, r) for r in routes) for name in BLOCKS}
+        each = {name: "\n".join(self._block(name, i, r) for i, r in enumerate(routes, 1)) for name in BLOCKS}
         # A Reject route whose ring size is known refuses a message before any push draws.
-        checked = [r for r in routes if r.on_full == "Reject" and r.ring_size > 0]
-        each["room"] = "\n".join(self._block("room", r) for r in checked)
-        each["room_many"] = "\n".join(self._block("room_many", r) for r in checked)
+        checked = [(i, r) for i, r in enumerate(routes, 1) if r.on_full == "Reject" and r.ring_size > 0]
+        each["room"] = "\n".join(self._block("room", i, r) for i, r in checked)
+        each["room_many"] = "\n".join(self._block("room_many", i, r) for i, r in checked)
+        predicates = ",\n    ".join(pg_predicate(r.filter, "v_h", "v_s") for r in routes)
+        each["matches"] = f"ARRAY[\n    {predicates}]" if routes else "'{}'::boolean[]"
         values: dict[str, object] = {
             "topics": self.topics,
             "n_published": self._q(self.names.published),
@@ -59,11 +61,9 @@ class PgTopic:
             "topic": pg_text(self.names.topic),
             "topic_name": self.names.topic,
             "rules_version": int(rules_version),
-            "declare": each["declare"],
-            "matches": each["match"],
+            "matches": each["matches"],
             "rooms": each["room"],
             "routes": each["publish"],
-            "counts": each["count"],
             "declare_many": each["declare_many"],
             "picks": each["pick"],
             "rooms_many": each["room_many"],
@@ -100,14 +100,14 @@ class PgTopic:
             f" FROM {push} u, {pop} o))"
         )
 
-    def _block(self, name: str, route: Route) -> str:
-        """One subscription's block `name` of topic_routes.sql, filled in."""
+    def _block(self, name: str, index: int, route: Route) -> str:
+        """The block `name` of topic_routes.sql for the route at `index` (from 1), filled in."""
         values = {
+            "index": index,
             "subscription": route.subscription,
             "subscription_text": pg_text(route.subscription + "="),
             "queue": route.queue.qualified,
             "ordinal": int(route.ordinal),
-            "predicate": pg_predicate(route.filter, "v_h", "v_s"),
             "push": self._routine(route.queue, "push"),
             "push_many": self._routine(route.queue, "push_many"),
             "n_routed": self._q(self.names.routed(route.ordinal)),

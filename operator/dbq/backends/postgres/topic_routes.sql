@@ -1,40 +1,32 @@
 -- The blocks of a topic's routines written once per subscription (dbq.backends.topic_sql):
 -- each starts at its `-- block:` line and ends before the next. The route's placeholders: its
--- compiled filter (over the headers v_h and the subject v_s), its queue's push and push_many
--- routines, its subscription name (text and literal), its number, its queue, its counters, and
--- the free slots of its ring (from its sequences; blocks `room` are written for Reject routes).
--- block: declare
-  v_m_{ordinal} boolean;
--- block: match
-  v_m_{ordinal} := {predicate};  -- subscription {subscription}
-  v_matched := v_matched OR v_m_{ordinal};
+-- place among the routes (v_m[index] says whether its filter matched), its queue's push and
+-- push_many routines, its subscription name (text and literal), its number, its queue, its
+-- counters, and the free slots of its ring (blocks `room` are written for Reject routes).
 -- block: room
   -- Reject: a full queue refuses the message before any queue draws a position for it (a
   -- position drawn in a transaction that rolls back is a hole its consumers wait on).
-  IF v_m_{ordinal} AND {free} < 1 THEN
+  IF v_m[{index}] AND {free} < 1 THEN
     RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
       USING ERRCODE = '53400';
   END IF;
 -- block: publish
-  IF v_m_{ordinal} THEN  -- subscription {subscription} -> {queue}
+  IF v_m[{index}] THEN  -- subscription {subscription} -> {queue}
     v_id := {push}(p_body, p_ttl_ms, p_headers);
     IF v_id > 0 THEN
       v_ids := v_ids || ({subscription_text} || v_id);
-      v_routed := v_routed || {ordinal};
+      v_counted := v_counted || '{n_routed}'::regclass;
     ELSE
 -- if reject
       RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
         USING ERRCODE = '53400';
 -- else
-      v_dropped := v_dropped || {ordinal};
+      v_counted := v_counted || '{n_dropped}'::regclass;
 -- end if
     END IF;
   END IF;
--- block: count
-  IF {ordinal} = ANY (v_routed) THEN PERFORM nextval('{n_routed}'); END IF;
-  IF {ordinal} = ANY (v_dropped) THEN PERFORM nextval('{n_dropped}'); END IF;
 -- block: pick
-    IF {predicate} THEN v_pick_{ordinal} := v_pick_{ordinal} || v_i; v_matched := true; END IF;
+    IF v_m[{index}] THEN v_pick_{ordinal} := v_pick_{ordinal} || v_i; END IF;
 -- block: declare_many
   v_pick_{ordinal} int[] := '{}'; v_routed_{ordinal} int := 0; v_dropped_{ordinal} int := 0;
 -- block: room_many

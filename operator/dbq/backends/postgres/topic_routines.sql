@@ -30,14 +30,13 @@ END {tag}
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
-  v_matched boolean := false; v_routed int[] := '{}'; v_dropped int[] := '{}';
-{declare}
+  v_m boolean[]; v_counted regclass[] := '{}';
 BEGIN
   PERFORM {fn_in_force}();
-{matches}
+  v_m := {matches};  -- each subscription's filter, in one expression
 {rooms}
 {routes}
-  IF NOT v_matched THEN
+  IF NOT true = ANY (v_m) THEN
     PERFORM nextval('{n_unrouted}');
 -- if unrouted
     v_id := {unrouted_push}(p_body, p_ttl_ms, p_headers);
@@ -50,7 +49,7 @@ BEGIN
   END IF;
   -- Counted once every copy is in (a Reject above raised before any count).
   PERFORM nextval('{n_published}');
-{counts}
+  PERFORM nextval(c) FROM unnest(v_counted) c;
   o_ids := array_to_string(v_ids, ',');
 END {tag}
 --;;
@@ -58,7 +57,7 @@ CREATE OR REPLACE FUNCTION {fn_publish_many}(p_bodies bytea, p_lengths text, p_h
   p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; v_n int; v_i int; v_j int;
-  v_h jsonb; v_s text; v_got text[]; v_out text[]; v_matched boolean; v_unmatched int[] := '{}';
+  v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}';
 {declare_many}
 BEGIN
   PERFORM {fn_in_force}();
@@ -78,9 +77,9 @@ BEGIN
   FOR v_i IN 1..v_n LOOP
     v_h := v_headers[v_i]::jsonb;
     v_s := v_subjects[v_i];
-    v_matched := false;
+    v_m := {matches};
 {picks}
-    IF NOT v_matched THEN v_unmatched := v_unmatched || v_i; END IF;
+    IF NOT true = ANY (v_m) THEN v_unmatched := v_unmatched || v_i; END IF;
   END LOOP;
 {rooms_many}
 {routes_many}
