@@ -11,7 +11,7 @@ matching queue (BEGIN, one push routine call per match, COMMIT; psycopg). Publis
 messages, deliveries/s their copies.
 
     ~/.cache/dbq/venv/bin/python -m bench.fanout
-    ~/.cache/dbq/venv/bin/python -m bench.fanout --seconds 10 --subscriptions 1,8,64
+    ~/.cache/dbq/venv/bin/python -m bench.fanout --seconds 10 --rounds 5 --subscriptions 1,8,64
 
 Writes nothing but its report (tee it to bench/results/fanout.txt).
 """
@@ -142,6 +142,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of each run")
     p.add_argument("--subscriptions", default="1,2,4,8,16,32,64", help="subscription counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
     a = p.parse_args()
     counts = [int(c) for c in a.subscriptions.split(",")]
     pg, url, _odbc = bench_database()
@@ -151,25 +152,32 @@ def main() -> None:
         f"{QUEUES} ring queues of {RING_SIZE} slots provisioned in {time.monotonic() - started:.0f} s",
         flush=True,
     )
-    plain = rate(push_worker, (url,), a.seconds)
-    drain(url, 1)
-    print(f"plain push: {plain:,.0f} /s", flush=True)
+    runs: dict[tuple[str, int, str], list[float]] = {}
+    for round_ in range(1, a.rounds + 1):
+        runs.setdefault(("push", 1, "plain"), []).append(rate(push_worker, (url,), a.seconds))
+        drain(url, 1)
+        print(f"#{round_} plain push: {runs['push', 1, 'plain'][-1]:,.0f} /s", flush=True)
+        for shape in ("broadcast", "partitioned"):
+            for n in counts:
+                topic = make_topic(url, shape, n)
+                published = rate(publish_worker, (url, topic.target.names.topic, shape, n), a.seconds)
+                drain(url, n)
+                by_hand = rate(by_hand_worker, (url, shape, n), a.seconds)
+                drain(url, n)
+                topic.teardown()
+                topic.close()
+                runs.setdefault((shape, n, "publish"), []).append(published)
+                runs.setdefault((shape, n, "by hand"), []).append(by_hand)
+                print(f"#{round_} {shape:12} {n:3} subscriptions: publish {published:9,.0f} /s"
+                      f"  by hand {by_hand:9,.0f} /s", flush=True)  # fmt: skip
+    median = {key: statistics.median(values) for key, values in runs.items()}
+    plain = median["push", 1, "plain"]
     rows = []
     for shape in ("broadcast", "partitioned"):
         for n in counts:
-            topic = make_topic(url, shape, n)
-            published = rate(publish_worker, (url, topic.target.names.topic, shape, n), a.seconds)
-            drain(url, n)
-            by_hand = rate(by_hand_worker, (url, shape, n), a.seconds)
-            drain(url, n)
-            topic.teardown()
-            topic.close()
             copies = n if shape == "broadcast" else 1
+            published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
             rows.append((shape, n, published, published * copies, by_hand, by_hand * copies))
-            print(
-                f"{shape:12} {n:3} subscriptions: publish {published:9,.0f} /s  by hand {by_hand:9,.0f} /s",
-                flush=True,
-            )
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     print(
         f"\n{PUBLISHERS} publishers, single publishes of {BODY} B, {a.seconds:g} s each; plain push {plain:,.0f} /s"

@@ -5,10 +5,14 @@
 -- counters, and the free slots of its ring (blocks `room` are written for Reject routes).
 -- block: room
   -- Reject: a full queue refuses the message before any queue draws a position for it (a
-  -- position drawn in a transaction that rolls back is a hole its consumers wait on).
-  IF v_m[{index}] AND {free} < 1 THEN
-    RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
-      USING ERRCODE = '53400';
+  -- position drawn in a transaction that rolls back is a hole its consumers wait on). With one
+  -- copy to make there is nothing to check: a push into a full ring draws nothing. (Nested: a
+  -- condition with a query runs the executor even when the first part says no.)
+  IF v_m[{index}] AND v_copies > 1 THEN
+    IF {free} < 1 THEN
+      RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
+        USING ERRCODE = '53400';
+    END IF;
   END IF;
 -- block: publish
   IF v_m[{index}] THEN  -- subscription {subscription} -> {queue}
@@ -30,7 +34,7 @@
 -- block: declare_many
   v_pick_{ordinal} int[] := '{}'; v_routed_{ordinal} int := 0; v_dropped_{ordinal} int := 0;
 -- block: room_many
-  IF {free} < cardinality(v_pick_{ordinal}) THEN
+  IF cardinality(v_pick_{ordinal}) > 0 AND {free} < cardinality(v_pick_{ordinal}) THEN
     RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
       USING ERRCODE = '53400';
   END IF;

@@ -30,13 +30,14 @@ END {tag}
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
-  v_m boolean[]; v_counted regclass[] := '{}';
+  v_m boolean[]; v_copies int; v_counted regclass[] := '{}';
 BEGIN
   PERFORM {fn_in_force}();
   v_m := {matches};  -- each subscription's filter, in one expression
+  v_copies := cardinality(array_positions(v_m, true));
 {rooms}
 {routes}
-  IF NOT true = ANY (v_m) THEN
+  IF v_copies = 0 THEN
     PERFORM nextval('{n_unrouted}');
 -- if unrouted
     v_id := {unrouted_push}(p_body, p_ttl_ms, p_headers);
