@@ -68,35 +68,34 @@ class OdbcTopic(OdbcBackend):
         """Make the topic's routine match its subscriptions; the rules version now in force. A
         first look takes no lock: rules already in force (what a periodic check finds, mostly)
         cost no transaction and keep their version."""
-        names = self.target.names
+        names, sql = self.target.names, PgTopic(self.target)
         with self._errors():
-            version = self._in_force(self.conn.cursor())
+            version = self._in_force(self.conn.cursor(), sql)
         if version is not None:
             return version
         with self._locked_transaction() as cur:
-            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {PgTopic(self.target).schema}")
-            for statement in PgTopic(self.target).tables():
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {sql.schema}")
+            for statement in sql.tables():
                 cur.execute(statement)
             cur.execute(TOPIC_LOCK, names.lock)  # publishes in flight end first; new ones wait
-            version = self._in_force(cur)
+            version = self._in_force(cur, sql)
             if version is not None:  # made meanwhile, by another operator
                 return version
-            sql = PgTopic(self.target)
             known = {
                 str(row[0]): int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
             }
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
-            sql = PgTopic(TopicTarget(names, routes, self.target.unrouted))
-            for statement in sql.statements(version):
+            made = PgTopic(TopicTarget(names, routes, self.target.unrouted))
+            for statement in made.statements(version):
                 cur.execute(statement)
-            for statement, params in sql.rows(version):
+            for statement, params in made.rows(version):
                 cur.execute(statement, *params)
         return version
 
-    def _in_force(self, cur: pyodbc.Cursor) -> int | None:
+    def _in_force(self, cur: pyodbc.Cursor, sql: PgTopic) -> int | None:
         """The rules version when the recorded rules are the target's and its routine exists."""
-        sql, names = PgTopic(self.target), self.target.names
+        names = self.target.names
         if not cur.execute(sql.has_tables(), names.schema).fetchval():
             return None
         found = cur.execute(sql.recorded_topic(), names.topic).fetchone()
@@ -122,5 +121,5 @@ class OdbcTopic(OdbcBackend):
                 return
             cur.execute(TOPIC_LOCK, names.lock)
             ordinals = [int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()]
-            for statement in sql.drop(ordinals):
-                cur.execute(statement, *([names.topic] if "?" in statement else []))
+            for statement, params in sql.drop(ordinals):
+                cur.execute(statement, *params)

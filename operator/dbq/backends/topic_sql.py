@@ -36,7 +36,7 @@ class PgTopic:
         self.subscriptions = f"{self.schema}.{quote(SUBSCRIPTIONS_TABLE)}"
 
     def _q(self, name: str) -> str:
-        return f"{quote(self.names.schema)}.{quote(name)}"
+        return f"{self.schema}.{quote(name)}"
 
     def statements(self, rules_version: int) -> list[str]:
         """The topic's counters and each subscription's, and the publish routines made for
@@ -178,18 +178,22 @@ class PgTopic:
         as the text '0' or '1')."""
         return f"SELECT CASE WHEN to_regclass(quote_ident(?) || '.{TOPICS_TABLE}') IS NULL THEN 0 ELSE 1 END"
 
-    def drop(self, ordinals: list[int]) -> list[str]:
-        """The routine, the counters (those of the subscriptions numbered `ordinals` too) and the
-        topic's rows (parameter: the topic, in the statements that take one)."""
+    def drop(self, ordinals: list[int]) -> list[tuple[str, list[object]]]:
+        """The statements (with their parameters) that drop the routines, the counters (those of
+        the subscriptions numbered `ordinals` too) and the topic's rows."""
         sequences = [self.names.published, self.names.unrouted]
         sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
+        topic: list[object] = [self.names.topic]
         return [
-            f"DROP FUNCTION IF EXISTS {self._q(self.names.publish)}(bytea, text, text, bigint)",
-            f"DROP FUNCTION IF EXISTS {self._q(self.names.publish_many)}(bytea, text, text, text, bigint)",
-            f"DROP FUNCTION IF EXISTS {self._q(self.names.in_force)}()",
-            *(f"DROP SEQUENCE IF EXISTS {self._q(s)}" for s in sequences),
-            f"DELETE FROM {self.subscriptions} WHERE topic = ?",
-            f"DELETE FROM {self.topics} WHERE topic = ?",
+            (f"DROP FUNCTION IF EXISTS {self._q(self.names.publish)}(bytea, text, text, bigint)", []),
+            (
+                f"DROP FUNCTION IF EXISTS {self._q(self.names.publish_many)}(bytea, text, text, text, bigint)",
+                [],
+            ),
+            (f"DROP FUNCTION IF EXISTS {self._q(self.names.in_force)}()", []),
+            *((f"DROP SEQUENCE IF EXISTS {self._q(s)}", []) for s in sequences),
+            (f"DELETE FROM {self.subscriptions} WHERE topic = ?", topic),
+            (f"DELETE FROM {self.topics} WHERE topic = ?", topic),
         ]
 
 
