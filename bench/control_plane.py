@@ -264,7 +264,7 @@ def main() -> None:
     stack.up(("kube", "postgres"))
     api = config.new_client_from_config(config_file=str(stack.kube.kubeconfig))
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    subprocess.run(["kubectl", "--kubeconfig", str(stack.kube.kubeconfig), "apply", "-f", str(ROOT / "crds/queue.yaml")],
+    subprocess.run(["kubectl", "--kubeconfig", str(stack.kube.kubeconfig), "apply", "-k", str(ROOT / "crds")],
                    check=True, capture_output=True)  # fmt: skip
     ns = f"bench-{secrets.token_hex(3)}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))

@@ -13,8 +13,8 @@ state=${DBQ_STATE:-/var/tmp/dbq-$(id -u)}
 export PATH=$cache/venv/bin:$cache/bin:$PATH KUBECONFIG=$state/kubeconfig
 namespace=shop-gitops
 dbq dev up kube postgres flux
-kubectl apply -f "$repo/crds/queue.yaml"
-kubectl wait --for=condition=Established crd/queues.dbq.dev --timeout=60s
+kubectl apply -k "$repo/crds"
+kubectl wait --for=condition=Established crd/queues.dbq.dev crd/topics.dbq.dev crd/subscriptions.dbq.dev --timeout=60s
 pidfile=$state/operator-gitops.pid
 if ! { [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
   nohup dbq run --namespace "$namespace" --liveness http://127.0.0.1:18090/healthz --metrics-port 19091 \

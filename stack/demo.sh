@@ -9,8 +9,8 @@ venv=${DBQ_CACHE:-$HOME/.cache/dbq}/venv
 state=${DBQ_STATE:-/var/tmp/dbq-$(id -u)}
 export PATH=$venv/bin:$PATH KUBECONFIG=$state/kubeconfig
 dbq dev up
-kubectl apply -f "$repo/crds/queue.yaml"
-kubectl wait --for=condition=Established crd/queues.dbq.dev --timeout=60s
+kubectl apply -k "$repo/crds"
+kubectl wait --for=condition=Established crd/queues.dbq.dev crd/topics.dbq.dev crd/subscriptions.dbq.dev --timeout=60s
 kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f -
 # The example Secret, pointed at the local PostgreSQL (its password never leaves the state dir).
 password=$(cat "$state/postgres/password")

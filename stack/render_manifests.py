@@ -61,6 +61,9 @@ def dump(docs: list[dict[str, Any]]) -> str:
     return HEADER + yaml.safe_dump_all(docs, sort_keys=False, width=120)
 
 
+CRD_KINDS = ("queue", "topic", "subscription")
+
+
 def wanted() -> dict[Path, str]:
     """Each generated file and the text it should have. Chart.yaml first: the rest render from it."""
     monitoring = (
@@ -71,7 +74,7 @@ def wanted() -> dict[Path, str]:
     )
     return {
         CHART / "Chart.yaml": chart_yaml((CHART / "Chart.yaml").read_text(), package_version()),
-        CHART / "crds" / "queue.yaml": (ROOT / "crds" / "queue.yaml").read_text(),
+        **{CHART / "crds" / f"{kind}.yaml": (ROOT / "crds" / f"{kind}.yaml").read_text() for kind in CRD_KINDS},
         CHART / "README.md": chart_readme(),
         MANIFESTS / "base" / "operator.yaml": dump(
             render(show_only=("serviceaccount.yaml", "deployment.yaml", "pdb.yaml", "service.yaml"))

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from dbq.devstack.kube import OPERATOR_USER
-from stack.render_manifests import package_version, render
+from stack.render_manifests import CRD_KINDS, package_version, render
 from tests.local import exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,26 +125,31 @@ class Operator:
 class Cluster:
     """Admin-side helpers for one test namespace."""
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, plural: str = P) -> None:
         self.api = api
         self.ns = namespace
+        self.plural = plural
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+
+    def of(self, plural: str) -> Cluster:
+        """The same helpers for another of dbq's kinds (topics, subscriptions) in this namespace."""
+        return Cluster(self.api, self.ns, plural)
 
     def create(self, doc: dict[str, Any]) -> dict[str, Any]:
         doc = json.loads(json.dumps(doc))
         doc["metadata"]["namespace"] = self.ns
-        return dict(self.custom.create_namespaced_custom_object(G, V, self.ns, P, doc))
+        return dict(self.custom.create_namespaced_custom_object(G, V, self.ns, self.plural, doc))
 
     def get(self, name: str) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(G, V, self.ns, P, name))
+        return dict(self.custom.get_namespaced_custom_object(G, V, self.ns, self.plural, name))
 
     def patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.custom.patch_namespaced_custom_object(G, V, self.ns, P, name, body))
+        return dict(self.custom.patch_namespaced_custom_object(G, V, self.ns, self.plural, name, body))
 
     def delete(self, name: str) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(G, V, self.ns, P, name)
+            self.custom.delete_namespaced_custom_object(G, V, self.ns, self.plural, name)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -152,11 +157,12 @@ class Cluster:
     def names(self) -> list[str]:
         return [
             i["metadata"]["name"]
-            for i in self.custom.list_namespaced_custom_object(G, V, self.ns, P)["items"]
+            for i in self.custom.list_namespaced_custom_object(G, V, self.ns, self.plural)["items"]
         ]
 
     def force_delete_all(self, timeout: float) -> None:
-        """Delete every Queue with the force-delete annotation; the operator must finish each."""
+        """Delete every resource of the kind with the force-delete annotation; the operator must
+        finish each."""
         for name in self.names():
             try:
                 self.patch(name, {"metadata": {"annotations": {"dbq.dev/force-delete": "true"}}})
@@ -164,7 +170,7 @@ class Cluster:
                 if e.status != 404:  # gone since it was listed
                     raise
             self.delete(name)
-        wait_for(lambda: not self.names(), timeout, "queues deleted by the operator")
+        wait_for(lambda: not self.names(), timeout, f"{self.plural} deleted by the operator")
 
     def exists(self, name: str) -> bool:
         try:
@@ -204,16 +210,19 @@ class Cluster:
 
 
 def operator_namespace(kube: Any, postgres: Any, prefix: str) -> Cluster:
-    """A new namespace with the CRD, the chart's namespaced RBAC and the Secret `orders-db` for
+    """A new namespace with the CRDs, the chart's namespaced RBAC and the Secret `orders-db` for
     the test database: where an operator under test is pointed."""
     ns = f"{prefix}-{secrets.token_hex(3)}"
     kubectl = ["kubectl", "--kubeconfig", kube.kubeconfig]
-    with exclusive("crd"):  # the CRD and the chart's ClusterRole are shared by every test process
-        subprocess.run(
-            [*kubectl, "apply", "-f", str(ROOT / "crds" / "queue.yaml")], check=True, capture_output=True
-        )
-        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/queues.dbq.dev", "--timeout=60s"],
-                       check=True, capture_output=True)  # fmt: skip
+    with exclusive("crd"):  # the CRDs and the chart's ClusterRole are shared by every test process
+        for kind in CRD_KINDS:
+            subprocess.run(
+                [*kubectl, "apply", "-f", str(ROOT / "crds" / f"{kind}.yaml")],
+                check=True,
+                capture_output=True,
+            )
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", *(f"crd/{k}s.dbq.dev" for k in CRD_KINDS),
+                        "--timeout=60s"], check=True, capture_output=True)  # fmt: skip
         client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         apply_rbac(kube.kubeconfig, ns)
     cluster = Cluster(kube.api, ns)

@@ -65,9 +65,10 @@ def test_queue_name_derivation():
         queue_name("Orders", spec)
 
 
-def test_crd_file_is_generated_from_the_models():
-    on_disk = (ROOT / "crds" / "queue.yaml").read_text()
-    assert on_disk == crd_yaml(), "crds/queue.yaml is stale: run `dbq crd > crds/queue.yaml`"
+@pytest.mark.parametrize("kind", ["queue", "topic", "subscription"])
+def test_crd_file_is_generated_from_the_models(kind):
+    on_disk = (ROOT / "crds" / f"{kind}.yaml").read_text()
+    assert on_disk == crd_yaml(kind), f"crds/{kind}.yaml is stale: run `dbq crd {kind} > crds/{kind}.yaml`"
 
 
 def test_crd_is_structural_and_carries_the_admission_rules():

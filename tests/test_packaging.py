@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from stack.render_manifests import BIN, CHART, ROOT, stale
+from stack.render_manifests import BIN, CHART, CRD_KINDS, ROOT, stale
 
 KUBE_SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.33.0-local-strict"
 PROMETHEUS_CRDS = BIN.parent / "prometheus-operator-crds"
@@ -65,8 +65,8 @@ def schemas(tmp_path_factory) -> Path:
             json.dumps(definitions).replace('"/api/_definitions.json#/$defs/', '"#/$defs/')
         )
         (out / f"{kind}.json").write_text(json.dumps(schema))
-    crds = [ROOT / "crds" / "queue.yaml", *sorted(PROMETHEUS_CRDS.glob("*.yaml"))]
-    assert len(crds) == 3, (
+    crds = [*(ROOT / "crds" / f"{kind}.yaml" for kind in CRD_KINDS), *sorted(PROMETHEUS_CRDS.glob("*.yaml"))]
+    assert len(crds) == len(CRD_KINDS) + 2, (
         f"Prometheus Operator CRDs missing under {PROMETHEUS_CRDS}: run stack/build-tools.sh"
     )
     for path in crds:
@@ -128,10 +128,13 @@ def test_kustomize_overlays_build_and_pass_kubeconform(overlay, schemas):
 @pytest.fixture(scope="module")
 def api_server(kube) -> str:
     """The real local API server with the CRDs the manifests use and the namespaces they name."""
-    for crd in [ROOT / "crds" / "queue.yaml", *sorted(PROMETHEUS_CRDS.glob("*.yaml"))]:
+    for crd in [
+        *(ROOT / "crds" / f"{kind}.yaml" for kind in CRD_KINDS),
+        *sorted(PROMETHEUS_CRDS.glob("*.yaml")),
+    ]:
         run("kubectl", "--kubeconfig", kube.kubeconfig, "apply", "--server-side", "-f", str(crd))
     run("kubectl", "--kubeconfig", kube.kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/queues.dbq.dev", "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")  # fmt: skip
+        *(f"crd/{kind}s.dbq.dev" for kind in CRD_KINDS), "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")  # fmt: skip
     for ns in ("dbq-system", "shop", "billing"):
         namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
         run("kubectl", "--kubeconfig", kube.kubeconfig, "apply", "-f", "-", stdin=json.dumps(namespace))

@@ -115,6 +115,31 @@ class KubernetesUnavailable(DbqError):
     fix = "Check the API server and the operator's RBAC (the message gives the status code)."
 
 
+# --- topics and subscriptions -----------------------------------------------------------------
+class TopicNotFound(DbqError):
+    """A Subscription names a Topic that does not exist in its namespace (yet: it binds once the
+    Topic is made)."""
+
+    reason = "TopicNotFound"
+    fix = "Create the Topic spec.topic names, in the Subscription's namespace, or fix the name."
+
+
+class QueueNotReady(DbqError):
+    """A Queue a Topic routes to (a Subscription's, or spec.unroutedQueue) is not provisioned or not
+    Ready: messages are not routed to it until it is."""
+
+    reason = "QueueNotReady"
+    fix = "Look at the Queue's own conditions (`kubectl describe queue NAME`); the Topic follows by itself."
+
+
+class TopicInUse(DbqError):
+    """A Topic with Subscriptions is being deleted: dropping its routine would end their copies."""
+
+    reason = "TopicInUse"
+    retry = False
+    fix = "Delete its Subscriptions first, or annotate the Topic dbq.dev/force-delete=true."
+
+
 # --- the database --------------------------------------------------------------------------
 class DatabaseError(DbqError):
     """The database failed a request; the message has no credentials."""

@@ -105,9 +105,35 @@ class Kube:
 
     def patch_queue_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A JSON merge patch of the Queue's status subresource."""
+        self.patch_status(PLURAL, namespace, name, status)
+
+    def find(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One of dbq's resources (`plural`: queues, topics, subscriptions), or None when it does
+        not exist."""
+        try:
+            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"{plural} {namespace}/{name}") from None
+        return cast(dict[str, Any], found)
+
+    def list_namespaced(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        """dbq's resources of one kind (`plural`) in one namespace."""
+        try:
+            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        except ApiException as e:
+            raise _failed(e, f"the {plural} of namespace {namespace}") from None
+        return list(cast(dict[str, Any], found)["items"])
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A JSON merge patch of the status subresource of one of dbq's resources; a resource
+        deleted meanwhile is left alone."""
         try:
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+                GROUP, VERSION, namespace, plural, name, {"status": status}
             )
         except ApiException as e:
-            raise _failed(e, f"the status of Queue {namespace}/{name}", verb="write") from None
+            if e.status == 404:
+                return
+            raise _failed(e, f"the status of {plural} {namespace}/{name}", verb="write") from None

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dbq.api.models import QueueSpec, queue_name
+from dbq.api.topics import TopicSpec
 from dbq.connection import ConnectionSettings, from_secret_data
 from dbq.errors import DeadLetterQueueNotFound, InvalidConnection, InvalidSecret, InvalidSpec, SecretNotFound
 from dbq.names import QueueNames
@@ -38,7 +39,10 @@ def parse_spec(raw: dict[str, Any]) -> QueueSpec:
         raise InvalidSpec(validation_message(e)) from None
 
 
-def settings_for(spec: QueueSpec, namespace: str, read_secret: SecretReader) -> ConnectionSettings:
+def settings_for(
+    spec: QueueSpec | TopicSpec, namespace: str, read_secret: SecretReader
+) -> ConnectionSettings:
+    """The connection a Queue's (or Topic's) spec names, from its Secret."""
     ref = spec.connection.secret_ref.name
     secret = read_secret(namespace, ref)
     if secret is None:

@@ -29,18 +29,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The operator's rights on Queues, their Secrets and Events: one list for a Role and a ClusterRole. */}}
 {{- define "dbq.queueRules" -}}
-# The Queues themselves: watch them, add/remove our finalizer and annotations, write status.
+# Queues, Topics and Subscriptions: watch them, add/remove our finalizer and annotations, write status.
 - apiGroups: [dbq.dev]
-  resources: [queues]
+  resources: [queues, topics, subscriptions]
   verbs: [get, list, watch, patch]
 - apiGroups: [dbq.dev]
-  resources: [queues/status]
+  resources: [queues/status, topics/status, subscriptions/status]
   verbs: [get, patch]
 # Connection details: read the one Secret a Queue names (never list or watch Secrets).
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# Events about Queues.
+# Events about Queues, Topics and Subscriptions.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]

@@ -1,4 +1,5 @@
-"""Generates the Queue CRD from the pydantic models (`dbq crd`, `crds/queue.yaml`).
+"""Generates the CRDs from the pydantic models (`dbq crd`, `crds/*.yaml`): Queue, Topic and
+Subscription.
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: references inlined,
 optional fields unwrapped, titles dropped, CEL rules (`x-kubernetes-validations`) kept.
@@ -9,9 +10,23 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from dbq.api.models import GROUP, KIND, PLURAL, ROOT_RULES, SPEC_RULES, VERSION, QueueSpec
 from dbq.api.status import QueueStatus
+from dbq.api.topics import (
+    SUBSCRIPTION_KIND,
+    SUBSCRIPTION_PLURAL,
+    SUBSCRIPTION_ROOT_RULES,
+    TOPIC_KIND,
+    TOPIC_PLURAL,
+    TOPIC_ROOT_RULES,
+    TOPIC_RULES,
+    SubscriptionSpec,
+    SubscriptionStatus,
+    TopicSpec,
+    TopicStatus,
+)
 
 _KEEP = {
     "type", "properties", "required", "items", "enum", "default", "description", "pattern",
@@ -68,45 +83,57 @@ def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -
     return out
 
 
-def _schema(model: type[QueueSpec] | type[QueueStatus], mode: str) -> dict[str, Any]:
+def _schema(model: type[BaseModel], mode: str) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode=mode)  # type: ignore[arg-type]
     defs = raw.pop("$defs", {})
-    return dict(_structural(raw, defs, objects_default=model is QueueSpec))
+    return dict(_structural(raw, defs, objects_default=mode == "validation"))
 
 
-def spec_schema() -> dict[str, Any]:
-    schema = _schema(QueueSpec, "validation")
-    schema["x-kubernetes-validations"] = SPEC_RULES
+def spec_schema(
+    model: type[BaseModel] = QueueSpec, rules: list[dict[str, str]] = SPEC_RULES
+) -> dict[str, Any]:
+    schema = _schema(model, "validation")
+    if rules:
+        schema["x-kubernetes-validations"] = rules
     return schema
 
 
-def status_schema() -> dict[str, Any]:
-    """What the controller writes (`QueueStatus`). Unknown fields are kept, not pruned: kopf may
-    keep its own bookkeeping there."""
-    schema = _schema(QueueStatus, "serialization")
+def status_schema(model: type[BaseModel] = QueueStatus) -> dict[str, Any]:
+    """What the controller writes. Unknown fields are kept, not pruned: kopf may keep its own
+    bookkeeping there."""
+    schema = _schema(model, "serialization")
     schema["x-kubernetes-preserve-unknown-fields"] = True
-    # A Queue the operator has not seen yet reads as generation 0 observed: kstatus (Flux's
+    # A resource the operator has not seen yet reads as generation 0 observed: kstatus (Flux's
     # health check, kpt) then waits for it, instead of taking a resource without status as
-    # reconciled. The API server fills the default in whenever the Queue is read.
+    # reconciled. The API server fills the default in whenever the resource is read.
     schema["default"] = {"observedGeneration": 0}
     return schema
 
 
-def crd() -> dict[str, Any]:
-    ready = '.status.conditions[?(@.type=="Ready")].status'
+READY_COLUMN = {
+    "name": "Ready",
+    "type": "string",
+    "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+}
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+def _definition(kind: str, plural: str, short_names: list[str], description: str, spec: dict[str, Any],
+                status: dict[str, Any], columns: list[dict[str, str]], root_rules: list[dict[str, str]]
+                ) -> dict[str, Any]:  # fmt: skip
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "shortNames": ["dbq"],
+                "plural": plural,
+                "singular": kind.lower(),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "shortNames": short_names,
                 "categories": ["all", "dbq"],
             },
             "versions": [
@@ -115,28 +142,20 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
-                        {"name": "Design", "type": "string", "jsonPath": ".spec.design"},
-                        {"name": "Ready", "type": "string", "jsonPath": ready},
-                        {"name": "Depth", "type": "integer", "jsonPath": ".status.stats.depth"},
-                        {"name": "Push/s", "type": "number", "jsonPath": ".status.stats.pushRate"},
-                        {"name": "Pop/s", "type": "number", "jsonPath": ".status.stats.popRate"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": [*columns, AGE_COLUMN],
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "A database-backed message queue managed by dbq.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": spec_schema(),
-                                "status": status_schema(),
+                                "spec": spec,
+                                "status": status,
                             },
-                            "x-kubernetes-validations": ROOT_RULES,
+                            "x-kubernetes-validations": root_rules,
                         }
                     },
                 }
@@ -145,6 +164,59 @@ def crd() -> dict[str, Any]:
     }
 
 
-def crd_yaml() -> str:
-    header = "# Generated by `dbq crd` from dbq.api.models; do not edit. A test fails when it is stale.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+def crd() -> dict[str, Any]:
+    """The Queue CRD."""
+    return _definition(
+        KIND, PLURAL, ["dbq"], "A database-backed message queue managed by dbq.", spec_schema(), status_schema(),
+        [
+            {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
+            {"name": "Design", "type": "string", "jsonPath": ".spec.design"},
+            READY_COLUMN,
+            {"name": "Depth", "type": "integer", "jsonPath": ".status.stats.depth"},
+            {"name": "Push/s", "type": "number", "jsonPath": ".status.stats.pushRate"},
+            {"name": "Pop/s", "type": "number", "jsonPath": ".status.stats.popRate"},
+        ],
+        ROOT_RULES,
+    )  # fmt: skip
+
+
+def topic_crd() -> dict[str, Any]:
+    return _definition(
+        TOPIC_KIND, TOPIC_PLURAL, ["dbqtopic"],
+        "A topic: a message published to it goes, in one transaction, to the Queue of every Subscription whose"
+        " filter matches it.",
+        spec_schema(TopicSpec, TOPIC_RULES), status_schema(TopicStatus),
+        [
+            {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
+            READY_COLUMN,
+            {"name": "Subscriptions", "type": "integer", "jsonPath": ".status.subscriptions"},
+            {"name": "Published", "type": "integer", "jsonPath": ".status.published"},
+            {"name": "Unrouted", "type": "integer", "jsonPath": ".status.unrouted"},
+        ],
+        TOPIC_ROOT_RULES,
+    )  # fmt: skip
+
+
+def subscription_crd() -> dict[str, Any]:
+    return _definition(
+        SUBSCRIPTION_KIND, SUBSCRIPTION_PLURAL, ["dbqsub"],
+        "A subscription: binds a Topic to a Queue of the same database, with a filter on subject and headers.",
+        spec_schema(SubscriptionSpec, []), status_schema(SubscriptionStatus),
+        [
+            {"name": "Topic", "type": "string", "jsonPath": ".spec.topic"},
+            {"name": "Queue", "type": "string", "jsonPath": ".spec.queue"},
+            READY_COLUMN,
+            {"name": "Routed", "type": "integer", "jsonPath": ".status.routed"},
+            {"name": "Dropped", "type": "integer", "jsonPath": ".status.dropped"},
+        ],
+        SUBSCRIPTION_ROOT_RULES,
+    )  # fmt: skip
+
+
+# The file under crds/ of each CRD, and what makes it.
+CRDS = {"queue": crd, "topic": topic_crd, "subscription": subscription_crd}
+
+
+def crd_yaml(kind: str = "queue") -> str:
+    header = "# Generated by `dbq crd` from dbq.api; do not edit. A test fails when it is stale.\n"
+    return header + yaml.safe_dump(CRDS[kind](), sort_keys=False, width=120)

@@ -104,7 +104,7 @@ DESIGNS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _immutable(what: str, instead: str) -> dict[str, Any]:
+def immutable(what: str, instead: str) -> dict[str, Any]:
     return {
         "x-kubernetes-validations": [
             {"rule": "self == oldSelf", "message": f"{what} cannot change after creation; {instead}"}
@@ -153,7 +153,7 @@ class Connection(Model):
         Field(
             alias="schema",
             pattern=IDENTIFIER_PATTERN,
-            json_schema_extra=_immutable(
+            json_schema_extra=immutable(
                 "spec.connection.schema", "create a new Queue in the other schema and drain this one"
             ),
         ),
@@ -166,7 +166,7 @@ class Ring(Model):
         Field(
             ge=16,
             le=10_000_000,
-            json_schema_extra=_immutable(
+            json_schema_extra=immutable(
                 "spec.ring.size", "create a new Queue with the new size and move consumers to it"
             ),
         ),
@@ -390,11 +390,11 @@ class Stats(Model):
 class QueueSpec(Model):
     backend: Annotated[
         Backend,
-        Field(json_schema_extra=_immutable("spec.backend", "create a new Queue on the other backend")),
+        Field(json_schema_extra=immutable("spec.backend", "create a new Queue on the other backend")),
     ] = Field(description="The database: postgres, sqlserver or cassandra.")
     design: Annotated[
         Design,
-        Field(json_schema_extra=_immutable("spec.design", "create a new Queue with the other design")),
+        Field(json_schema_extra=immutable("spec.design", "create a new Queue with the other design")),
     ] = Field(
         description="The design: ring (postgres, sqlserver), servicebroker (sqlserver) or pipes (cassandra)."
     )
@@ -402,7 +402,7 @@ class QueueSpec(Model):
         str | None,
         Field(
             pattern=IDENTIFIER_PATTERN,
-            json_schema_extra=_immutable("spec.queueName", "create a new Queue with the other name"),
+            json_schema_extra=immutable("spec.queueName", "create a new Queue with the other name"),
         ),
     ] = Field(
         default=None, description="Name of the queue's objects; defaults to metadata.name with '-' as '_'."

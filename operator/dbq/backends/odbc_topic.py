@@ -6,7 +6,7 @@ topic's lock exclusively, so publishes see the old rules or the new ones, never 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import pyodbc
 
@@ -47,6 +47,18 @@ def _sized(cur: pyodbc.Cursor, route: Route) -> Route:
             " create it (a Queue with the topic's backend and Secret), or bind the subscription to another"
         )
     return replace(route, ring_size=int(size))
+
+
+@dataclass
+class TopicCounts:
+    """A topic's counters: every sequence draws outside transactions, so a publish rolled back is
+    counted too."""
+
+    rules_version: int
+    published: int
+    unrouted: int
+    routed: dict[str, int] = field(default_factory=dict)  # by subscription
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def _canonical(flt: object) -> str:
@@ -112,6 +124,30 @@ class OdbcTopic(OdbcBackend):
             self.target.unrouted.qualified if self.target.unrouted else None
         )
         return int(version) if routine and same_unrouted and recorded == wanted else None
+
+    def counts(self) -> TopicCounts | None:
+        """The topic's counters as its recorded rules name them; None when it is not made."""
+        names, sql = self.target.names, PgTopic(self.target)
+        with self._errors():
+            cur = self.conn.cursor()
+            if not int(cur.execute(sql.has_tables(), names.schema).fetchval()):
+                return None
+            version = cur.execute(sql.rules_version(), names.topic).fetchval()
+            if version is None:
+                return None
+            rules = [
+                (str(row[0]), int(row[1]))
+                for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
+            ]
+            values = [int(v) for v in cur.execute(sql.counters([o for _, o in rules])).fetchone()]
+        each = values[2:]
+        return TopicCounts(
+            rules_version=int(version),
+            published=values[0],
+            unrouted=values[1],
+            routed={name: each[2 * i] for i, (name, _) in enumerate(rules)},
+            dropped={name: each[2 * i + 1] for i, (name, _) in enumerate(rules)},
+        )
 
     def teardown(self) -> None:
         names = self.target.names

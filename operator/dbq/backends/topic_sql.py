@@ -170,6 +170,14 @@ class PgTopic:
         """The queue's ring size, from its metadata row (parameter: the queue)."""
         return f"SELECT ring_size FROM {quote(queue.schema)}.{quote(queue.meta)} WHERE queue = ? AND design = 'ring'"
 
+    def counters(self, ordinals: list[int]) -> str:
+        """One row: published, unrouted, then routed and dropped of each subscription numbered in
+        `ordinals` (in that order). A sequence never drawn from counts 0."""
+        sequences = [self.names.published, self.names.unrouted]
+        sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
+        drawn = "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {})"
+        return "SELECT " + ", ".join(drawn.format(self._q(s)) for s in sequences)
+
     def rules_version(self) -> str:
         return f"SELECT rules_version FROM {self.topics} WHERE topic = ?"
 

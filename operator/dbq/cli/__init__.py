@@ -3,6 +3,7 @@
 - `operator`: `dbq run` (the operator) and `dbq crd`;
 - `apply`: `dbq apply`, the operator's reconcile straight against a database;
 - `data`: `dbq push`, `dbq pop`, `dbq stats` on a queue;
+- `publish`: `dbq publish` to a topic;
 - `dev`: `dbq dev up|down|status`, the local stack;
 - `spark`: `dbq spark health`, the fleet-health Spark job.
 """
@@ -67,7 +68,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    for module in ("operator", "apply", "data", "dev", "spark"):
+    for module in ("operator", "apply", "data", "publish", "dev", "spark"):
         try:
             group = importlib.import_module(f"dbq.cli.{module}")
         except ModuleNotFoundError as e:

@@ -112,7 +112,7 @@ def push(
     header_args: tuple[str, ...],
 ) -> None:
     """Push MESSAGES (or, with none given, each line of stdin) to QUEUE; prints their ids."""
-    headers = _headers_of(header_args)
+    headers = headers_of(header_args)
     for hint, seconds in (("--ttl", ttl), ("--timeout", timeout)):
         try:
             seconds_arg(seconds, hint, 0.0)
@@ -166,7 +166,7 @@ def _message_json(m: Message | PipeMessage | BrokerMessage) -> dict[str, Any]:
     return {"id": _id_json(m.id), "attempts": m.attempts, "headers": dict(m.headers), **_body_json(m.body)}
 
 
-def _headers_of(args: tuple[str, ...]) -> dict[str, str] | None:
+def headers_of(args: tuple[str, ...]) -> dict[str, str] | None:
     """`--header NAME=VALUE` options as a mapping (None for none)."""
     headers: dict[str, str] = {}
     for arg in args:

@@ -67,11 +67,13 @@ DURATION = _Duration()
 
 
 @click.command()
-def crd() -> None:
-    """Print the Queue CRD generated from the API models."""
-    from dbq.api.crd import crd_yaml
+@click.argument("kinds", nargs=-1, type=click.Choice(["queue", "topic", "subscription"]))
+def crd(kinds: tuple[str, ...]) -> None:
+    """Print the CRDs generated from the API models (KINDS: queue, topic, subscription; all when
+    none is named), as YAML documents."""
+    from dbq.api.crd import CRDS, crd_yaml
 
-    click.echo(crd_yaml(), nl=False)
+    click.echo("---\n".join(crd_yaml(kind) for kind in kinds or CRDS), nl=False)
 
 
 @click.command()
@@ -119,7 +121,8 @@ def run(
     import kopf
     from prometheus_client import start_http_server
 
-    from dbq.controller import handlers, leadership, metrics  # importing handlers registers them
+    # importing the handler modules registers their handlers
+    from dbq.controller import handlers, leadership, metrics, topic_handlers  # noqa: F401
 
     # Under leader election every line names the replica that wrote it: the logs of two pods
     # then show which one acted when.

@@ -19,7 +19,9 @@ from dbq.client.consume import ConsumeStats, consume
 from dbq.client.rates import RateMeter
 from dbq.client.ring import Message, Queue, RepairResult
 from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueStats
+from dbq.client.topic import Topic
 from dbq.connection import ConnectionSettings, from_url
+from dbq.contract.topics import TopicNames
 from dbq.errors import (
     LeaseLost,
     MessageTooLarge,
@@ -54,8 +56,11 @@ __all__ = [
     "QueueUnavailable",
     "RateMeter",
     "RepairResult",
+    "Topic",
     "connect",
     "connect_resource",
+    "connect_topic",
+    "connect_topic_resource",
     "consume",
     "from_resource",
 ]
@@ -148,3 +153,34 @@ def _open(
 
         return PipesQueue(settings, names, **{k: v for k, v in options.items() if k in PIPES_OPTIONS})
     return Queue(settings, names, **options)
+
+
+def connect_topic(url: str, topic: str, *, schema: str | None = None, **options: Any) -> Topic:
+    """A publisher of `topic` (its name, or its Topic resource's metadata.name with '-' as '_') at
+    `url` (postgresql://...). Options: ttl (seconds, the copies' default), timeout (seconds a
+    publish is made again while the subscriptions change), pool_size, smart_batching."""
+    return Topic(from_url(url), TopicNames(schema or DEFAULT_SCHEMA, queue_identifier(topic)), **options)
+
+
+def connect_topic_resource(
+    name: str, namespace: str = "default", *, api_client: Any = None, **options: Any
+) -> Topic:
+    """A publisher of the Topic resource `namespace/name`, read from the Kubernetes API with its
+    Secret (in-cluster or kubeconfig credentials unless `api_client` is given)."""
+    from dbq import kube  # the kubernetes client: the `kube` extra
+    from dbq.api.topics import TOPIC_PLURAL, TopicSpec, topic_name
+    from dbq.errors import InvalidSpec, TopicNotFound
+
+    api = kube.Kube(api_client)
+    found = api.find(TOPIC_PLURAL, namespace, name)
+    if found is None:
+        raise TopicNotFound(
+            f"no Topic {name} in namespace {namespace}: `kubectl get topics -A` lists them;"
+            " pass -n NAMESPACE, or --url to name the database"
+        )
+    try:
+        spec = TopicSpec.model_validate(found.get("spec") or {})
+        names = TopicNames(spec.connection.schema_, topic_name(name, spec))
+    except ValueError as e:
+        raise InvalidSpec(f"Topic {namespace}/{name}: {e}") from None
+    return Topic(settings_for(spec, namespace, api.read_secret), names, **options)

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -29,6 +29,7 @@ from dbq.controller.reconcile import (
     reconcile,
     status_changes,
 )
+from dbq.controller.topics import TopicSync
 from dbq.errors import DbqError, QueueNotFound
 from dbq.kube import Kube
 from dbq.settings import OperatorSettings
@@ -73,13 +74,20 @@ def read_queue(namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
 
-def _forget_credentials() -> None:
+def forget_credentials() -> None:
     """After a failure: the next try reads the Secrets again and connects anew, so a fixed
     Secret is followed, and a revoked password is not hidden by sessions opened before."""
     _secrets.clear()
     lender = pool.shared()
     if lender is not None:
         lender.drop_all()
+
+
+def post_event(resource: Mapping[str, Any], event: Event) -> None:
+    """An Event about any of dbq's resources (a handler's own, or another it changed)."""
+    kopf.event(
+        kopf.Body(cast(Any, dict(resource))), type=event.type, reason=event.reason, message=event.message
+    )
 
 
 def backoff(retry: int) -> float:
@@ -160,7 +168,7 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
         _first_upkeep(meta, spec, {**current, **outcome.status}, outcome)
     _write(body, current, patch, outcome.status, outcome.events)
     if outcome.error is not None:
-        _forget_credentials()
+        forget_credentials()
     if outcome.error is not None and not drift_check:  # the drift timer comes back by itself
         raise kopf.TemporaryError(str(outcome.error), delay=backoff(retry))
 
@@ -267,7 +275,7 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
         done = _run_upkeep(meta, spec, dict(status), memory)
     except DbqError as e:  # Ready=False at once, one Warning when that changes
         memory.database.failed_at = time.monotonic()  # the database's other queues check too
-        _forget_credentials()
+        forget_credentials()
         failed = not_ready(status.get("conditions"), e, meta.get("generation"))
         if failed.events:
             log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)
@@ -284,6 +292,7 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
                  patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
     leadership.fence()
     name, namespace = meta["name"], meta["namespace"]
+    _unroute(namespace, name, retry)
     users = dead_letter_users(name, kube().list_queues(namespace))
     outcome = delete(name, namespace, dict(spec), meta.get("generation"), dict(status), read_secret,
                      force=annotated(meta, FORCE_DELETE), dead_letter_users=users)  # fmt: skip
@@ -293,6 +302,19 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         raise kopf.TemporaryError(str(outcome.error), delay=delay)
     metrics.forget(namespace, name)
     _memory.pop((namespace, name), None)
+
+
+def _unroute(namespace: str, queue: str, retry: int) -> None:
+    """Topics that route to the queue route to it no more (its Subscriptions go not Ready) before
+    its objects are dropped: a publish routine that pushed into a dropped queue would fail."""
+    sync = TopicSync(kube(), read_secret, post_event)
+    for topic in sync.topics_of_queue(namespace, queue):
+        synced = sync.sync(namespace, topic)
+        if synced.error is not None:
+            raise kopf.TemporaryError(
+                f"topic {topic} still routes to this queue and cannot be changed: {synced.error}",
+                delay=backoff(retry),
+            )
 
 
 def finish_running(timeout: float) -> bool:

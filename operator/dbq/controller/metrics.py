@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from dbq.backends.odbc_topic import TopicCounts
 from dbq.client import QueueStats
 
 RECONCILES = Counter("dbq_reconciles_total", "Reconciles by result", ["result"])
@@ -36,6 +37,19 @@ RATES = (
     Gauge("dbq_queue_pop_rate", "Pops and acquires per second over the rate window", _LABELS),
 )
 CLEANUP = Counter("dbq_queue_cleanup_total", "What cleanup repaired or removed, by kind", [*_LABELS, "kind"])
+_TOPIC = ["namespace", "topic"]
+TOPIC_READY = Gauge("dbq_topic_ready", "1 when the topic's Ready condition is True", _TOPIC)
+TOPIC_PUBLISHED = Gauge(
+    "dbq_topic_published", "Messages published to the topic (rolled back ones too)", _TOPIC
+)
+TOPIC_UNROUTED = Gauge("dbq_topic_unrouted", "Published messages no subscription matched", _TOPIC)
+_SUBSCRIPTION = [*_TOPIC, "subscription"]
+SUBSCRIPTION_ROUTED = Gauge(
+    "dbq_subscription_routed", "Copies put in the subscription's queue", _SUBSCRIPTION
+)
+SUBSCRIPTION_DROPPED = Gauge(
+    "dbq_subscription_dropped", "Copies skipped, the subscription's queue full (onFull: Drop)", _SUBSCRIPTION
+)
 LEADER = Gauge("dbq_leader", "1 while this replica acts (holds the operator's Lease), 0 while it stands by")
 LEADER_TRANSITIONS = Counter("dbq_leader_transitions_total", "Times this replica became the leader")
 
@@ -79,3 +93,33 @@ def forget(namespace: str, name: str) -> None:
     for gauge in (QUEUE_READY, *STATS.values(), *RATES):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+
+
+# The subscriptions whose counts are set, by namespace and topic: removed when they go.
+_subscriptions: dict[tuple[str, str], set[str]] = {}
+
+
+def set_topic(namespace: str, topic: str, *, ready: bool, counts: TopicCounts | None) -> None:
+    TOPIC_READY.labels(namespace=namespace, topic=topic).set(1 if ready else 0)
+    if counts is None:
+        return
+    TOPIC_PUBLISHED.labels(namespace=namespace, topic=topic).set(counts.published)
+    TOPIC_UNROUTED.labels(namespace=namespace, topic=topic).set(counts.unrouted)
+    gone = _subscriptions.get((namespace, topic), set()) - set(counts.routed)
+    _subscriptions[(namespace, topic)] = set(counts.routed)
+    for gauge, values in ((SUBSCRIPTION_ROUTED, counts.routed), (SUBSCRIPTION_DROPPED, counts.dropped)):
+        for subscription, n in values.items():
+            gauge.labels(namespace=namespace, topic=topic, subscription=subscription).set(n)
+        for subscription in gone:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, topic, subscription)
+
+
+def forget_topic(namespace: str, topic: str) -> None:
+    for gauge in (TOPIC_READY, TOPIC_PUBLISHED, TOPIC_UNROUTED):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, topic)
+    for subscription in _subscriptions.pop((namespace, topic), set()):
+        for gauge in (SUBSCRIPTION_ROUTED, SUBSCRIPTION_DROPPED):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, topic, subscription)
