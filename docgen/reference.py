@@ -126,6 +126,42 @@ def queue_status() -> str:
     return schema_table(crd.status_schema(), "status", with_mutability=False)
 
 
+def topic_spec() -> str:
+    from dbq.api import crd
+    from dbq.api.topics import TOPIC_ROOT_RULES, TOPIC_RULES, TopicSpec
+
+    return (
+        schema_table(crd.spec_schema(TopicSpec, TOPIC_RULES), "spec")
+        + "\nRules across fields, checked by the API server at admission (the message it returns):\n\n"
+        + admission_rules(TOPIC_RULES + TOPIC_ROOT_RULES)
+    )
+
+
+def subscription_spec() -> str:
+    from dbq.api import crd
+    from dbq.api.topics import SUBSCRIPTION_ROOT_RULES, SubscriptionSpec
+
+    return (
+        schema_table(crd.spec_schema(SubscriptionSpec, []), "spec")
+        + "\nChecked by the API server at admission (the message it returns):\n\n"
+        + admission_rules(SUBSCRIPTION_ROOT_RULES)
+    )
+
+
+def topic_status() -> str:
+    from dbq.api import crd
+    from dbq.api.topics import TopicStatus
+
+    return schema_table(crd.status_schema(TopicStatus), "status", with_mutability=False)
+
+
+def subscription_status() -> str:
+    from dbq.api import crd
+    from dbq.api.topics import SubscriptionStatus
+
+    return schema_table(crd.status_schema(SubscriptionStatus), "status", with_mutability=False)
+
+
 def _doc(cls: type) -> str:
     text = inspect.getdoc(cls) or ""
     own = cls.__dict__.get("__doc__")
@@ -187,6 +223,10 @@ def helm_values(values_yaml: Path | None = None) -> str:
 GENERATORS: dict[str, Callable[[], str]] = {
     "queue-spec": queue_spec,
     "queue-status": queue_status,
+    "topic-spec": topic_spec,
+    "topic-status": topic_status,
+    "subscription-spec": subscription_spec,
+    "subscription-status": subscription_status,
     "reasons": error_reasons,
     "metrics": metrics,
     "helm-values": helm_values,

@@ -50,9 +50,11 @@ def queues(url: str) -> Iterator[MakeQueue]:
     """Ring queues provisioned at `url` and clients of them; dropped afterwards."""
     opened: list[tuple[Queue, OdbcRing]] = []
 
-    def make(size: int = 1000, message_bytes: int = 100, max_body_bytes: int = 1 << 20, **options) -> Queue:
+    def make(size: int = 1000, message_bytes: int = 100, max_body_bytes: int = 1 << 20, max_attempts: int = 0,
+             **options) -> Queue:  # fmt: skip
         name = f"q_{secrets.token_hex(4)}"
-        target = RingTarget(QueueNames(SCHEMA, name), size, message_bytes, max_body_bytes=max_body_bytes)
+        target = RingTarget(QueueNames(SCHEMA, name), size, message_bytes, max_attempts=max_attempts,
+                            max_body_bytes=max_body_bytes)  # fmt: skip
         backend = OdbcRing(from_url(url), target)
         backend.apply()
         options.setdefault("pop_timeout", 0.1)

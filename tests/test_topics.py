@@ -316,6 +316,118 @@ def test_filter_values_that_look_like_sql_are_only_values_and_teardown_removes_t
     assert sql(q, f"SELECT count(*) FROM {SCHEMA}.dbq_subscriptions WHERE topic = '{topic.names.topic}'") == 0
 
 
+@pytest.mark.parametrize("mode", ["pop", "acquire"])
+def test_conservation_per_subscription_with_four_publishers_and_four_consumers_each(topics, mode):
+    """For every subscription: delivered + dead-lettered + dropped + depth = the published messages
+    its filter matches, none twice; unrouted = the messages no filter matched."""
+    made, make_queue = topics
+    rules = {  # name: filter, onFull, ring size
+        "eu": (flt({"key": "region", "eq": "eu"}), "Reject", 4000),
+        "big": (flt({"key": "amount", "gte": 500}), "Drop", 8),  # small: copies are dropped
+        "orders": (flt(subject=[{"prefix": "order."}]), "Reject", 4000),
+    }
+    queues = {name: make_queue(size=size, max_attempts=2) for name, (_, _, size) in rules.items()}
+    rest = make_queue(size=4000)
+    topic, _ = made.make([route(n, queues[n], f, full) for n, (f, full, _) in rules.items()], unrouted=rest)
+    rng = random.Random(44)
+    per_publisher = 250
+    messages = {
+        f"{p}-{i}".encode(): (
+            {"region": rng.choice(["eu", "us", "asia"]), "amount": rng.choice([rng.randint(0, 999), "900"])},
+            rng.choice(["order.created", "invoice.sent", None]),
+        )
+        for p in range(4)
+        for i in range(per_publisher)
+    }
+    answers: dict[bytes, set[str]] = {}
+    published, errors = threading.Event(), []
+    started_big = threading.Event()  # the Drop queue's consumers start late: it fills and drops
+
+    def publisher(p: int) -> None:
+        with Topic(from_url(made.url), topic.names) as own:
+            for i in range(per_publisher):
+                body = f"{p}-{i}".encode()
+                headers, subject = messages[body]
+                answers[body] = set(own.publish(body, headers=headers, subject=subject))
+                if len(answers) > 200:
+                    started_big.set()
+
+    delivered: dict[str, list[bytes]] = {name: [] for name in [*rules, ""]}
+
+    def consumer(name: str, q: Queue) -> None:
+        if name == "big":
+            started_big.wait(60)
+        while True:
+            if mode == "pop":
+                got = q.pop_many(10, timeout=0.2)
+            else:
+                got = [m for m in [q.acquire(timeout=0.2)] if m is not None]
+            for m in got:
+                if mode == "acquire" and name and int(m.body.rsplit(b"-", 1)[1]) % 13 == 0:
+                    m.nack(error="refused")  # twice: dead-lettered (max attempts 2)
+                    continue
+                if mode == "acquire":
+                    m.ack()
+                delivered[name].append(m.body)
+            if not got and published.is_set():
+                stats = q.stats()
+                if stats.depth == 0 and stats.in_flight == 0:
+                    return
+
+    def guarded(target: Any, *args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as e:  # reported by the assertion below
+            errors.append(e)
+
+    consumers = [
+        threading.Thread(target=guarded, args=(consumer, name, q))
+        for name, q in [*queues.items(), ("", rest)]
+        for _ in range(4)
+    ]
+    publishers = [threading.Thread(target=guarded, args=(publisher, p)) for p in range(4)]
+    for t in consumers + publishers:
+        t.start()
+    for t in publishers:
+        t.join(120)
+    published.set()
+    started_big.set()
+    for t in consumers:
+        t.join(120)
+    assert errors == [] and len(answers) == len(messages)
+    dead_letters = 0
+    for name, (f, _, _) in rules.items():
+        q = queues[name]
+        matched = {b for b, (h, s) in messages.items() if matches(f, s, h)}
+        dropped = {b for b in matched if name not in answers[b]}
+        dead = {d.body for d in q.dead_letters(limit=10_000)}
+        got = delivered[name]
+        assert len(got) == len(set(got)), f"{name}: a message delivered twice"
+        assert not set(got) & dead
+        assert set(got) | dead | dropped == matched and q.stats().depth == 0, name
+        assert len(got) + len(dead) + len(dropped) == len(matched), name
+        ordinal = sorted(rules).index(name) + 1  # ordinals follow the names
+        counted = sql(q, f"SELECT last_value FROM {SCHEMA}.{topic.names.dropped(ordinal)}")
+        assert len(dropped) == (counted if dropped else 0), name
+        assert not dropped or rules[name][1] == "Drop"
+        assert mode == "acquire" or not dead, name
+        dead_letters += len(dead)
+    assert (mode == "acquire") == (dead_letters > 0)
+    assert dropped_somewhere(answers, messages, rules), "the Drop queue never filled: the test proves less"
+    unmatched = {
+        b for b, (h, s) in messages.items() if not any(matches(f, s, h) for f, _, _ in rules.values())
+    }
+    assert set(delivered[""]) == unmatched and len(delivered[""]) == len(unmatched)
+    assert sql(rest, f"SELECT last_value FROM {SCHEMA}.{topic.names.unrouted}") == len(unmatched)
+
+
+def dropped_somewhere(
+    answers: dict[bytes, set[str]], messages: dict[bytes, Any], rules: dict[str, Any]
+) -> bool:
+    big = rules["big"][0]
+    return any("big" not in answers[b] for b, (h, s) in messages.items() if matches(big, s, h))
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queue_or_in_none(
     topics, postgres, tmp_path, batch
