@@ -32,7 +32,7 @@ def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -
     [
         (
             {"key": "a", "eq": 1, "gt": 0},
-            "exactly one operator of eq, in, notIn, prefix, exists, lt, lte, gt, gte, not 2",
+            "exactly one operator of eq, in, notIn, prefix, exists, is, lt, lte, gt, gte, not 2",
         ),
         ({"key": "a"}, "exactly one operator"),
         ({"key": "a b", "eq": 1}, "String should match pattern"),
@@ -43,6 +43,10 @@ def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -
         ({"key": "a", "prefix": "x" * 257}, "at most 256 characters"),
         ({"key": "a", "in": []}, "at least 1 item"),
         ({"key": "a", "gte": float("inf")}, "not a finite number"),
+        ({"key": "a", "eq": 1.5}, "valid string"),  # fractions: lt/lte/gt/gte
+        ({"key": "a", "eq": True}, "valid string"),  # booleans: is
+        ({"key": "a", "in": [2**63]}, "less than or equal to 9223372036854775807"),
+        ({"key": "a", "is": "true"}, "valid boolean"),
     ],
 )
 def test_a_clause_that_cannot_mean_one_thing_is_refused_naming_the_rule(clause, problem):
@@ -68,9 +72,12 @@ def test_the_crd_schema_says_one_operator_per_clause_and_what_a_value_may_be():
     assert rule.endswith(".filter(x, x).size() == 1")
     subject_rule = schema["properties"]["subject"]["items"]["x-kubernetes-validations"][0]["rule"]
     assert subject_rule.count("has(") == len(SUBJECT_OPERATORS)
-    scalar = header["properties"]["eq"]
-    assert scalar["x-kubernetes-preserve-unknown-fields"] is True and "type" not in scalar
-    assert "type(self) == string" in scalar["x-kubernetes-validations"][0]["rule"]
+    scalar = header["properties"]["eq"]  # a union the API server's CEL can type
+    assert scalar["x-kubernetes-int-or-string"] is True and "type" not in scalar
+    assert scalar["anyOf"] == [{"type": "integer"}, {"type": "string"}] and scalar["maxLength"] == 256
+    item = header["properties"]["in"]["items"]
+    assert item["x-kubernetes-int-or-string"] and item["anyOf"] == scalar["anyOf"]
+    assert header["properties"]["is"]["type"] == "boolean"
     assert header["properties"]["gt"]["type"] == "number"
 
 
@@ -81,8 +88,10 @@ def test_the_crd_schema_says_one_operator_per_clause_and_what_a_value_may_be():
         ({"key": "n", "eq": "100"}, {"n": "100"}, True),
         ({"key": "n", "eq": 100}, {"n": 100.0}, True),  # numbers by value
         ({"key": "n", "eq": 1}, {"n": True}, False),  # a boolean is not a number
-        ({"key": "n", "eq": True}, {"n": True}, True),
-        ({"key": "n", "eq": 1e23}, {"n": 99999999999999991611392}, False),  # as JSON writes them
+        ({"key": "n", "is": True}, {"n": True}, True),
+        ({"key": "n", "is": False}, {"n": 0}, False),  # 0 is not false
+        ({"key": "n", "is": False}, {"n": False}, True),
+        ({"key": "n", "gte": 1e23}, {"n": 99999999999999991611392}, False),  # as JSON writes them
         ({"key": "n", "exists": False}, {}, True),
         ({"key": "n", "exists": False}, {"n": 0}, False),
         ({"key": "n", "exists": True}, {"n": ""}, True),
@@ -137,6 +146,8 @@ NUMBERS = st.one_of(
 VALUES = st.one_of(
     TEXT, NUMBERS, st.booleans(), st.sampled_from(["100", "", "eu", "é", "日本", "'", "\\", "?"])
 )
+# What eq, in and notIn compare with: strings and whole numbers of 64 bits.
+OPERANDS = st.one_of(TEXT, st.integers(-(2**63), 2**63 - 1), st.sampled_from(["100", "", "eu", "'", 100, 0]))
 HEADERS = st.one_of(st.none(), st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=4))
 SUBJECTS = st.one_of(st.none(), TEXT, st.sampled_from(["orders.eu.de", "orders.us", ""]))
 
@@ -145,14 +156,14 @@ SUBJECTS = st.one_of(st.none(), TEXT, st.sampled_from(["orders.eu.de", "orders.u
 def header_clauses(draw: st.DrawFn) -> dict[str, Any]:
     op = draw(st.sampled_from(HEADER_OPERATORS))
     operand: Any
-    if op == "exists":
+    if op in ("exists", "is"):
         operand = draw(st.booleans())
     elif op in ("in", "notIn"):
-        operand = draw(st.lists(VALUES, min_size=1, max_size=4))
+        operand = draw(st.lists(OPERANDS, min_size=1, max_size=4))
     elif op == "prefix":
         operand = draw(TEXT.filter(bool))
     elif op == "eq":
-        operand = draw(VALUES)
+        operand = draw(OPERANDS)
     else:
         operand = draw(NUMBERS)
     return {"key": draw(st.sampled_from(KEYS)), op: operand}
@@ -231,9 +242,10 @@ def test_the_compiled_tsql_predicate_agrees_with_the_oracle_on_sql_server(ms, da
     key = st.sampled_from(KEYS)
     headers = data.draw(st.one_of(st.none(), st.dictionaries(key, values, max_size=4)))
     op = data.draw(st.sampled_from(HEADER_OPERATORS))
+    operands = st.one_of(TEXT, st.integers(-(2**53), 2**53))
     operand = {
-        "exists": st.booleans(), "in": st.lists(values, min_size=1, max_size=3),
-        "notIn": st.lists(values, min_size=1, max_size=3), "prefix": TEXT.filter(bool), "eq": values,
+        "exists": st.booleans(), "is": st.booleans(), "in": st.lists(operands, min_size=1, max_size=3),
+        "notIn": st.lists(operands, min_size=1, max_size=3), "prefix": TEXT.filter(bool), "eq": operands,
     }.get(op, EXACT_NUMBERS)  # fmt: skip
     f = flt({"key": data.draw(key), op: data.draw(operand)})
     subject = data.draw(SUBJECTS)

@@ -31,7 +31,7 @@ from dbq.api.topics import (
 _KEEP = {
     "type", "properties", "required", "items", "enum", "default", "description", "pattern",
     "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "additionalProperties",
-    "format", "nullable",
+    "format", "nullable", "anyOf",
 }  # fmt: skip
 
 
@@ -48,7 +48,7 @@ def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _structural(merged, defs, objects_default)
-    if "anyOf" in node:  # Optional[X]: X | null -> X (absent means default)
+    if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):  # Optional[X]: X | null -> X
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"cannot express union {node['anyOf']} in a structural schema")

@@ -5,7 +5,8 @@ on its headers, all of which must hold (no clause: every message). A clause name
 one operator. A header that is missing, or holds a value of another type than the clause's (the
 string "100" against the number 100), fails the clause; only `exists: false` holds then. Numbers
 compare as the decimal numbers their JSON text writes (100 equals 100.0); a boolean is not a
-number. A message without a subject fails every subject clause.
+number. `eq`, `in` and `notIn` take strings and whole numbers, `is` a boolean, and lt/lte/gt/gte
+any number. A message without a subject fails every subject clause.
 
 One model gives the CRD its schema and CEL rules (`dbq.api.crd`), the evaluator the pipes
 publish path runs and the tests take for the oracle (`dbq.contract.filters`), and the compiled
@@ -36,24 +37,27 @@ MAX_TEXT = 256  # characters of a string a clause compares with
 MAX_HEADER_CLAUSES = 16
 MAX_SUBJECT_CLAUSES = 4
 
-_SCALAR_TYPES = "type(self) == string || type(self) == int || type(self) == double || type(self) == bool"
-# A value of either type: a structural schema has no union, so the node keeps what it is given
-# and CEL checks it is a scalar.
+INT64 = (-(2**63), 2**63 - 1)
+# A value `eq`, `in` and `notIn` compare with: text or a whole number. A structural schema has no
+# other union the API server's CEL can type, so booleans have their own operator (`is`), and
+# fractions are compared with lt/lte/gt/gte.
 _SCALAR_SCHEMA: dict[str, Any] = {
-    "description": 'A string, a number or a boolean; "100" and 100 are different values.',
-    "x-kubernetes-preserve-unknown-fields": True,
-    "x-kubernetes-validations": [
-        {"rule": _SCALAR_TYPES, "message": "a filter value is a string, a number or a boolean"},
-    ],
+    "description": 'A string or a whole number; "100" and 100 are different values.',
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "maxLength": MAX_TEXT,
 }
-Scalar = Annotated[StrictStr | StrictInt | StrictFloat | StrictBool, WithJsonSchema(_SCALAR_SCHEMA)]
+Scalar = Annotated[
+    Annotated[StrictStr, Field(max_length=MAX_TEXT)] | Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])],
+    WithJsonSchema(_SCALAR_SCHEMA),
+]
 Number = Annotated[StrictInt | StrictFloat, WithJsonSchema({"type": "number"})]
 Values = Annotated[list[Scalar], Field(min_length=1, max_length=MAX_VALUES)]
 Texts = Annotated[
     list[Annotated[str, Field(max_length=MAX_TEXT)]], Field(min_length=1, max_length=MAX_VALUES)
 ]
 
-HEADER_OPERATORS = ("eq", "in", "notIn", "prefix", "exists", "lt", "lte", "gt", "gte")
+HEADER_OPERATORS = ("eq", "in", "notIn", "prefix", "exists", "is", "lt", "lte", "gt", "gte")
 SUBJECT_OPERATORS = ("eq", "in", "notIn", "prefix")
 
 
@@ -76,7 +80,9 @@ class HeaderClause(Model):
     key: Annotated[str, Field(pattern=KEY_PATTERN.pattern, max_length=MAX_KEY_LENGTH)] = Field(
         description=f"The header the clause tests: {KEY_HINT}."
     )
-    eq: Scalar | None = Field(default=None, description="Holds when the header equals this value.")
+    eq: Scalar | None = Field(
+        default=None, description="Holds when the header equals this value (a string or a whole number)."
+    )
     in_: Values | None = Field(
         default=None, alias="in", description="Holds when the header equals one of these."
     )
@@ -89,6 +95,9 @@ class HeaderClause(Model):
     )
     exists: bool | None = Field(
         default=None, description="true: holds when the header is present; false: when it is absent."
+    )
+    is_: StrictBool | None = Field(
+        default=None, alias="is", description="Holds when the header is the boolean true (or false)."
     )
     lt: Number | None = Field(default=None, description="Holds when the header is a number below this one.")
     lte: Number | None = Field(
@@ -136,16 +145,17 @@ class Filter(Model):
 
 
 def operator_of(clause: HeaderClause | SubjectClause) -> tuple[str, Any]:
-    """The clause's one operator (its name as written in the resource) and its operand."""
+    """The clause's one operator and its operand, as the evaluators take them: `is` is `eq` on a
+    boolean (a value of another type never equals it)."""
     for name in HEADER_OPERATORS:
         value = getattr(clause, _attribute(name), None)
         if value is not None:
-            return name, value
+            return ("eq", value) if name == "is" else (name, value)
     raise AssertionError("a clause has one operator: checked when it was made")
 
 
 def _attribute(operator: str) -> str:
-    return {"in": "in_", "notIn": "not_in"}.get(operator, operator)
+    return {"in": "in_", "notIn": "not_in", "is": "is_"}.get(operator, operator)
 
 
 def _check_operators(clause: HeaderClause | SubjectClause, operators: tuple[str, ...], where: str) -> None:
