@@ -108,16 +108,16 @@ class OdbcTopic(OdbcBackend):
     def _in_force(self, cur: pyodbc.Cursor, sql: PgTopic) -> int | None:
         """The rules version when the recorded rules are the target's and its routine exists."""
         names = self.target.names
-        if not cur.execute(sql.has_tables(), names.schema).fetchval():
+        if not int(cur.execute(sql.has_current_tables(), names.schema, names.schema).fetchval()):
             return None
         found = cur.execute(sql.recorded_topic(), names.topic).fetchone()
         if found is None:
             return None
         version, unrouted, routine = found
         rows = cur.execute(sql.recorded_rules(), names.topic).fetchall()
-        recorded = {(str(s), str(q), _canonical(json.loads(f)), str(o)) for s, _, q, f, o in rows}
+        recorded = {(str(s), str(q), _canonical(json.loads(f)), str(o), str(n)) for s, _, q, f, o, n in rows}
         wanted = {
-            (r.subscription, r.queue.qualified, _canonical(r.filter.wire()), r.on_full)
+            (r.subscription, r.queue.qualified, _canonical(r.filter.wire()), r.on_full, r.label)
             for r in self.target.routes
         }
         same_unrouted = (unrouted or None) == (

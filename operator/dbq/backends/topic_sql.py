@@ -104,8 +104,8 @@ class PgTopic:
         """The block `name` of topic_routes.sql for the route at `index` (from 1), filled in."""
         values = {
             "index": index,
-            "subscription": route.subscription,
-            "subscription_text": pg_text(route.subscription + "="),
+            "subscription": route.shown,
+            "subscription_text": pg_text(route.shown + "="),
             "queue": route.queue.qualified,
             "ordinal": int(route.ordinal),
             "push": self._routine(route.queue, "push"),
@@ -136,17 +136,18 @@ class PgTopic:
         ]
         for r in self.target.routes:
             out.append((
-                f"INSERT INTO {self.subscriptions} (topic, subscription, ordinal, queue, filter, on_full)"
-                " VALUES (?, ?, ?, ?, CAST(? AS jsonb), ?)",
-                [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full],
+                f"INSERT INTO {self.subscriptions} (topic, subscription, ordinal, queue, filter, on_full, label)"
+                " VALUES (?, ?, ?, ?, CAST(? AS jsonb), ?, ?)",
+                [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full,
+                 r.label or None],
             ))  # fmt: skip
         return out
 
     def recorded_rules(self) -> str:
-        """(subscription, ordinal, queue, filter as JSON text, on_full) of the topic's recorded
-        rules (parameter: the topic)."""
+        """(subscription, ordinal, queue, filter as JSON text, on_full, label or '') of the topic's
+        recorded rules (parameter: the topic)."""
         return (
-            f"SELECT subscription, ordinal, queue, filter::text, on_full FROM {self.subscriptions}"
+            f"SELECT subscription, ordinal, queue, filter::text, on_full, coalesce(label, '') FROM {self.subscriptions}"
             " WHERE topic = ? ORDER BY ordinal"
         )
 
@@ -185,6 +186,15 @@ class PgTopic:
         """1 when the schema (parameter) has the topic tables, else 0 (psqlODBC answers a boolean
         as the text '0' or '1')."""
         return f"SELECT CASE WHEN to_regclass(quote_ident(?) || '.{TOPICS_TABLE}') IS NULL THEN 0 ELSE 1 END"
+
+    def has_current_tables(self) -> str:
+        """1 when the schema (parameter, twice) has the topic tables as this version makes them
+        (the subscriptions' label column came later), else 0."""
+        return (
+            f"SELECT CASE WHEN to_regclass(quote_ident(?) || '.{TOPICS_TABLE}') IS NULL THEN 0"
+            " WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attname = 'label'"
+            f" AND attrelid = to_regclass(quote_ident(?) || '.{SUBSCRIPTIONS_TABLE}')) THEN 1 ELSE 0 END"
+        )
 
     def drop(self, ordinals: list[int]) -> list[tuple[str, list[object]]]:
         """The statements (with their parameters) that drop the routines, the counters (those of

@@ -14,6 +14,7 @@ commits (a publish that waited on a change is refused with SQLSTATE 40001 and ma
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from dbq.api.filters import Filter
@@ -26,6 +27,7 @@ SUBSCRIPTIONS_TABLE = "dbq_subscriptions"  # per schema: the rules of each topic
 # SQLSTATE (configuration_limit_exceeded): no queue gets a copy.
 FULL_STATE = "53400"
 ON_FULL = ("Reject", "Drop")
+LABEL_PATTERN = r"[a-z][a-z0-9_-]{0,62}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ class TopicNames:
 class Route:
     """One subscription: its name, its queue (in the topic's database) and filter, and what to do
     when that queue is full. `ordinal` numbers it within the topic for good (its counters);
-    `ring_size` is its queue's (read from the queue's metadata when the topic is applied)."""
+    `ring_size` is its queue's (read from the queue's metadata when the topic is applied).
+    `label` is the name a publish answers with (the Subscription's metadata.name), when it is not
+    `subscription`, the name of its objects."""
 
     subscription: str
     queue: QueueNames
@@ -88,11 +92,21 @@ class Route:
     on_full: str = "Reject"
     ordinal: int = 0
     ring_size: int = 0
+    label: str = ""
 
     def __post_init__(self) -> None:
         check_identifier(self.subscription, "subscription name")
         if self.on_full not in ON_FULL:
             raise ValueError(f"onFull is Reject or Drop, not {self.on_full!r}")
+        if self.label and not re.fullmatch(LABEL_PATTERN, self.label):
+            raise ValueError(
+                f"a subscription's label is a Kubernetes name ({LABEL_PATTERN}), not {self.label!r}"
+            )
+
+    @property
+    def shown(self) -> str:
+        """The name a publish answers with, and errors name."""
+        return self.label or self.subscription
 
 
 @dataclass(frozen=True)

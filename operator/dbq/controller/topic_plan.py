@@ -120,7 +120,7 @@ def _bind(subscription: Resource, spec: TopicSpec, queues: Mapping[str, Resource
         except ValueError as e:
             raise InvalidSpec(str(e)) from None
         queue = _queue("spec.queue", parsed.queue, spec, queues)
-        route = Route(name, queue, parsed.filter, parsed.on_full)
+        route = Route(name, queue, parsed.filter, parsed.on_full, label=binding.subscription)
     except DbqError as e:
         return Binding(binding.subscription, binding.queue, binding.generation, problem=e)
     return Binding(binding.subscription, binding.queue, binding.generation, route=route)

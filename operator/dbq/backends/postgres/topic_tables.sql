@@ -14,5 +14,8 @@ CREATE TABLE IF NOT EXISTS {subscriptions} (
   queue text NOT NULL,
   filter jsonb NOT NULL,
   on_full text NOT NULL,
+  label text,  -- the Subscription's name, when it is not `subscription`
   PRIMARY KEY (topic, subscription)
 )
+--;;
+ALTER TABLE {subscriptions} ADD COLUMN IF NOT EXISTS label text
