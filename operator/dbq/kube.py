@@ -119,10 +119,13 @@ class Kube:
         return cast(dict[str, Any], found)
 
     def list_namespaced(self, plural: str, namespace: str) -> list[dict[str, Any]]:
-        """dbq's resources of one kind (`plural`) in one namespace."""
+        """dbq's resources of one kind (`plural`) in one namespace; none when the kind's CRD is not
+        installed (a cluster that has only Queues)."""
         try:
             found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
         except ApiException as e:
+            if e.status == 404:
+                return []
             raise _failed(e, f"the {plural} of namespace {namespace}") from None
         return list(cast(dict[str, Any], found)["items"])
 
