@@ -74,7 +74,10 @@ def wanted() -> dict[Path, str]:
     )
     return {
         CHART / "Chart.yaml": chart_yaml((CHART / "Chart.yaml").read_text(), package_version()),
-        **{CHART / "crds" / f"{kind}.yaml": (ROOT / "crds" / f"{kind}.yaml").read_text() for kind in CRD_KINDS},
+        **{
+            CHART / "crds" / f"{kind}.yaml": (ROOT / "crds" / f"{kind}.yaml").read_text()
+            for kind in CRD_KINDS
+        },
         CHART / "README.md": chart_readme(),
         MANIFESTS / "base" / "operator.yaml": dump(
             render(show_only=("serviceaccount.yaml", "deployment.yaml", "pdb.yaml", "service.yaml"))

@@ -97,7 +97,12 @@ def test_publish_routes_by_the_subscriptions_and_status_counts_it(shop, kube):
         none = publisher.publish(
             b"us-small", headers={"region": "us", "amount": "5000"}
         )  # text: not a number
-    assert set(both) == {"eu", "big-spend"} and set(eu) == {"eu"} and set(big) == {"big-spend"} and set(none) == {""}
+    assert (
+        set(both) == {"eu", "big-spend"}
+        and set(eu) == {"eu"}
+        and set(big) == {"big-spend"}
+        and set(none) == {""}
+    )
     assert bodies(postgres, schema, "eu_orders") == [b"eu-big", b"eu-small"]
     assert bodies(postgres, schema, "big_orders") == [b"eu-big", b"us-big"]
     assert bodies(postgres, schema, "unrouted") == [b"us-small"]
@@ -114,6 +119,39 @@ def test_publish_routes_by_the_subscriptions_and_status_counts_it(shop, kube):
     shown = subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", cluster.ns, "get", "topics,subscriptions"],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "PUBLISHED" in shown and "UNROUTED" in shown and "ROUTED" in shown and "DROPPED" in shown, shown
+
+
+def test_the_dbq_topics_spark_source_reads_topics_and_subscriptions_with_their_counts(shop, kube, spark):
+    from dbq.spark import register
+
+    cluster, _, _ = shop
+    cluster.of("subscriptions").create(subscription("orphan", "no-topic", "eu-orders"))
+    with connect_topic_resource("orders", cluster.ns, api_client=cluster.api) as publisher:
+        publisher.publish_many([b"a", b"b", b"c"], headers={"region": "eu", "amount": 2000})
+    topics = cluster.of("topics")
+    wait_for(
+        lambda: (topics.get("orders").get("status") or {}).get("published") == 3 or None, 30, "the counts"
+    )
+    wait_for(
+        lambda: cluster.of("subscriptions").get("big-spend")["status"].get("routed") == 3 or None,
+        30,
+        "routed",
+    )
+    register(spark)
+    df = (
+        spark.read.format("dbq-topics")
+        .option("kubeconfig", kube.kubeconfig)
+        .option("namespace", cluster.ns)
+        .load()
+    )
+    rows = {(r["topic"], r["subscription"]): r for r in df.collect()}
+    assert set(rows) == {("orders", "eu"), ("orders", "big-spend"), ("no-topic", "orphan")}
+    eu, big, orphan = rows["orders", "eu"], rows["orders", "big-spend"], rows["no-topic", "orphan"]
+    assert eu["ready"] is True and eu["published"] == 3 and eu["unrouted"] == 0 and eu["rules_version"] >= 1
+    assert (eu["queue"], eu["routed"], eu["subscription_ready"]) == ("eu-orders", 3, True)
+    assert (big["on_full"], big["routed"], big["dropped"]) == ("Drop", 3, 0)
+    assert orphan["ready"] is None and orphan["backend"] is None
+    assert orphan["subscription_ready"] is False and orphan["subscription_reason"] == "TopicNotFound"
 
 
 def test_a_subscription_added_changed_and_removed_changes_the_routing(shop):

@@ -88,19 +88,27 @@ class Kube:
 
     def list_queues(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
         """The Queues of one namespace, or of every namespace these credentials may list."""
+        return self.list_resources(PLURAL, namespace, label_selector)
+
+    def list_resources(self, plural: str, namespace: str | None = None, label_selector: str = ""
+                       ) -> list[dict[str, Any]]:  # fmt: skip
+        """dbq's resources of one kind (`plural`: queues, topics, subscriptions), of one namespace
+        or of every namespace these credentials may list; none when the kind's CRD is not
+        installed (a cluster that has only Queues)."""
         try:
             if namespace:
                 found = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, label_selector=label_selector
+                    GROUP, VERSION, namespace, plural, label_selector=label_selector
                 )
             else:
                 found = self.custom.list_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, label_selector=label_selector
+                    GROUP, VERSION, plural, label_selector=label_selector
                 )
         except ApiException as e:
-            raise _failed(
-                e, f"the Queues of {f'namespace {namespace}' if namespace else 'every namespace'}"
-            ) from None
+            if e.status == 404:
+                return []
+            where = f"namespace {namespace}" if namespace else "every namespace"
+            raise _failed(e, f"the {plural} of {where}") from None
         return list(cast(dict[str, Any], found)["items"])
 
     def patch_queue_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -117,17 +125,6 @@ class Kube:
                 return None
             raise _failed(e, f"{plural} {namespace}/{name}") from None
         return cast(dict[str, Any], found)
-
-    def list_namespaced(self, plural: str, namespace: str) -> list[dict[str, Any]]:
-        """dbq's resources of one kind (`plural`) in one namespace; none when the kind's CRD is not
-        installed (a cluster that has only Queues)."""
-        try:
-            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
-        except ApiException as e:
-            if e.status == 404:
-                return []
-            raise _failed(e, f"the {plural} of namespace {namespace}") from None
-        return list(cast(dict[str, Any], found)["items"])
 
     def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A JSON merge patch of the status subresource of one of dbq's resources; a resource

@@ -75,7 +75,7 @@ class TopicSync:
         out = Synced()
         found = self.kube.find(TOPIC_PLURAL, namespace, topic)
         subscriptions = [
-            s for s in subscribers(topic, self.kube.list_namespaced(SUBSCRIPTION_PLURAL, namespace))
+            s for s in subscribers(topic, self.kube.list_resources(SUBSCRIPTION_PLURAL, namespace))
             if not deleting(s)
         ]  # fmt: skip
         if found is None or deleting(found):
@@ -119,7 +119,7 @@ class TopicSync:
             out = Synced()
             users = [
                 s["metadata"]["name"]
-                for s in subscribers(topic, self.kube.list_namespaced(SUBSCRIPTION_PLURAL, namespace))
+                for s in subscribers(topic, self.kube.list_resources(SUBSCRIPTION_PLURAL, namespace))
                 if not deleting(s)
             ]
             if users and not force:
@@ -150,12 +150,12 @@ class TopicSync:
         """The Topics that route to the Queue `queue` (by a Subscription or as unrouted queue)."""
         routed = {
             str(s["spec"].get("topic"))
-            for s in self.kube.list_namespaced(SUBSCRIPTION_PLURAL, namespace)
+            for s in self.kube.list_resources(SUBSCRIPTION_PLURAL, namespace)
             if (s.get("spec") or {}).get("queue") == queue
         }
         routed |= {
             t["metadata"]["name"]
-            for t in self.kube.list_namespaced(TOPIC_PLURAL, namespace)
+            for t in self.kube.list_resources(TOPIC_PLURAL, namespace)
             if (t.get("spec") or {}).get("unroutedQueue") == queue
         }
         return sorted(routed)
