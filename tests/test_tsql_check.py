@@ -14,6 +14,7 @@ from dbq.names import QueueNames
 from tests import tsql_check
 from tests.test_broker_sql import statements as broker_statements
 from tests.test_sql_dialects import TARGET, render
+from tests.test_topic_tsql import rendered as topic_statements
 
 PLANTED = {
     "applock-unchecked": [
@@ -76,7 +77,7 @@ def test_the_correct_forms_pass(statement):
 def rendered() -> dict[str, str]:
     """Everything dbq renders for SQL Server: the ring's steps, procedures (archive on and off,
     dead letters kept by another queue), calls, reads, locks and maintenance; Service Broker's
-    steps, checks, cleanup, teardown and client statements."""
+    steps, checks, cleanup, teardown and client statements; a topic's tables and procedure."""
     ring = MsRing(TARGET)
     out = {
         f"ring {i}: {s.splitlines()[0][:50]}": s
@@ -89,6 +90,7 @@ def rendered() -> dict[str, str]:
     ):
         out |= {f"{name} {i}": s for i, s in enumerate(variant.create_routines())}
     out |= {f"broker {name}": s for name, s in broker_statements().items()}
+    out |= {f"topic {i}": s.split(" -- [")[0] for i, s in enumerate(topic_statements())}
     return out
 
 

@@ -18,13 +18,13 @@ TABLES = load_template("dbq.backends.postgres", "topic_tables.sql")
 ROUTINES = load_template("dbq.backends.postgres", "topic_routines.sql")
 
 
-def _blocks(template: str) -> dict[str, str]:
-    """The `-- block: name` parts of topic_routes.sql, by name."""
+def template_blocks(template: str) -> dict[str, str]:
+    """The `-- block: name` parts of a template, by name (each up to the next block)."""
     parts = re.split(r"^-- block: ([a-z_]+)\n", template, flags=re.MULTILINE)
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-BLOCKS = _blocks(load_template("dbq.backends.postgres", "topic_routes.sql"))
+BLOCKS = template_blocks(load_template("dbq.backends.postgres", "topic_routes.sql"))
 
 
 class PgTopic:
