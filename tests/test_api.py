@@ -90,3 +90,17 @@ def test_crd_is_structural_and_carries_the_admission_rules():
     }
     assert doc["spec"]["names"]["shortNames"] == ["dbq"]
     assert version["subresources"] == {"status": {}}
+
+
+def test_the_topic_example_is_valid_for_the_models():
+    from dbq.api.topics import SubscriptionResource, TopicResource, subscription_name, topic_name
+
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "examples" / "topic-orders.yaml").read_text()))
+    kinds = {"Topic": TopicResource, "Subscription": SubscriptionResource, "Queue": QueueResource}
+    parsed = [kinds[d["kind"]].model_validate(d) for d in docs]
+    topics = [p for p in parsed if isinstance(p, TopicResource)]
+    subscriptions = [p for p in parsed if isinstance(p, SubscriptionResource)]
+    queues = {p.name for p in parsed if isinstance(p, QueueResource)}
+    assert [topic_name(t.metadata["name"], t.spec) for t in topics] == ["orders"]
+    assert {s.spec.queue for s in subscriptions} | {topics[0].spec.unrouted_queue} == queues
+    assert {subscription_name(s.metadata["name"]) for s in subscriptions} == {"eu_fulfilment", "fraud_review"}

@@ -198,7 +198,7 @@ class SubscriptionStatus(Model):
 
 
 class TopicResource(Model):
-    """A whole Topic manifest, as `dbq apply -f` reads it."""
+    """A whole Topic manifest, checked as the API server checks it (the examples are)."""
 
     model_config = ConfigDict(extra="ignore")
     api_version: Literal["dbq.dev/v1alpha1"]
@@ -208,7 +208,7 @@ class TopicResource(Model):
 
 
 class SubscriptionResource(Model):
-    """A whole Subscription manifest, as `dbq apply -f` reads it."""
+    """A whole Subscription manifest, checked as the API server checks it (the examples are)."""
 
     model_config = ConfigDict(extra="ignore")
     api_version: Literal["dbq.dev/v1alpha1"]
