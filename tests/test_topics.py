@@ -121,6 +121,21 @@ def test_each_message_reaches_the_queues_whose_filters_match_it(topics):
     assert sql(eu, f"SELECT last_value FROM {SCHEMA}.{names.unrouted}") == len(expected[""])
 
 
+def test_routes_past_one_group_of_eight_are_each_taken_when_they_match(topics):
+    made, make_queue = topics
+    queues = [make_queue() for _ in range(20)]
+    # 20 partitions (3 groups of routes), and one route in the last group that takes every message
+    routes = [route(f"p{i}", q, flt({"key": "p", "eq": i})) for i, q in enumerate(queues[:19])]
+    topic, _ = made.make([*routes, route("every", queues[19], flt())])
+    for p in (0, 7, 8, 15, 16, 18, 19):
+        assert set(topic.publish(b"%d" % p, headers={"p": p})) == ({f"p{p}"} if p < 19 else set()) | {"every"}
+    answers = topic.publish_many([b"m%d" % p for p in range(20)], headers=[{"p": p} for p in range(20)])
+    assert [set(a) - {"every"} for a in answers] == [{f"p{p}"} for p in range(19)] + [set()]
+    assert [len(drain(q)) for q in queues] == [2 if p in (0, 7, 8, 15, 16, 18) else 1 for p in range(19)] + [
+        27
+    ]
+
+
 def test_publish_many_routes_each_message_as_publish_does_in_one_transaction(topics):
     made, make_queue = topics
     eu, big, rest = (make_queue() for _ in range(3))

@@ -51,7 +51,8 @@ class TopicNames:
 
     @property
     def in_force(self) -> str:
-        """The routine the publish routines call first: the rules they were made from still hold."""
+        """A routine of earlier versions (its check is now inside the publish routines): dropped
+        with the topic."""
         return f"{self.topic}_in_force"
 
     @property

@@ -5,10 +5,10 @@
 -- counters, and the free slots of its ring (blocks `room` are written for Reject routes).
 -- block: room
   -- Reject: a full queue refuses the message before any queue draws a position for it (a
-  -- position drawn in a transaction that rolls back is a hole its consumers wait on). With one
-  -- copy to make there is nothing to check: a push into a full ring draws nothing. (Nested: a
+  -- position drawn in a transaction that rolls back is a hole its consumers wait on). Made only
+  -- with more than one copy to make: a push into a full ring draws nothing. (Nested: a
   -- condition with a query runs the executor even when the first part says no.)
-  IF v_m[{index}] AND v_copies > 1 THEN
+  IF v_m[{index}] THEN
     IF {free} < 1 THEN
       RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
         USING ERRCODE = '53400';

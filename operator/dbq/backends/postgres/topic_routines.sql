@@ -8,6 +8,8 @@
 -- them is full and says onFull: Reject (SQLSTATE 53400). The copies keep the body and headers;
 -- the subject travels in the headers (dbq-subject), put there by the client. A message no
 -- subscription matched goes to the unrouted queue when the topic has one (its id under '').
+-- Both first check that the rules they were made from are still in force (a change takes the
+-- topic's lock exclusively, replaces them and moves the version on before it lets go).
 -- publish_many does the same for several messages (bodies end to end, their lengths, a JSON
 -- array of headers and one of subjects), one push_many per subscription, and answers each
 -- message's copies, separated by ';'.
@@ -15,30 +17,18 @@ CREATE SEQUENCE IF NOT EXISTS {n_published}
 --;;
 CREATE SEQUENCE IF NOT EXISTS {n_unrouted}
 --;;
-CREATE OR REPLACE FUNCTION {fn_in_force}() RETURNS void
-LANGUAGE plpgsql AS {tag}
-BEGIN
-  -- The rules the publish routines were made from (they are replaced with this one) must still
-  -- be in force: a change takes this lock exclusively, and moves the version on before it lets go.
-  PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
-  IF (SELECT rules_version FROM {topics} WHERE topic = {topic}) IS DISTINCT FROM {rules_version} THEN
-    RAISE EXCEPTION 'dbq: the subscriptions of topic {topic_name} changed while publishing: publish again'
-      USING ERRCODE = '40001';
-  END IF;
-END {tag}
---;;
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
-  v_m boolean[]; v_copies int; v_counted regclass[] := '{}';
+  v_m boolean[]; v_copies int; v_counted regclass[] := '{}'; v_c regclass; v_n bigint;
 BEGIN
-  PERFORM {fn_in_force}();
+{in_force}
   v_m := {matches};  -- each subscription's filter, in one expression
   v_copies := cardinality(array_positions(v_m, true));
 {rooms}
 {routes}
   IF v_copies = 0 THEN
-    PERFORM nextval('{n_unrouted}');
+    v_n := nextval('{n_unrouted}');
 -- if unrouted
     v_id := {unrouted_push}(p_body, p_ttl_ms, p_headers);
     IF v_id <= 0 THEN
@@ -48,9 +38,12 @@ BEGIN
     v_ids := v_ids || ('=' || v_id);
 -- end if
   END IF;
-  -- Counted once every copy is in (a Reject above raised before any count).
-  PERFORM nextval('{n_published}');
-  PERFORM nextval(c) FROM unnest(v_counted) c;
+  -- Counted once every copy is in (a Reject above raised before any count); assignments, not
+  -- PERFORM: an expression runs without a query of its own.
+  v_n := nextval('{n_published}');
+  FOREACH v_c IN ARRAY v_counted LOOP
+    v_n := nextval(v_c);
+  END LOOP;
   o_ids := array_to_string(v_ids, ',');
 END {tag}
 --;;
@@ -61,7 +54,7 @@ DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; 
   v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}';
 {declare_many}
 BEGIN
-  PERFORM {fn_in_force}();
+{in_force}
   SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), array_agg(n ORDER BY i)
   INTO v_bodies, v_lengths
   FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
