@@ -136,6 +136,28 @@ def test_routes_past_one_group_of_eight_are_each_taken_when_they_match(topics):
     ]
 
 
+def test_publish_in_the_caller_s_transaction_commits_and_rolls_back_with_its_writes(topics, postgres):
+    made, make_queue = topics
+    q = make_queue()
+    topic, _ = made.make([route("all", q, flt())])
+    table = f"{SCHEMA}.orders_{secrets.token_hex(3)}"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int)")
+        try:
+            for commit in (False, True):
+                with conn.transaction():
+                    conn.execute(f"INSERT INTO {table} VALUES (%s)", (int(commit),))
+                    assert set(topic.publish_in(conn, b"order %d" % commit, subject="order.created")) == {
+                        "all"
+                    }
+                    if not commit:
+                        raise psycopg.Rollback()  # the row and the copy go together
+            assert conn.execute(f"SELECT array_agg(id) FROM {table}").fetchone()[0] == [1]
+        finally:
+            conn.execute(f"DROP TABLE {table}")
+    assert [(m.body, m.headers) for m in drain(q)] == [(b"order 1", {"dbq-subject": "order.created"})]
+
+
 def test_publish_many_routes_each_message_as_publish_does_in_one_transaction(topics):
     made, make_queue = topics
     eu, big, rest = (make_queue() for _ in range(3))

@@ -57,6 +57,7 @@ class Topic:
         self.pool_size = pool_size
         self._statement = publish_statement(names)
         self._many_statement = publish_many_statement(names)
+        self._in_statement = self._statement.replace("?", "%s")  # psycopg's own placeholders
         self._idle: list[postgres.Connection] = []
         self._publishes: ByOptions[int, Publish, dict[str, int]] | None = None
         if smart_batching:
@@ -99,6 +100,28 @@ class Topic:
             for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
         ]
         return self._many(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
+
+    def publish_in(
+        self,
+        conn: psycopg.Connection[Any],
+        body: bytes,
+        *,
+        headers: Headers | None = None,
+        subject: str | None = None,
+        ttl: float | None = None,
+    ) -> dict[str, int]:
+        """Publish inside the caller's own transaction on `conn`, a psycopg connection to the
+        topic's database: the copies commit, or roll back, with the caller's own writes (an
+        outbox without the outbox table). Answers as `publish`. A publish refused because the
+        subscriptions changed under it (SQLSTATE 40001) leaves that transaction aborted: the
+        caller rolls back and makes it again."""
+        item = (_body(body), _stored_headers(headers, subject), subject)
+        ttl_ms = int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
+        try:
+            row = conn.execute(self._in_statement, (*item, ttl_ms)).fetchone()
+        except psycopg.Error as e:
+            raise self._translate(e) from None
+        return routed_ids(None if row is None or row[0] is None else str(row[0]))
 
     def _many(self, items: list[Publish], ttl_ms: int) -> list[dict[str, int]]:
         if not items:
