@@ -1,6 +1,7 @@
 """What routing at publish time costs on the local PostgreSQL: a topic with 1 to 64
 subscriptions, each its own ring queue, 4 publishers (one process each, single publishes of
-300 B with one header), in two shapes:
+300 B with one header; with --threads T, T threads each, whose single publishes the client
+batches as it does pushes: smart batching), in two shapes:
 
 - broadcast: every subscription matches every message (a copy in every queue);
 - partitioned: subscription i takes header `p` = i, and each message carries one p (1 of N).
@@ -12,6 +13,7 @@ messages, deliveries/s their copies.
 
     ~/.cache/dbq/venv/bin/python -m bench.fanout
     ~/.cache/dbq/venv/bin/python -m bench.fanout --seconds 10 --rounds 5 --subscriptions 1,8,64
+    ~/.cache/dbq/venv/bin/python -m bench.fanout --threads 4
 
 Writes nothing but its report (tee it to bench/results/fanout.txt).
 """
@@ -22,7 +24,9 @@ import argparse
 import os
 import random
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database, sampled
@@ -43,56 +47,82 @@ def filters(shape: str, n: int) -> list[dict[str, Any]]:
     return [{"headers": [{"key": "p", "eq": i}]} for i in range(n)]
 
 
-# --- workers, one process each (spawned): they add to `counter` until `stop` ----------------------
-def publish_worker(url: str, topic: str, shape: str, n: int, counter: Any, stop: Any) -> None:
+# --- workers, one process each (spawned): `threads` threads add to `counter` until `stop` ---------
+def in_threads(threads: int, once: Callable[[], Any], counter: Any, stop: Any) -> None:
+    """Call `once` in `threads` threads until `stop`, counting the calls that returned."""
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while not stop.is_set():
+            once()
+            with lock:
+                counter.value += 1
+
+    workers = [threading.Thread(target=loop) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def publish_worker(url: str, topic: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
     from dbq.client import QueueFull
     from dbq.client.topic import Topic
     from dbq.connection import from_url
     from dbq.contract.topics import TopicNames
 
-    t = Topic(from_url(url), TopicNames(SCHEMA, topic))
+    t = Topic(from_url(url), TopicNames(SCHEMA, topic), pool_size=threads)
     body = os.urandom(BODY)
-    done = 0
-    while not stop.is_set():
-        try:
-            t.publish(body, headers={"p": random.randrange(n) if shape == "partitioned" else 0})
-        except QueueFull:
-            continue
-        done += 1
-        counter.value = done
+
+    def once() -> None:
+        while True:
+            try:
+                t.publish(body, headers={"p": random.randrange(n) if shape == "partitioned" else 0})
+                return
+            except QueueFull:
+                continue
+
+    in_threads(threads, once, counter, stop)
 
 
-def by_hand_worker(url: str, shape: str, n: int, counter: Any, stop: Any) -> None:
-    """One transaction per message, one push call per matching queue."""
+def by_hand_worker(url: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
+    """One transaction per message, one push call per matching queue (a connection per thread)."""
     import psycopg
 
-    conn = psycopg.connect(url, autocommit=True)
+    local = threading.local()
     body = os.urandom(BODY)
-    done = 0
-    while not stop.is_set():
+
+    def once() -> None:
+        if not hasattr(local, "conn"):
+            local.conn = psycopg.connect(url, autocommit=True)
         p = random.randrange(n) if shape == "partitioned" else 0
         headers = f'{{"p":{p}}}'
         targets = [p] if shape == "partitioned" else range(n)
-        with conn.transaction():
+        with local.conn.transaction():
             for i in targets:
-                conn.execute(f'SELECT "{SCHEMA}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
-        done += 1
-        counter.value = done
+                local.conn.execute(f'SELECT "{SCHEMA}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
+
+    in_threads(threads, once, counter, stop)
 
 
-def push_worker(url: str, counter: Any, stop: Any) -> None:
+def push_worker(url: str, threads: int, counter: Any, stop: Any) -> None:
+    """Pushes with the same client settings a topic's publishes get: smart batching with threads."""
     from dbq.client import QueueFull, connect
 
-    q = connect(url, queue_name(0), schema=SCHEMA, smart_batching=False, push_timeout=0)
+    q = connect(
+        url, queue_name(0), schema=SCHEMA, smart_batching=threads > 1, push_timeout=0, pool_size=threads
+    )
     body = os.urandom(BODY)
-    done = 0
-    while not stop.is_set():
-        try:
-            q.push(body, headers={"p": 0})
-        except QueueFull:
-            continue
-        done += 1
-        counter.value = done
+
+    def once() -> None:
+        while True:
+            try:
+                q.push(body, headers={"p": 0})
+                return
+            except QueueFull:
+                continue
+
+    in_threads(threads, once, counter, stop)
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -143,6 +173,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of each run")
     p.add_argument("--subscriptions", default="1,2,4,8,16,32,64", help="subscription counts, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
+    p.add_argument("--threads", type=int, default=1, help="threads of each publisher process")
     a = p.parse_args()
     counts = [int(c) for c in a.subscriptions.split(",")]
     pg, url, _odbc = bench_database()
@@ -154,15 +185,17 @@ def main() -> None:
     )
     runs: dict[tuple[str, int, str], list[float]] = {}
     for round_ in range(1, a.rounds + 1):
-        runs.setdefault(("push", 1, "plain"), []).append(rate(push_worker, (url,), a.seconds))
+        runs.setdefault(("push", 1, "plain"), []).append(rate(push_worker, (url, a.threads), a.seconds))
         drain(url, 1)
         print(f"#{round_} plain push: {runs['push', 1, 'plain'][-1]:,.0f} /s", flush=True)
         for shape in ("broadcast", "partitioned"):
             for n in counts:
                 topic = make_topic(url, shape, n)
-                published = rate(publish_worker, (url, topic.target.names.topic, shape, n), a.seconds)
+                published = rate(
+                    publish_worker, (url, topic.target.names.topic, shape, n, a.threads), a.seconds
+                )
                 drain(url, n)
-                by_hand = rate(by_hand_worker, (url, shape, n), a.seconds)
+                by_hand = rate(by_hand_worker, (url, shape, n, a.threads), a.seconds)
                 drain(url, n)
                 topic.teardown()
                 topic.close()
@@ -180,7 +213,8 @@ def main() -> None:
             rows.append((shape, n, published, published * copies, by_hand, by_hand * copies))
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     print(
-        f"\n{PUBLISHERS} publishers, single publishes of {BODY} B, {a.seconds:g} s each; plain push {plain:,.0f} /s"
+        f"\n{PUBLISHERS} publishers of {a.threads} thread(s), single publishes of {BODY} B, {a.seconds:g} s each;"
+        f" plain push {plain:,.0f} /s"
     )
     print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
           f"{'deliveries':>12}{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip

@@ -119,8 +119,8 @@ AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTime
 
 
 def _definition(kind: str, plural: str, short_names: list[str], description: str, spec: dict[str, Any],
-                status: dict[str, Any], columns: list[dict[str, str]], root_rules: list[dict[str, str]]
-                ) -> dict[str, Any]:  # fmt: skip
+                status: dict[str, Any], columns: list[dict[str, str]], root_rules: list[dict[str, str]],
+                categories: tuple[str, ...] = ("all",)) -> dict[str, Any]:  # fmt: skip
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -134,7 +134,7 @@ def _definition(kind: str, plural: str, short_names: list[str], description: str
                 "kind": kind,
                 "listKind": f"{kind}List",
                 "shortNames": short_names,
-                "categories": ["all", "dbq"],
+                "categories": list(categories),
             },
             "versions": [
                 {
@@ -177,6 +177,8 @@ def crd() -> dict[str, Any]:
             {"name": "Pop/s", "type": "number", "jsonPath": ".status.stats.popRate"},
         ],
         ROOT_RULES,
+        # `kubectl get dbq NAME` names one Queue: the category holds no other kind.
+        categories=("all", "dbq"),
     )  # fmt: skip
 
 
