@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -124,7 +124,9 @@ def test_the_search_finds_a_spec_field_on_the_crd_reference(site, browser):
         """The results' links once the CRD reference is among them; None while they are still
         being rendered (a result replaced under the reading is read again)."""
         try:
-            hrefs = [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+            hrefs = [
+                a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")
+            ]
         except StaleElementReferenceException:
             return None
         return hrefs if any("reference/queue-spec/" in href for href in hrefs) else None
