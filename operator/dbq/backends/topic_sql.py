@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from dbq.backends.filter_sql import pg_predicate, pg_text
 from dbq.backends.ring_sql import load_template, render_template
@@ -28,6 +29,18 @@ BLOCKS = template_blocks(load_template("dbq.backends.postgres", "topic_routes.sq
 # Routes are tested in groups this large: a publish that matches none of a group skips it with
 # one test (partitioned routing over 64 subscriptions tests 8 groups, not 64 routes).
 GROUP = 8
+
+
+# The test of a group: publish's, whether a filter of it matched the message; publish_many's,
+# whether one matched any message of the batch.
+def single_guard(first: int, last: int) -> str:
+    return f"true = ANY (v_m[{first}:{last}])"
+
+
+def many_guard(first: int, last: int) -> str:
+    return f"v_hits && '{{{','.join(str(i) for i in range(first, last + 1))}}}'::int[]"
+
+
 # The first statements of both publish routines: the rules they were made from still hold.
 IN_FORCE = """\
   PERFORM pg_advisory_xact_lock_shared(hashtext({lock}));
@@ -54,13 +67,15 @@ class PgTopic:
         routes = self.target.routes
         unrouted = self.target.unrouted
         each = {name: "\n".join(self._block(name, i, r) for i, r in enumerate(routes, 1)) for name in BLOCKS}
-        each["publish"] = self._grouped("publish", "  ")
-        each["pick"] = self._grouped("pick", "    ")
+        each["publish"] = self._grouped("publish", "  ", single_guard)
+        each["pick"] = self._grouped("pick", "    ", single_guard)
+        for name in ("publish_many", "count_many"):
+            each[name] = self._grouped(name, "  ", many_guard)
         # A Reject route whose ring size is known refuses a message before any push draws.
         checked = [(i, r) for i, r in enumerate(routes, 1) if r.on_full == "Reject" and r.ring_size > 0]
         rooms = "\n".join(self._block("room", i, r) for i, r in checked)
         each["room"] = f"  IF v_copies > 1 THEN\n{rooms}\n  END IF;" if rooms else ""
-        each["room_many"] = "\n".join(self._block("room_many", i, r) for i, r in checked)
+        each["room_many"] = self._grouped("room_many", "  ", many_guard, dict(checked))
         predicates = ",\n    ".join(pg_predicate(r.filter, "v_h", "v_s") for r in routes)
         each["matches"] = f"ARRAY[\n    {predicates}]" if routes else "'{}'::boolean[]"
         values: dict[str, object] = {
@@ -101,17 +116,19 @@ class PgTopic:
         ]
         return made[:2] + counters + made[2:]
 
-    def _grouped(self, name: str, indent: str) -> str:
-        """Block `name` of every route, in groups of GROUP, each group run only when one of its
-        filters matched."""
+    def _grouped(self, name: str, indent: str, guard: Callable[[int, int], str],
+                 only: dict[int, Route] | None = None) -> str:  # fmt: skip
+        """Block `name` of every route (of `only`, when given), in groups of GROUP routes, each
+        group run only when `guard` (given the group's first and last route) says a route of it
+        matched."""
         routes = list(enumerate(self.target.routes, 1))
         groups = []
         for start in range(0, len(routes), GROUP):
             part = routes[start : start + GROUP]
-            body = "\n".join(self._block(name, i, r) for i, r in part)
-            groups.append(
-                f"{indent}IF true = ANY (v_m[{part[0][0]}:{part[-1][0]}]) THEN\n{body}\n{indent}END IF;"
-            )
+            body = "\n".join(self._block(name, i, r) for i, r in part if only is None or i in only)
+            if body:
+                test = guard(part[0][0], part[-1][0])
+                groups.append(f"{indent}IF {test} THEN\n{body}\n{indent}END IF;")
         return "\n".join(groups)
 
     def _routine(self, queue: QueueNames, verb: str) -> str:

@@ -51,7 +51,8 @@ CREATE OR REPLACE FUNCTION {fn_publish_many}(p_bodies bytea, p_lengths text, p_h
   p_ttl_ms bigint, OUT o_ids text)
 LANGUAGE plpgsql AS {tag}
 DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; v_n int; v_i int; v_j int;
-  v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}';
+  v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}'; v_c bigint;
+  v_hits int[] := '{}';
 {declare_many}
 BEGIN
 {in_force}
@@ -74,10 +75,11 @@ BEGIN
     v_m := {matches};
 {picks}
     IF NOT true = ANY (v_m) THEN v_unmatched := v_unmatched || v_i; END IF;
+    v_hits := v_hits || array_positions(v_m, true);  -- the routes with copies to make
   END LOOP;
 {rooms_many}
 {routes_many}
-  PERFORM nextval('{n_unrouted}') FROM unnest(v_unmatched);
+  FOR v_j IN 1..cardinality(v_unmatched) LOOP v_c := nextval('{n_unrouted}'); END LOOP;
 -- if unrouted
   IF cardinality(v_unmatched) > 0 THEN
     v_got := string_to_array({unrouted_push_many}(
@@ -95,7 +97,7 @@ BEGIN
     END LOOP;
   END IF;
 -- end if
-  PERFORM nextval('{n_published}') FROM generate_series(1, v_n);
+  FOR v_j IN 1..v_n LOOP v_c := nextval('{n_published}'); END LOOP;
 {counts_many}
   o_ids := array_to_string(v_out, ';');
 END {tag}
