@@ -50,16 +50,26 @@ IN_FORCE = """\
   END IF;"""
 
 
-class PgTopic:
-    def __init__(self, target: TopicTarget) -> None:
+class TopicSql:
+    """What a topic's SQL in either dialect starts from: its target, and its schema's names quoted
+    by the dialect's `quote`."""
+
+    def __init__(self, target: TopicTarget, quote: Callable[[str], str]) -> None:
         self.target = target
         self.names = target.names
+        self.quote = quote
         self.schema = quote(self.names.schema)
         self.topics = f"{self.schema}.{quote(TOPICS_TABLE)}"
         self.subscriptions = f"{self.schema}.{quote(SUBSCRIPTIONS_TABLE)}"
 
     def _q(self, name: str) -> str:
-        return f"{self.schema}.{quote(name)}"
+        """An object of the topic's schema."""
+        return f"{self.schema}.{self.quote(name)}"
+
+
+class PgTopic(TopicSql):
+    def __init__(self, target: TopicTarget) -> None:
+        super().__init__(target, quote)
 
     def statements(self, rules_version: int) -> list[str]:
         """The topic's counters and each subscription's, and the publish routines made for

@@ -14,9 +14,9 @@ import json
 
 from dbq.backends.filter_sql import ms_predicate, ms_text
 from dbq.backends.ring_sql import load_template, render_template
-from dbq.backends.topic_sql import template_blocks
+from dbq.backends.topic_sql import TopicSql, template_blocks
 from dbq.contract.broker import SEQUENCE_DRAWN
-from dbq.contract.topics import SUBSCRIPTIONS_TABLE, TOPIC_SCHEMA_VERSION, TOPICS_TABLE, Route, TopicTarget
+from dbq.contract.topics import TOPIC_SCHEMA_VERSION, Route, TopicTarget
 from dbq.names import QueueNames
 from dbq.names import ms_quote as quote
 
@@ -27,16 +27,9 @@ BLOCKS = template_blocks(_TEMPLATE)
 FULL_ERROR, CHANGED_ERROR = 51400, 51213
 
 
-class MsTopic:
+class MsTopic(TopicSql):
     def __init__(self, target: TopicTarget) -> None:
-        self.target = target
-        self.names = target.names
-        self.schema = quote(self.names.schema)
-        self.topics = f"{self.schema}.{quote(TOPICS_TABLE)}"
-        self.subscriptions = f"{self.schema}.{quote(SUBSCRIPTIONS_TABLE)}"
-
-    def _q(self, name: str) -> str:
-        return f"{self.schema}.{quote(name)}"
+        super().__init__(target, quote)
 
     def statements(self, rules_version: int) -> list[str]:
         """The tables, the topic's counters and each subscription's, and the publish procedure
