@@ -12,7 +12,7 @@ other subscription is left out of the routine, and its status says why; the othe
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -122,8 +122,8 @@ def _bind(subscription: Resource, spec: TopicSpec, queues: Mapping[str, Resource
         queue = _queue("spec.queue", parsed.queue, spec, queues)
         route = Route(name, queue, parsed.filter, parsed.on_full, label=binding.subscription)
     except DbqError as e:
-        return Binding(binding.subscription, binding.queue, binding.generation, problem=e)
-    return Binding(binding.subscription, binding.queue, binding.generation, route=route)
+        return replace(binding, problem=e)
+    return replace(binding, route=route)
 
 
 def plan_topic(name: str, spec_raw: Mapping[str, Any], subscriptions: Sequence[Resource],

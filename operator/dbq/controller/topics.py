@@ -2,7 +2,7 @@
 the resources: read them, plan (`dbq.controller.topic_plan`), apply, count, write.
 
 Every change to a topic (its Topic, a Subscription, one of their Queues going away) runs
-`sync_topic`, which reads the resources afresh under a lock held per topic in this process: the
+`TopicSync.sync`, which reads the resources afresh under a lock held per topic in this process: the
 last sync to run read everything the changes before it wrote, so the routine ends as the
 resources say, whatever order the handlers ran in. Across operators the database's own lock
 orders the changes (`dbq.backends.odbc_topic`).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dbq.api.topics import SUBSCRIPTION_PLURAL, TOPIC_PLURAL
@@ -22,7 +22,6 @@ from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.reconcile import Event, status_changes
 from dbq.controller.topic_plan import (
-    TopicPlan,
     deleting,
     failed_status,
     parse_topic,
@@ -51,11 +50,9 @@ def _lock(namespace: str, topic: str) -> threading.Lock:
 
 @dataclass
 class Synced:
-    """What a sync found: the error that stopped it (the caller retries), if any."""
+    """What a sync or deletion ended with: the error that stopped it (the caller retries), if any."""
 
     error: DbqError | None = None
-    plan: TopicPlan | None = None
-    events: list[tuple[str, Event]] = field(default_factory=list)  # (kind/name, event), as posted
 
 
 class TopicSync:
@@ -80,13 +77,12 @@ class TopicSync:
         ]  # fmt: skip
         if found is None or deleting(found):
             for s in subscriptions:
-                self._write(out, s, failed_status(topic_missing(s), _conditions(s), _generation(s)))
+                self._write(s, failed_status(topic_missing(s), _conditions(s), _generation(s)))
             return out
         generation = _generation(found)
         try:
             queues = {q["metadata"]["name"]: q for q in self.kube.list_queues(namespace)}
             plan = plan_topic(topic, found.get("spec") or {}, subscriptions, queues)
-            out.plan = plan
             backend = OdbcTopic(settings_for(plan.spec, namespace, self.read_secret), plan.target)
             try:
                 backend.apply()
@@ -96,16 +92,16 @@ class TopicSync:
                 backend.close()
         except DbqError as e:
             out.error = e
-            self._write(out, found, failed_status(e, _conditions(found), generation))
+            self._write(found, failed_status(e, _conditions(found), generation))
             for s in subscriptions:
-                self._write(out, s, failed_status(e, _conditions(s), _generation(s)))
+                self._write(s, failed_status(e, _conditions(s), _generation(s)))
             metrics.set_topic(namespace, topic, ready=False, counts=None)
             return out
         status = topic_status(plan, counts, _conditions(found), generation, endpoint, cond.now_iso())
-        self._write(out, found, status)
+        self._write(found, status)
         for binding in plan.bindings:
             s = next(s for s in subscriptions if s["metadata"]["name"] == binding.subscription)
-            self._write(out, s, subscription_status(binding, topic, counts, _conditions(s)))
+            self._write(s, subscription_status(binding, topic, counts, _conditions(s)))
         metrics.set_topic(
             namespace, topic, ready=cond.is_true(status["conditions"], cond.READY), counts=counts
         )
@@ -160,7 +156,7 @@ class TopicSync:
         }
         return sorted(routed)
 
-    def _write(self, out: Synced, resource: Resource, status: dict[str, Any]) -> None:
+    def _write(self, resource: Resource, status: dict[str, Any]) -> None:
         """Patch the fields of `status` that changed, and post the Events the change calls for."""
         current = dict(resource.get("status") or {})
         changed = status_changes(current, status)
@@ -170,7 +166,6 @@ class TopicSync:
         plural = TOPIC_PLURAL if resource.get("kind") == "Topic" else SUBSCRIPTION_PLURAL
         self.kube.patch_status(plural, meta["namespace"], meta["name"], changed)
         for event in _events(resource, current, status):
-            out.events.append((f"{resource.get('kind')}/{meta['name']}", event))
             self.post(resource, event)
 
 
