@@ -66,6 +66,20 @@ class TopicSql:
         """An object of the topic's schema."""
         return f"{self.schema}.{self.quote(name)}"
 
+    def rule_rows(self, filter_param: str) -> list[tuple[str, list[object]]]:
+        """The statements (with their parameters) that record the target's subscriptions in place of
+        the topic's recorded ones; `filter_param` is how the dialect takes a filter's JSON text."""
+        topic = self.names.topic
+        out: list[tuple[str, list[object]]] = [(f"DELETE FROM {self.subscriptions} WHERE topic = ?", [topic])]
+        for r in self.target.routes:
+            out.append((
+                f"INSERT INTO {self.subscriptions} (topic, subscription, ordinal, queue, filter, on_full, label)"
+                f" VALUES (?, ?, ?, ?, {filter_param}, ?, ?)",
+                [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full,
+                 r.label or None],
+            ))  # fmt: skip
+        return out
+
 
 class PgTopic(TopicSql):
     def __init__(self, target: TopicTarget) -> None:
@@ -121,8 +135,7 @@ class PgTopic(TopicSql):
         made = render_template(ROUTINES, values, {"unrouted": unrouted is not None})
         counters = [
             f"CREATE SEQUENCE IF NOT EXISTS {self._q(seq)}"
-            for r in routes
-            for seq in (self.names.routed(r.ordinal), self.names.dropped(r.ordinal))
+            for seq in self.names.route_counters(r.ordinal for r in routes)
         ]
         return made[:2] + counters + made[2:]
 
@@ -178,26 +191,13 @@ class PgTopic(TopicSql):
 
     def rows(self, rules_version: int) -> list[tuple[str, list[object]]]:
         """The statements (with their parameters) that record the topic and its rules."""
-        topic = self.names.topic
         unrouted = self.target.unrouted.qualified if self.target.unrouted else None
-        out: list[tuple[str, list[object]]] = [
-            (
-                f"INSERT INTO {self.topics} (topic, schema_version, rules_version, unrouted)"
-                f" VALUES (?, {TOPIC_SCHEMA_VERSION}, ?, ?)"
-                " ON CONFLICT (topic) DO UPDATE SET rules_version = EXCLUDED.rules_version,"
-                " unrouted = EXCLUDED.unrouted",
-                [topic, rules_version, unrouted],
-            ),
-            (f"DELETE FROM {self.subscriptions} WHERE topic = ?", [topic]),
-        ]
-        for r in self.target.routes:
-            out.append((
-                f"INSERT INTO {self.subscriptions} (topic, subscription, ordinal, queue, filter, on_full, label)"
-                " VALUES (?, ?, ?, ?, CAST(? AS jsonb), ?, ?)",
-                [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full,
-                 r.label or None],
-            ))  # fmt: skip
-        return out
+        topic_row = (
+            f"INSERT INTO {self.topics} (topic, schema_version, rules_version, unrouted)"
+            f" VALUES (?, {TOPIC_SCHEMA_VERSION}, ?, ?)"
+            " ON CONFLICT (topic) DO UPDATE SET rules_version = EXCLUDED.rules_version, unrouted = EXCLUDED.unrouted"
+        )
+        return [(topic_row, [self.names.topic, rules_version, unrouted]), *self.rule_rows("CAST(? AS jsonb)")]
 
     def recorded_rules(self) -> str:
         """(subscription, ordinal, queue, filter as JSON text, on_full, label or '') of the topic's
@@ -230,10 +230,8 @@ class PgTopic(TopicSql):
     def counters(self, ordinals: list[int]) -> str:
         """One row: published, unrouted, then routed and dropped of each subscription numbered in
         `ordinals` (in that order). A sequence never drawn from counts 0."""
-        sequences = [self.names.published, self.names.unrouted]
-        sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
         drawn = "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {})"
-        return "SELECT " + ", ".join(drawn.format(self._q(s)) for s in sequences)
+        return "SELECT " + ", ".join(drawn.format(self._q(s)) for s in self.names.counters(ordinals))
 
     def rules_version(self) -> str:
         return f"SELECT rules_version FROM {self.topics} WHERE topic = ?"
@@ -255,8 +253,6 @@ class PgTopic(TopicSql):
     def drop(self, ordinals: list[int]) -> list[tuple[str, list[object]]]:
         """The statements (with their parameters) that drop the routines, the counters (those of
         the subscriptions numbered `ordinals` too) and the topic's rows."""
-        sequences = [self.names.published, self.names.unrouted]
-        sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
         topic: list[object] = [self.names.topic]
         return [
             (f"DROP FUNCTION IF EXISTS {self._q(self.names.publish)}(bytea, text, text, bigint)", []),
@@ -265,7 +261,7 @@ class PgTopic(TopicSql):
                 [],
             ),
             (f"DROP FUNCTION IF EXISTS {self._q(self.names.in_force)}()", []),
-            *((f"DROP SEQUENCE IF EXISTS {self._q(s)}", []) for s in sequences),
+            *((f"DROP SEQUENCE IF EXISTS {self._q(s)}", []) for s in self.names.counters(ordinals)),
             (f"DELETE FROM {self.subscriptions} WHERE topic = ?", topic),
             (f"DELETE FROM {self.topics} WHERE topic = ?", topic),
         ]

@@ -15,6 +15,7 @@ commits (a publish that waited on a change is refused with SQLSTATE 40001 and ma
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dbq.api.filters import Filter
@@ -72,6 +73,14 @@ class TopicNames:
     def dropped(self, ordinal: int) -> str:
         """Sequence: copies skipped for that subscription, its queue full (onFull: Drop)."""
         return f"{self.topic}_s{int(ordinal)}_dropped"
+
+    def route_counters(self, ordinals: Iterable[int]) -> list[str]:
+        """The routed and dropped sequences of the subscriptions numbered `ordinals`, in that order."""
+        return [name for o in ordinals for name in (self.routed(o), self.dropped(o))]
+
+    def counters(self, ordinals: Iterable[int]) -> list[str]:
+        """Every sequence of the topic: published, unrouted, then `route_counters(ordinals)`."""
+        return [self.published, self.unrouted, *self.route_counters(ordinals)]
 
     @property
     def lock(self) -> str:

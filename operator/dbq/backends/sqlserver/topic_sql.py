@@ -10,8 +10,6 @@ grammar (`tests/test_sql_dialects.py`); the operator does not provision topics o
 
 from __future__ import annotations
 
-import json
-
 from dbq.backends.filter_sql import ms_predicate, ms_text
 from dbq.backends.ring_sql import load_template, render_template
 from dbq.backends.topic_sql import TopicSql, template_blocks
@@ -56,8 +54,7 @@ class MsTopic(TopicSql):
         made = render_template(PROCEDURES, values, {"unrouted": unrouted is not None})
         counters = [
             f"IF OBJECT_ID(N'{self._q(seq)}', N'SO') IS NULL CREATE SEQUENCE {self._q(seq)} AS bigint START WITH 1"
-            for r in routes
-            for seq in (self.names.routed(r.ordinal), self.names.dropped(r.ordinal))
+            for seq in self.names.route_counters(r.ordinal for r in routes)
         ]
         return made[:-1] + counters + made[-1:]
 
@@ -93,36 +90,23 @@ class MsTopic(TopicSql):
 
     def rows(self, rules_version: int) -> list[tuple[str, list[object]]]:
         """The statements (with their parameters) that record the topic and its rules."""
-        topic = self.names.topic
         unrouted = self.target.unrouted.qualified if self.target.unrouted else None
-        out: list[tuple[str, list[object]]] = [
-            (
-                f"MERGE {self.topics} WITH (HOLDLOCK) AS t USING (SELECT ? AS topic) AS s ON t.topic = s.topic"
-                f" WHEN MATCHED THEN UPDATE SET rules_version = ?, unrouted = ?"
-                f" WHEN NOT MATCHED THEN INSERT (topic, schema_version, rules_version, unrouted)"
-                f" VALUES (s.topic, {TOPIC_SCHEMA_VERSION}, ?, ?);",
-                [topic, rules_version, unrouted, rules_version, unrouted],
-            ),
-            (f"DELETE FROM {self.subscriptions} WHERE topic = ?", [topic]),
-        ]
-        for r in self.target.routes:
-            out.append((
-                f"INSERT INTO {self.subscriptions} (topic, subscription, ordinal, queue, filter, on_full, label)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [topic, r.subscription, r.ordinal, r.queue.qualified, json.dumps(r.filter.wire()), r.on_full,
-                 r.label or None],
-            ))  # fmt: skip
-        return out
+        topic_row = (
+            f"MERGE {self.topics} WITH (HOLDLOCK) AS t USING (SELECT ? AS topic) AS s ON t.topic = s.topic"
+            f" WHEN MATCHED THEN UPDATE SET rules_version = ?, unrouted = ?"
+            f" WHEN NOT MATCHED THEN INSERT (topic, schema_version, rules_version, unrouted)"
+            f" VALUES (s.topic, {TOPIC_SCHEMA_VERSION}, ?, ?);"
+        )
+        params: list[object] = [self.names.topic, rules_version, unrouted, rules_version, unrouted]
+        return [(topic_row, params), *self.rule_rows("?")]
 
     def drop(self, ordinals: list[int]) -> list[str]:
         """The statements that drop the procedure, the counters (those of the subscriptions
         numbered `ordinals` too) and the topic's rows."""
-        sequences = [self.names.published, self.names.unrouted]
-        sequences += [s for o in ordinals for s in (self.names.routed(o), self.names.dropped(o))]
         topic = ms_text(self.names.topic)
         return [
             f"DROP PROCEDURE IF EXISTS {self._q(self.names.publish)}",
-            *(f"DROP SEQUENCE IF EXISTS {self._q(s)}" for s in sequences),
+            *(f"DROP SEQUENCE IF EXISTS {self._q(s)}" for s in self.names.counters(ordinals)),
             f"IF OBJECT_ID(N'{self.subscriptions}', N'U') IS NOT NULL DELETE FROM {self.subscriptions} WHERE topic = {topic}",
             f"IF OBJECT_ID(N'{self.topics}', N'U') IS NOT NULL DELETE FROM {self.topics} WHERE topic = {topic}",
         ]
