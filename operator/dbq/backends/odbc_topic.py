@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pyodbc
 
@@ -82,7 +83,7 @@ class OdbcTopic(OdbcBackend):
         cost no transaction and keep their version."""
         names, sql = self.target.names, PgTopic(self.target)
         with self._errors():
-            version = self._in_force(self.conn.cursor(), sql)
+            version, _ = self._in_force(self.conn.cursor(), sql)
         if version is not None:
             return version
         with self._locked_transaction() as cur:
@@ -90,12 +91,10 @@ class OdbcTopic(OdbcBackend):
             for statement in sql.tables():
                 cur.execute(statement)
             cur.execute(TOPIC_LOCK, names.lock)  # publishes in flight end first; new ones wait
-            version = self._in_force(cur, sql)
+            version, recorded = self._in_force(cur, sql)
             if version is not None:  # made meanwhile, by another operator
                 return version
-            known = {
-                str(row[0]): int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
-            }
+            known = {str(row[0]): int(row[1]) for row in recorded}
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
             made = PgTopic(TopicTarget(names, routes, self.target.unrouted))
@@ -105,14 +104,15 @@ class OdbcTopic(OdbcBackend):
                 cur.execute(statement, *params)
         return version
 
-    def _in_force(self, cur: pyodbc.Cursor, sql: PgTopic) -> int | None:
-        """The rules version when the recorded rules are the target's and its routine exists."""
+    def _in_force(self, cur: pyodbc.Cursor, sql: PgTopic) -> tuple[int | None, list[Any]]:
+        """The rules version when the recorded rules are the target's and its routine exists (else
+        None), and the recorded rules (`PgTopic.recorded_rules` rows; none before the topic is made)."""
         names = self.target.names
         if not int(cur.execute(sql.has_current_tables(), names.schema, names.schema).fetchval()):
-            return None
+            return None, []
         found = cur.execute(sql.recorded_topic(), names.topic).fetchone()
         if found is None:
-            return None
+            return None, []
         version, unrouted, routine = found
         rows = cur.execute(sql.recorded_rules(), names.topic).fetchall()
         recorded = {(str(s), str(q), _canonical(json.loads(f)), str(o), str(n)) for s, _, q, f, o, n in rows}
@@ -123,7 +123,7 @@ class OdbcTopic(OdbcBackend):
         same_unrouted = (unrouted or None) == (
             self.target.unrouted.qualified if self.target.unrouted else None
         )
-        return int(version) if routine and same_unrouted and recorded == wanted else None
+        return (int(version) if routine and same_unrouted and recorded == wanted else None), rows
 
     def counts(self) -> TopicCounts | None:
         """The topic's counters as its recorded rules name them; None when it is not made."""
