@@ -232,7 +232,7 @@ def test_dbq_publish_prints_where_each_message_went(shop, kube):
 @pytest.mark.parametrize(
     ("kind", "doc", "words"),
     [
-        ("topics", topic("bad-backend", "s", backend="cassandra", design="pipes"), "topics are made on postgres ring"),
+        ("topics", topic("bad-backend", "s", backend="sqlserver", design="ring"), "sqlserver topics are not provided"),
         ("subscriptions", subscription("two-ops", "t", "q", filter={"headers": [{"key": "a", "eq": 1, "gt": 0}]}),
          "exactly one operator"),
         ("subscriptions", subscription("bad-value", "t", "q", filter={"headers": [{"key": "a", "eq": 1.5}]}),

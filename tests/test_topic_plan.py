@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dbq.backends.odbc_topic import TopicCounts
+from dbq.contract.topics import TopicCounts
 from dbq.controller.topic_plan import plan_topic, subscription_status, topic_status
 from dbq.errors import InvalidSpec
 
@@ -116,5 +116,8 @@ def test_statuses_of_a_bound_topic_and_subscription():
 
 
 def test_a_topic_on_another_backend_is_refused_naming_the_field():
-    with pytest.raises(InvalidSpec, match=r"spec\.backend: topics are made on postgres ring queues"):
-        plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "pipes"}, [], {})
+    with pytest.raises(InvalidSpec, match=r"spec\.backend and spec\.design: topics are made on postgres ring"):
+        plan_topic("orders", {**TOPIC, "backend": "sqlserver", "design": "ring"}, [], {})
+    with pytest.raises(InvalidSpec, match=r"\(backend: cassandra, design: pipes\)"):
+        plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "ring"}, [], {})
+    assert plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "pipes"}, [], {}).target.routes == ()

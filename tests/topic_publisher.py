@@ -1,4 +1,4 @@
-"""A publisher process for the topic crash test: publishes bodies `<prefix>-<n>` to a topic
+"""A publisher process for the topic crash tests (PostgreSQL and Cassandra): publishes bodies `<prefix>-<n>` to a topic
 until killed, singly or `--batch` at a time, writing `P <body>` to its log after each publish
 returns (so a body published and not yet logged is possible, never the reverse)."""
 
@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dbq.client.topic import Topic
-from dbq.connection import from_url
-from dbq.contract.topics import TopicNames
+from dbq.client import connect_topic
 
 
 def main() -> None:
@@ -21,7 +19,7 @@ def main() -> None:
     p.add_argument("--prefix", default="m")
     p.add_argument("--batch", type=int, default=1)
     a = p.parse_args()
-    topic = Topic(from_url(a.url), TopicNames(a.schema, a.topic))
+    topic = connect_topic(a.url, a.topic, schema=a.schema)
     n = 0
     with open(a.log, "a", buffering=1) as log:
         while True:

@@ -31,11 +31,12 @@ from dbq.api.status import Condition
 TOPIC_KIND, TOPIC_PLURAL = "Topic", "topics"
 SUBSCRIPTION_KIND, SUBSCRIPTION_PLURAL = "Subscription", "subscriptions"
 
-# Where a topic's publish routine is made today; the others are refused at admission, by name.
-TOPIC_BACKENDS = {"postgres": ("ring",)}
+# Where topics are made (backend -> designs); the others are refused at admission, by name.
+TOPIC_BACKENDS = {"postgres": ("ring",), "cassandra": ("pipes",)}
 TOPIC_BACKEND_HINT = (
-    "spec.backend: topics are made on postgres ring queues (backend: postgres, design: ring); sqlserver and"
-    " cassandra topics are not provided yet: publish to each queue with `push` there"
+    "spec.backend and spec.design: topics are made on postgres ring queues (backend: postgres, design: ring)"
+    " and on cassandra pipes queues (backend: cassandra, design: pipes); sqlserver topics are not provided"
+    " yet: publish to each queue with `push` there"
 )
 QueueRef = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
 
@@ -44,11 +45,14 @@ class TopicSpec(Model):
     backend: Annotated[
         Backend,
         Field(json_schema_extra=immutable("spec.backend", "create a new Topic on the other backend")),
-    ] = Field(description="The database of the topic and its subscribers' queues: postgres.")
+    ] = Field(description="The database of the topic and its subscribers' queues: postgres or cassandra.")
     design: Annotated[
         Design,
         Field(json_schema_extra=immutable("spec.design", "create a new Topic with the other design")),
-    ] = Field(default=Design.ring, description="The design of its subscribers' queues: ring.")
+    ] = Field(
+        default=Design.ring,
+        description="The design of its subscribers' queues: ring (postgres) or pipes (cassandra).",
+    )
     topic_name: Annotated[
         str | None,
         Field(

@@ -6,7 +6,7 @@ topic's lock exclusively, so publishes see the old rules or the new ones, never 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pyodbc
@@ -14,7 +14,7 @@ import pyodbc
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.topic_sql import PgTopic
 from dbq.connection import ConnectionSettings
-from dbq.contract.topics import Route, TopicTarget
+from dbq.contract.topics import Route, TopicCounts, TopicTarget
 from dbq.errors import InvalidSpec
 from dbq.names import QueueNames
 
@@ -48,18 +48,6 @@ def _sized(cur: pyodbc.Cursor, route: Route) -> Route:
             " create it (a Queue with the topic's backend and Secret), or bind the subscription to another"
         )
     return replace(route, ring_size=int(size))
-
-
-@dataclass
-class TopicCounts:
-    """A topic's counters: every sequence draws outside transactions, so a publish rolled back is
-    counted too."""
-
-    rules_version: int
-    published: int
-    unrouted: int
-    routed: dict[str, int] = field(default_factory=dict)  # by subscription
-    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def _canonical(flt: object) -> str:

@@ -2,23 +2,28 @@
 
 A topic is named by its Topic resource (`dbq publish orders -n shop`, read with the current
 kubeconfig together with its Secret) or by a database URL and the topic's name
-(`dbq publish orders --url postgresql://...`, or DBQ_URL in the environment).
+(`dbq publish orders --url postgresql://...` or `cassandra://...`, or DBQ_URL in the environment).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import uuid
+from typing import TYPE_CHECKING
 
 import click
 
 from dbq.cli.data import headers_of
-from dbq.client import Topic, connect_topic, connect_topic_resource
+from dbq.client import connect_topic, connect_topic_resource
 from dbq.client.waiting import seconds_arg
 from dbq.errors import DbqError
 
+if TYPE_CHECKING:
+    from dbq.client import AnyTopic
 
-def _opened(topic: str, url: str | None, schema: str | None, namespace: str | None) -> Topic:
+
+def _opened(topic: str, url: str | None, schema: str | None, namespace: str | None) -> AnyTopic:
     if url:
         return connect_topic(url, topic, schema=schema)
     from dbq.kube import current_namespace  # the kubernetes client: the `kube` extra
@@ -30,7 +35,7 @@ def _opened(topic: str, url: str | None, schema: str | None, namespace: str | No
 @click.argument("topic")
 @click.argument("messages", nargs=-1)
 @click.option("--url", envvar="DBQ_URL", help="Database URL; without it TOPIC is a Topic resource.")
-@click.option("--schema", default=None, help="Schema of the topic (with --url; default dbq).")
+@click.option("--schema", default=None, help="Schema (keyspace) of the topic (with --url; default dbq).")
 @click.option("--namespace", "-n", default=None, help="Namespace of the Topic resource.")
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 @click.option("--subject", "-s", default=None, help="The messages' subject (routing key).")
@@ -71,7 +76,8 @@ def publish(
     finally:
         publisher.close()
     if output == "json":
-        click.echo(json.dumps({"routed": routed}))
+        click.echo(json.dumps({"routed": [{name: str(i) if isinstance(i, uuid.UUID) else i for name, i in copies.items()}
+                                          for copies in routed]}))  # fmt: skip
         return
     for copies in routed:
         words = [f"{name or '(unrouted queue)'}={msg_id}" for name, msg_id in sorted(copies.items())]

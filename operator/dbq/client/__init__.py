@@ -35,6 +35,7 @@ from dbq.resource import SecretReader, parse_spec, settings_for
 
 __all__ = [
     "AnyQueue",
+    "AnyTopic",
     "ArchivedMessage",
     "BrokerMessage",
     "BrokerQueue",
@@ -48,6 +49,7 @@ __all__ = [
     "PipesQueue",
     "PipesRepair",
     "PipesStats",
+    "PipesTopic",
     "Queue",
     "QueueError",
     "QueueFull",
@@ -66,13 +68,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats
+    from dbq.client.pipes import PipeMessage, PipesQueue, PipesRepair, PipesStats, PipesTopic
 
     AnyQueue = Queue | PipesQueue | BrokerQueue
+    AnyTopic = Topic | PipesTopic
 
 # Cassandra's client loads with its driver, which the lean install leaves out (the `cassandra`
 # extra): `dbq.client.PipesQueue` and the others import it when first named.
-_PIPES_NAMES = ("PipeMessage", "PipesQueue", "PipesRepair", "PipesStats")
+_PIPES_NAMES = ("PipeMessage", "PipesQueue", "PipesRepair", "PipesStats", "PipesTopic")
 
 
 def __getattr__(name: str) -> Any:
@@ -84,11 +87,16 @@ def __getattr__(name: str) -> Any:
         from dbq.client.pipes import PipesQueue
 
         return Queue | PipesQueue | BrokerQueue
+    if name == "AnyTopic":
+        from dbq.client.pipes import PipesTopic
+
+        return Topic | PipesTopic
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 DEFAULT_SCHEMA = "dbq"
 PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl", "smart_batching")
+PIPES_TOPIC_OPTIONS = ("ttl", "smart_batching")
 
 
 def connect(
@@ -155,16 +163,25 @@ def _open(
     return Queue(settings, names, **options)
 
 
-def connect_topic(url: str, topic: str, *, schema: str | None = None, **options: Any) -> Topic:
+def connect_topic(url: str, topic: str, *, schema: str | None = None, **options: Any) -> AnyTopic:
     """A publisher of `topic` (its name, or its Topic resource's metadata.name with '-' as '_') at
-    `url` (postgresql://...). Options: ttl (seconds, the copies' default), timeout (seconds a
-    publish is made again while the subscriptions change), pool_size, smart_batching."""
-    return Topic(from_url(url), TopicNames(schema or DEFAULT_SCHEMA, queue_identifier(topic)), **options)
+    `url`: postgresql://... (`Topic`) or cassandra://... (`PipesTopic`, `schema` naming the
+    keyspace). Options: ttl (seconds, the copies' default), smart_batching; on PostgreSQL also
+    timeout (seconds a publish is made again while the subscriptions change) and pool_size."""
+    return _open_topic(from_url(url), TopicNames(schema or DEFAULT_SCHEMA, queue_identifier(topic)), options)
+
+
+def _open_topic(settings: ConnectionSettings, names: TopicNames, options: dict[str, Any]) -> AnyTopic:
+    if settings.backend == "cassandra":
+        from dbq.client.pipes import PipesTopic
+
+        return PipesTopic(settings, names, **{k: v for k, v in options.items() if k in PIPES_TOPIC_OPTIONS})
+    return Topic(settings, names, **options)
 
 
 def connect_topic_resource(
     name: str, namespace: str = "default", *, api_client: Any = None, **options: Any
-) -> Topic:
+) -> AnyTopic:
     """A publisher of the Topic resource `namespace/name`, read from the Kubernetes API with its
     Secret (in-cluster or kubeconfig credentials unless `api_client` is given)."""
     from dbq import kube  # the kubernetes client: the `kube` extra
@@ -183,4 +200,4 @@ def connect_topic_resource(
         names = TopicNames(spec.connection.schema_, topic_name(name, spec))
     except ValueError as e:
         raise InvalidSpec(f"Topic {namespace}/{name}: {e}") from None
-    return Topic(settings_for(spec, namespace, api.read_secret), names, **options)
+    return _open_topic(settings_for(spec, namespace, api.read_secret), names, options)

@@ -76,7 +76,7 @@ class Topic:
         """Route one message: its id in each subscription's queue that got a copy, by
         subscription ('' for the topic's queue of unrouted messages). A subscription whose queue
         is full and says onFull: Reject fails it whole (QueueFull; no queue got a copy)."""
-        item = (_body(body), _stored_headers(headers, subject), subject)
+        item = (body_bytes(body), stored_headers(headers, subject), subject)
         ttl_ms = int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
         if self._publishes is not None:
             return self._publishes(ttl_ms, item)
@@ -93,10 +93,10 @@ class Topic:
         """Route several messages in one round trip and one transaction: for each, what
         `publish` answers. `headers` and `subjects`: one for every message, or one per message."""
         count = len(bodies)
-        each_headers = _each(headers, count, "headers", Mapping)
-        each_subject = _each(subjects, count, "subjects", str)
+        each_headers = each_of(headers, count, "headers", Mapping)
+        each_subject = each_of(subjects, count, "subjects", str)
         items = [
-            (_body(b), _stored_headers(h, s), s)
+            (body_bytes(b), stored_headers(h, s), s)
             for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
         ]
         return self._many(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
@@ -115,7 +115,7 @@ class Topic:
         outbox without the outbox table). Answers as `publish`. A publish refused because the
         subscriptions changed under it (SQLSTATE 40001) leaves that transaction aborted: the
         caller rolls back and makes it again."""
-        item = (_body(body), _stored_headers(headers, subject), subject)
+        item = (body_bytes(body), stored_headers(headers, subject), subject)
         ttl_ms = int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
         try:
             row = conn.execute(self._in_statement, (*item, ttl_ms)).fetchone()
@@ -209,13 +209,13 @@ class Topic:
         self.close()
 
 
-def _body(body: object) -> bytes:
+def body_bytes(body: object) -> bytes:
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"a body is bytes, not {type(body).__name__}")
     return bytes(body)
 
 
-def _each(value: object, count: int, name: str, single: type) -> list[Any]:
+def each_of(value: object, count: int, name: str, single: type) -> list[Any]:
     """`value` for each of `count` messages: one for all (or None), or a sequence of one each."""
     if value is None or isinstance(value, single):
         return [value] * count
@@ -228,7 +228,7 @@ def _each(value: object, count: int, name: str, single: type) -> list[Any]:
     return list(value)
 
 
-def _stored_headers(headers: Headers | None, subject: str | None) -> str | None:
+def stored_headers(headers: Headers | None, subject: str | None) -> str | None:
     """The headers the copies carry: the caller's (checked as a push checks them), and the
     subject as `dbq-subject`."""
     checked = header_codec.encode(headers, WIDEST)  # refuses dbq's own keys, bad names and values

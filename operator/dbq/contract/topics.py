@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dbq.api.filters import Filter
 from dbq.names import QueueNames, check_identifier, pg_quote
@@ -124,6 +124,19 @@ class TopicTarget:
     names: TopicNames
     routes: tuple[Route, ...] = ()
     unrouted: QueueNames | None = None  # the queue that gets what no subscription matched
+
+
+@dataclass
+class TopicCounts:
+    """A topic's counts, by its backend's counters (PostgreSQL: sequences, which draw outside
+    transactions, so a publish rolled back is counted too; Cassandra: counters added to after the
+    copies are written)."""
+
+    rules_version: int
+    published: int
+    unrouted: int
+    routed: dict[str, int] = field(default_factory=dict)  # by subscription
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def publish_statement(names: TopicNames) -> str:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from dbq.backends.odbc_topic import TopicCounts
 from dbq.client import QueueStats
+from dbq.contract.topics import TopicCounts
 
 RECONCILES = Counter("dbq_reconciles_total", "Reconciles by result", ["result"])
 RECONCILE_ERRORS = Counter("dbq_reconcile_errors_total", "Failed reconciles by reason", ["reason"])

@@ -26,8 +26,7 @@ from dbq.api.topics import (
     subscription_name,
     topic_name,
 )
-from dbq.backends.odbc_topic import TopicCounts
-from dbq.contract.topics import Route, TopicNames, TopicTarget
+from dbq.contract.topics import Route, TopicCounts, TopicNames, TopicTarget
 from dbq.controller import conditions as cond
 from dbq.errors import DbqError, InvalidSpec, QueueNotFound, QueueNotReady, TopicNotFound
 from dbq.names import QueueNames

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbq.api.topics import SUBSCRIPTION_PLURAL, TOPIC_PLURAL
+from dbq.backends.cassandra.topic import CassandraTopic
 from dbq.backends.odbc_topic import OdbcTopic
+from dbq.connection import ConnectionSettings
 from dbq.contract.topics import TopicTarget
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
@@ -46,6 +48,13 @@ _locks_guard = threading.Lock()
 def _lock(namespace: str, topic: str) -> threading.Lock:
     with _locks_guard:
         return _locks.setdefault((namespace, topic), threading.Lock())
+
+
+def topic_backend(settings: ConnectionSettings, target: TopicTarget) -> OdbcTopic | CassandraTopic:
+    """What makes the topic in its database: a publish routine (PostgreSQL), recorded rules (Cassandra)."""
+    if settings.backend == "cassandra":
+        return CassandraTopic(settings, target)
+    return OdbcTopic(settings, target)
 
 
 @dataclass
@@ -83,7 +92,7 @@ class TopicSync:
         try:
             queues = {q["metadata"]["name"]: q for q in self.kube.list_queues(namespace)}
             plan = plan_topic(topic, found.get("spec") or {}, subscriptions, queues)
-            backend = OdbcTopic(settings_for(plan.spec, namespace, self.read_secret), plan.target)
+            backend = topic_backend(settings_for(plan.spec, namespace, self.read_secret), plan.target)
             try:
                 backend.apply()
                 counts = backend.counts()
@@ -131,7 +140,7 @@ class TopicSync:
                 if status.get("rulesVersion") is not None and not force:
                     out.error = e  # made once: its routine is dropped when the Secret is back
                 return out
-            backend = OdbcTopic(settings, TopicTarget(names))
+            backend = topic_backend(settings, TopicTarget(names))
             try:
                 backend.teardown()
             except DbqError as e:

@@ -13,12 +13,14 @@ How it works (see `backends/cassandra/cql.py` for the tables), one module per pa
 - `repairing`: the operator's cleanup (vanished pushers, expired leases, due delayed messages,
   retiring drained pipes); `measuring`: statistics and history; `archive` and `dead_letters`.
 - `queue`: `PipesQueue`, the public client over them; `session`: statements and batches.
+- `publishing`: `PipesTopic`, a topic's publisher: each message's copies in one logged batch.
 
 Semantics: pop is at-most-once; acquire/ack is at-least-once. Both rely on leases timed with
 wall clocks: keep clocks within `SKEW_S` of each other (NTP), as Cassandra itself requires.
 """
 
 from dbq.client.pipes.model import PipeMessage, PipesRepair, PipesStats, PipeStat
+from dbq.client.pipes.publishing import PipesTopic
 from dbq.client.pipes.queue import PipesQueue
 from dbq.client.pipes.tuning import SKEW_S, now_ms, uuid_ms
 
@@ -29,6 +31,7 @@ __all__ = [
     "PipesQueue",
     "PipesRepair",
     "PipesStats",
+    "PipesTopic",
     "now_ms",
     "uuid_ms",
 ]

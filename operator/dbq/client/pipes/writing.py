@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dbq.client.pipes import tuning
@@ -42,6 +43,17 @@ def batch_size(sizes: list[int], room: int, logged: bool = False) -> int:
         if total > most_bytes and i > 0:
             return i
     return min(room, most, len(sizes))
+
+
+@dataclass
+class Staged:
+    """Messages of one pipe ready for a caller's batch (`PipeWriter.stage`): their ids, and the
+    pipe's pushed count once the batch is written."""
+
+    pusher: Pusher
+    parts: list[Part]
+    ids: list[uuid.UUID]
+    pushed: int
 
 
 class PipeWriter:
@@ -158,21 +170,11 @@ class PipeWriter:
                 if large
                 else []
             )
-            parts: list[Part] = [
-                (
-                    cql.push,
-                    (
-                        pusher.pipe,
-                        keys[j],
-                        new_ids[j],
-                        unset(in_row(bodies[i + j])),
-                        attempts[i + j] if attempts else 0,
-                        unset(expires[i + j] if expires else None),
-                        unset(headers[i + j] if headers else None),
-                    ),
-                )
-                for j in range(n)
-            ]
+            parts = self._rows(
+                pusher, keys, new_ids, [in_row(b) for b in bodies[i : i + n]],
+                attempts[i : i + n] if attempts else None, expires[i : i + n] if expires else None,
+                headers[i : i + n] if headers else None,
+            )  # fmt: skip
             parts.append((cql.count_pushes, (pushed, requeued, pusher.pipe)))
             parts += unmark  # one partition with the rows: the marks go when the rows come
             extra = also[i : i + n] if also else []
@@ -185,6 +187,62 @@ class PipeWriter:
             out.extend(new_ids)
             i += n
         return out
+
+    def _rows(
+        self,
+        pusher: Pusher,
+        keys: list[uuid.UUID],
+        ids: list[uuid.UUID],
+        held: Sequence[bytes | None],
+        attempts: Sequence[int] | None,
+        expires: Sequence[int | None] | None,
+        headers: Sequence[str | None] | None,
+    ) -> list[Part]:
+        """The statements that write messages' rows in the pusher's pipe (`held`: what each row
+        holds of its body; None for one in chunks)."""
+        return [
+            (
+                self.db.cql.push,
+                (
+                    pusher.pipe, keys[j], ids[j], unset(held[j]), attempts[j] if attempts else 0,
+                    unset(expires[j] if expires else None), unset(headers[j] if headers else None),
+                ),
+            )
+            for j in range(len(ids))
+        ]  # fmt: skip
+
+    def stage(self, bodies: Sequence[bytes], expires: int | None, headers: Sequence[str | None],
+              chunked: Sequence[bool]) -> Staged:  # fmt: skip
+        """Messages to append to this thread's pipe in a batch the caller writes with other
+        queues' (a topic's publish): the statements (the rows, the pipe's count, the ends of their
+        chunks' marks), all in one pipe. A body `chunked` says so for goes to the content table
+        (stored now), as does any past a row's size: the batch holds the rows alone. Call `landed` once the batch is
+        written, `lost` if it failed."""
+        pusher = self._pusher()
+        n = len(bodies)
+        if n > self.max_pushes_per_pipe:
+            raise QueueError(
+                f"queue {self.db.names.queue}: {n} copies in one publish are more than a pipe takes"
+                f" (maxPushesPerPipe {self.max_pushes_per_pipe}): publish fewer at once"
+            )
+        if self._room(pusher) < n:
+            pusher.broken = True  # a fresh pipe, which takes them all
+            self._room(pusher)
+        ids = [uuid.uuid1() for _ in range(n)]
+        large = [j for j in range(n) if chunked[j] or to_upload(bodies[j])]
+        unmark = self._upload(pusher, [ids[j] for j in large], [bodies[j] for j in large]) if large else []
+        held = [None if chunked[j] else in_row(bodies[j]) for j in range(n)]
+        parts = self._rows(pusher, ids, ids, held, None, [expires] * n if expires else None, headers)
+        parts.append((self.db.cql.count_pushes, (pusher.pushed + n, pusher.requeued, pusher.pipe)))
+        return Staged(pusher, [*parts, *unmark], ids, pusher.pushed + n)
+
+    @staticmethod
+    def landed(staged: Staged) -> None:
+        staged.pusher.pushed = staged.pushed
+
+    @staticmethod
+    def lost(staged: Staged) -> None:
+        staged.pusher.broken = True  # its counters may be off by the batch: start a new pipe
 
     def delay(
         self, bodies: list[bytes], headers: list[str | None], due: int, expiry: int | None

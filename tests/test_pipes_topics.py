@@ -1,0 +1,416 @@
+"""Topics on Cassandra (pipes): a publish evaluates each subscription's filter and writes a copy
+into the pipe of every matching queue, all of a message's copies in one logged batch; counts what
+it routed and could not route; follows its recorded rules, one set per message."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dbq.api.filters import Filter
+from dbq.api.models import QueueSpec
+from dbq.backends import open_backend
+from dbq.backends.cassandra.topic import CassandraTopic
+from dbq.client import PipesQueue, PipesTopic, connect, connect_topic
+from dbq.connection import from_url
+from dbq.contract.filters import matches
+from dbq.contract.pipes import INLINE_BODY_BYTES
+from dbq.contract.topics import Route, TopicCounts, TopicNames, TopicTarget
+from dbq.errors import InvalidSpec, MessageTooLarge, TopicNotFound
+from dbq.names import QueueNames
+
+KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
+
+
+def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -> Filter:
+    return Filter.model_validate({"headers": list(headers), "subject": subject or []})
+
+
+@pytest.fixture(scope="module")
+def cass_url(cassandra, stack) -> Iterator[str]:
+    host, port = stack.cassandra.contact
+    yield f"cassandra://{host}:{port}"
+    cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)
+
+
+MakeQueue = Callable[..., PipesQueue]
+
+
+class Topics:
+    """Pipes queues and topics provisioned at `url`, and clients of them; closed afterwards."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.queues: list[PipesQueue] = []
+        self.made: list[tuple[PipesTopic, CassandraTopic]] = []
+
+    def queue(self, max_attempts: int = 0, **messages: Any) -> PipesQueue:
+        name = f"q_{uuid.uuid4().hex[:8]}"
+        raw: dict[str, Any] = {
+            "backend": "cassandra", "design": "pipes",
+            "connection": {"secretRef": {"name": "s"}, "schema": KEYSPACE}, "messages": messages,
+        }  # fmt: skip
+        if max_attempts:
+            raw["deadLetter"] = {"maxAttempts": max_attempts}
+        backend = open_backend(QueueSpec.model_validate(raw), name, from_url(self.url))
+        backend.apply()
+        backend.close()
+        q = connect(self.url, name, schema=KEYSPACE, pop_timeout=0.2)
+        assert isinstance(q, PipesQueue)
+        self.queues.append(q)
+        return q
+
+    def make(
+        self, routes: list[Route], unrouted: PipesQueue | None = None
+    ) -> tuple[PipesTopic, CassandraTopic]:
+        names = TopicNames(KEYSPACE, f"t_{uuid.uuid4().hex[:8]}")
+        backend = CassandraTopic(
+            from_url(self.url), TopicTarget(names, tuple(routes), unrouted.names if unrouted else None)
+        )
+        backend.apply()
+        topic = connect_topic(self.url, names.topic, schema=KEYSPACE)
+        assert isinstance(topic, PipesTopic)
+        self.made.append((topic, backend))
+        return topic, backend
+
+    def close(self) -> None:
+        for topic, backend in self.made:
+            topic.close()
+            backend.teardown()
+            backend.close()
+        for q in self.queues:
+            q.close()
+
+
+@pytest.fixture
+def topics(cass_url) -> Iterator[Topics]:
+    made = Topics(cass_url)
+    yield made
+    made.close()
+
+
+def route(name: str, q: PipesQueue, f: Filter) -> Route:
+    return Route(name, q.names, f, label=name.replace("_", "-"))
+
+
+def drain(q: PipesQueue) -> list[Any]:
+    got = []
+    while batch := q.pop_many(100, timeout=0.3):  # a pipe at a time: wait for the next one's lease
+        got += batch
+    return got
+
+
+def counted(backend: CassandraTopic, published: int) -> TopicCounts:
+    """The topic's counts once its counters show `published` messages (they are added to after
+    the copies are written, without waiting)."""
+    deadline = time.monotonic() + 10
+    while True:
+        counts = backend.counts()
+        assert counts is not None
+        if counts.published >= published or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.1)
+
+
+def test_each_message_reaches_the_queues_whose_filters_match_it_and_is_counted(topics):
+    eu, big, sub, rest = (topics.queue() for _ in range(4))
+    filters = {
+        "eu": flt({"key": "region", "in": ["eu", "uk"]}),
+        "big": flt({"key": "amount", "gte": 100}),
+        "sub": flt(subject=[{"prefix": "orders.eu."}]),
+    }
+    by_name = {"eu": eu, "big": big, "sub": sub}
+    topic, backend = topics.make([route(n, by_name[n], f) for n, f in filters.items()], unrouted=rest)
+    messages = [
+        ({"region": "eu", "amount": 250}, "orders.eu.de"),
+        ({"region": "us", "amount": 99.5}, "orders.us"),
+        ({"region": "uk"}, None),
+        ({"amount": "100"}, "orders.eu."),  # a string is not a number
+        ({}, None),
+        ({"region": "EU", "amount": 100}, "orders.eu.fr"),
+        ({"it's": "'; DROP TABLE x; --", "n": 2**62}, None),
+    ]
+    expected: dict[str, list[bytes]] = {"eu": [], "big": [], "sub": [], "": []}
+    ids: dict[str, list[uuid.UUID]] = {name: [] for name in expected}
+    for i, (headers, subject) in enumerate(messages):
+        body = f"m{i}".encode()
+        routed = topic.publish(body, headers=headers, subject=subject)
+        wanted = {n for n, f in filters.items() if matches(f, subject, headers)} or {""}
+        assert set(routed) == wanted, (headers, subject)
+        for name in wanted:
+            expected[name].append(body)
+            ids[name].append(routed[name])
+    for name, q in (*by_name.items(), ("", rest)):
+        got = drain(q)
+        assert [m.body for m in got] == expected[name]
+        assert [m.id for m in got] == ids[name]
+        for m in got:
+            headers, subject = messages[int(m.body[1:])]
+            assert m.headers == {**headers, **({"dbq-subject": subject} if subject else {})}
+    counts = counted(backend, len(messages))
+    assert (counts.published, counts.unrouted, counts.rules_version) == (len(messages), len(expected[""]), 1)
+    assert counts.routed == {n: len(expected[n]) for n in filters} and counts.dropped == dict.fromkeys(
+        filters, 0
+    )
+
+
+def test_publish_many_routes_each_message_as_publish_does(topics):
+    eu, big = topics.queue(), topics.queue()
+    filters = {"eu": flt({"key": "region", "eq": "eu"}), "big": flt({"key": "amount", "gte": 100})}
+    topic, backend = topics.make([route("eu", eu, filters["eu"]), route("big", big, filters["big"])])
+    headers = [{"region": "eu", "amount": 100}, None, {"amount": 5}, {"region": "eu"}, {"amount": 1e3}]
+    subjects = ["a", None, "b", None, "c"]
+    bodies = [f"m{i}".encode() for i in range(len(headers))]
+    routed = topic.publish_many(bodies, headers=headers, subjects=subjects)
+    for h, s, r in zip(headers, subjects, routed, strict=True):
+        assert set(r) == {n for n, f in filters.items() if matches(f, s, h)}
+    for name, q in (("eu", eu), ("big", big)):
+        got = drain(q)
+        assert [m.body for m in got] == [b for b, r in zip(bodies, routed, strict=True) if name in r]
+        assert [m.id for m in got] == [r[name] for r in routed if name in r]
+    assert topic.publish_many([]) == []
+    assert counted(backend, 5).unrouted == sum(1 for r in routed if not r) == 2
+    with pytest.raises(ValueError, match="subjects has 1 values for 2 messages"):
+        topic.publish_many([b"x", b"y"], subjects=["one"])
+
+
+def test_large_bodies_and_many_copies_round_trip_byte_for_byte(topics):
+    queues = [topics.queue(maxBytes=2 << 20) for _ in range(8)]
+    topic, _ = topics.make([route(f"s{i}", q, flt()) for i, q in enumerate(queues)])
+    rng = random.Random(5)
+    # In the rows; past a row (each copy in its queue's content); small, but too many copies for
+    # one batch in rows (so in content too); 1 MiB; and a batch of them all.
+    sizes = [300, INLINE_BODY_BYTES + 1, 8 << 10, 1 << 20]
+    bodies = [rng.randbytes(n) for n in sizes]
+    for body in bodies:
+        assert len(topic.publish(body)) == 8
+    assert len(topic.publish_many(bodies)) == 4
+    for q in queues:
+        assert [m.body for m in drain(q)] == bodies + bodies
+
+
+def test_a_message_too_large_or_with_headers_too_large_for_one_queue_is_refused_with_nothing_written(topics):
+    roomy, tight = topics.queue(), topics.queue(maxBytes=1000, headerBytes=64)
+    topic, _ = topics.make([route("roomy", roomy, flt()), route("tight", tight, flt())])
+    with pytest.raises(MessageTooLarge, match=r"larger than spec\.messages\.maxBytes"):
+        topic.publish(b"x" * 1001)
+    with pytest.raises(ValueError, match="subscription tight, queue q_"):
+        topic.publish(b"ok", headers={"note": "y" * 100})
+    assert topic.publish(b"fits").keys() == {"roomy", "tight"}
+    assert [m.body for m in drain(roomy)] == [b"fits"] == [m.body for m in drain(tight)]
+
+
+def test_concurrent_publishes_share_batches_and_each_caller_gets_its_own_answer(topics):
+    a, b = topics.queue(), topics.queue()
+    topic, _ = topics.make([route("a", a, flt()), route("b", b, flt({"key": "even", "is": True}))])
+    answers: dict[bytes, dict[str, uuid.UUID]] = {}
+
+    def publisher(who: int) -> None:
+        for i in range(40):
+            body = f"{who}-{i}".encode()
+            answers[body] = topic.publish(body, headers={"even": i % 2 == 0})
+
+    threads = [threading.Thread(target=publisher, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 320
+    got_a, got_b = {m.id: m.body for m in drain(a)}, {m.id: m.body for m in drain(b)}
+    assert {answers[body]["a"]: body for body in answers} == got_a
+    assert {answers[body]["b"]: body for body in answers if "b" in answers[body]} == got_b
+    assert len(got_b) == 160
+
+
+def test_subscriptions_changed_while_publishers_run_route_each_message_by_one_set_of_rules(topics):
+    qa, qb = topics.queue(), topics.queue()
+    everything, nothing = flt(), flt({"key": "absent", "exists": True})
+    rules = [
+        (route("a", qa, everything), route("b", qb, nothing)),
+        (route("a", qa, nothing), route("b", qb, everything)),
+    ]
+    topic, backend = topics.make(list(rules[0]))
+    stop, routed, errors = threading.Event(), [], []
+
+    def publisher(who: int) -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                routed.append((f"{who}-{i}".encode(), set(topic.publish(f"{who}-{i}".encode()))))
+                i += 1
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=publisher, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    versions = [backend.apply()]
+    for change in range(10):
+        backend.target = TopicTarget(topic.names, rules[(change + 1) % 2])
+        versions.append(backend.apply())
+        time.sleep(0.1)  # publishers get through between changes too
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and versions == list(range(1, 12))
+    assert len(routed) > 50
+    assert all(r in ({"a"}, {"b"}) for _, r in routed)  # one rule set each: never both, never none
+    in_a, in_b = {m.body for m in drain(qa)}, {m.body for m in drain(qb)}
+    assert in_a == {b for b, r in routed if r == {"a"}}
+    assert in_b == {b for b, r in routed if r == {"b"}}
+    assert in_a and in_b and not in_a & in_b
+
+
+def test_rules_are_recorded_once_per_change_a_bad_queue_is_refused_and_teardown_removes_the_topic(
+    topics, cass_url
+):
+    q, rest = topics.queue(), topics.queue()
+    topic, backend = topics.make([route("only", q, flt({"key": "n", "gt": 1.5}))], unrouted=rest)
+    assert backend.apply() == 1  # nothing changed: the same version
+    backend.target = TopicTarget(topic.names, (route("only", q, flt({"key": "n", "gt": 2})),), rest.names)
+    assert backend.apply() == 2
+    assert topic.publish(b"x", headers={"n": 2}).keys() == {""}  # 2 > 1.5, but not > 2: unrouted
+    assert topic.publish(b"y", headers={"n": 3}).keys() == {"only"}
+    assert [m.body for m in drain(rest)] == [b"x"] and [m.body for m in drain(q)] == [b"y"]
+    ghost = Route("ghost", QueueNames(KEYSPACE, "no_such_queue"), flt())
+    backend.target = TopicTarget(topic.names, (ghost,))
+    with pytest.raises(InvalidSpec, match=rf"queue {KEYSPACE}.no_such_queue is not a pipes queue"):
+        backend.apply()
+    backend.teardown()
+    assert backend.counts() is None
+    with pytest.raises(TopicNotFound, match=f"topic {topic.names.topic} is not made in keyspace {KEYSPACE}"):
+        topic.publish(b"z")
+    with pytest.raises(TopicNotFound):
+        connect_topic(cass_url, topic.names.topic, schema=KEYSPACE)
+
+
+@pytest.mark.parametrize("mode", ["pop", "acquire"])
+def test_conservation_per_subscription_with_four_publishers_and_four_consumers_each(topics, cass_url, mode):
+    """For every subscription: delivered + dead-lettered + depth = the published messages its
+    filter matches, none twice; unrouted = the messages no filter matched."""
+    rules = {"eu": flt({"key": "region", "eq": "eu"}), "big": flt({"key": "amount", "gte": 500}),
+             "orders": flt(subject=[{"prefix": "order."}])}  # fmt: skip
+    queues = {name: topics.queue(max_attempts=2) for name in rules}
+    rest = topics.queue()
+    topic, backend = topics.make([route(n, queues[n], f) for n, f in rules.items()], unrouted=rest)
+    rng = random.Random(44)
+    per_publisher = 150
+    messages = {
+        f"{p}-{i}".encode(): (
+            {"region": rng.choice(["eu", "us", "asia"]), "amount": rng.choice([rng.randint(0, 999), "900"])},
+            rng.choice(["order.created", "invoice.sent", None]),
+        )
+        for p in range(4)
+        for i in range(per_publisher)
+    }
+    answers: dict[bytes, set[str]] = {}
+    published, errors = threading.Event(), []
+
+    def publisher(p: int) -> None:
+        own = connect_topic(cass_url, topic.names.topic, schema=KEYSPACE)
+        try:
+            for i in range(per_publisher):
+                body = f"{p}-{i}".encode()
+                headers, subject = messages[body]
+                answers[body] = set(own.publish(body, headers=headers, subject=subject))
+        finally:
+            own.close()
+
+    delivered: dict[str, list[bytes]] = {name: [] for name in [*rules, ""]}
+
+    def consumer(name: str, q: PipesQueue) -> None:
+        while True:
+            if mode == "pop":
+                got = q.pop_many(10, timeout=0.2)
+            else:
+                got = [m for m in [q.acquire(timeout=0.2, visibility=30)] if m is not None]
+            for m in got:
+                if mode == "acquire" and name and int(m.body.rsplit(b"-", 1)[1]) % 13 == 0:
+                    m.nack(error="refused")  # twice: dead-lettered (max attempts 2)
+                    continue
+                if mode == "acquire":
+                    m.ack()
+                delivered[name].append(m.body)
+            if not got and published.is_set():
+                stats = q.stats()
+                if stats.depth == 0 and stats.in_flight == 0:
+                    return
+
+    def guarded(target: Any, *args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as e:  # reported by the assertion below
+            errors.append(e)
+
+    consumers = [
+        threading.Thread(target=guarded, args=(consumer, name, q))
+        for name, q in [*queues.items(), ("", rest)]
+        for _ in range(4)
+    ]
+    publishers = [threading.Thread(target=guarded, args=(publisher, p)) for p in range(4)]
+    for t in consumers + publishers:
+        t.start()
+    for t in publishers:
+        t.join(180)
+    published.set()
+    for t in consumers:
+        t.join(180)
+    assert errors == [] and len(answers) == len(messages)
+    dead_letters = 0
+    for name, f in rules.items():
+        q = queues[name]
+        matched = {b for b, (h, s) in messages.items() if matches(f, s, h)}
+        assert matched == {b for b in matched if name in answers[b]}
+        dead = {d.body for d in q.dead_letters(limit=10_000)}
+        got = delivered[name]
+        assert len(got) == len(set(got)), f"{name}: a message delivered twice"
+        assert not set(got) & dead
+        assert set(got) | dead == matched and q.stats().depth == 0, name
+        assert len(got) + len(dead) == len(matched), name
+        assert mode == "acquire" or not dead, name
+        dead_letters += len(dead)
+    assert (mode == "acquire") == (dead_letters > 0)
+    unmatched = {b for b, (h, s) in messages.items() if not any(matches(f, s, h) for f in rules.values())}
+    assert set(delivered[""]) == unmatched and len(delivered[""]) == len(unmatched)
+    counts = counted(backend, len(messages))
+    assert counts.published == len(messages) and counts.unrouted == len(unmatched)
+    assert counts.routed == {n: sum(1 for b in messages if n in answers[b]) for n in rules}
+
+
+def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queue_or_in_none(
+    topics, cass_url, tmp_path
+):
+    queues = [topics.queue() for _ in range(3)]
+    first = flt({"key": "n", "lt": 50})  # a partial match as well
+    topic, _ = topics.make([route(f"s{i}", q, flt() if i < 2 else first) for i, q in enumerate(queues)])
+    logs, rng = [], random.Random(7)
+    for run in range(8):
+        log = tmp_path / f"publisher-{run}.log"
+        logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("topic_publisher.py")), cass_url, KEYSPACE,
+             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(1 + run % 2 * 7)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+        time.sleep(rng.uniform(2.0, 3.5))  # it connects, then publishes
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    logged = [line.split(" ", 1)[1] for log in logs if log.exists() for line in log.read_text().splitlines()]
+    assert len(logged) > 50
+    got = [[m.body.decode() for m in drain(q)] for q in queues]
+    for bodies in got:
+        assert len(bodies) == len(set(bodies))  # none twice
+    assert set(got[0]) == set(got[1])  # both take every message: all or none of each
+    assert set(logged) <= set(got[0])  # every publish that returned is there
+    assert set(got[2]) == {b for b in got[0] if int(b.rsplit("-", 1)[1]) < 50}
