@@ -13,8 +13,9 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from dbq.client import connect, connect_topic_resource
-from tests.manifests import queue
+from tests.manifests import pipes_queue, queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
+from tests.test_operator import cli_for
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +258,58 @@ def test_admission_keeps_a_subscription_s_references_immutable(env):
     assert refused.value.status == 422 and "spec.queue cannot change after creation" in refused.value.body
     subs.patch("fixed", {"spec": {"onFull": "Drop"}})  # what is not a reference may change
     assert subs.get("fixed")["spec"]["onFull"] == "Drop"
+
+
+def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscriptions(
+    env, kube, cassandra, stack
+):
+    """The same resources on Cassandra: the operator records the rules in the keyspace, a
+    publisher routes by them, the status counts, and a Subscription removed stops its copies."""
+    cluster, _, _ = env
+    host, port = stack.cassandra.contact
+    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    keyspace = f"tc_{secrets.token_hex(4)}"
+    topics, subs = cluster.of("topics"), cluster.of("subscriptions")
+    for name in ("eu-events", "all-events"):
+        cluster.create(pipes_queue(name, keyspace))
+    topics.create(topic("events", keyspace, backend="cassandra", design="pipes",
+                        connection={"secretRef": {"name": "events-db"}, "schema": keyspace}))  # fmt: skip
+    subs.create(
+        subscription("eu", "events", "eu-events", filter={"headers": [{"key": "region", "eq": "eu"}]})
+    )
+    subs.create(subscription("all", "events", "all-events"))
+    for name in ("eu", "all"):
+        subs.wait_condition(name, "Ready", "True", timeout=120, reason="Bound")
+    topics.wait_condition("events", "Ready", "True", timeout=90)
+    with connect_topic_resource("events", cluster.ns, api_client=cluster.api) as publisher:
+        assert set(publisher.publish(b"eu-1", headers={"region": "eu"})) == {"eu", "all"}
+        assert set(publisher.publish(b"us-1", headers={"region": "us"})) == {"all"}
+    dbq = cli_for(kube, cluster.ns)
+    published = dbq("publish", "events", "-H", "region=eu", "-o", "json", stdin="eu-2\n")
+    assert published.returncode == 0, published.stderr
+    assert set(json.loads(published.stdout)["routed"][0]) == {"eu", "all"}
+
+    def counted():
+        status = topics.get("events").get("status") or {}
+        return status if status.get("published") == 3 else None
+
+    status = wait_for(counted, 60, "the topic's counts")
+    assert {r["subscription"]: r["routed"] for r in status["routes"]} == {"eu": 2, "all": 3}
+    assert (status["unrouted"], status["subscriptions"]) == (0, 2) and host in status["endpoint"]
+    with connect(f"cassandra://{host}:{port}", "eu_events", schema=keyspace) as q:
+        got = []  # two publishers, two pipes: a take reads one pipe
+        while batch := q.pop_many(10, timeout=1):
+            got += [m.body for m in batch]
+        assert sorted(got) == [b"eu-1", b"eu-2"]
+
+    version = status["rulesVersion"]
+    subs.delete("eu")
+    wait_for(lambda: (topics.get("events").get("status") or {}).get("rulesVersion", 0) > version or None, 60,
+             "the rules without eu")  # fmt: skip
+    with connect_topic_resource("events", cluster.ns, api_client=cluster.api) as publisher:
+        assert set(publisher.publish(b"eu-3", headers={"region": "eu"})) == {"all"}
+    subs.delete("all")
+    topics.delete("events")
+    wait_for(lambda: not topics.exists("events") or None, 60, "the topic deleted")
+    for name in ("eu-events", "all-events"):
+        cluster.delete(name)

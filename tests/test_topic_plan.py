@@ -116,8 +116,12 @@ def test_statuses_of_a_bound_topic_and_subscription():
 
 
 def test_a_topic_on_another_backend_is_refused_naming_the_field():
-    with pytest.raises(InvalidSpec, match=r"spec\.backend and spec\.design: topics are made on postgres ring"):
+    with pytest.raises(
+        InvalidSpec, match=r"spec\.backend and spec\.design: topics are made on postgres ring"
+    ):
         plan_topic("orders", {**TOPIC, "backend": "sqlserver", "design": "ring"}, [], {})
     with pytest.raises(InvalidSpec, match=r"\(backend: cassandra, design: pipes\)"):
         plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "ring"}, [], {})
-    assert plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "pipes"}, [], {}).target.routes == ()
+    assert (
+        plan_topic("orders", {**TOPIC, "backend": "cassandra", "design": "pipes"}, [], {}).target.routes == ()
+    )
