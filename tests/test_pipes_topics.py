@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from dbq.api.filters import Filter
 from dbq.api.models import QueueSpec
@@ -29,6 +31,7 @@ from dbq.contract.pipes import INLINE_BODY_BYTES
 from dbq.contract.topics import Route, TopicCounts, TopicNames, TopicTarget
 from dbq.errors import InvalidSpec, MessageTooLarge, TopicNotFound
 from dbq.names import QueueNames
+from tests.test_filters import FILTERS, HEADERS, SUBJECTS
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
 
@@ -414,3 +417,31 @@ def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queu
     assert set(got[0]) == set(got[1])  # both take every message: all or none of each
     assert set(logged) <= set(got[0])  # every publish that returned is there
     assert set(got[2]) == {b for b in got[0] if int(b.rsplit("-", 1)[1]) < 50}
+
+
+@pytest.fixture(scope="module")
+def routed_by_random_rules(cass_url) -> Iterator[tuple[PipesTopic, CassandraTopic, list[PipesQueue]]]:
+    made = Topics(cass_url)
+    queues = [made.queue() for _ in range(3)]
+    topic, backend = made.make([route(f"s{i}", q, flt()) for i, q in enumerate(queues)])
+    yield topic, backend, queues
+    made.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(filters=st.lists(FILTERS, min_size=3, max_size=3), headers=HEADERS, subject=SUBJECTS)
+def test_the_pipes_path_routes_as_the_oracle_says_on_random_filters_and_headers(
+    routed_by_random_rules, filters, headers, subject
+):
+    """What the publisher evaluates is the headers as stored and read back (JSON), and the subject
+    it carries: the answer must be the oracle's on the caller's own values."""
+    topic, backend, queues = routed_by_random_rules
+    backend.target = TopicTarget(
+        topic.names, tuple(route(f"s{i}", q, f) for i, (q, f) in enumerate(zip(queues, filters, strict=True)))
+    )
+    backend.apply()
+    try:
+        routed = topic.publish(b"m", headers=headers, subject=subject)
+    except ValueError:  # a subject or header the client refuses (empty, control characters)
+        assume(False)
+    assert set(routed) == {f"s{i}" for i, f in enumerate(filters) if matches(f, subject, headers)}
