@@ -1,5 +1,5 @@
-"""What routing at publish time costs on the local PostgreSQL: a topic with 1 to 64
-subscriptions, each its own ring queue, 4 publishers (one process each, single publishes of
+"""What routing at publish time costs on the local PostgreSQL (or, with --backend cassandra, the
+local Cassandra): a topic with 1 to 64 subscriptions, each its own ring (pipes) queue, 4 publishers (one process each, single publishes of
 300 B with one header; with --threads T, T threads each, whose single publishes the client
 batches as it does pushes: smart batching), in two shapes:
 
@@ -7,13 +7,15 @@ batches as it does pushes: smart batching), in two shapes:
 - partitioned: subscription i takes header `p` = i, and each message carries one p (1 of N).
 
 Beside them, in the same run: a plain push (4 pushers into one queue, the same client), and what
-a team would write by hand without topics: one transaction from the client that pushes into each
-matching queue (BEGIN, one push routine call per match, COMMIT; psycopg). Publishes/s count
-messages, deliveries/s their copies.
+a team would write by hand without topics: on PostgreSQL one transaction from the client that
+pushes into each matching queue (BEGIN, one push routine call per match, COMMIT; psycopg); on
+Cassandra one push per matching queue with the queue's client, one after the other (no batch
+spans queues). Publishes/s count messages, deliveries/s their copies.
 
     ~/.cache/dbq/venv/bin/python -m bench.fanout
     ~/.cache/dbq/venv/bin/python -m bench.fanout --seconds 10 --rounds 5 --subscriptions 1,8,64
     ~/.cache/dbq/venv/bin/python -m bench.fanout --threads 4
+    ~/.cache/dbq/venv/bin/python -m bench.fanout --backend cassandra --subscriptions 1,2,4,8,16
 
 Writes nothing but its report (tee it to bench/results/fanout.txt).
 """
@@ -69,12 +71,9 @@ def in_threads(threads: int, once: Callable[[], bool], counter: Any, stop: Any) 
 
 
 def publish_worker(url: str, topic: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
-    from dbq.client import QueueFull
-    from dbq.client.topic import Topic
-    from dbq.connection import from_url
-    from dbq.contract.topics import TopicNames
+    from dbq.client import QueueFull, connect_topic
 
-    t = Topic(from_url(url), TopicNames(SCHEMA, topic), pool_size=threads)
+    t = connect_topic(url, topic, schema=SCHEMA, pool_size=threads)
     body = os.urandom(BODY)
 
     def once() -> bool:
@@ -88,7 +87,11 @@ def publish_worker(url: str, topic: str, shape: str, n: int, threads: int, count
 
 
 def by_hand_worker(url: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
-    """One transaction per message, one push call per matching queue (a connection per thread)."""
+    """One transaction per message, one push call per matching queue (a connection per thread);
+    on Cassandra, one push per matching queue."""
+    if url.startswith("cassandra"):
+        pipes_by_hand(url, shape, n, threads, counter, stop)
+        return
     import psycopg
 
     local = threading.local()
@@ -103,6 +106,21 @@ def by_hand_worker(url: str, shape: str, n: int, threads: int, counter: Any, sto
         with local.conn.transaction():
             for i in targets:
                 local.conn.execute(f'SELECT "{SCHEMA}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
+        return True
+
+    in_threads(threads, once, counter, stop)
+
+
+def pipes_by_hand(url: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
+    from dbq.client import connect
+
+    queues = [connect(url, queue_name(i), schema=SCHEMA, smart_batching=threads > 1) for i in range(n)]
+    body = os.urandom(BODY)
+
+    def once() -> bool:
+        p = random.randrange(n) if shape == "partitioned" else 0
+        for i in [p] if shape == "partitioned" else range(n):
+            queues[i].push(body, headers={"p": p})
         return True
 
     in_threads(threads, once, counter, stop)
@@ -128,32 +146,53 @@ def push_worker(url: str, threads: int, counter: Any, stop: Any) -> None:
 
 
 # --- the run ----------------------------------------------------------------------------------------
-def provision(url: str) -> None:
+def provision(url: str, queues: int) -> None:
     from dbq.backends.odbc_ring import OdbcRing
     from dbq.connection import from_url
     from dbq.contract.ring import RingTarget
     from dbq.names import QueueNames
 
     settings = from_url(url)
-    for i in range(QUEUES):
+    if settings.backend == "cassandra":
+        provision_pipes(url, queues)
+        return
+    for i in range(queues):
         size = BUSY_RING_SIZE if i < BUSY_QUEUES else RING_SIZE
         backend = OdbcRing(settings, RingTarget(QueueNames(SCHEMA, queue_name(i)), size, 300))
         backend.apply()
         backend.close()
 
 
+def provision_pipes(url: str, queues: int) -> None:
+    from dbq.api.models import QueueSpec
+    from dbq.backends import open_backend
+    from dbq.connection import from_url
+
+    spec = QueueSpec.model_validate(
+        {
+            "backend": "cassandra",
+            "design": "pipes",
+            "connection": {"secretRef": {"name": "x"}, "schema": SCHEMA},
+        }
+    )
+    for i in range(queues):
+        backend = open_backend(spec, queue_name(i), from_url(url))
+        backend.apply()
+        backend.close()
+
+
 def make_topic(url: str, shape: str, n: int) -> Any:
     from dbq.api.filters import Filter
-    from dbq.backends.odbc_topic import OdbcTopic
     from dbq.connection import from_url
     from dbq.contract.topics import Route, TopicNames, TopicTarget
+    from dbq.controller.topics import topic_backend
     from dbq.names import QueueNames
 
     routes = tuple(
         Route(f"s{i}", QueueNames(SCHEMA, queue_name(i)), Filter.model_validate(f))
         for i, f in enumerate(filters(shape, n))
     )
-    backend = OdbcTopic(from_url(url), TopicTarget(TopicNames(SCHEMA, f"{shape}_{n}"), routes))
+    backend = topic_backend(from_url(url), TopicTarget(TopicNames(SCHEMA, f"{shape}_{n}"), routes))
     backend.apply()
     return backend
 
@@ -163,8 +202,28 @@ def drain(url: str, n: int) -> None:
 
     for i in range(n):
         with connect(url, queue_name(i), schema=SCHEMA, smart_batching=False) as q:
-            while q.pop_many(5000, timeout=0):
-                pass
+            while q.pop_many(5000, timeout=0.3 if url.startswith("cassandra") else 0):
+                pass  # (a pipes take reads one pipe at a time)
+
+
+def cassandra_url() -> str:
+    from dbq.devstack import Stack
+
+    cassandra = Stack().component("cassandra")
+    if not cassandra.ready():
+        cassandra.start()
+    host, port = Stack().cassandra.contact
+    drop_keyspace(f"cassandra://{host}:{port}")
+    return f"cassandra://{host}:{port}"
+
+
+def drop_keyspace(url: str) -> None:
+    from dbq.connection import from_url
+    from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S, open_session
+
+    cluster, session = open_session(from_url(url))
+    session.execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"', timeout=SCHEMA_CHANGE_TIMEOUT_S)
+    cluster.shutdown()
 
 
 def rate(target: Any, args: tuple[Any, ...], seconds: float) -> float:
@@ -174,19 +233,23 @@ def rate(target: Any, args: tuple[Any, ...], seconds: float) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of each run")
+    p.add_argument("--backend", choices=["postgres", "cassandra"], default="postgres")
     p.add_argument("--subscriptions", default="1,2,4,8,16,32,64", help="subscription counts, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
     p.add_argument("--threads", type=int, default=1, help="threads of each publisher process")
     a = p.parse_args()
     counts = [int(c) for c in a.subscriptions.split(",")]
     pg, url, _odbc = bench_database()
+    queues = QUEUES
+    if a.backend == "cassandra":  # each pipes queue is 11 tables: only as many as the largest topic
+        url, queues = cassandra_url(), max(counts)
     started = time.monotonic()
-    provision(url)
-    print(
-        f"{QUEUES} ring queues ({BUSY_QUEUES} of {BUSY_RING_SIZE} slots, the others {RING_SIZE}) provisioned"
-        f" in {time.monotonic() - started:.0f} s",
-        flush=True,
-    )
+    provision(url, queues)
+    kind = (
+        "pipes queues" if a.backend == "cassandra"
+        else f"ring queues ({BUSY_QUEUES} of {BUSY_RING_SIZE} slots, the others {RING_SIZE})"
+    )  # fmt: skip
+    print(f"{queues} {kind} provisioned in {time.monotonic() - started:.0f} s", flush=True)
     runs: dict[tuple[str, int, str], list[float]] = {}
     for round_ in range(1, a.rounds + 1):
         runs.setdefault(("push", 1, "plain"), []).append(rate(push_worker, (url, a.threads), a.seconds))
@@ -216,8 +279,11 @@ def main() -> None:
             published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
             rows.append((shape, n, published, published * copies, by_hand, by_hand * copies))
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    if a.backend == "cassandra":
+        drop_keyspace(url)
     print(
-        f"\n{PUBLISHERS} publishers of {a.threads} thread(s), single publishes of {BODY} B, {a.seconds:g} s each;"
+        f"\n{a.backend}: {PUBLISHERS} publishers of {a.threads} thread(s), single publishes of {BODY} B,"
+        f" {a.seconds:g} s each;"
         f" plain push {plain:,.0f} /s"
     )
     print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"

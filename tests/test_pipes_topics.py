@@ -82,7 +82,9 @@ class Topics:
             from_url(self.url), TopicTarget(names, tuple(routes), unrouted.names if unrouted else None)
         )
         backend.apply()
-        topic = connect_topic(self.url, names.topic, schema=KEYSPACE)
+        topic = connect_topic(
+            self.url, names.topic, schema=KEYSPACE, rules_refresh=0
+        )  # the rules at each publish
         assert isinstance(topic, PipesTopic)
         self.made.append((topic, backend))
         return topic, backend
@@ -115,8 +117,8 @@ def drain(q: PipesQueue) -> list[Any]:
 
 
 def counted(backend: CassandraTopic, published: int) -> TopicCounts:
-    """The topic's counts once its counters show `published` messages (they are added to after
-    the copies are written, without waiting)."""
+    """The topic's counts once its counters show `published` messages (a publisher adds to them
+    every second and when it closes, without waiting)."""
     deadline = time.monotonic() + 10
     while True:
         counts = backend.counts()
@@ -161,6 +163,7 @@ def test_each_message_reaches_the_queues_whose_filters_match_it_and_is_counted(t
         for m in got:
             headers, subject = messages[int(m.body[1:])]
             assert m.headers == {**headers, **({"dbq-subject": subject} if subject else {})}
+    topic.close()  # a publisher writes its counts every second, and when it closes
     counts = counted(backend, len(messages))
     assert (counts.published, counts.unrouted, counts.rules_version) == (len(messages), len(expected[""]), 1)
     assert counts.routed == {n: len(expected[n]) for n in filters} and counts.dropped == dict.fromkeys(
@@ -183,6 +186,7 @@ def test_publish_many_routes_each_message_as_publish_does(topics):
         assert [m.body for m in got] == [b for b, r in zip(bodies, routed, strict=True) if name in r]
         assert [m.id for m in got] == [r[name] for r in routed if name in r]
     assert topic.publish_many([]) == []
+    topic.close()
     assert counted(backend, 5).unrouted == sum(1 for r in routed if not r) == 2
     with pytest.raises(ValueError, match="subjects has 1 values for 2 messages"):
         topic.publish_many([b"x", b"y"], subjects=["one"])
@@ -296,6 +300,23 @@ def test_rules_are_recorded_once_per_change_a_bad_queue_is_refused_and_teardown_
         topic.publish(b"z")
     with pytest.raises(TopicNotFound):
         connect_topic(cass_url, topic.names.topic, schema=KEYSPACE)
+
+
+def test_a_publisher_routes_by_the_rules_it_read_for_rules_refresh_seconds(topics, cass_url):
+    qa, qb = topics.queue(), topics.queue()
+    topic, backend = topics.make([route("a", qa, flt())])
+    caching = connect_topic(cass_url, topic.names.topic, schema=KEYSPACE, rules_refresh=0.5)
+    try:
+        assert caching.publish(b"1").keys() == {"a"}
+        backend.target = TopicTarget(topic.names, (route("b", qb, flt()),))
+        assert backend.apply() == 2
+        assert topic.publish(b"2").keys() == {"b"}  # rules_refresh=0: the rules in force
+        assert caching.publish(b"3").keys() == {"a"}  # read less than 0.5 s ago
+        time.sleep(0.6)
+        assert caching.publish(b"4").keys() == {"b"}
+    finally:
+        caching.close()
+    assert [m.body for m in drain(qa)] == [b"1", b"3"] and [m.body for m in drain(qb)] == [b"2", b"4"]
 
 
 @pytest.mark.parametrize("mode", ["pop", "acquire"])

@@ -96,7 +96,7 @@ def __getattr__(name: str) -> Any:
 
 DEFAULT_SCHEMA = "dbq"
 PIPES_OPTIONS = ("visibility", "push_timeout", "pop_timeout", "ttl", "smart_batching")
-PIPES_TOPIC_OPTIONS = ("ttl", "smart_batching")
+PIPES_TOPIC_OPTIONS = ("ttl", "smart_batching", "rules_refresh")
 
 
 def connect(
@@ -167,7 +167,9 @@ def connect_topic(url: str, topic: str, *, schema: str | None = None, **options:
     """A publisher of `topic` (its name, or its Topic resource's metadata.name with '-' as '_') at
     `url`: postgresql://... (`Topic`) or cassandra://... (`PipesTopic`, `schema` naming the
     keyspace). Options: ttl (seconds, the copies' default), smart_batching; on PostgreSQL also
-    timeout (seconds a publish is made again while the subscriptions change) and pool_size."""
+    timeout (seconds a publish is made again while the subscriptions change) and pool_size; on
+    Cassandra rules_refresh (seconds a publish may route by rules an earlier one read; 0: read
+    them at every publish)."""
     return _open_topic(from_url(url), TopicNames(schema or DEFAULT_SCHEMA, queue_identifier(topic)), options)
 
 

@@ -4,14 +4,15 @@ statement its publishers and the operator run.
 A topic's row in the keyspace's `dbq_topics` table holds its rules whole, as one JSON value (the
 subscriptions, each with its queue and filter, and the queue of unrouted messages) and their
 version: the operator replaces them with one write, so a publisher that reads the row sees the
-old rules or the new ones, never a mix. A publish reads the row, evaluates each filter
+old rules or the new ones, never a mix. A publish reads the row (or routes by the rules its client read less than `rules_refresh`
+seconds ago), evaluates each filter
 (`dbq.contract.filters`, the reference evaluator) and writes every copy, each in its queue's
 pipe, in one logged batch: Cassandra applies all of it or, should the client die first, none.
 Nothing is ever full on pipes, so onFull never applies there.
 
-The counts are Cassandra counters in `dbq_topic_counts` (one partition per topic), added to
-after the copies are written: a publish whose counter update is lost (its client died, or the
-update timed out) is not counted.
+The counts are Cassandra counters in `dbq_topic_counts` (one partition per topic); each publisher
+adds what it counted every second and when it closes: what a publisher killed in between had
+counted, or an update that timed out, is not counted.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ LOG = logging.getLogger("dbq.pipes")
 # whose copies would hold more on their own stores each copy's body in its queue's content table.
 BATCH_BYTES = 24 << 10
 ROW_BYTES = 100
+# A publisher adds to the topic's counters this often (they are Cassandra counters: each update
+# reads before it writes), with what it counted meanwhile.
+COUNT_EVERY_S = 1.0
 
 
 @dataclass
@@ -72,15 +76,20 @@ class PipesTopic:
         names: TopicNames,
         *,
         ttl: float = 0.0,
+        rules_refresh: float = 1.0,
         session: Session | None = None,
         smart_batching: bool = True,
     ) -> None:
-        """`ttl`: the copies' default time to live (seconds; 0: none)."""
+        """`ttl`: the copies' default time to live (seconds; 0: none). `rules_refresh`: how long
+        (seconds) a publish may route by the rules read by an earlier one; 0: each publish (each
+        batch of them) reads the rules in force."""
         if settings.backend != "cassandra":
             raise QueueError(f"a pipes topic lives on cassandra, not {settings.backend}")
         self.settings = settings
         self.names = names
         self.ttl = seconds_arg(ttl, "ttl", 0.0)
+        self.rules_refresh = seconds_arg(rules_refresh, "rules_refresh", 0.0)
+        self._read_at = 0.0  # monotonic: when the rules were last read
         self.cql = PipesTopicStatements(names)
         self._cluster: Cluster | None = None
         if session is None:
@@ -90,6 +99,9 @@ class PipesTopic:
         self._queues: dict[QueueNames, PipesQueue] = {}
         self._queues_lock = threading.Lock()
         self._parsed: PipesRules | None = None
+        self._counts: dict[str, int] = {}  # counted here, not yet written
+        self._counts_lock = threading.Lock()
+        self._counted_at = time.monotonic()
         try:
             self.rules()
         except Exception:
@@ -102,7 +114,12 @@ class PipesTopic:
             )
 
     def rules(self) -> PipesRules:
-        """The rules in force, read from the topic's row (parsed again only when they changed)."""
+        """The rules to route by: those read less than `rules_refresh` ago, else the rules in
+        force, read from the topic's row (parsed again only when they changed)."""
+        parsed = self._parsed
+        now = time.monotonic()
+        if parsed is not None and now - self._read_at < self.rules_refresh:
+            return parsed
         names = self.names
         found = self.db.rows(self.cql.read_rules, names.topic) if self._has_table() else []
         if not found:
@@ -116,9 +133,9 @@ class PipesTopic:
                 f"topic {names.topic} has schema version {schema_version}, this client speaks"
                 f" {PIPES_TOPIC_SCHEMA_VERSION}: upgrade the operator and the client together"
             )
-        parsed = self._parsed
         if parsed is None or parsed.version != version:
             parsed = self._parsed = parse_rules(names, int(version), str(text))
+        self._read_at = now
         return parsed
 
     def _has_table(self) -> bool:
@@ -245,12 +262,14 @@ class PipesTopic:
                 staged.append(
                     (queue.writer.stage(copies.bodies, expires, copies.headers, copies.chunked), copies)
                 )
-            self.db.batch([part for s, _ in staged for part in s.parts], logged=True)
+            # One queue's copies are in one pipe: atomic as the push's own batch is (unlogged).
+            self.db.batch([part for s, _ in staged for part in s.parts], logged=len(staged) > 1)
         except QueueError:
             for s, _ in staged:
                 PipeWriter.lost(s)
             with self._queues_lock:
                 self._queues.clear()  # a queue may have been deleted: read them afresh next time
+            self._read_at = 0.0  # and the rules
             raise
         for s, copies in staged:
             PipeWriter.landed(s)
@@ -258,29 +277,46 @@ class PipesTopic:
                 answers[i][name] = msg_id
 
     def _count(self, rules: PipesRules, targets: list[list[tuple[str, PipesQueue]]]) -> None:
-        """Add to the topic's counters, without waiting: a lost update leaves them short."""
-        routed: dict[str, int] = {}
+        """Add the messages to the counts kept here, written to the topic's counters at most every
+        COUNT_EVERY_S (and on close)."""
         shown = {r.shown: r.subscription for r in rules.routes}
-        for found in targets:
-            for name, _ in found:
-                if name:
-                    routed[shown[name]] = routed.get(shown[name], 0) + 1
-        unrouted = sum(1 for found in targets if not found or found[0][0] == "")
-        adds = [
-            (len(targets), PUBLISHED),
-            (unrouted, UNROUTED),
-            *((n, ROUTED + s) for s, n in routed.items()),
-        ]
+        with self._counts_lock:
+            counts = self._counts
+            counts[PUBLISHED] = counts.get(PUBLISHED, 0) + len(targets)
+            for found in targets:
+                if not found or found[0][0] == "":
+                    counts[UNROUTED] = counts.get(UNROUTED, 0) + 1
+                for name, _ in found:
+                    if name:
+                        key = ROUTED + shown[name]
+                        counts[key] = counts.get(key, 0) + 1
+            due = time.monotonic() >= self._counted_at + COUNT_EVERY_S
+        if due:
+            self._flush_counts()
+
+    def _flush_counts(self) -> None:
+        """Add the counts kept here to the topic's counters, without waiting: an update that is
+        lost (it timed out, the process died first) leaves them short."""
+        with self._counts_lock:
+            counts, self._counts = self._counts, {}
+            self._counted_at = time.monotonic()
+        if not counts:
+            return
+        try:
+            statement = self.db.statement(self.cql.add)
+        except QueueError as e:  # the copies are written: the publish stands
+            LOG.warning("topic %s: counts not updated: %s", self.names.topic, e)
+            return
         batch = BatchStatement(batch_type=BatchType.COUNTER)
-        statement = self.db.statement(self.cql.add)
-        for n, name in adds:
-            if n:
-                batch.add(statement, (n, self.names.topic, name))
+        for name, n in counts.items():
+            batch.add(statement, (n, self.names.topic, name))
         future = self.session.execute_async(batch)
         future.add_errback(lambda e: LOG.warning("topic %s: counts not updated: %s", self.names.topic, e))
 
     def close(self) -> None:
-        """Finish this client's pipes in every queue, then disconnect (a session given is left open)."""
+        """Write the counts kept here, finish this client's pipes in every queue, then disconnect
+        (a session given is left open)."""
+        self._flush_counts()
         with self._queues_lock:
             queues, self._queues = list(self._queues.values()), {}
         for queue in queues:
