@@ -1,6 +1,7 @@
-"""Client of a topic on Cassandra (`dbq.contract.pipes_topics`): `publish` reads the topic's rules,
-evaluates each subscription's filter here, and writes a copy into the pipe of every matching
-queue, all of a message's copies in one logged batch (Cassandra applies all of them or none).
+"""Client of a topic on Cassandra (`dbq.contract.pipes_topics`): `publish` reads the topic's rules
+(at most every `rules_refresh` seconds), evaluates each subscription's filter here, and writes a
+copy into the pipe of every matching queue, all of a message's copies in one batch: logged when
+they go to several queues (Cassandra applies all of them or none), one pipe's own otherwise.
 `publish_many` writes several messages in as few batches as their size allows, each message's
 copies always together. Each subscriber consumes its own queue with `dbq.client.connect`.
 
