@@ -198,12 +198,15 @@ def make_topic(url: str, shape: str, n: int) -> Any:
 
 
 def drain(url: str, n: int) -> None:
+    """Empty the first n queues, so that rings never fill (pipes have no bound: left as they are)."""
     from dbq.client import connect
 
+    if url.startswith("cassandra"):
+        return
     for i in range(n):
         with connect(url, queue_name(i), schema=SCHEMA, smart_batching=False) as q:
-            while q.pop_many(5000, timeout=0.3 if url.startswith("cassandra") else 0):
-                pass  # (a pipes take reads one pipe at a time)
+            while q.pop_many(5000, timeout=0):
+                pass
 
 
 def cassandra_url() -> str:

@@ -32,6 +32,8 @@ from dbq.contract.topics import Route, TopicCounts, TopicNames, TopicTarget
 from dbq.errors import InvalidSpec, MessageTooLarge, TopicNotFound
 from dbq.names import QueueNames
 from tests.test_filters import FILTERS, HEADERS, SUBJECTS
+from tests.test_pipes import stored_bodies
+from tests.topic_publisher import body_of
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
 
@@ -412,9 +414,13 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     assert counts.routed == {n: sum(1 for b in messages if n in answers[b]) for n in rules}
 
 
+@pytest.mark.parametrize("large", [0, 65536])
 def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queue_or_in_none(
-    topics, cass_url, tmp_path
+    topics, cass_url, tmp_path, large
 ):
+    """With large bodies too (every fourth of 64 KiB, stored in each queue's content table before
+    the batch): what a killed publisher stored for a batch it never sent is removed by repair."""
+    ending = 2.0  # the publishers' ENDING_S: repair removes their orphaned chunks this long after
     queues = [topics.queue() for _ in range(3)]
     first = flt({"key": "n", "lt": 50})  # a partial match as well
     topic, _ = topics.make([route(f"s{i}", q, flt() if i < 2 else first) for i, q in enumerate(queues)])
@@ -424,20 +430,29 @@ def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queu
         logs.append(log)
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("topic_publisher.py")), cass_url, KEYSPACE,
-             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(1 + run % 2 * 7)],
+             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(1 + run % 2 * 7),
+             "--large", str(large), "--pipes-ending", str(ending)],
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )  # fmt: skip
         time.sleep(rng.uniform(2.0, 3.5))  # it connects, then publishes
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     logged = [line.split(" ", 1)[1] for log in logs if log.exists() for line in log.read_text().splitlines()]
-    assert len(logged) > 50
-    got = [[m.body.decode() for m in drain(q)] for q in queues]
-    for bodies in got:
-        assert len(bodies) == len(set(bodies))  # none twice
-    assert set(got[0]) == set(got[1])  # both take every message: all or none of each
-    assert set(logged) <= set(got[0])  # every publish that returned is there
-    assert set(got[2]) == {b for b in got[0] if int(b.rsplit("-", 1)[1]) < 50}
+    assert len(logged) > (20 if large else 50)
+    time.sleep(ending + 1.0)  # past the marks of chunks stored for batches never written
+    for q in queues:
+        q.repair()
+    got = [[m.body for m in drain(q)] for q in queues]
+    names = [[b.split(b"|")[0].decode() for b in bodies] for bodies in got]
+    for bodies, named in zip(got, names, strict=True):
+        assert len(named) == len(set(named))  # none twice
+        assert all(b == body_of(n, large) for b, n in zip(bodies, named, strict=True))  # none damaged
+    assert set(names[0]) == set(names[1])  # both take every message: all or none of each
+    assert set(logged) <= set(names[0])  # every publish that returned is there
+    assert set(names[2]) == {b for b in names[0] if int(b.rsplit("-", 1)[1]) < 50}
+    assert not large or any(int(n.rsplit("-", 1)[1]) % 4 == 0 for n in names[0])
+    for q in queues:
+        assert q.repair() is not None and stored_bodies(q) == 0  # no chunk left behind
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""A publisher process for the topic crash tests (PostgreSQL and Cassandra): publishes bodies `<prefix>-<n>` to a topic
-until killed, singly or `--batch` at a time, writing `P <body>` to its log after each publish
-returns (so a body published and not yet logged is possible, never the reverse)."""
+"""A publisher process for the topic crash tests (PostgreSQL and Cassandra): publishes bodies
+`<prefix>-<n>` to a topic until killed, singly or `--batch` at a time, writing `P <body>` to its
+log after each publish returns (so a body published and not yet logged is possible, never the
+reverse). With `--large N`, every fourth body is N bytes: its name, then filler."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import argparse
 import sys
 
 from dbq.client import connect_topic
+
+
+def body_of(name: str, large: int) -> bytes:
+    n = int(name.rsplit("-", 1)[1])
+    return name.encode() if not large or n % 4 else (name + "|").encode().ljust(large, b"x")
 
 
 def main() -> None:
@@ -18,17 +24,24 @@ def main() -> None:
     p.add_argument("log")
     p.add_argument("--prefix", default="m")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--large", type=int, default=0, help="bytes of every fourth body (0: all small)")
+    p.add_argument("--pipes-ending", type=float, default=0.0, help="pipes: tuning.ENDING_S")
     a = p.parse_args()
+    if a.pipes_ending:
+        from dbq.client.pipes import tuning
+
+        tuning.ENDING_S = a.pipes_ending
     topic = connect_topic(a.url, a.topic, schema=a.schema)
     n = 0
     with open(a.log, "a", buffering=1) as log:
         while True:
-            bodies = [f"{a.prefix}-{n + i}".encode() for i in range(a.batch)]
+            names = [f"{a.prefix}-{n + i}" for i in range(a.batch)]
+            bodies = [body_of(name, a.large) for name in names]
             if a.batch == 1:
                 topic.publish(bodies[0], headers={"n": n})
             else:
                 topic.publish_many(bodies, headers=[{"n": n + i} for i in range(a.batch)])
-            log.write("".join(f"P {b.decode()}\n" for b in bodies))
+            log.write("".join(f"P {name}\n" for name in names))
             n += a.batch
 
 

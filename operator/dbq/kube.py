@@ -75,16 +75,13 @@ class Kube:
         return dict(secret.data or {})
 
     def get_queue(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as e:
-            if e.status == 404:
-                raise QueueNotFound(
-                    f"no Queue {name} in namespace {namespace}: `kubectl get queues -A` lists them;"
-                    " pass -n NAMESPACE, or --url to name the database"
-                ) from None
-            raise _failed(e, f"Queue {namespace}/{name}") from None
-        return cast(dict[str, Any], found)
+        found = self.find(PLURAL, namespace, name)
+        if found is None:
+            raise QueueNotFound(
+                f"no Queue {name} in namespace {namespace}: `kubectl get queues -A` lists them;"
+                " pass -n NAMESPACE, or --url to name the database"
+            )
+        return found
 
     def list_queues(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
         """The Queues of one namespace, or of every namespace these credentials may list."""

@@ -50,6 +50,11 @@ def _sized(cur: pyodbc.Cursor, route: Route) -> Route:
     return replace(route, ring_size=int(size))
 
 
+def _ordinals(recorded: list[Any]) -> list[tuple[str, int]]:
+    """(subscription, ordinal) of each row of `PgTopic.recorded_rules`."""
+    return [(str(row[0]), int(row[1])) for row in recorded]
+
+
 def _canonical(flt: object) -> str:
     return json.dumps(flt, sort_keys=True)
 
@@ -61,6 +66,9 @@ class OdbcTopic(OdbcBackend):
         # The schema's lock, and a seat in the operator's pool by the topic's name.
         super().__init__(settings, QueueNames(target.names.schema, target.names.topic))
         self.target = target
+        # What the last apply left in force: the rules version and (subscription, ordinal) of each
+        # route, so that counts() after it reads the counters alone.
+        self._applied: tuple[int, list[tuple[str, int]]] | None = None
 
     def advisory_lock(self) -> str:
         return TOPIC_LOCK
@@ -71,8 +79,9 @@ class OdbcTopic(OdbcBackend):
         cost no transaction and keep their version."""
         names, sql = self.target.names, PgTopic(self.target)
         with self._errors():
-            version, _ = self._in_force(self.conn.cursor(), sql)
+            version, recorded = self._in_force(self.conn.cursor(), sql)
         if version is not None:
+            self._applied = version, _ordinals(recorded)
             return version
         with self._locked_transaction() as cur:
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {sql.schema}")
@@ -81,8 +90,9 @@ class OdbcTopic(OdbcBackend):
             cur.execute(TOPIC_LOCK, names.lock)  # publishes in flight end first; new ones wait
             version, recorded = self._in_force(cur, sql)
             if version is not None:  # made meanwhile, by another operator
+                self._applied = version, _ordinals(recorded)
                 return version
-            known = {str(row[0]): int(row[1]) for row in recorded}
+            known = dict(_ordinals(recorded))
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
             made = PgTopic(TopicTarget(names, routes, self.target.unrouted))
@@ -90,6 +100,7 @@ class OdbcTopic(OdbcBackend):
                 cur.execute(statement)
             for statement, params in made.rows(version):
                 cur.execute(statement, *params)
+        self._applied = version, [(r.subscription, r.ordinal) for r in routes]
         return version
 
     def _in_force(self, cur: pyodbc.Cursor, sql: PgTopic) -> tuple[int | None, list[Any]]:
@@ -114,23 +125,25 @@ class OdbcTopic(OdbcBackend):
         return (int(version) if routine and same_unrouted and recorded == wanted else None), rows
 
     def counts(self) -> TopicCounts | None:
-        """The topic's counters as its recorded rules name them; None when it is not made."""
+        """The topic's counters as its recorded rules name them (as the last `apply` left them,
+        when it made one); None when it is not made."""
         names, sql = self.target.names, PgTopic(self.target)
         with self._errors():
             cur = self.conn.cursor()
-            if not int(cur.execute(sql.has_tables(), names.schema).fetchval()):
-                return None
-            version = cur.execute(sql.rules_version(), names.topic).fetchval()
-            if version is None:
-                return None
-            rules = [
-                (str(row[0]), int(row[1]))
-                for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()
-            ]
+            if self._applied is not None:
+                version, rules = self._applied
+            else:
+                if not int(cur.execute(sql.has_tables(), names.schema).fetchval()):
+                    return None
+                found = cur.execute(sql.rules_version(), names.topic).fetchval()
+                if found is None:
+                    return None
+                version = int(found)
+                rules = _ordinals(cur.execute(sql.recorded_rules(), names.topic).fetchall())
             values = [int(v) for v in cur.execute(sql.counters([o for _, o in rules])).fetchone()]
         each = values[2:]
         return TopicCounts(
-            rules_version=int(version),
+            rules_version=version,
             published=values[0],
             unrouted=values[1],
             routed={name: each[2 * i] for i, (name, _) in enumerate(rules)},
@@ -139,6 +152,7 @@ class OdbcTopic(OdbcBackend):
 
     def teardown(self) -> None:
         names = self.target.names
+        self._applied = None
         with self._locked_transaction() as cur:
             sql = PgTopic(self.target)
             if not cur.execute(sql.has_tables(), names.schema).fetchval():

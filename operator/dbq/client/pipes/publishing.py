@@ -168,7 +168,8 @@ class PipesTopic:
         ttl: float | None = None,
     ) -> list[dict[str, uuid.UUID]]:
         """Route several messages, by the same rules: for each, what `publish` answers. Each
-        message's copies are written together; messages too many for one batch take several."""
+        message's copies are written together; messages too many for one batch take several, and
+        should one of them fail, the error is raised with the messages before it routed."""
         count = len(bodies)
         each_headers = each_of(headers, count, "headers", Mapping)
         each_subject = each_of(subjects, count, "subjects", str)
@@ -179,22 +180,37 @@ class PipesTopic:
         return self._publish(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
 
     def _batch(self, items: list[Publish], ttl_ms: int) -> list[dict[str, uuid.UUID] | BaseException]:
-        """The single publishes of several threads together (smart batching); a refused message
-        (too large for a queue) fails its own caller only."""
+        """The single publishes of several threads together (smart batching): each caller gets
+        its own answer, or the error of the batch its message was in (or of a message refused
+        for one of its queues: the others are routed without it)."""
         try:
-            return list(self._publish(items, ttl_ms))
+            answers, failure = self._route(items, ttl_ms)
         except (ValueError, TypeError):
             out: list[dict[str, uuid.UUID] | BaseException] = []
             for item in items:
                 try:
                     out.append(self._publish([item], ttl_ms)[0])
-                except (ValueError, TypeError) as e:
+                except (ValueError, TypeError, QueueError) as e:
                     out.append(e)
             return out
+        if failure is None:
+            return list(answers)
+        error, failed_from = failure
+        return [*answers[:failed_from], *([error] * (len(items) - failed_from))]
 
     def _publish(self, items: list[Publish], ttl_ms: int) -> list[dict[str, uuid.UUID]]:
-        """Route checked messages (body, stored headers, subject): every message checked against
-        its queues' limits before anything is written."""
+        answers, failure = self._route(items, ttl_ms)
+        if failure is not None:
+            raise failure[0]
+        return answers
+
+    def _route(
+        self, items: list[Publish], ttl_ms: int
+    ) -> tuple[list[dict[str, uuid.UUID]], tuple[QueueError, int] | None]:
+        """Route checked messages (body, stored headers, subject), every one checked against its
+        queues' limits before anything is written (ValueError, TypeError), in as few batches as
+        their size allows: the answers, and the error of a batch that failed with the index of its
+        first message (those before it are routed, it and those after it are not)."""
         rules = self.rules()
         targets = [self._targets(rules, item) for item in items]
         answers: list[dict[str, uuid.UUID]] = [{} for _ in items]
@@ -208,10 +224,13 @@ class PipesTopic:
                     break
                 used += size
                 end += 1
-            self._write(items, targets, start, end, expires, answers)
+            try:
+                self._write(items, targets, start, end, expires, answers)
+            except QueueError as e:
+                return answers, (e, start)
+            self._count(rules, targets[start:end])
             start = end
-        self._count(rules, targets)
-        return answers
+        return answers, None
 
     def _targets(self, rules: PipesRules, item: Publish) -> list[tuple[str, PipesQueue]]:
         """The queues a message goes to (by the names the answer gives them), checked to take it."""

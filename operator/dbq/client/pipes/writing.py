@@ -215,9 +215,9 @@ class PipeWriter:
               chunked: Sequence[bool]) -> Staged:  # fmt: skip
         """Messages to append to this thread's pipe in a batch the caller writes with other
         queues' (a topic's publish): the statements (the rows, the pipe's count, the ends of their
-        chunks' marks), all in one pipe. A body `chunked` says so for goes to the content table
-        (stored now), as does any past a row's size: the batch holds the rows alone. Call `landed` once the batch is
-        written, `lost` if it failed."""
+        chunks' marks), all in one pipe. The bodies `chunked` marks, and any past a row's size,
+        are stored in the content table now, their rows left without them. Call `landed` once the
+        batch is written, `lost` if it failed."""
         pusher = self._pusher()
         n = len(bodies)
         if n > self.max_pushes_per_pipe:
