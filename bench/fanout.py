@@ -33,12 +33,21 @@ from typing import Any
 
 from bench.ring_vs_skiplocked import DB, SCHEMA, admin, bench_database, sampled
 
+# The schema (keyspace) of the queues: a Cassandra run takes a keyspace of its own, named in the
+# environment its worker processes inherit (Cassandra may keep statements prepared on a dropped
+# keyspace's tables: one made again under the same name would meet them).
+SCHEMA_VARIABLE = "DBQ_BENCH_SCHEMA"
+
 # Slots per queue: a 5 s run stays below them. The first queues take the plain pushes and the
 # broadcasts to few subscriptions, the fastest; the others at most a publish rate of a topic of 8.
 RING_SIZE, BUSY_RING_SIZE, BUSY_QUEUES = 32768, 131072, 8
 QUEUES = 64
 BODY = 300
 PUBLISHERS = 4
+
+
+def schema() -> str:
+    return os.environ.get(SCHEMA_VARIABLE, SCHEMA)
 
 
 def queue_name(i: int) -> str:
@@ -73,7 +82,7 @@ def in_threads(threads: int, once: Callable[[], bool], counter: Any, stop: Any) 
 def publish_worker(url: str, topic: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
     from dbq.client import QueueFull, connect_topic
 
-    t = connect_topic(url, topic, schema=SCHEMA, pool_size=threads)
+    t = connect_topic(url, topic, schema=schema(), pool_size=threads)
     body = os.urandom(BODY)
 
     def once() -> bool:
@@ -105,7 +114,7 @@ def by_hand_worker(url: str, shape: str, n: int, threads: int, counter: Any, sto
         targets = [p] if shape == "partitioned" else range(n)
         with local.conn.transaction():
             for i in targets:
-                local.conn.execute(f'SELECT "{SCHEMA}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
+                local.conn.execute(f'SELECT "{schema()}"."{queue_name(i)}_push"(%s, 0, %s)', (body, headers))
         return True
 
     in_threads(threads, once, counter, stop)
@@ -114,7 +123,7 @@ def by_hand_worker(url: str, shape: str, n: int, threads: int, counter: Any, sto
 def pipes_by_hand(url: str, shape: str, n: int, threads: int, counter: Any, stop: Any) -> None:
     from dbq.client import connect
 
-    queues = [connect(url, queue_name(i), schema=SCHEMA, smart_batching=threads > 1) for i in range(n)]
+    queues = [connect(url, queue_name(i), schema=schema(), smart_batching=threads > 1) for i in range(n)]
     body = os.urandom(BODY)
 
     def once() -> bool:
@@ -131,7 +140,7 @@ def push_worker(url: str, threads: int, counter: Any, stop: Any) -> None:
     from dbq.client import QueueFull, connect
 
     q = connect(
-        url, queue_name(0), schema=SCHEMA, smart_batching=threads > 1, push_timeout=0, pool_size=threads
+        url, queue_name(0), schema=schema(), smart_batching=threads > 1, push_timeout=0, pool_size=threads
     )
     body = os.urandom(BODY)
 
@@ -158,7 +167,7 @@ def provision(url: str, queues: int) -> None:
         return
     for i in range(queues):
         size = BUSY_RING_SIZE if i < BUSY_QUEUES else RING_SIZE
-        backend = OdbcRing(settings, RingTarget(QueueNames(SCHEMA, queue_name(i)), size, 300))
+        backend = OdbcRing(settings, RingTarget(QueueNames(schema(), queue_name(i)), size, 300))
         backend.apply()
         backend.close()
 
@@ -172,7 +181,7 @@ def provision_pipes(url: str, queues: int) -> None:
         {
             "backend": "cassandra",
             "design": "pipes",
-            "connection": {"secretRef": {"name": "x"}, "schema": SCHEMA},
+            "connection": {"secretRef": {"name": "x"}, "schema": schema()},
         }
     )
     for i in range(queues):
@@ -189,10 +198,10 @@ def make_topic(url: str, shape: str, n: int) -> Any:
     from dbq.names import QueueNames
 
     routes = tuple(
-        Route(f"s{i}", QueueNames(SCHEMA, queue_name(i)), Filter.model_validate(f))
+        Route(f"s{i}", QueueNames(schema(), queue_name(i)), Filter.model_validate(f))
         for i, f in enumerate(filters(shape, n))
     )
-    backend = topic_backend(from_url(url), TopicTarget(TopicNames(SCHEMA, f"{shape}_{n}"), routes))
+    backend = topic_backend(from_url(url), TopicTarget(TopicNames(schema(), f"{shape}_{n}"), routes))
     backend.apply()
     return backend
 
@@ -204,7 +213,7 @@ def drain(url: str, n: int) -> None:
     if url.startswith("cassandra"):
         return
     for i in range(n):
-        with connect(url, queue_name(i), schema=SCHEMA, smart_batching=False) as q:
+        with connect(url, queue_name(i), schema=schema(), smart_batching=False) as q:
             while q.pop_many(5000, timeout=0):
                 pass
 
@@ -216,7 +225,7 @@ def cassandra_url() -> str:
     if not cassandra.ready():
         cassandra.start()
     host, port = Stack().cassandra.contact
-    drop_keyspace(f"cassandra://{host}:{port}")
+    os.environ[SCHEMA_VARIABLE] = f"bench_{os.urandom(4).hex()}"
     return f"cassandra://{host}:{port}"
 
 
@@ -225,7 +234,7 @@ def drop_keyspace(url: str) -> None:
     from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S, open_session
 
     cluster, session = open_session(from_url(url))
-    session.execute(f'DROP KEYSPACE IF EXISTS "{SCHEMA}"', timeout=SCHEMA_CHANGE_TIMEOUT_S)
+    session.execute(f'DROP KEYSPACE IF EXISTS "{schema()}"', timeout=SCHEMA_CHANGE_TIMEOUT_S)
     cluster.shutdown()
 
 
