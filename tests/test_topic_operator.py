@@ -313,3 +313,12 @@ def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscript
     wait_for(lambda: not topics.exists("events") or None, 60, "the topic deleted")
     for name in ("eu-events", "all-events"):
         cluster.delete(name)
+        wait_for(lambda name=name: not cluster.exists(name) or None, 90, f"Queue {name} deleted")
+
+    def keyspace_gone() -> bool | None:
+        found = cassandra.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (keyspace,)
+        )
+        return not found.all() or None
+
+    wait_for(keyspace_gone, 30, "the keyspace dropped with its last queue and topic")

@@ -116,3 +116,6 @@ class PipesTopicStatements:
         self.read_counts = f"SELECT name, n FROM {self.counts} WHERE topic = ?"
         self.drop_rules = f"DELETE FROM {self.topics} WHERE topic = ?"
         self.drop_counts = f"DELETE FROM {self.counts} WHERE topic = ?"
+        self.any_topic = f"SELECT topic FROM {self.topics} LIMIT 1"
+        self.drop_tables = [f"DROP TABLE IF EXISTS {ks}.{quote(t)}" for t in TABLES]
+        self.drop_keyspace = f"DROP KEYSPACE IF EXISTS {ks}"

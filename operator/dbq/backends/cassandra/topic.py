@@ -8,6 +8,7 @@ from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
+from dbq.backends.cassandra.backend import keyspace_lock
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S, open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
@@ -76,8 +77,9 @@ class CassandraTopic:
                 f"keyspace {names.schema} does not exist at {self.endpoint()}: a topic's queues live there;"
                 " create them first (Queues with the topic's backend, Secret and keyspace)"
             )
-        for statement in self.cql.create:
-            self._run(statement)
+        with keyspace_lock(self.settings, names.schema):  # not while a teardown empties the keyspace
+            for statement in self.cql.create:
+                self._run(statement)
         for queue in [r.queue for r in self.target.routes] + [q for q in [self.target.unrouted] if q]:
             self._check_queue(queue)
         wanted = rules_json(self.target)
@@ -143,9 +145,20 @@ class CassandraTopic:
         return keyspace is not None and all(t in keyspace.tables for t in TABLES)
 
     def teardown(self) -> None:
-        """Remove the topic's rules (its publishers find no topic) and counters."""
+        """Remove the topic's rules (its publishers find no topic) and counters; with the last
+        topic of the keyspace, the topic tables, and then the keyspace if nothing else is in it
+        (a queue's teardown leaves it while they are there)."""
         names = self.target.names
-        if not self._keyspace_exists() or not self._has_tables():
-            return
-        self._run(self.cql.drop_rules, names.topic)
-        self._run(self.cql.drop_counts, names.topic)
+        with keyspace_lock(self.settings, names.schema):
+            if not self._keyspace_exists() or not self._has_tables():
+                return
+            self._run(self.cql.drop_rules, names.topic)
+            self._run(self.cql.drop_counts, names.topic)
+            if self._run(self.cql.any_topic):
+                return
+            for statement in self.cql.drop_tables:
+                self._run(statement)
+            self.session.cluster.refresh_keyspace_metadata(names.schema)
+            keyspace = self.session.cluster.metadata.keyspaces.get(names.schema)
+            if keyspace is not None and not keyspace.tables:
+                self._run(self.cql.drop_keyspace)
