@@ -311,6 +311,9 @@ def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscript
     subs.delete("all")
     topics.delete("events")
     wait_for(lambda: not topics.exists("events") or None, 60, "the topic deleted")
+    with connect(f"cassandra://{host}:{port}", "all_events", schema=keyspace) as q:
+        while q.pop_many(10, timeout=1):  # a Queue is deleted once empty (deletionPolicy DeleteIfEmpty)
+            pass
     for name in ("eu-events", "all-events"):
         cluster.delete(name)
         wait_for(lambda name=name: not cluster.exists(name) or None, 90, f"Queue {name} deleted")

@@ -117,5 +117,8 @@ class PipesTopicStatements:
         self.drop_rules = f"DELETE FROM {self.topics} WHERE topic = ?"
         self.drop_counts = f"DELETE FROM {self.counts} WHERE topic = ?"
         self.any_topic = f"SELECT topic FROM {self.topics} LIMIT 1"
+        self.has_topics_table = (
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = ?"
+        )
         self.drop_tables = [f"DROP TABLE IF EXISTS {ks}.{quote(t)}" for t in TABLES]
         self.drop_keyspace = f"DROP KEYSPACE IF EXISTS {ks}"

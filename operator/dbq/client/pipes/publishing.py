@@ -46,7 +46,7 @@ from dbq.contract.pipes_topics import (
     parse_rules,
 )
 from dbq.contract.topics import TOPICS_TABLE, TopicNames
-from dbq.errors import QueueError, TopicNotFound
+from dbq.errors import DbqError, QueueError, TopicNotFound
 from dbq.names import QueueNames
 
 LOG = logging.getLogger("dbq.pipes")
@@ -122,7 +122,13 @@ class PipesTopic:
         if parsed is not None and now - self._read_at < self.rules_refresh:
             return parsed
         names = self.names
-        found = self.db.rows(self.cql.read_rules, names.topic) if self._has_table() else []
+        try:
+            found = self.db.rows(self.cql.read_rules, names.topic) if self._has_table() else []
+        except DbqError:
+            # The driver's view of the schema may lag: ask the node whether the table is there.
+            if self.db.rows(self.cql.has_topics_table, names.schema, TOPICS_TABLE):
+                raise
+            found = []  # the topics table went (with the keyspace's last topic) since we looked
         if not found:
             raise TopicNotFound(
                 f"topic {names.topic} is not made in keyspace {names.schema} at {self.settings.endpoint}:"
