@@ -92,14 +92,7 @@ class Topic:
     ) -> list[dict[str, int]]:
         """Route several messages in one round trip and one transaction: for each, what
         `publish` answers. `headers` and `subjects`: one for every message, or one per message."""
-        count = len(bodies)
-        each_headers = each_of(headers, count, "headers", Mapping)
-        each_subject = each_of(subjects, count, "subjects", str)
-        items = [
-            (body_bytes(b), stored_headers(h, s), s)
-            for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
-        ]
-        return self._many(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
+        return self._many(publishes(bodies, headers, subjects), int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
 
     def publish_in(
         self,
@@ -207,6 +200,21 @@ class Topic:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def publishes(
+    bodies: Sequence[bytes],
+    headers: Headers | Sequence[Headers | None] | None,
+    subjects: str | Sequence[str | None] | None,
+) -> list[Publish]:
+    """What `publish_many` was given, checked: each message's body, stored headers and subject."""
+    count = len(bodies)
+    each_headers = each_of(headers, count, "headers", Mapping)
+    each_subject = each_of(subjects, count, "subjects", str)
+    return [
+        (body_bytes(b), stored_headers(h, s), s)
+        for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
+    ]
 
 
 def body_bytes(body: object) -> bytes:

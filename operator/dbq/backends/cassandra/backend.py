@@ -43,15 +43,13 @@ def keyspace_lock(settings: ConnectionSettings, keyspace: str) -> threading.Lock
         return _KEYSPACE_LOCKS.setdefault((settings.endpoint, keyspace), threading.Lock())
 
 
-class CassandraPipes:
-    def __init__(self, settings: ConnectionSettings, target: PipesTarget) -> None:
+class CassandraSession:
+    """A backend's session to the cluster, opened at first use, and its statements."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
         self.settings = settings
-        self.names = target.names
-        self.target = target
-        self.cql = cql.PipesCql(target.names, target.dead_letter_keeper)
         self._cluster: Cluster | None = None
         self._session: Session | None = None
-        self._queue: PipesQueue | None = None  # a data-plane client on this session, for stats and repair
 
     def endpoint(self) -> str:
         return self.settings.endpoint
@@ -63,9 +61,6 @@ class CassandraPipes:
         return self._session
 
     def close(self) -> None:
-        if self._queue is not None and self._session is not None:
-            self._queue.close()  # gives back leases; the session is ours to shut down
-        self._queue = None
         if self._cluster is not None:
             self._cluster.shutdown()
         self._cluster = self._session = None
@@ -82,6 +77,21 @@ class CassandraPipes:
         except Exception as e:
             self.close()
             raise translate(e, self.settings) from None
+
+
+class CassandraPipes(CassandraSession):
+    def __init__(self, settings: ConnectionSettings, target: PipesTarget) -> None:
+        super().__init__(settings)
+        self.names = target.names
+        self.target = target
+        self.cql = cql.PipesCql(target.names, target.dead_letter_keeper)
+        self._queue: PipesQueue | None = None  # a data-plane client on this session, for stats and repair
+
+    def close(self) -> None:
+        if self._queue is not None and self._session is not None:
+            self._queue.close()  # gives back leases; the session is ours to shut down
+        self._queue = None
+        super().close()
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> PipesObserved:

@@ -4,13 +4,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from cassandra.cluster import Cluster, Session
-
-from dbq.backends.cassandra.backend import keyspace_lock
+from dbq.backends.cassandra.backend import CassandraSession, keyspace_lock
 from dbq.connection import ConnectionSettings
-from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S, open_session, translate
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
 from dbq.contract.pipes_topics import (
     PIPES_TOPIC_SCHEMA_VERSION,
@@ -28,42 +23,13 @@ from dbq.names import QueueNames
 CHANGE_TRIES = 5  # rules changed by another operator meanwhile: read them and try again
 
 
-class CassandraTopic:
+class CassandraTopic(CassandraSession):
     def __init__(self, settings: ConnectionSettings, target: TopicTarget) -> None:
         if settings.backend != "cassandra":
             raise InvalidSpec(f"a Cassandra topic needs a cassandra connection, not {settings.backend}")
-        self.settings = settings
+        super().__init__(settings)
         self.target = target
         self.cql = PipesTopicStatements(target.names)
-        self._cluster: Cluster | None = None
-        self._session: Session | None = None
-
-    def endpoint(self) -> str:
-        return self.settings.endpoint
-
-    @property
-    def session(self) -> Session:
-        if self._session is None:
-            self._cluster, self._session = open_session(self.settings)
-        return self._session
-
-    def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.shutdown()
-        self._cluster = self._session = None
-
-    def _run(self, statement: str, *params: Any) -> list[Any]:
-        """One statement, prepared when it has values (never written into CQL); one without is
-        DDL, which may wait for the schema's agreement."""
-        try:
-            if params:
-                return list(self.session.execute(self.session.prepare(statement), params))
-            return list(self.session.execute(statement, timeout=SCHEMA_CHANGE_TIMEOUT_S))
-        except DbqError:
-            raise
-        except Exception as e:
-            self.close()
-            raise translate(e, self.settings) from None
 
     def _keyspace_exists(self) -> bool:
         return self.session.cluster.metadata.keyspaces.get(self.target.names.schema) is not None

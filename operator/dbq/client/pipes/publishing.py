@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cassandra.cluster import Cluster, Session
@@ -28,7 +28,7 @@ from dbq.client.pipes import tuning
 from dbq.client.pipes.queue import PipesQueue
 from dbq.client.pipes.session import PipesSession
 from dbq.client.pipes.writing import PipeWriter, Staged
-from dbq.client.topic import SMART_BATCH_LIMIT, Publish, body_bytes, each_of, stored_headers
+from dbq.client.topic import SMART_BATCH_LIMIT, Publish, body_bytes, publishes, stored_headers
 from dbq.client.waiting import check_bodies, seconds_arg
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
@@ -176,14 +176,9 @@ class PipesTopic:
         """Route several messages, by the same rules: for each, what `publish` answers. Each
         message's copies are written together; messages too many for one batch take several, and
         should one of them fail, the error is raised with the messages before it routed."""
-        count = len(bodies)
-        each_headers = each_of(headers, count, "headers", Mapping)
-        each_subject = each_of(subjects, count, "subjects", str)
-        items = [
-            (body_bytes(b), stored_headers(h, s), s)
-            for b, h, s in zip(bodies, each_headers, each_subject, strict=True)
-        ]
-        return self._publish(items, int(seconds_arg(ttl, "ttl", self.ttl) * 1000))
+        return self._publish(
+            publishes(bodies, headers, subjects), int(seconds_arg(ttl, "ttl", self.ttl) * 1000)
+        )
 
     def _batch(self, items: list[Publish], ttl_ms: int) -> list[dict[str, uuid.UUID] | BaseException]:
         """The single publishes of several threads together (smart batching): each caller gets
