@@ -33,6 +33,7 @@ from dbq.errors import InvalidSpec, MessageTooLarge, TopicNotFound
 from dbq.names import QueueNames
 from tests.test_filters import FILTERS, HEADERS, SUBJECTS
 from tests.test_pipes import stored_bodies
+from tests.test_topics import consume, orders, run_threads
 from tests.topic_publisher import body_of
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
@@ -330,18 +331,10 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     queues = {name: topics.queue(max_attempts=2) for name in rules}
     rest = topics.queue()
     topic, backend = topics.make([route(n, queues[n], f) for n, f in rules.items()], unrouted=rest)
-    rng = random.Random(44)
     per_publisher = 150
-    messages = {
-        f"{p}-{i}".encode(): (
-            {"region": rng.choice(["eu", "us", "asia"]), "amount": rng.choice([rng.randint(0, 999), "900"])},
-            rng.choice(["order.created", "invoice.sent", None]),
-        )
-        for p in range(4)
-        for i in range(per_publisher)
-    }
+    messages = orders(per_publisher)
     answers: dict[bytes, set[str]] = {}
-    published, errors = threading.Event(), []
+    published = threading.Event()
 
     def publisher(p: int) -> None:
         own = connect_topic(cass_url, topic.names.topic, schema=KEYSPACE)
@@ -356,42 +349,9 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     delivered: dict[str, list[bytes]] = {name: [] for name in [*rules, ""]}
 
     def consumer(name: str, q: PipesQueue) -> None:
-        while True:
-            if mode == "pop":
-                got = q.pop_many(10, timeout=0.2)
-            else:
-                got = [m for m in [q.acquire(timeout=0.2, visibility=30)] if m is not None]
-            for m in got:
-                if mode == "acquire" and name and int(m.body.rsplit(b"-", 1)[1]) % 13 == 0:
-                    m.nack(error="refused")  # twice: dead-lettered (max attempts 2)
-                    continue
-                if mode == "acquire":
-                    m.ack()
-                delivered[name].append(m.body)
-            if not got and published.is_set():
-                stats = q.stats()
-                if stats.depth == 0 and stats.in_flight == 0:
-                    return
+        consume(q, name, mode, delivered[name], published)
 
-    def guarded(target: Any, *args: Any) -> None:
-        try:
-            target(*args)
-        except Exception as e:  # reported by the assertion below
-            errors.append(e)
-
-    consumers = [
-        threading.Thread(target=guarded, args=(consumer, name, q))
-        for name, q in [*queues.items(), ("", rest)]
-        for _ in range(4)
-    ]
-    publishers = [threading.Thread(target=guarded, args=(publisher, p)) for p in range(4)]
-    for t in consumers + publishers:
-        t.start()
-    for t in publishers:
-        t.join(180)
-    published.set()
-    for t in consumers:
-        t.join(180)
+    errors = run_threads(publisher, consumer, [*queues.items(), ("", rest)], published.set)
     assert errors == [] and len(answers) == len(messages)
     dead_letters = 0
     for name, f in rules.items():

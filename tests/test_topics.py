@@ -366,18 +366,10 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     queues = {name: make_queue(size=size, max_attempts=2) for name, (_, _, size) in rules.items()}
     rest = make_queue(size=4000)
     topic, _ = made.make([route(n, queues[n], f, full) for n, (f, full, _) in rules.items()], unrouted=rest)
-    rng = random.Random(44)
     per_publisher = 250
-    messages = {
-        f"{p}-{i}".encode(): (
-            {"region": rng.choice(["eu", "us", "asia"]), "amount": rng.choice([rng.randint(0, 999), "900"])},
-            rng.choice(["order.created", "invoice.sent", None]),
-        )
-        for p in range(4)
-        for i in range(per_publisher)
-    }
+    messages = orders(per_publisher)
     answers: dict[bytes, set[str]] = {}
-    published, errors = threading.Event(), []
+    published = threading.Event()
     started_big = threading.Event()  # the Drop queue's consumers start late: it fills and drops
 
     def publisher(p: int) -> None:
@@ -394,43 +386,13 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     def consumer(name: str, q: Queue) -> None:
         if name == "big":
             started_big.wait(60)
-        while True:
-            if mode == "pop":
-                got = q.pop_many(10, timeout=0.2)
-            else:
-                got = [m for m in [q.acquire(timeout=0.2)] if m is not None]
-            for m in got:
-                if mode == "acquire" and name and int(m.body.rsplit(b"-", 1)[1]) % 13 == 0:
-                    m.nack(error="refused")  # twice: dead-lettered (max attempts 2)
-                    continue
-                if mode == "acquire":
-                    m.ack()
-                delivered[name].append(m.body)
-            if not got and published.is_set():
-                stats = q.stats()
-                if stats.depth == 0 and stats.in_flight == 0:
-                    return
+        consume(q, name, mode, delivered[name], published)
 
-    def guarded(target: Any, *args: Any) -> None:
-        try:
-            target(*args)
-        except Exception as e:  # reported by the assertion below
-            errors.append(e)
+    def all_published() -> None:
+        published.set()
+        started_big.set()
 
-    consumers = [
-        threading.Thread(target=guarded, args=(consumer, name, q))
-        for name, q in [*queues.items(), ("", rest)]
-        for _ in range(4)
-    ]
-    publishers = [threading.Thread(target=guarded, args=(publisher, p)) for p in range(4)]
-    for t in consumers + publishers:
-        t.start()
-    for t in publishers:
-        t.join(120)
-    published.set()
-    started_big.set()
-    for t in consumers:
-        t.join(120)
+    errors = run_threads(publisher, consumer, [*queues.items(), ("", rest)], all_published)
     assert errors == [] and len(answers) == len(messages)
     dead_letters = 0
     for name, (f, _, _) in rules.items():
@@ -456,6 +418,69 @@ def test_conservation_per_subscription_with_four_publishers_and_four_consumers_e
     }
     assert set(delivered[""]) == unmatched and len(delivered[""]) == len(unmatched)
     assert sql(rest, f"SELECT last_value FROM {SCHEMA}.{topic.names.unrouted}") == len(unmatched)
+
+
+def orders(per_publisher: int, publishers: int = 4) -> dict[bytes, tuple[dict[str, Any], str | None]]:
+    """Bodies `p-i` of each publisher p, with random headers (region, amount: a number, or the
+    text "900") and subject."""
+    rng = random.Random(44)
+    return {
+        f"{p}-{i}".encode(): (
+            {"region": rng.choice(["eu", "us", "asia"]), "amount": rng.choice([rng.randint(0, 999), "900"])},
+            rng.choice(["order.created", "invoice.sent", None]),
+        )
+        for p in range(publishers)
+        for i in range(per_publisher)
+    }
+
+
+def consume(q: Any, name: str, mode: str, delivered: list[bytes], published: threading.Event) -> None:
+    """Take from `q` (subscription `name`; '' the unrouted queue) into `delivered` until every
+    message is published and the queue is empty. In acquire mode every thirteenth body of a
+    subscription is nacked, twice: dead-lettered (max attempts 2)."""
+    while True:
+        if mode == "pop":
+            got = q.pop_many(10, timeout=0.2)
+        else:
+            got = [m for m in [q.acquire(timeout=0.2, visibility=30)] if m is not None]
+        for m in got:
+            if mode == "acquire" and name and int(m.body.rsplit(b"-", 1)[1]) % 13 == 0:
+                m.nack(error="refused")
+                continue
+            if mode == "acquire":
+                m.ack()
+            delivered.append(m.body)
+        if not got and published.is_set():
+            stats = q.stats()
+            if stats.depth == 0 and stats.in_flight == 0:
+                return
+
+
+def run_threads(
+    publisher: Any, consumer: Any, queues: list[tuple[str, Any]], published: Any
+) -> list[Exception]:
+    """4 threads of `publisher(p)` and 4 of `consumer(name, q)` for each queue; `published()` once
+    the publishers are done. The errors the threads raised."""
+    errors: list[Exception] = []
+
+    def guarded(target: Any, *args: Any) -> None:
+        try:
+            target(*args)
+        except Exception as e:  # the caller asserts there are none
+            errors.append(e)
+
+    consumers = [
+        threading.Thread(target=guarded, args=(consumer, name, q)) for name, q in queues for _ in range(4)
+    ]
+    publishers = [threading.Thread(target=guarded, args=(publisher, p)) for p in range(4)]
+    for t in consumers + publishers:
+        t.start()
+    for t in publishers:
+        t.join(180)
+    published()
+    for t in consumers:
+        t.join(180)
+    return errors
 
 
 def dropped_somewhere(
