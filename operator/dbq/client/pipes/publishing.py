@@ -12,6 +12,7 @@ publishes made at once by several threads share batches (smart batching; on unle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cassandra.cluster import Cluster, Session
+from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.query import BatchStatement, BatchType
 
 from dbq.api.limits import MAX_PIPES_BODY_BYTES
@@ -58,6 +59,7 @@ ROW_BYTES = 100
 # A publisher adds to the topic's counters this often (they are Cassandra counters: each update
 # reads before it writes), with what it counted meanwhile.
 COUNT_EVERY_S = 1.0
+CLOSE_WAIT_S = 5.0  # how long a closing publisher waits for its last counts to be written
 
 
 @dataclass
@@ -315,29 +317,34 @@ class PipesTopic:
         if due:
             self._flush_counts()
 
-    def _flush_counts(self) -> None:
-        """Add the counts kept here to the topic's counters, without waiting: an update that is
-        lost (it timed out, the process died first) leaves them short."""
+    def _flush_counts(self) -> ResponseFuture | None:
+        """Add the counts kept here to the topic's counters, without waiting (the update under
+        way, if any): an update that is lost (it timed out, the process died first) leaves them
+        short."""
         with self._counts_lock:
             counts, self._counts = self._counts, {}
             self._counted_at = time.monotonic()
         if not counts:
-            return
+            return None
         try:
             statement = self.db.statement(self.cql.add)
         except QueueError as e:  # the copies are written: the publish stands
             LOG.warning("topic %s: counts not updated: %s", self.names.topic, e)
-            return
+            return None
         batch = BatchStatement(batch_type=BatchType.COUNTER)
         for name, n in counts.items():
             batch.add(statement, (n, self.names.topic, name))
         future = self.session.execute_async(batch)
         future.add_errback(lambda e: LOG.warning("topic %s: counts not updated: %s", self.names.topic, e))
+        return future
 
     def close(self) -> None:
-        """Write the counts kept here, finish this client's pipes in every queue, then disconnect
-        (a session given is left open)."""
-        self._flush_counts()
+        """Write the counts kept here (waiting up to CLOSE_WAIT_S for them), finish this client's
+        pipes in every queue, then disconnect (a session given is left open)."""
+        future = self._flush_counts()
+        if future is not None:
+            with contextlib.suppress(Exception):  # logged by its errback; the copies are written
+                future.result(timeout=CLOSE_WAIT_S)
         with self._queues_lock:
             queues, self._queues = list(self._queues.values()), {}
         for queue in queues:
