@@ -35,7 +35,7 @@ from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
 from dbq.contract import headers as header_codec
 from dbq.contract.filters import matches
-from dbq.contract.headers import Headers
+from dbq.contract.headers import HeaderLimits, Headers
 from dbq.contract.pipes import INLINE_BODY_BYTES
 from dbq.contract.pipes_topics import (
     PIPES_TOPIC_SCHEMA_VERSION,
@@ -243,15 +243,18 @@ class PipesTopic:
         if not routes and rules.unrouted is not None:
             routes = [("", rules.unrouted)]
         out = []
+        checked: set[HeaderLimits] = set()  # the headers are encoded once per distinct limits
         for name, queue_names in routes:
             queue = self._queue(queue_names)
             check_bodies([body], queue.max_body_bytes, queue_names.queue, f"{MAX_PIPES_BODY_BYTES} on pipes")
-            try:
-                header_codec.encode(found, queue.header_limits, reserved=True)
-            except ValueError as e:
-                raise ValueError(
-                    f"subscription {name or 'of unrouted messages'}, queue {queue_names.queue}: {e}"
-                ) from None
+            if queue.header_limits not in checked:
+                try:
+                    header_codec.encode(found, queue.header_limits, reserved=True)
+                except ValueError as e:
+                    raise ValueError(
+                        f"subscription {name or 'of unrouted messages'}, queue {queue_names.queue}: {e}"
+                    ) from None
+                checked.add(queue.header_limits)
             out.append((name, queue))
         return out
 
