@@ -78,6 +78,16 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         "and at most 16384 bytes of headers",
     ),
     (
+        "compression-on-pipes",
+        with_path(pipes_queue("events", "events"), "spec.messages.compression", "lz4"),
+        "spec.messages.compression chooses PostgreSQL's compression of stored bodies",
+    ),
+    (
+        "compression-unknown",
+        with_path(queue(), "spec.messages.compression", "zstd"),
+        "spec.messages.compression",
+    ),
+    (
         "visibility-not-duration",
         with_path(queue(), "spec.timeouts.visibility", "forever"),
         "spec.timeouts.visibility",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 
 import pyodbc
@@ -16,15 +18,40 @@ from dbq.errors import AuthenticationFailed, ConflictingObjects, DatabaseUnreach
 from tests.manifests import queue
 
 
-def ring(postgres, schema: str, size: int = 64, name: str = "orders", url: str | None = None):
+def ring(
+    postgres,
+    schema: str,
+    size: int = 64,
+    name: str = "orders",
+    url: str | None = None,
+    messages: dict | None = None,
+):
     spec = QueueSpec.model_validate(
         {
             **queue()["spec"],
             "connection": {"secretRef": {"name": "s"}, "schema": schema},
             "ring": {"size": size},
+            "messages": messages or {},
         }
     )
     return open_backend(spec, name, from_url(url or postgres.url))
+
+
+BODY_TABLES = ("ring", "spill", "content", "dead", "archive")
+
+
+def body_storage(cur: pyodbc.Cursor, schema: str) -> dict[str, tuple[str, str]]:
+    """(attstorage, attcompression) of the body column of each of the queue's message tables."""
+    rows = cur.execute(
+        "SELECT c.relname, a.attstorage, a.attcompression FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND a.attname = 'body'",
+        schema,
+    ).fetchall()
+    return {
+        str(r[0]).removeprefix("orders_"): (str(r[1]), str(r[2]))
+        for r in rows
+        if str(r[0]).removeprefix("orders_") in BODY_TABLES
+    }
 
 
 @pytest.fixture
@@ -71,6 +98,53 @@ def test_apply_creates_the_ring_as_declared(postgres, schema):
     assert cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval() == 0
 
 
+def test_stored_bodies_are_compressed_as_spec_messages_compression_says(postgres, schema):
+    from dbq.client import connect
+
+    backend = ring(postgres, schema)  # none asked for: the best this server offers
+    backend.apply()
+    cur = postgres.connect().cursor()
+    assert set(body_storage(cur, schema).values()) == {("x", "l")}
+    recorded = f'SELECT compression FROM "{schema}".dbq_queues WHERE queue = ?'
+    assert cur.execute(recorded, "orders").fetchval() == "lz4"
+    text = json.dumps([{"order": i, "region": "eu-west", "amount": i * 1.5} for i in range(30_000)]).encode()[
+        : 1 << 20
+    ]
+    noise = os.urandom(1 << 20)
+    q = connect(postgres.url, "orders", schema=schema, smart_batching=False)
+
+    def stored() -> list[tuple[str | None, int]]:
+        rows = cur.execute(
+            f'SELECT pg_column_compression(body), pg_column_size(body) FROM "{schema}".orders_content ORDER BY msg_id'
+        ).fetchall()
+        return [(r[0], int(r[1])) for r in rows]
+
+    q.push(text)
+    [(method, size)] = stored()
+    assert method == "lz4" and size < len(text) // 3
+    assert q.pop().body == text
+    # none: in place, and only bodies written after it are stored as they come.
+    q.push(text)
+    backend = ring(postgres, schema, messages={"compression": "none"})
+    assert [str(s) for s in backend.apply().steps] == ["set_compression", "record_version"]
+    assert {storage for storage, _ in body_storage(cur, schema).values()} == {"e"}
+    assert cur.execute(recorded, "orders").fetchval() == "none"
+    q.push(text)
+    q.push(noise)
+    assert [m for m, _ in stored()] == ["lz4", None, None]
+    assert stored()[1][1] >= len(text) and stored()[2][1] >= len(noise)
+    assert [q.pop().body for _ in range(3)] == [text, text, noise]
+    assert backend.apply().steps == []
+    # And back: pglz.
+    backend = ring(postgres, schema, messages={"compression": "pglz"})
+    backend.apply()
+    assert set(body_storage(cur, schema).values()) == {("x", "p")}
+    q.push(text)
+    assert stored() == [("pglz", stored()[0][1])] and q.pop().body == text
+    q.close()
+    backend.teardown()
+
+
 def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
@@ -93,7 +167,7 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
         cur.execute(call_statement("postgres", backend.names, "push"), bytes([i]), 0, None).fetchval()
     cur.execute(f'DROP TABLE "{schema}".orders_ring')
     steps = [str(s) for s in backend.plan(backend.observe())]
-    assert steps == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
+    assert steps == ["create_ring", "fill_ring", "reset_positions", "set_compression", "create_routines"]
     backend.apply()
     assert backend.plan(backend.observe()) == []
     # A popper on the re-created ring finds it empty instead of waiting on lost positions.
@@ -244,7 +318,7 @@ ADDED = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [17, 13, 9, 8, 7])
+@pytest.mark.parametrize("version", [18, 17, 13, 9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
     """Version 18 keeps bodies past a slot in a content table (a spilled one may be there: its
     spill row's body is NULL); 17 changes routines only; 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
@@ -259,6 +333,10 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
     ids = q.push_many([b"m%d" % i for i in range(10)])
     held = q.acquire_many(3)
     cur = backend.conn.cursor()
+    # spec.messages.compression came after all of them: no column, bodies with the server's default.
+    cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN compression')
+    for table in ("ring", "spill", "content", "dead", "archive"):
+        cur.execute(f'ALTER TABLE "{schema}".orders_{table} ALTER COLUMN body SET COMPRESSION default')
     for added in (v for v in ADDED if v > version):
         for table in ADDED[added]["tables"]:
             cur.execute(f'DROP TABLE "{schema}".orders_{table}')
@@ -284,12 +362,14 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        17: ["create_side_tables", "allow_content", "create_routines", "record_version"],
+        18: ["set_compression", "record_version"],
+        17: ["create_side_tables", "allow_content", "set_compression", "create_routines", "record_version"],
         13: [
             "create_side_tables",
             "index_spill",
             "add_headers",
             "allow_content",
+            "set_compression",
             "create_routines",
             "record_version",
         ],
@@ -299,6 +379,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "index_spill",
             "add_headers",
             "allow_content",
+            "set_compression",
             "create_routines",
             "record_version",
         ],
@@ -309,6 +390,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "index_spill",
             "add_headers",
             "allow_content",
+            "set_compression",
             "create_routines",
             "record_version",
         ],
@@ -318,12 +400,14 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "index_spill",
             "add_headers",
             "allow_content",
+            "set_compression",
             "create_routines",
             "record_version",
         ],
     }[version]
     backend.apply()
     assert backend.plan(backend.observe()) == []
+    assert set(body_storage(cur, schema).values()) == {("x", "l")}  # compressed with lz4 since
     if version in (8, 9):  # the older dead letter is this queue's
         with connect(postgres.url, "orders", schema=schema) as fresh:
             assert [(d.id, d.error, d.source) for d in fresh.dead_letters()] == [

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, is_new, plan_ring
+from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, choose_compression, is_new, plan_ring
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, UnsafeName
+from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, InvalidSpec, UnsafeName
 from dbq.names import QueueNames
 
 NAMES = QueueNames(schema="shopq", queue="orders")
@@ -124,6 +126,41 @@ def test_a_changed_max_attempts_or_header_limit_rewrites_the_routines_only():
     assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
     target = RingTarget(names=NAMES, size=1000, message_bytes=300, header_bytes=4096)
     assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
+
+
+def test_compression_is_the_best_offered_unless_asked_and_refused_when_not_offered():
+    modern = frozenset({"pglz", "lz4", "none"})
+    assert choose_compression("", modern) == "lz4"
+    assert choose_compression("", frozenset({"pglz", "none"})) == "pglz"  # built without lz4
+    assert choose_compression("", frozenset()) == ""  # no choice (before 14, SQL Server): left alone
+    assert choose_compression("none", modern) == "none" and choose_compression("pglz", modern) == "pglz"
+    with pytest.raises(
+        InvalidSpec,
+        match=r"spec.messages.compression: lz4 is not offered by this server \(it offers none, pglz\)",
+    ):
+        choose_compression("lz4", frozenset({"pglz", "none"}))
+    with pytest.raises(InvalidSpec, match="needs PostgreSQL 14 or later"):
+        choose_compression("none", frozenset())
+
+
+def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
+    recorded = complete().recorded
+    assert recorded is not None
+    lz4 = RingTarget(names=NAMES, size=1000, message_bytes=300, compression="lz4")
+    # A queue made before the setting existed (nothing recorded), then one with another one.
+    assert [str(s) for s in plan_ring(lz4, complete())] == ["set_compression", "record_version"]
+    assert plan_ring(lz4, complete(recorded=replace(recorded, compression="lz4"))) == []
+    steps = plan_ring(lz4, complete(recorded=replace(recorded, compression="none")))
+    assert [str(s) for s in steps] == ["set_compression", "record_version"]
+    assert "compressed with none, spec.messages.compression wants lz4" in steps[0].why
+    # A new queue gets it after its tables; a server without a choice ('') plans nothing for it.
+    assert actions(Observed(), lz4)[-4:] == [
+        "set_compression",
+        "create_history",
+        "create_routines",
+        "record_version",
+    ]
+    assert "set_compression" not in actions(Observed())
 
 
 def test_resize_is_refused_with_the_way_out():

@@ -34,6 +34,7 @@ TARGET = RingTarget(
     message_bytes=300,
     max_attempts=5,
     archive=True,
+    compression="lz4",
 )
 ALL_STEPS = list(RingAction)
 CALLS = [
@@ -140,9 +141,12 @@ def test_every_step_the_planner_can_emit_exists_in_both_dialects():
     assert emitted == set(RingAction)
     for ring in (PgRing(TARGET), MsRing(TARGET)):
         for action in RingAction:
+            if isinstance(ring, MsRing) and action == RingAction.SET_COMPRESSION:
+                continue  # PostgreSQL's alone: refused at admission on SQL Server, never planned there
             assert ring.render(RingStep(action, "test")), (
                 f"{type(ring).__name__} renders nothing for {action}"
             )
+    assert MsRing(TARGET).render(RingStep(RingAction.SET_COMPRESSION, "test")) == []
     # SQL Server creates every procedure its planner checks for, and the client calls exist.
     ms = MsRing(TARGET)
     created = "\n".join(ms.render(RingStep(RingAction.CREATE_ROUTINES, "test")))

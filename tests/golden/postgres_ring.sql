@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."dbq_queues" (
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
   max_body_bytes int NOT NULL DEFAULT 1048576,
+  compression varchar(8) NOT NULL DEFAULT '',
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())
 
@@ -162,6 +163,18 @@ ALTER TABLE "shopq"."orders_archive" ADD COLUMN IF NOT EXISTS headers text
 -- step allow_content
 
 ALTER TABLE "shopq"."orders_spill" ALTER COLUMN body DROP NOT NULL
+
+-- step set_compression
+
+ALTER TABLE "shopq"."orders_ring" ALTER COLUMN body SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4
+
+ALTER TABLE "shopq"."orders_spill" ALTER COLUMN body SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4
+
+ALTER TABLE "shopq"."orders_content" ALTER COLUMN body SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4
+
+ALTER TABLE "shopq"."orders_dead" ALTER COLUMN body SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4
+
+ALTER TABLE "shopq"."orders_archive" ALTER COLUMN body SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4
 
 -- step seed_settled
 
@@ -1080,15 +1093,17 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_headers int NOT NU
 
 ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS max_body_bytes int NOT NULL DEFAULT 1048576
 
+ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8) NOT NULL DEFAULT ''
+
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue, header_bytes, max_headers, max_body_bytes)
+  dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
 VALUES ('orders', 'ring', 18, 1000, 300,
   5, 1, '', 1024,
-  32, 1048576)
+  32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
   header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers,
-  max_body_bytes = EXCLUDED.max_body_bytes, updated_at = now()
+  max_body_bytes = EXCLUDED.max_body_bytes, compression = EXCLUDED.compression, updated_at = now()
 
 -- teardown
 

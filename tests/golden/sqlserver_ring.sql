@@ -194,6 +194,8 @@ ALTER TABLE [shopq].[orders_dead] ALTER COLUMN body varbinary(max) NOT NULL
 
 ALTER TABLE [shopq].[orders_archive] ALTER COLUMN body varbinary(max) NOT NULL
 
+-- step set_compression
+
 -- step seed_settled
 
 DECLARE @settled bigint = (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences

@@ -124,6 +124,12 @@ class Design(StrEnum):
     pipes = "pipes"
 
 
+class Compression(StrEnum):
+    lz4 = "lz4"
+    pglz = "pglz"
+    none = "none"
+
+
 class DeletionPolicy(StrEnum):
     Retain = "Retain"
     Delete = "Delete"
@@ -305,6 +311,14 @@ class Messages(Model):
         " of 256 KiB beside the pipes, and headerBytes is at most 16 KiB."
         " Service Broker: not used (SQL Server's own limit, 2 GB a message).",
     )
+    compression: Compression | None = Field(
+        default=None,
+        description="PostgreSQL: how bodies larger than about 2 KB are compressed where they are stored (the"
+        " column's TOAST compression): lz4 (fast; the default where the server offers it, else pglz), pglz, or"
+        " none for bodies that do not compress (images, archives, encrypted data), which then skip the attempt."
+        " Changed in place; bodies written before a change keep theirs. Other backends: leave unset (Cassandra"
+        " compresses its SSTables itself; SQL Server stores bodies as they come).",
+    )
 
 
 class Archive(Model):
@@ -454,6 +468,8 @@ class QueueSpec(Model):
             raise ValueError(DEAD_LETTER_HINT)
         if self.archive.enabled and self.design == "servicebroker":
             raise ValueError(ARCHIVE_HINT)
+        if self.messages.compression is not None and self.backend != "postgres":
+            raise ValueError(COMPRESSION_HINT)
         if self.design == "pipes":
             body = self.messages.max_bytes or DEFAULT_MAX_BODY_BYTES
             if body > MAX_PIPES_BODY_BYTES or self.messages.header_bytes > MAX_PIPES_HEADER_BYTES:
@@ -496,8 +512,16 @@ PIPES_SIZE_HINT = (
     " (headerBytes; they move in logged batches, which Cassandra refuses past 50 KiB); lower them, or use"
     " a ring queue for larger bodies"
 )
+COMPRESSION_HINT = (
+    "spec.messages.compression chooses PostgreSQL's compression of stored bodies: remove it on this backend"
+    " (Cassandra compresses its SSTables itself; SQL Server stores bodies as they come)"
+)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
+    {
+        "rule": "!has(self.messages) || !has(self.messages.compression) || self.backend == 'postgres'",
+        "message": COMPRESSION_HINT,
+    },
     {"rule": "!has(self.deadLetter) || self.design != 'servicebroker'", "message": DEAD_LETTER_HINT},
     {
         "rule": "!has(self.archive) || !has(self.archive.enabled) || !self.archive.enabled"

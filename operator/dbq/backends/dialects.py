@@ -21,6 +21,7 @@ class RingSql(Protocol):
     OBSERVE_RELATIONS: str
     OBSERVE_ROUTINES: str
     SERVER_VERSION: str | None  # major version and compatibility level, where there is a floor
+    COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
     ring: str
     meta: str
 

@@ -9,6 +9,7 @@ backend's one connection.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pyodbc
 
@@ -23,7 +24,7 @@ from dbq.backends.maintenance import (
     plan_maintenance,
 )
 from dbq.backends.odbc import OdbcBackend
-from dbq.backends.ring_plan import Observed, Recorded, RingStep, is_new, plan_ring
+from dbq.backends.ring_plan import Observed, Recorded, RingStep, choose_compression, is_new, plan_ring
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
@@ -45,6 +46,7 @@ class OdbcRing(OdbcBackend):
         self.target = target
         self.sql = ring_sql(settings.backend, target)
         self._server_checked = False
+        self._compression_resolved = False
 
     # --- observe / plan / apply -----------------------------------------------------------
     def observe(self) -> Observed:
@@ -54,6 +56,8 @@ class OdbcRing(OdbcBackend):
                 major, level = cur.execute(self.sql.SERVER_VERSION).fetchone()
                 refuse_below_floor(int(major), int(level))  # InvalidSpec, before anything is planned
                 self._server_checked = True
+            if self.sql.COMPRESSIONS and not self._compression_resolved:
+                self._resolve_compression(cur)
             schema = self.names.schema
             keeper_version = self._keeper_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
@@ -92,6 +96,16 @@ class OdbcRing(OdbcBackend):
                 keeper_version=keeper_version,
             )
 
+    def _resolve_compression(self, cur: pyodbc.Cursor) -> None:
+        """The target with spec.messages.compression resolved against what the server offers
+        (InvalidSpec, before anything is planned, when it does not offer the one asked for)."""
+        assert self.sql.COMPRESSIONS
+        offered = cur.execute(self.sql.COMPRESSIONS).fetchval()
+        choices = frozenset(str(offered).split(",")) if offered else frozenset()
+        self.target = replace(self.target, compression=choose_compression(self.target.compression, choices))
+        self.sql = ring_sql(self.settings.backend, self.target)
+        self._compression_resolved = True
+
     def _recorded(self, cur: pyodbc.Cursor, names: QueueNames) -> Recorded | None:
         """The metadata row of queue `names` (its schema's metadata table exists)."""
         # Every column, by name: a metadata table of an older version lacks the newer ones.
@@ -109,6 +123,7 @@ class OdbcRing(OdbcBackend):
             header_bytes=int(values.get("header_bytes") or DEFAULT_HEADER_BYTES),
             max_headers=int(values.get("max_headers") or DEFAULT_MAX_HEADERS),
             max_body_bytes=int(values.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES),
+            compression=str(values.get("compression") or ""),
         )
 
     def _keeper_version(self, cur: pyodbc.Cursor) -> int | None:

@@ -13,7 +13,7 @@ from enum import StrEnum
 from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound
+from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, InvalidSpec
 
 # Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so
 # it can keep the dead letters of other queues (spec.deadLetter.queue), whose ids are their own.
@@ -47,6 +47,7 @@ class RingAction(StrEnum):
     INDEX_SPILL = "index_spill"
     ADD_HEADERS = "add_headers"
     ALLOW_CONTENT = "allow_content"
+    SET_COMPRESSION = "set_compression"
     SEED_SETTLED = "seed_settled"
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
@@ -65,6 +66,7 @@ DONE = {
     RingAction.INDEX_SPILL: "indexed the spill table by due time",
     RingAction.ADD_HEADERS: "added the headers column to the message tables",
     RingAction.ALLOW_CONTENT: "let spilled messages keep their body in the content table",
+    RingAction.SET_COMPRESSION: "set the compression of stored bodies",
     RingAction.SEED_SETTLED: "started the settled total from the leases held",
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
@@ -99,6 +101,7 @@ class Recorded:
     header_bytes: int = DEFAULT_HEADER_BYTES  # recorded since version 16 (spec.messages)
     max_headers: int = DEFAULT_MAX_HEADERS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # recorded since version 18
+    compression: str = ""  # spec.messages.compression in force (PostgreSQL); '' before it was set
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,21 @@ class Observed:
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
     keeper_version: int | None = None
+
+
+def choose_compression(wanted: str, offered: frozenset[str]) -> str:
+    """The compression of stored bodies for spec.messages.compression `wanted` ('' for the best
+    the server offers: lz4, else pglz) on a server offering `offered` (empty: no choice, PostgreSQL
+    before 14 and SQL Server, where '' stays)."""
+    if not wanted:
+        return next((c for c in ("lz4", "pglz") if c in offered), "")
+    if wanted not in offered:
+        choices = ", ".join(sorted(offered)) if offered else "none: it needs PostgreSQL 14 or later"
+        raise InvalidSpec(
+            f"spec.messages.compression: {wanted} is not offered by this server (it offers {choices}):"
+            " choose one it offers, or remove the field for the best one"
+        )
+    return wanted
 
 
 def is_new(target: RingTarget, observed: Observed) -> bool:
@@ -194,6 +212,13 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             RingAction.ALLOW_CONTENT,
             f"spill table {n.schema}.{n.spill} is of version {recorded.schema_version}: its body cannot be elsewhere",
         )
+    recompress = bool(target.compression) and (recorded is None or recorded.compression != target.compression)
+    if recompress or (target.compression and (ring_missing or missing_tables)):  # new tables: the default
+        step(
+            RingAction.SET_COMPRESSION,
+            f"stored bodies are compressed with {(recorded.compression if recorded else '') or 'the server default'},"
+            f" spec.messages.compression wants {target.compression}",
+        )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.
         step(
@@ -219,6 +244,6 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             else "routines are older than the spec"
         )
         step(RingAction.CREATE_ROUTINES, why)
-    if recorded is None or stale:
+    if recorded is None or stale or recompress:
         step(RingAction.RECORD_VERSION, f"record schema version {RING_SCHEMA_VERSION} and settings")
     return steps

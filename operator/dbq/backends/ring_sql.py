@@ -90,6 +90,9 @@ class RingSqlBase:
     TEMPLATE_FILE = ""  # ... and its name
     BACKEND = ""  # the dialect's backend name
     SERVER_VERSION: str | None = None  # major version and compatibility level, where a floor is checked
+    COMPRESSIONS: str | None = (
+        None  # the compressions of stored bodies the server offers, where it has a choice
+    )
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
@@ -146,6 +149,7 @@ class RingSqlBase:
             RingAction.INDEX_SPILL: self.index_spill,
             RingAction.ADD_HEADERS: self.add_headers,
             RingAction.ALLOW_CONTENT: self.allow_content,
+            RingAction.SET_COMPRESSION: self.set_compression,
             RingAction.SEED_SETTLED: self.seed_settled,
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
@@ -192,6 +196,9 @@ class RingSqlBase:
         if keeper is not None:
             return qualified_literal(self.BACKEND, keeper)
         return "N''" if self.BACKEND == "sqlserver" else "''"
+
+    def set_compression(self) -> list[str]:
+        raise NotImplementedError
 
     def seed_settled(self) -> list[str]:
         raise NotImplementedError

@@ -79,6 +79,9 @@ class RingTarget:
     max_headers: int = DEFAULT_MAX_HEADERS  # ... and how many
     # spec.messages.maxBytes: the largest body; one past message_bytes waits in the content table
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # spec.messages.compression (PostgreSQL): lz4, pglz or none; '' for the server's best, which
+    # `ring_plan.choose_compression` resolves once the server is known ('' where it offers no choice)
+    compression: str = ""
 
     @property
     def dead_letter_queue(self) -> str:

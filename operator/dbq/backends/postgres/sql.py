@@ -88,6 +88,7 @@ class PgRing(RingSqlBase):
   header_bytes int NOT NULL DEFAULT 1024,
   max_headers int NOT NULL DEFAULT 32,
   max_body_bytes int NOT NULL DEFAULT 1048576,
+  compression varchar(8) NOT NULL DEFAULT '',
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now())"""
         ]
@@ -230,6 +231,23 @@ END $$""",
             for table in (self.ring, self.spill, self.own_dead, self.archive)
         ]
 
+    def set_compression(self) -> list[str]:
+        """spec.messages.compression on every column holding bodies: lz4 or pglz (compressed past
+        about 2 KB, as PostgreSQL does by default), or none (kept out of line uncompressed, with no
+        attempt). A catalog change: bodies already stored keep theirs."""
+        compression = self.t.compression
+        if compression not in ("lz4", "pglz", "none"):  # resolved by the plan: never '' here
+            raise ValueError(f"compression {compression!r} is not one of lz4, pglz, none")
+        storage = (
+            "EXTERNAL"
+            if compression == "none"
+            else f"EXTENDED, ALTER COLUMN body SET COMPRESSION {compression}"
+        )
+        return [
+            f"ALTER TABLE {table} ALTER COLUMN body SET STORAGE {storage}"
+            for table in (self.ring, self.spill, self.content, self.own_dead, self.archive)
+        ]
+
     def index_spill(self) -> list[str]:
         return [
             f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.spill_index)} ON {self.spill} (state, visible_at)"
@@ -307,15 +325,16 @@ END $$""",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS header_bytes int NOT NULL DEFAULT 1024",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_headers int NOT NULL DEFAULT 32",
             f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS max_body_bytes int NOT NULL DEFAULT 1048576",
+            f"ALTER TABLE {self.meta} ADD COLUMN IF NOT EXISTS compression varchar(8) NOT NULL DEFAULT ''",
             f"""INSERT INTO {self.meta} (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
-  dead_letter_queue, header_bytes, max_headers, max_body_bytes)
+  dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
 VALUES ({literal(self.t.names.queue)}, 'ring', {RING_SCHEMA_VERSION}, {self.size}, {self.message_bytes},
   {int(self.t.max_attempts)}, {int(self.t.archive)}, {self._dead_letter_queue()}, {self.header_bytes},
-  {self.max_headers}, {self.max_body_bytes})
+  {self.max_headers}, {self.max_body_bytes}, {literal(self.t.compression)})
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
   header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers,
-  max_body_bytes = EXCLUDED.max_body_bytes, updated_at = now()""",
+  max_body_bytes = EXCLUDED.max_body_bytes, compression = EXCLUDED.compression, updated_at = now()""",
         ]
 
     # --- teardown (drop() is shared) ---------------------------------------------------------
@@ -332,6 +351,10 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
     # By name, so the catalog's (name, namespace) indexes serve them: a drift check then costs the
     # same with a thousand queues' relations in the database as with one.
     OBSERVE_SCHEMA = "SELECT count(*) FROM pg_namespace WHERE nspname = ?"
+    # The TOAST compressions this server was built with (PostgreSQL 14 on; no row before), and none.
+    COMPRESSIONS: str | None = (
+        "SELECT array_to_string(enumvals, ',') || ',none' FROM pg_settings WHERE name = 'default_toast_compression'"
+    )
     OBSERVE_RELATIONS = (
         "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = ? AND c.relname = ANY (string_to_array(?, ','))"

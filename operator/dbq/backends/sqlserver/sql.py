@@ -266,6 +266,11 @@ CREATE TABLE {self.content} (
   PRIMARY KEY CLUSTERED (bucket, msg_id))"""
         ]
 
+    def set_compression(self) -> list[str]:
+        """Never planned: SQL Server stores bodies as they come (spec.messages.compression is
+        PostgreSQL's, refused at admission on this backend)."""
+        return []
+
     def allow_content(self) -> list[str]:
         """A queue of version 17 or older: spilled, dead and archived messages may hold a body past
         a slot (varbinary(max)), a spilled one's may be in the content table (NULL; the table
