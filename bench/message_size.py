@@ -5,6 +5,11 @@ SKIP LOCKED to pop, the same bodies; through psycopg, the driver the ring client
 through psqlODBC, as `table-odbc`) and the disk's write rate (one process writing and fsyncing
 1 MiB blocks beside the database's files).
 
+Bodies are random bytes (they do not compress), or with --bodies json JSON text of order records
+(compressible, as most payloads are). With --compressions the ring is measured once per
+spec.messages.compression named (`ring lz4`, `ring none`, ...; the hand-built table keeps the
+server's default, pglz); without it, once with the default (lz4 where the server offers it).
+
 The queue has the default ring.messageBytes (300): 4 KiB and larger bodies wait in its content
 table, the slot holding their id. The ring of an earlier revision (--old, checked out in a
 worktree and run from there) is measured in the same run at every size, taking turns with this
@@ -12,6 +17,7 @@ code, so a change in the machine's pace shows in both alike: the medians of --ro
 
     ~/.cache/dbq/venv/bin/python -m bench.message_size --old 8aaac7d
     ~/.cache/dbq/venv/bin/python -m bench.message_size --old 8aaac7d --rounds 5 --seconds 20
+    ~/.cache/dbq/venv/bin/python -m bench.message_size --bodies json --compressions lz4,pglz,none --sizes "64 KiB,1 MiB"
 
 Writes nothing but its report (tee it to bench/results/message_size.txt).
 """
@@ -44,9 +50,30 @@ POP = (
 )
 
 
+def body_of(kind: str, size: int) -> bytes:
+    """A body of `size` bytes: random (incompressible), or JSON text of order records."""
+    if kind == "random":
+        return os.urandom(size)
+    records, text = 0, b"["
+    while len(text) < size:
+        text += (
+            json.dumps(
+                {
+                    "order": records,
+                    "region": "eu-west",
+                    "amount": records * 1.5,
+                    "sku": f"SKU-{records % 977:05d}",
+                }
+            ).encode()
+            + b","
+        )
+        records += 1
+    return text[: size - 1] + b"]"
+
+
 # --- one measurement, in a process of its own (--measure): the code under test is on its path ---
-def push_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
-    body = os.urandom(size)
+def push_worker(design: str, url: str, odbc: str, size: int, bodies: str, counter: Any, stop: Any) -> None:
+    body = body_of(bodies, size)
     if design in TABLES:
         insert = f"INSERT INTO {SCHEMA}.sl_queue (body) VALUES "
         if design == "table":  # psycopg: %s placeholders, parameters in a tuple
@@ -97,7 +124,7 @@ def pop_loop(q: Any, size: int, counter: Any, stop: Any) -> None:
             counter.value = n
 
 
-def pop_worker(design: str, url: str, odbc: str, size: int, counter: Any, stop: Any) -> None:
+def pop_worker(design: str, url: str, odbc: str, size: int, bodies: str, counter: Any, stop: Any) -> None:
     if design in TABLES:
         if design == "table":
             cur: Any = psycopg.connect(url, autocommit=True).cursor(binary=True)
@@ -129,7 +156,7 @@ def worker(role: str, *args: Any) -> None:
     (push_worker if role == "push" else pop_worker)(*args)
 
 
-def prepare(design: str, url: str, odbc: str) -> None:
+def prepare(design: str, url: str, odbc: str, compression: str) -> None:
     cur = admin(odbc)
     cur.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     if design in TABLES:
@@ -141,15 +168,21 @@ def prepare(design: str, url: str, odbc: str) -> None:
     from dbq.contract.ring import RingTarget
     from dbq.names import QueueNames
 
-    OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, QUEUE), RING_SIZE, 300)).apply()
+    OdbcRing(
+        from_url(url), RingTarget(QueueNames(SCHEMA, QUEUE), RING_SIZE, 300, compression=compression)
+    ).apply()
     cur.execute(f"VACUUM ANALYZE {SCHEMA}.{QUEUE}_ring")
 
 
-def measure(design: str, size: int, url: str, odbc: str, seconds: float, workers: int) -> float:
+def measure(
+    design: str, size: int, url: str, odbc: str, seconds: float, workers: int, bodies: str, compression: str
+) -> float:
     """Delivered messages per second (the poppers' counts) of `workers` pushers and as many
     poppers, one process each, over `seconds` once all of them are connected."""
-    prepare(design, url, odbc)
-    args = [("push", design, url, odbc, size)] * workers + [("pop", design, url, odbc, size)] * workers
+    prepare(design, url, odbc, compression)
+    args = [("push", design, url, odbc, size, bodies)] * workers + [
+        ("pop", design, url, odbc, size, bodies)
+    ] * workers
     # The pushers count once their first push is done, the poppers say -1 once connected.
     return statistics.fmean(sampled(worker, args, seconds, counted=range(workers, 2 * workers)))
 
@@ -170,12 +203,16 @@ def disk_rate(directory: str, seconds: float) -> float:
     return written / (time.monotonic() - started) / 1e6
 
 
-def run_measurement(code: Path, design: str, size: int, seconds: float, workers: int) -> float:
-    """One measurement in a process whose `dbq` is the package under `code`."""
+def run_measurement(
+    code: Path, design: str, size: int, seconds: float, workers: int, bodies: str, compression: str = ""
+) -> float:
+    """One measurement in a process whose `dbq` is the package under `code` ('' compression: the
+    default, the only choice older code has)."""
     env = {**os.environ, "PYTHONPATH": f"{code / 'operator'}:{ROOT}"}
+    chosen = ["--compression", compression] if compression else []
     out = subprocess.run(
         [sys.executable, "-m", "bench.message_size", "--measure", design, "--size", str(size),
-         "--seconds", str(seconds), "--workers", str(workers)],
+         "--seconds", str(seconds), "--workers", str(workers), "--bodies", bodies, *chosen],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=seconds * 10 + 300,
     )  # fmt: skip
     if out.returncode != 0:
@@ -198,6 +235,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
     p.add_argument("--measure", choices=["ring", *TABLES], help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, default=300, help=argparse.SUPPRESS)
+    p.add_argument("--compression", default="", help=argparse.SUPPRESS)
+    p.add_argument("--bodies", choices=["random", "json"], default="random", help="what the bodies hold")
+    p.add_argument(
+        "--compressions", default="", help="spec.messages.compression values to measure the ring with"
+    )
+    p.add_argument(
+        "--sizes", default=",".join(SIZES), help="body sizes, comma-separated, of: " + ", ".join(SIZES)
+    )
     a = p.parse_args()
     if a.measure:  # a child: the database exists
         from dbq.devstack import Stack
@@ -205,47 +250,71 @@ def main() -> None:
         pg = Stack().component("postgres")
         print(
             json.dumps(
-                {"delivered": measure(a.measure, a.size, pg.url(DB), pg.odbc(DB), a.seconds, a.workers)}
+                {
+                    "delivered": measure(
+                        a.measure,
+                        a.size,
+                        pg.url(DB),
+                        pg.odbc(DB),
+                        a.seconds,
+                        a.workers,
+                        a.bodies,
+                        a.compression,
+                    )
+                }
             )
         )
         return
     pg, _url, _odbc = bench_database()
     codes = {"this": ROOT} | ({"old": worktree(a.old)} if a.old else {})
+    sizes = {label: SIZES[label] for label in a.sizes.split(",")}
+    compressions = a.compressions.split(",") if a.compressions else [""]
+    this = compressions[0] or "this"  # the ring figures of the summary
     rates: dict[str, list[float]] = {}
     disk: list[float] = []
     for round_ in range(1, a.rounds + 1):
         disk.append(disk_rate(str(pg.dir), a.seconds))
         print(f"{'disk, 1 MiB blocks fsynced':36} #{round_} {disk[-1]:10,.1f} MB/s", flush=True)
-        for label, size in SIZES.items():
-            runs = [("ring", "this"), ("table", "this"), ("table-odbc", "this")]
-            runs += [("ring", "old")] if a.old else []
-            for design, code in runs:
-                key = f"{design} {code} {label}"
-                rate = run_measurement(codes[code], design, size, a.seconds, a.workers)
+        for label, size in sizes.items():
+            runs = [("ring", "this", c) for c in compressions] + [
+                ("table", "this", ""),
+                ("table-odbc", "this", ""),
+            ]
+            runs += [("ring", "old", "")] if a.old else []
+            for design, code, compression in runs:
+                key = f"{design} {compression or code} {label}"
+                rate = run_measurement(codes[code], design, size, a.seconds, a.workers, a.bodies, compression)
                 rates.setdefault(key, []).append(rate)
                 print(f"{key:36} #{round_} {rate:10,.1f} /s {rate * size / 1e6:8,.1f} MB/s", flush=True)
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     median = {key: statistics.median(values) for key, values in rates.items()}
     disk_mb = statistics.median(disk)
     print(f"\n{a.workers} pushers + {a.workers} poppers, single push and pop, {a.seconds:g} s x {a.rounds}"
-          f" rounds (median); ring.messageBytes 300, {RING_SIZE} slots")  # fmt: skip
+          f" rounds (median); ring.messageBytes 300, {RING_SIZE} slots; {a.bodies} bodies;"
+          f" ring compression {compressions[0] or 'the default'}")  # fmt: skip
     print(f"disk: one process writing 1 MiB blocks, fsync each: {disk_mb:,.1f} MB/s")
     print(f"{'body':>8}{'ring /s':>10}{'MB/s':>8}{'table /s':>10}{'MB/s':>8}{'ring/table':>11}"
           f"{'table-odbc /s':>14}{'ring/odbc':>10}{'of disk':>9}{'spread':>8}")  # fmt: skip
-    for label, size in SIZES.items():
-        ring, table = median[f"ring this {label}"], median[f"table this {label}"]
+    for label, size in sizes.items():
+        ring, table = median[f"ring {this} {label}"], median[f"table this {label}"]
         odbc_table = median[f"table-odbc this {label}"]
-        values = rates[f"ring this {label}"]
+        values = rates[f"ring {this} {label}"]
         spread = (max(values) - min(values)) / max(values)
         print(f"{label:>8}{ring:10,.1f}{ring * size / 1e6:8,.1f}{table:10,.1f}{table * size / 1e6:8,.1f}"
               f"{ring / table:11.2f}{odbc_table:14,.1f}{ring / odbc_table:10.2f}"
               f"{ring * size / 1e6 / disk_mb:9.0%}{spread:8.0%}")  # fmt: skip
-    for label in SIZES if a.old else ():
-        old, new = median[f"ring old {label}"], median[f"ring this {label}"]
+    for compression in compressions[1:]:
+        print(f"ring with compression {compression}, against {compressions[0]}: " + ", ".join(
+            f"{label} {median[f'ring {compression} {label}']:,.1f} /s"
+            f" ({median[f'ring {compression} {label}'] / median[f'ring {this} {label}']:.2f})"
+            for label in sizes
+        ))  # fmt: skip
+    for label in sizes if a.old else ():
+        old, new = median[f"ring old {label}"], median[f"ring {this} {label}"]
         print(
             f"{label}: this code {new:,.1f} /s, the code of {a.old} {old:,.1f} /s: {new / old:.2f}"
             f" (its runs: {', '.join(f'{v:,.0f}' for v in rates[f'ring old {label}'])};"
-            f" this code's: {', '.join(f'{v:,.0f}' for v in rates[f'ring this {label}'])})"
+            f" this code's: {', '.join(f'{v:,.0f}' for v in rates[f'ring {this} {label}'])})"
         )
 
 
