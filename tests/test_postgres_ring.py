@@ -159,40 +159,6 @@ def test_routines_push_and_pop_in_one_round_trip_each(postgres, schema):
     backend.teardown()
 
 
-def test_a_body_past_a_slot_is_answered_in_a_row_of_its_own_after_its_record(postgres, schema):
-    """take, pop and pop_many answer rows read end to end: a body kept in the content table
-    follows its record (which holds its length, not its bytes) as it is, in every mode."""
-    backend = ring(postgres, schema)
-    backend.apply()
-    cur = backend.conn.cursor()
-
-    def call(verb: str, *args: object) -> list[bytes]:
-        return [
-            bytes(r[0])
-            for r in cur.execute(call_statement("postgres", backend.names, verb), *args).fetchall()
-        ]
-
-    small, big = b"s" * 290, os.urandom(70_000)  # a slot holds 300 bytes
-    bodies = [small, big, small + b"1", big[::-1], big[:40_000], small + b"2"]
-    for body in bodies:
-        call("push", body, 0, None)
-    rows = call("pop", 0)
-    assert len(rows) == 1 and [r[5] for r in records(rows[0])] == [small]
-    rows = call("pop", 0)  # a record of 29 bytes without the body, then the body
-    assert rows[1] == big and len(rows[0]) == 29 and [r[5] for r in records(b"".join(rows))] == [big]
-    rows = call("pop_many", 10, 30_000)  # leased: small, big, big, small
-    # [small's record + the first big one's], its body, [the second's record], its body, [small's]
-    assert len(rows) == 5 and (rows[1], rows[3]) == (big[::-1], big[:40_000]) and len(rows[2]) == 29
-    taken = list(records(b"".join(rows)))
-    assert [r[5] for r in taken] == bodies[2:] and all(r[0] == 0 and r[2] > 0 for r in taken)
-    # take, by position (what a pop that drew a position not yet written calls next)
-    pushed = cur.execute(call_statement("postgres", backend.names, "push"), big, 0, None).fetchval()
-    rows = call("take", pushed, 0)
-    assert rows[1] == big and [r[5] for r in records(b"".join(rows))] == [big]
-    assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_content').fetchval() == 2  # the leased ones
-    backend.teardown()
-
-
 def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, schema):
     backend = ring(postgres, schema)
     backend.apply()
@@ -396,7 +362,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        18: ["set_compression", "create_routines", "record_version"],
+        18: ["set_compression", "record_version"],
         17: ["create_side_tables", "allow_content", "set_compression", "create_routines", "record_version"],
         13: [
             "create_side_tables",

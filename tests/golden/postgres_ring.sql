@@ -220,10 +220,6 @@ DROP FUNCTION IF EXISTS "shopq"."orders_push_many"(bytea, text, bigint)
 
 DROP FUNCTION IF EXISTS "shopq"."orders_defer"(bytea, text, bigint, bigint)
 
-DROP FUNCTION IF EXISTS "shopq"."orders_take"(bigint, bigint, boolean)
-
-DROP FUNCTION IF EXISTS "shopq"."orders_pop"(bigint, boolean)
-
 CREATE OR REPLACE FUNCTION "shopq"."orders_check_headers"(p_size int, p_type text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $fn$
 BEGIN
@@ -442,7 +438,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
-RETURNS SETOF bytea
+RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
@@ -463,7 +459,7 @@ BEGIN
         INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
         SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
-        o_status := 0; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
     ELSE
       o_lease := (random() * 9007199254740991)::bigint + 1;
@@ -474,7 +470,7 @@ BEGIN
       IF FOUND THEN
         IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(p_pos, false); END IF;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
-        o_status := 0; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+        o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
       o_lease := NULL;
     END IF;
@@ -490,25 +486,25 @@ BEGIN
         PERFORM nextval('"shopq"."orders_n_expired"');
         IF v_big THEN DELETE FROM "shopq"."orders_content" WHERE bucket = p_pos % 8 AND msg_id = p_pos; END IF;
       END IF;
-      o_status := 3; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
       DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos;
-      o_status := 3; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+      o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END IF;
     DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos AND reason = 'void';
-    IF FOUND THEN o_status := 3; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN; END IF;
+    IF FOUND THEN o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF;
     EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_push_seq");
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
   o_body := NULL; o_attempts := NULL; o_headers := NULL;
-  IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;  -- status 2: not written yet
+  RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');  -- status 2: not written yet
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS SETOF bytea
+CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
-  v_recs bytea[]; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
+  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in 8 looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -542,7 +538,7 @@ BEGIN
           visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_acquired"'); END IF;
       END IF;
-      o_status := 0; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+      o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
     END LOOP;
     o_id := NULL; o_body := NULL; o_attempts := NULL; o_headers := NULL;
     -- 2. The ring, in push order.
@@ -557,11 +553,11 @@ BEGIN
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM "shopq"."orders_gap" WHERE pos = v_pos;
-          v_recs := ARRAY(SELECT r FROM "shopq"."orders_take"(v_pos, p_lease_ms, p_count) WITH ORDINALITY x(r, n) ORDER BY n);
-          IF get_byte(v_recs[1], 0) = 0 THEN RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n; RETURN; END IF;
+          v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
+          IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
         END IF;
         o_status := 1; o_lease := NULL;
-        IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;  -- empty
+        RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');  -- empty
       END IF;
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1
@@ -573,7 +569,7 @@ BEGIN
           INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
           SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
           IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
-          o_status := 0; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
         END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
@@ -584,12 +580,12 @@ BEGIN
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
           IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(o_id, false); END IF;
-          o_status := 0; IF octet_length(o_body) > 300 THEN RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), ''); RETURN NEXT o_body; ELSE RETURN NEXT substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF; RETURN;
+          o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
         END IF;
         o_lease := NULL;
       END IF;
-      v_recs := ARRAY(SELECT r FROM "shopq"."orders_take"(v_pos, p_lease_ms, p_count) WITH ORDINALITY x(r, n) ORDER BY n);
-      IF get_byte(v_recs[1], 0) <> 3 THEN RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n; RETURN; END IF;
+      v_rec := "shopq"."orders_take"(v_pos, p_lease_ms, p_count);
+      IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
       -- A run of positions that will never be written (delayed messages push void ones): the
       -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
       -- on until it finds a message or no position is ahead (each turn spends one position).
@@ -599,22 +595,21 @@ BEGIN
   END LOOP;
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_pop_many"(p_max int, p_lease_ms bigint) RETURNS SETOF bytea
+CREATE OR REPLACE FUNCTION "shopq"."orders_pop_many"(p_max int, p_lease_ms bigint) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  v_recs bytea[]; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint; v_any boolean := false;
+  v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
-  v_all bytea; v_bigs bigint[]; v_lens int[]; v_body bytea; v_at int := 1; v_end int := 0;
+  v_bigs bigint[];
 BEGIN
   -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
   -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
   -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
   WHILE v_got < p_max AND EXISTS (SELECT 1 FROM "shopq"."orders_spill" WHERE state = 1 AND visible_at <= v_now) LOOP
-    v_recs := ARRAY(SELECT r FROM "shopq"."orders_pop"(p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-    EXIT WHEN get_byte(v_recs[1], 0) = 1;
-    RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-    v_any := true;
-    IF get_byte(v_recs[1], 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
+    v_rec := "shopq"."orders_pop"(p_lease_ms, false);
+    EXIT WHEN get_byte(v_rec, 0) = 1;
+    v_out := v_out || v_rec;
+    IF get_byte(v_rec, 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
     v_got := v_got + 1;
   END LOOP;
   v_msgs := v_got;
@@ -622,18 +617,16 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 OR v_wait THEN
-    IF NOT v_any THEN
-      v_recs := ARRAY(SELECT r FROM "shopq"."orders_pop"(p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-      IF get_byte(v_recs[1], 0) <> 1 THEN
-        RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-      END IF;
-      IF get_byte(v_recs[1], 0) = 0 THEN v_msgs := 1; END IF;
+    IF v_out = '' THEN
+      v_rec := "shopq"."orders_pop"(p_lease_ms, false);
+      IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
   ELSE
     -- 2. The ring: draw up to k positions in one statement, claim their slots in one update,
-    -- and pack what it took, in push order. Each position is drawn only while a push is still
-    -- ahead (as in pop): poppers drawing at once never pass the pushes, whose positions they
-    -- would wait for in vain.
+    -- and pack what it took into one value, in push order. Each position is drawn only while a
+    -- push is still ahead (as in pop): poppers drawing at once never pass the pushes, whose
+    -- positions they would wait for in vain.
     SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
       SELECT nextval('"shopq"."orders_pop_seq"') AS p FROM generate_series(1, v_k) g
       WHERE (SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END
@@ -641,68 +634,52 @@ BEGIN
              FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o WHERE g > 0)) d;  -- g > 0: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
-    -- The records are packed into one value, in push order; a message whose body is in
-    -- "shopq"."orders_content" has its record without the body's bytes, and the body follows it as a row of
-    -- its own, read into a variable, never copied into a packed value.
+    -- A body in "shopq"."orders_content" is read in the same statement (COALESCE evaluates the subquery only
+    -- for a NULL body); a pop removes it after.
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_pos) p(pos)
         WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
-        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, r.body),
-      packed AS (SELECT t.msg_id, t.big, CASE WHEN t.big THEN substring(int4send(0) FROM 4) || int8send(coalesce(t.msg_id, 0)) || int8send(coalesce(t.lease, 0)) || int4send(coalesce(t.attempts, 0)) || int4send(coalesce(octet_length(convert_to(t.headers, 'UTF8')), 0)) || int4send(coalesce(octet_length((SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = t.msg_id % 8 AND c.msg_id = t.msg_id)), 0)) || coalesce(convert_to(t.headers, 'UTF8'), '') ELSE substring(int4send(0) FROM 4) || int8send(coalesce(t.msg_id, 0)) || int8send(coalesce(t.lease, 0)) || int4send(coalesce(t.attempts, 0)) || int4send(coalesce(octet_length(convert_to(t.headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(t.body), 0)) || coalesce(convert_to(t.headers, 'UTF8'), '') || coalesce(t.body, '') END AS rec FROM t)
-      SELECT coalesce(string_agg(rec, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id ORDER BY msg_id), '{}'),
-        array_agg(msg_id) FILTER (WHERE big), array_agg(octet_length(rec) ORDER BY msg_id)
-      INTO v_all, v_taken, v_bigs, v_lens FROM packed;
+        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
+          (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
+        array_agg(msg_id) FILTER (WHERE big)
+      INTO v_rec, v_taken, v_bigs FROM t;
       INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
       SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
         coalesce(r.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)),
         r.headers
       FROM unnest(v_taken) p(pos) JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
+      IF v_bigs IS NOT NULL THEN
+        DELETE FROM "shopq"."orders_content" c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % 8 AND c.msg_id = b.id;
+      END IF;
     ELSE
       WITH t AS (
         UPDATE "shopq"."orders_ring" r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
         WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
-        RETURNING r.msg_id, r.lease, r.attempts, r.headers, r.body IS NULL AS big, r.body),
-      packed AS (SELECT t.msg_id, t.big, CASE WHEN t.big THEN substring(int4send(0) FROM 4) || int8send(coalesce(t.msg_id, 0)) || int8send(coalesce(t.lease, 0)) || int4send(coalesce(t.attempts, 0)) || int4send(coalesce(octet_length(convert_to(t.headers, 'UTF8')), 0)) || int4send(coalesce(octet_length((SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = t.msg_id % 8 AND c.msg_id = t.msg_id)), 0)) || coalesce(convert_to(t.headers, 'UTF8'), '') ELSE substring(int4send(0) FROM 4) || int8send(coalesce(t.msg_id, 0)) || int8send(coalesce(t.lease, 0)) || int4send(coalesce(t.attempts, 0)) || int4send(coalesce(octet_length(convert_to(t.headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(t.body), 0)) || coalesce(convert_to(t.headers, 'UTF8'), '') || coalesce(t.body, '') END AS rec FROM t)
-      SELECT coalesce(string_agg(rec, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id ORDER BY msg_id), '{}'),
-        array_agg(msg_id) FILTER (WHERE big), array_agg(octet_length(rec) ORDER BY msg_id)
-      INTO v_all, v_taken, v_bigs, v_lens FROM packed;
+        RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
+          (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+      INTO v_rec, v_taken FROM t;
     END IF;
-    IF v_bigs IS NULL THEN
-      IF v_all <> '' THEN RETURN NEXT v_all; END IF;
-    ELSE  -- the records up to each large body's, then that body
-      FOR v_i IN 1..cardinality(v_taken) LOOP
-        v_end := v_end + v_lens[v_i];
-        CONTINUE WHEN NOT v_taken[v_i] = ANY (v_bigs);
-        RETURN NEXT substring(v_all FROM v_at FOR v_end - v_at + 1);
-        SELECT c.body INTO v_body FROM "shopq"."orders_content" c WHERE c.bucket = v_taken[v_i] % 8 AND c.msg_id = v_taken[v_i];
-        RETURN NEXT v_body;
-        v_at := v_end + 1;
-      END LOOP;
-      IF v_at <= octet_length(v_all) THEN RETURN NEXT substring(v_all FROM v_at); END IF;
-      IF p_lease_ms <= 0 THEN  -- popped: their content goes
-        DELETE FROM "shopq"."orders_content" c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % 8 AND c.msg_id = b.id;
-      END IF;
-    END IF;
+    v_out := v_out || v_rec;
     v_msgs := v_msgs + cardinality(v_taken);
     -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
     IF cardinality(v_taken) < v_k THEN
       FOREACH v_p IN ARRAY v_pos LOOP
         CONTINUE WHEN v_p = ANY (v_taken);
-        v_recs := ARRAY(SELECT r FROM "shopq"."orders_take"(v_p, p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-        IF get_byte(v_recs[1], 0) IN (0, 2) THEN
-          RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-        END IF;
-        IF get_byte(v_recs[1], 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
+        v_rec := "shopq"."orders_take"(v_p, p_lease_ms, false);
+        IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+        IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
       END LOOP;
     END IF;
   END IF;
   PERFORM CASE WHEN p_lease_ms <= 0 THEN nextval('"shopq"."orders_n_popped"') ELSE nextval('"shopq"."orders_n_acquired"') END
   FROM generate_series(1, v_msgs);
   PERFORM nextval('"shopq"."orders_n_archived"') FROM generate_series(1, v_msgs) WHERE p_lease_ms <= 0;
-  RETURN;
+  RETURN v_out;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_release"(p_positions text, OUT o_released int)
@@ -1120,7 +1097,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 19, 1000, 300,
+VALUES ('orders', 'ring', 18, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,

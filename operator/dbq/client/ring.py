@@ -593,9 +593,7 @@ class Queue:
         since = time.monotonic()
         for position in (r[1] for r in found if r[0] == NOT_WRITTEN):
             while True:
-                record = next(
-                    records(b"".join(r[0] for r in call("take", position, lease_ms)), self._header_encoding)
-                )
+                record = next(records(call("take", position, lease_ms)[0][0], self._header_encoding))
                 if record[0] == MESSAGE:
                     messages.append(self._message(record))
                 elif record[0] == NOT_WRITTEN and time.monotonic() - since < self.hole_grace:

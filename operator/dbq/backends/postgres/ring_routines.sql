@@ -8,8 +8,8 @@
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
 -- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {header_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {content} {buckets} {max_body_bytes} (bodies past a slot),
--- {record} (an expression that packs one record of the answer format,
--- `dbq.contract.ring.RECORD`), {emit} (take's and pop's answer) and {pack} (pop_many's records). Arrays travel as text ('{1,2,3}'), which
+-- {record} and {row_record} (expressions that pack one record
+-- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
 --
 -- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
@@ -28,10 +28,7 @@
 -- message hold their body in their own row. A body of at most {max_bytes} bytes never touches
 -- {content}: its path runs no added statement.
 --
--- take/pop/pop_many answer with packed records; take and pop as rows to read end to end (what
--- `emit` in dbq.backends.postgres.sql writes): one record, or for a body past a slot the record
--- without its body and then the body, so a large body is sent as it is, never copied into a new
--- value (at 1 MiB that copy cost a pop 2 to 3 ms of the server's time). Status codes: 0 message; 1 queue empty;
+-- take/pop/pop_many answer with packed records. Status codes: 0 message; 1 queue empty;
 -- 2 position `id` was drawn but its message is not written yet (call take(id) until it arrives,
 -- or release it); 3 position gone (draw again). In a ring row, state 1 always has lease 0 and
 -- state 2 a lease > 0.
@@ -254,7 +251,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
-RETURNS SETOF bytea
+RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
@@ -277,7 +274,7 @@ BEGIN
         SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = p_pos % {size};
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
-        o_status := 0; {emit}
+        o_status := 0; RETURN {record};
       END IF;
     ELSE
       o_lease := (random() * 9007199254740991)::bigint + 1;
@@ -288,7 +285,7 @@ BEGIN
       IF FOUND THEN
         IF o_body IS NULL THEN o_body := {fn_body_of}(p_pos, false); END IF;
         IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
-        o_status := 0; {emit}
+        o_status := 0; RETURN {record};
       END IF;
       o_lease := NULL;
     END IF;
@@ -304,25 +301,25 @@ BEGIN
         PERFORM nextval('{n_expired}');
         IF v_big THEN DELETE FROM {content} WHERE bucket = p_pos % {buckets} AND msg_id = p_pos; END IF;
       END IF;
-      o_status := 3; {emit}
+      o_status := 3; RETURN {record};
     END IF;
     IF v_msg >= p_pos THEN  -- taken by repair, or the ring has lapped a void position
       DELETE FROM {gap} WHERE pos = p_pos;
-      o_status := 3; {emit}
+      o_status := 3; RETURN {record};
     END IF;
     DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
-    IF FOUND THEN o_status := 3; {emit} END IF;
+    IF FOUND THEN o_status := 3; RETURN {record}; END IF;
     EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {push_seq});
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
   o_body := NULL; o_attempts := NULL; o_headers := NULL;
-  {emit}  -- status 2: not written yet
+  RETURN {record};  -- status 2: not written yet
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS SETOF bytea
+CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
-  v_recs bytea[]; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
+  v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in {spill_share} looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -358,7 +355,7 @@ BEGIN
           visible_at = clock_timestamp() + p_lease_ms * interval '1 millisecond' WHERE msg_id = o_id;
         IF p_count THEN PERFORM nextval('{n_acquired}'); END IF;
       END IF;
-      o_status := 0; {emit}
+      o_status := 0; RETURN {record};
     END LOOP;
     o_id := NULL; o_body := NULL; o_attempts := NULL; o_headers := NULL;
     -- 2. The ring, in push order.
@@ -373,11 +370,11 @@ BEGIN
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM {gap} WHERE pos = v_pos;
-          v_recs := ARRAY(SELECT r FROM {fn_take}(v_pos, p_lease_ms, p_count) WITH ORDINALITY x(r, n) ORDER BY n);
-          IF get_byte(v_recs[1], 0) = 0 THEN RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n; RETURN; END IF;
+          v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
+          IF get_byte(v_rec, 0) = 0 THEN RETURN v_rec; END IF;
         END IF;
         o_status := 1; o_lease := NULL;
-        {emit}  -- empty
+        RETURN {record};  -- empty
       END IF;
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
         UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
@@ -391,7 +388,7 @@ BEGIN
           SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = v_pos % {size};
           IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
           -- end if
-          o_status := 0; {emit}
+          o_status := 0; RETURN {record};
         END IF;
       ELSE
         o_lease := (random() * 9007199254740991)::bigint + 1;
@@ -402,12 +399,12 @@ BEGIN
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
           IF o_body IS NULL THEN o_body := {fn_body_of}(o_id, false); END IF;
-          o_status := 0; {emit}
+          o_status := 0; RETURN {record};
         END IF;
         o_lease := NULL;
       END IF;
-      v_recs := ARRAY(SELECT r FROM {fn_take}(v_pos, p_lease_ms, p_count) WITH ORDINALITY x(r, n) ORDER BY n);
-      IF get_byte(v_recs[1], 0) <> 3 THEN RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n; RETURN; END IF;
+      v_rec := {fn_take}(v_pos, p_lease_ms, p_count);
+      IF get_byte(v_rec, 0) <> 3 THEN RETURN v_rec; END IF;
       -- A run of positions that will never be written (delayed messages push void ones): the
       -- due redeliveries and delayed messages are looked at every 1000 of them, and the pop goes
       -- on until it finds a message or no position is ahead (each turn spends one position).
@@ -417,22 +414,21 @@ BEGIN
   END LOOP;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS SETOF bytea
+CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS bytea
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  v_recs bytea[]; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint; v_any boolean := false;
+  v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
-  v_all bytea; v_bigs bigint[]; v_lens int[]; v_body bytea; v_at int := 1; v_end int := 0;
+  v_bigs bigint[];
 BEGIN
   -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
   -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
   -- 1. Redeliveries and the empty-ring case go through the single pop, one by one.
   WHILE v_got < p_max AND EXISTS (SELECT 1 FROM {spill} WHERE state = 1 AND visible_at <= v_now) LOOP
-    v_recs := ARRAY(SELECT r FROM {fn_pop}(p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-    EXIT WHEN get_byte(v_recs[1], 0) = 1;
-    RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-    v_any := true;
-    IF get_byte(v_recs[1], 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
+    v_rec := {fn_pop}(p_lease_ms, false);
+    EXIT WHEN get_byte(v_rec, 0) = 1;
+    v_out := v_out || v_rec;
+    IF get_byte(v_rec, 0) = 2 THEN v_wait := true; EXIT; END IF;  -- the caller waits for that position
     v_got := v_got + 1;
   END LOOP;
   v_msgs := v_got;
@@ -440,18 +436,16 @@ BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 OR v_wait THEN
-    IF NOT v_any THEN
-      v_recs := ARRAY(SELECT r FROM {fn_pop}(p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-      IF get_byte(v_recs[1], 0) <> 1 THEN
-        RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-      END IF;
-      IF get_byte(v_recs[1], 0) = 0 THEN v_msgs := 1; END IF;
+    IF v_out = '' THEN
+      v_rec := {fn_pop}(p_lease_ms, false);
+      IF get_byte(v_rec, 0) <> 1 THEN v_out := v_rec; END IF;
+      IF get_byte(v_rec, 0) = 0 THEN v_msgs := 1; END IF;
     END IF;
   ELSE
     -- 2. The ring: draw up to k positions in one statement, claim their slots in one update,
-    -- and pack what it took, in push order. Each position is drawn only while a push is still
-    -- ahead (as in pop): poppers drawing at once never pass the pushes, whose positions they
-    -- would wait for in vain.
+    -- and pack what it took into one value, in push order. Each position is drawn only while a
+    -- push is still ahead (as in pop): poppers drawing at once never pass the pushes, whose
+    -- positions they would wait for in vain.
     SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
       SELECT nextval('{pop_seq}') AS p FROM generate_series(1, v_k) g
       WHERE (SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END
@@ -459,16 +453,17 @@ BEGIN
              FROM {push_seq} u, {pop_seq} o WHERE g > 0)) d;  -- g > 0: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
-    -- The records are packed into one value, in push order; a message whose body is in
-    -- {content} has its record without the body's bytes, and the body follows it as a row of
-    -- its own, read into a variable, never copied into a packed value.
+    -- A body in {content} is read in the same statement (COALESCE evaluates the subquery only
+    -- for a NULL body); a pop removes it after.
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
         WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
-        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, r.body),
-      {pack}
-      INTO v_all, v_taken, v_bigs, v_lens FROM packed;
+        RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
+          (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
+        array_agg(msg_id) FILTER (WHERE big)
+      INTO v_rec, v_taken, v_bigs FROM t;
       -- if archive
       INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
       SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
@@ -476,42 +471,29 @@ BEGIN
         r.headers
       FROM unnest(v_taken) p(pos) JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
       -- end if
+      IF v_bigs IS NOT NULL THEN
+        DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
+      END IF;
     ELSE
       WITH t AS (
         UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
         WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
-        RETURNING r.msg_id, r.lease, r.attempts, r.headers, r.body IS NULL AS big, r.body),
-      {pack}
-      INTO v_all, v_taken, v_bigs, v_lens FROM packed;
+        RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
+          (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
+      SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
+      INTO v_rec, v_taken FROM t;
     END IF;
-    IF v_bigs IS NULL THEN
-      IF v_all <> '' THEN RETURN NEXT v_all; END IF;
-    ELSE  -- the records up to each large body's, then that body
-      FOR v_i IN 1..cardinality(v_taken) LOOP
-        v_end := v_end + v_lens[v_i];
-        CONTINUE WHEN NOT v_taken[v_i] = ANY (v_bigs);
-        RETURN NEXT substring(v_all FROM v_at FOR v_end - v_at + 1);
-        SELECT c.body INTO v_body FROM {content} c WHERE c.bucket = v_taken[v_i] % {buckets} AND c.msg_id = v_taken[v_i];
-        RETURN NEXT v_body;
-        v_at := v_end + 1;
-      END LOOP;
-      IF v_at <= octet_length(v_all) THEN RETURN NEXT substring(v_all FROM v_at); END IF;
-      IF p_lease_ms <= 0 THEN  -- popped: their content goes
-        DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
-      END IF;
-    END IF;
+    v_out := v_out || v_rec;
     v_msgs := v_msgs + cardinality(v_taken);
     -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
     IF cardinality(v_taken) < v_k THEN
       FOREACH v_p IN ARRAY v_pos LOOP
         CONTINUE WHEN v_p = ANY (v_taken);
-        v_recs := ARRAY(SELECT r FROM {fn_take}(v_p, p_lease_ms, false) WITH ORDINALITY x(r, n) ORDER BY n);
-        IF get_byte(v_recs[1], 0) IN (0, 2) THEN
-          RETURN QUERY SELECT r FROM unnest(v_recs) WITH ORDINALITY x(r, n) ORDER BY n;
-        END IF;
-        IF get_byte(v_recs[1], 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
+        v_rec := {fn_take}(v_p, p_lease_ms, false);
+        IF get_byte(v_rec, 0) IN (0, 2) THEN v_out := v_out || v_rec; END IF;
+        IF get_byte(v_rec, 0) = 0 THEN v_msgs := v_msgs + 1; END IF;
       END LOOP;
     END IF;
   END IF;
@@ -520,7 +502,7 @@ BEGIN
   -- if archive
   PERFORM nextval('{n_archived}') FROM generate_series(1, v_msgs) WHERE p_lease_ms <= 0;
   -- end if
-  RETURN;
+  RETURN v_out;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_release}(p_positions text, OUT o_released int)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
-from dbq.contract.ring import CONTENT_BUCKETS, RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.names import check_identifier, qualified_literal
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
@@ -63,36 +63,9 @@ class PgRing(RingSqlBase):
             | {f"{key}_class": _regclass(seq) for key, seq in read.items()}
             | {
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
-                "emit": self._emit(),
-                "pack": self._pack(),
+                "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),
             }
         )
-
-    def _emit(self) -> str:
-        """How take and pop answer (rows read end to end): the record; for a body past a slot,
-        the record without it, then the body as a row of its own (not copied into the record)."""
-        head = _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body", with_body=False)
-        whole = _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body")
-        slot = min(self.message_bytes, self.max_body_bytes)
-        return (
-            f"IF octet_length(o_body) > {slot} THEN RETURN NEXT {head}; RETURN NEXT o_body;"
-            f" ELSE RETURN NEXT {whole}; END IF; RETURN;"
-        )
-
-    def _pack(self) -> str:
-        """pop_many's records of the slots it took (CTE t: msg_id, lease, attempts, headers, big,
-        body), in push order, in one value; a record whose body waits in the content table
-        without the body's bytes. With the ids taken (in order), those of such bodies (NULL:
-        none) and each record's length."""
-        content = (
-            f"(SELECT c.body FROM {self.content} c WHERE c.bucket = t.msg_id % {CONTENT_BUCKETS}"
-            " AND c.msg_id = t.msg_id)"
-        )
-        head = _record("0", "t.msg_id", "t.lease", "t.attempts", "t.headers", content, with_body=False)
-        whole = _record("0", "t.msg_id", "t.lease", "t.attempts", "t.headers", "t.body")
-        return f"""packed AS (SELECT t.msg_id, t.big, CASE WHEN t.big THEN {head} ELSE {whole} END AS rec FROM t)
-      SELECT coalesce(string_agg(rec, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id ORDER BY msg_id), '{{}}'),
-        array_agg(msg_id) FILTER (WHERE big), array_agg(octet_length(rec) ORDER BY msg_id)"""
 
     # --- provisioning, one method per planning step ------------------------------------------
     def create_schema(self) -> list[str]:
@@ -428,23 +401,15 @@ _OLD_SIGNATURES = (
     ("push", "bytea, bigint"),
     ("push_many", "bytea, text, bigint"),
     ("defer", "bytea, text, bigint, bigint"),
-    # version 19 answers take, pop and pop_many as rows (SETOF bytea): a result type CREATE OR
-    # REPLACE cannot change (pop_many's signature is the one above)
-    ("take", "bigint, bigint, boolean"),
-    ("pop", "bigint, boolean"),
 )
 
 
-def _record(
-    status: str, msg_id: str, lease: str, attempts: str, headers: str, body: str, with_body: bool = True
-) -> str:
-    """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from SQL expressions;
-    without its body's bytes (`with_body=False`) when they follow as a row of their own."""
+def _record(status: str, msg_id: str, lease: str, attempts: str, headers: str, body: str) -> str:
+    """One packed take/pop record (see `dbq.contract.ring.RECORD`) built from SQL expressions."""
     return (
         f"substring(int4send({status}) FROM 4) || int8send(coalesce({msg_id}, 0))"
         f" || int8send(coalesce({lease}, 0)) || int4send(coalesce({attempts}, 0))"
         f" || int4send(coalesce(octet_length(convert_to({headers}, 'UTF8')), 0))"
         f" || int4send(coalesce(octet_length({body}), 0))"
-        f" || coalesce(convert_to({headers}, 'UTF8'), '')"
-        + (f" || coalesce({body}, '')" if with_body else "")
+        f" || coalesce(convert_to({headers}, 'UTF8'), '') || coalesce({body}, '')"
     )
