@@ -57,7 +57,7 @@ class OdbcRing(OdbcBackend):
                 refuse_below_floor(int(major), int(level))  # InvalidSpec, before anything is planned
                 self._server_checked = True
             if self.sql.COMPRESSIONS and not self._compression_resolved:
-                self._resolve_compression(cur)
+                self._resolve_compression(cur.execute(self.sql.COMPRESSIONS).fetchval())
             schema = self.names.schema
             keeper_version = self._keeper_version(cur)
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
@@ -96,12 +96,11 @@ class OdbcRing(OdbcBackend):
                 keeper_version=keeper_version,
             )
 
-    def _resolve_compression(self, cur: pyodbc.Cursor) -> None:
+    def _resolve_compression(self, offered: str | None) -> None:
         """The target with spec.messages.compression resolved against what the server offers
-        (InvalidSpec, before anything is planned, when it does not offer the one asked for)."""
-        assert self.sql.COMPRESSIONS
-        offered = cur.execute(self.sql.COMPRESSIONS).fetchval()
-        choices = frozenset(str(offered).split(",")) if offered else frozenset()
+        (`offered`, comma-separated; InvalidSpec, before anything is planned, when it does not
+        offer the one asked for)."""
+        choices = frozenset(offered.split(",")) if offered else frozenset()
         self.target = replace(self.target, compression=choose_compression(self.target.compression, choices))
         self.sql = ring_sql(self.settings.backend, self.target)
         self._compression_resolved = True

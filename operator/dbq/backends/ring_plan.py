@@ -126,11 +126,15 @@ def choose_compression(wanted: str, offered: frozenset[str]) -> str:
     before 14 and SQL Server, where '' stays)."""
     if not wanted:
         return next((c for c in ("lz4", "pglz") if c in offered), "")
-    if wanted not in offered:
-        choices = ", ".join(sorted(offered)) if offered else "none: it needs PostgreSQL 14 or later"
+    if not offered:
         raise InvalidSpec(
-            f"spec.messages.compression: {wanted} is not offered by this server (it offers {choices}):"
-            " choose one it offers, or remove the field for the best one"
+            f"spec.messages.compression: {wanted} needs PostgreSQL 14 or later (this server offers no choice):"
+            " remove the field"
+        )
+    if wanted not in offered:
+        raise InvalidSpec(
+            f"spec.messages.compression: {wanted} is not offered by this server (it offers"
+            f" {', '.join(sorted(offered))}): choose one it offers, or remove the field for the best one"
         )
     return wanted
 
@@ -213,11 +217,16 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             f"spill table {n.schema}.{n.spill} is of version {recorded.schema_version}: its body cannot be elsewhere",
         )
     recompress = bool(target.compression) and (recorded is None or recorded.compression != target.compression)
-    if recompress or (target.compression and (ring_missing or missing_tables)):  # new tables: the default
+    if recompress:
         step(
             RingAction.SET_COMPRESSION,
             f"stored bodies are compressed with {(recorded.compression if recorded else '') or 'the server default'},"
             f" spec.messages.compression wants {target.compression}",
+        )
+    elif target.compression and (ring_missing or missing_tables):
+        step(
+            RingAction.SET_COMPRESSION,
+            f"tables made now start with the server default, not {target.compression}",
         )
     if n.counter("settled") in missing_seqs and not ring_missing:
         # A queue of schema version 6 or older: its leases held so far were never settled.
