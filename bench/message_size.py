@@ -54,20 +54,13 @@ def body_of(kind: str, size: int) -> bytes:
     """A body of `size` bytes: random (incompressible), or JSON text of order records."""
     if kind == "random":
         return os.urandom(size)
-    records, text = 0, b"["
-    while len(text) < size:
-        text += (
-            json.dumps(
-                {
-                    "order": records,
-                    "region": "eu-west",
-                    "amount": records * 1.5,
-                    "sku": f"SKU-{records % 977:05d}",
-                }
-            ).encode()
-            + b","
-        )
-        records += 1
+    parts, length = [b"["], 1
+    while length < size:
+        n = len(parts) - 1  # the records before this one
+        record = {"order": n, "region": "eu-west", "amount": n * 1.5, "sku": f"SKU-{n % 977:05d}"}
+        parts.append(json.dumps(record).encode() + b",")
+        length += len(parts[-1])
+    text = b"".join(parts)
     return text[: size - 1] + b"]"
 
 

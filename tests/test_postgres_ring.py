@@ -47,11 +47,8 @@ def body_storage(cur: pyodbc.Cursor, schema: str) -> dict[str, tuple[str, str]]:
         " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND a.attname = 'body'",
         schema,
     ).fetchall()
-    return {
-        str(r[0]).removeprefix("orders_"): (str(r[1]), str(r[2]))
-        for r in rows
-        if str(r[0]).removeprefix("orders_") in BODY_TABLES
-    }
+    found = {str(r[0]).removeprefix("orders_"): (str(r[1]), str(r[2])) for r in rows}
+    return {table: found[table] for table in BODY_TABLES if table in found}
 
 
 @pytest.fixture
@@ -335,7 +332,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
     cur = backend.conn.cursor()
     # spec.messages.compression came after all of them: no column, bodies with the server's default.
     cur.execute(f'ALTER TABLE "{schema}".dbq_queues DROP COLUMN compression')
-    for table in ("ring", "spill", "content", "dead", "archive"):
+    for table in BODY_TABLES:
         cur.execute(f'ALTER TABLE "{schema}".orders_{table} ALTER COLUMN body SET COMPRESSION default')
     for added in (v for v in ADDED if v > version):
         for table in ADDED[added]["tables"]:

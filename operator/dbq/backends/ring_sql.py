@@ -90,9 +90,8 @@ class RingSqlBase:
     TEMPLATE_FILE = ""  # ... and its name
     BACKEND = ""  # the dialect's backend name
     SERVER_VERSION: str | None = None  # major version and compatibility level, where a floor is checked
-    COMPRESSIONS: str | None = (
-        None  # the compressions of stored bodies the server offers, where it has a choice
-    )
+    # The compressions of stored bodies the server offers, where it has a choice.
+    COMPRESSIONS: str | None = None
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]

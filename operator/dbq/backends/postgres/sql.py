@@ -14,6 +14,7 @@ whose pop position was lost; the gap table remembers positions that will never b
 
 from __future__ import annotations
 
+from dbq.api.models import Compression
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
@@ -236,7 +237,7 @@ END $$""",
         about 2 KB, as PostgreSQL does by default), or none (kept out of line uncompressed, with no
         attempt). A catalog change: bodies already stored keep theirs."""
         compression = self.t.compression
-        if compression not in ("lz4", "pglz", "none"):  # resolved by the plan: never '' here
+        if compression not in {c.value for c in Compression}:  # resolved by the plan: never '' here
             raise ValueError(f"compression {compression!r} is not one of lz4, pglz, none")
         storage = (
             "EXTERNAL"
