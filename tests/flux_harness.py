@@ -105,7 +105,11 @@ class FluxObjects:
         def done() -> dict[str, Any] | None:
             status = self.get(KUSTOMIZATION, name).get("status") or {}
             ready = self.ready(KUSTOMIZATION, name)
-            judged = ready.get("status") in ("True", "False") and ready.get("reason") != "Progressing"
+            # lastAttemptedRevision moves to the new revision before Ready does: a True counts
+            # only with the revision applied, a False only once judged for this revision.
+            if ready.get("status") == "True":
+                return ready if status.get("lastAppliedRevision") == revision else None
+            judged = ready.get("status") == "False" and ready.get("reason") != "Progressing"
             return ready if status.get("lastAttemptedRevision") == revision and judged else None
 
         found = wait_for(done, timeout, f"Flux to apply {revision}", interval=0.5)
