@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dbq.api.filters import HEADER_OPERATORS, SUBJECT_OPERATORS, Filter, HeaderClause
-from dbq.backends.filter_sql import ms_predicate, pg_predicate, pg_text
+from dbq.backends.filter_sql import PgHeaderVariables, ms_predicate, pg_predicate, pg_text
+from dbq.backends.topic_sql import free_tag
 from dbq.connection import from_url
 from dbq.connection.postgres import Connection
 from dbq.contract.filters import matches
@@ -206,10 +207,25 @@ def pg(postgres) -> Iterator[Connection]:
 
 
 def evaluate(conn: Connection, f: Filter, subject: str | None, headers: dict[str, Any] | None) -> bool:
-    """The compiled predicate, run by PostgreSQL on these headers (as dbq stores them) and subject."""
+    """The compiled predicate, run by PostgreSQL on these headers (as dbq stores them) and subject,
+    in both its forms: one expression standing alone, and as a publish routine has it (each
+    header it names read into variables first). They must agree, and the answer is returned."""
     stored = json.dumps(headers, ensure_ascii=False) if headers else None
+    cursor = conn.cursor()
     sql = f"SELECT {pg_predicate(f, 'm.h', 'm.s')} FROM (SELECT CAST(? AS jsonb) AS h, CAST(? AS text) AS s) AS m"
-    return conn.cursor().execute(sql, stored, subject).fetchval()
+    alone = cursor.execute(sql, stored, subject).fetchval()
+    reads = PgHeaderVariables("v_h")
+    test = pg_predicate(f, reads, "v_s")
+    tag = free_tag(test)
+    cursor.execute(
+        f"CREATE OR REPLACE FUNCTION pg_temp.dbq_matches(v_h jsonb, v_s text) RETURNS boolean LANGUAGE plpgsql"
+        f" AS {tag} DECLARE {reads.declarations()}\nBEGIN\n{reads.assignments('  ')}\n  RETURN {test};\nEND {tag}"
+    )
+    in_routine = cursor.execute(
+        "SELECT pg_temp.dbq_matches(CAST(? AS jsonb), CAST(? AS text))", stored, subject
+    )
+    assert in_routine.fetchval() is alone, (alone, test)
+    return alone
 
 
 # --- SQL Server: the grammar parses every compiled predicate; with DBQ_MSSQL_DSN, it runs ---------

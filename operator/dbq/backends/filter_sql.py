@@ -7,8 +7,10 @@ is cast from there. No clause can raise (a type test guards each comparison), an
 true or false, never NULL: a missing header or subject fails it, as `dbq.contract.filters` (the
 oracle) says.
 
-- PostgreSQL (`pg_predicate`): headers as jsonb, compared as jsonb (numbers as exact decimals,
-  as the oracle does); literals in the `E'...'` form, whatever standard_conforming_strings says.
+- PostgreSQL (`pg_predicate`): headers as jsonb, each header read as text, numeric or boolean
+  by its JSON type (numbers as exact decimals, as the oracle does), once per routine where many
+  filters name it (`PgHeaderVariables`); literals in the `E'...'` form, whatever
+  standard_conforming_strings says.
 - SQL Server (`ms_predicate`): headers as JSON text, read with OPENJSON (2016 on: its `type`
   tells a string from a number); strings compared as their UTF-16 bytes (`=` on nvarchar would
   ignore trailing spaces and follow the collation); numbers as float, so two numbers equal to 15
@@ -43,38 +45,102 @@ def _checked(value: str) -> str:
     return value
 
 
-def pg_predicate(flt: Filter, headers: str, subject: str) -> str:
-    """The filter as one SQL boolean expression; `headers` and `subject` are the expressions (a
-    routine's parameters, say) that hold the message's jsonb headers and text subject."""
-    clauses = [_pg_subject(c, subject) for c in flt.subject] + [_pg_header(c, headers) for c in flt.headers]
+class PgHeaders:
+    """How a compiled PostgreSQL predicate reads a message's headers (`headers`: an expression
+    holding them as jsonb): header `key` as jsonb (NULL when absent), and as text, numeric or
+    boolean when it is a JSON value of that type (NULL otherwise). Each read is written where a
+    clause needs it: the form for one expression standing alone."""
+
+    def __init__(self, headers: str) -> None:
+        self.headers = headers
+
+    def json(self, key: str) -> str:
+        return f"({self.headers} -> {pg_text(key)})"
+
+    def typed(self, key: str, of: str) -> str:
+        value = self.json(key)
+        read = f"{self.headers} ->> {pg_text(key)}" if of == "string" else f"{value}::{PG_TYPES[of]}"
+        return f"(CASE WHEN jsonb_typeof({value}) = {pg_text(of)} THEN {read} END)"
+
+
+class PgHeaderVariables(PgHeaders):
+    """The reads of a routine that tests many filters on one message: each header a filter names
+    is read once into variables (`declarations`, then `assignments` after each message's
+    headers are in `headers`), and every clause compares those: 64 filters on one key look the
+    key up once, and compare numbers as numeric, strings as text, not jsonb to jsonb."""
+
+    def __init__(self, headers: str) -> None:
+        super().__init__(headers)
+        self.keys: dict[str, int] = {}  # key -> its number in the variables' names
+        self.kinds: dict[tuple[int, str], str] = {}  # (number, type) -> variable
+
+    def json(self, key: str) -> str:
+        return f"v_hj{self.keys.setdefault(key, len(self.keys) + 1)}"
+
+    def typed(self, key: str, of: str) -> str:
+        number = self.keys.setdefault(key, len(self.keys) + 1)
+        return self.kinds.setdefault((number, of), f"v_h{of[0]}{number}")
+
+    def declarations(self) -> str:
+        found = [f"v_hj{n} jsonb;" for n in self.keys.values()]
+        found += [f"{v} {PG_TYPES[of]};" for (_, of), v in self.kinds.items()]
+        return " ".join(found)
+
+    def assignments(self, indent: str) -> str:
+        lines = [f"{indent}v_hj{n} := {self.headers} -> {pg_text(key)};" for key, n in self.keys.items()]
+        for (n, of), variable in self.kinds.items():
+            read = f"v_hj{n} #>> '{{}}'" if of == "string" else f"v_hj{n}::{PG_TYPES[of]}"
+            lines.append(
+                f"{indent}{variable} := CASE WHEN jsonb_typeof(v_hj{n}) = {pg_text(of)} THEN {read} END;"
+            )
+        return "\n".join(lines)
+
+
+# The SQL type a header of each JSON type is compared as.
+PG_TYPES = {"string": "text", "number": "numeric", "boolean": "boolean"}
+
+
+def pg_predicate(flt: Filter, headers: str | PgHeaders, subject: str) -> str:
+    """The filter as one SQL boolean expression; `headers` is how it reads the headers (or an
+    expression holding them as jsonb: a routine's parameter, say), `subject` the expression that
+    holds the message's text subject."""
+    reads = headers if isinstance(headers, PgHeaders) else PgHeaders(headers)
+    clauses = [_pg_subject(c, subject) for c in flt.subject] + [_pg_header(c, reads) for c in flt.headers]
     return " AND ".join(f"({c})" for c in clauses) if clauses else "true"
 
 
-def _pg_json(value: Any) -> str:
-    return pg_text(json.dumps(value, ensure_ascii=False, allow_nan=False)) + "::jsonb"
+def _pg_literal(value: Any) -> str:
+    """A filter's value as a literal of the type its header is compared as."""
+    of = kind(value)
+    if of == "string":
+        return pg_text(value)
+    if of == "number":  # the JSON text of the number, read as an exact decimal, as jsonb reads it
+        return f"{pg_text(json.dumps(value, allow_nan=False))}::numeric"
+    return "true" if value else "false"
 
 
-def _pg_header(clause: HeaderClause, headers: str) -> str:
+def _pg_among(reads: PgHeaders, key: str, values: list[Any], negated: bool) -> str:
+    """The header is one of `values` (negated: of a type of theirs, and none of them): each of
+    their types compared apart, a header having one type."""
+    tests = []
+    for of in sorted({kind(v) for v in values}):
+        listed = ", ".join(_pg_literal(v) for v in values if kind(v) == of)
+        tests.append(f"coalesce({reads.typed(key, of)} {'NOT ' if negated else ''}IN ({listed}), false)")
+    return " OR ".join(tests)
+
+
+def _pg_header(clause: HeaderClause, reads: PgHeaders) -> str:
     op, operand = operator_of(clause)
-    value = f"{headers} -> {pg_text(clause.key)}"
+    key = clause.key
     if op == "exists":
-        return f"({value}) IS {'NOT ' if operand else ''}NULL"
+        return f"{reads.json(key)} IS {'NOT ' if operand else ''}NULL"
     if op == "eq":
-        return f"coalesce({value} = {_pg_json(operand)}, false)"
+        return f"coalesce({reads.typed(key, kind(operand))} = {_pg_literal(operand)}, false)"
     if op in ("in", "notIn"):
-        listed = ", ".join(_pg_json(v) for v in operand)
-        if op == "in":
-            return f"coalesce({value} IN ({listed}), false)"
-        types = ", ".join(pg_text(t) for t in sorted({kind(v) for v in operand}))
-        return f"coalesce(jsonb_typeof({value}) IN ({types}) AND {value} NOT IN ({listed}), false)"
+        return _pg_among(reads, key, operand, op == "notIn")
     if op == "prefix":
-        key = pg_text(clause.key)
-        guarded = f"starts_with({headers} ->> {key}, {pg_text(operand)})"
-        return f"coalesce(jsonb_typeof({value}) = 'string' AND {guarded}, false)"
-    # jsonb orders numbers by value (and every string below every number: hence the type test).
-    return (
-        f"coalesce(jsonb_typeof({value}) = 'number' AND {value} {COMPARISONS[op]} {_pg_json(operand)}, false)"
-    )
+        return f"coalesce(starts_with({reads.typed(key, 'string')}, {pg_text(operand)}), false)"
+    return f"coalesce({reads.typed(key, 'number')} {COMPARISONS[op]} {_pg_literal(operand)}, false)"
 
 
 def _pg_subject(clause: SubjectClause, subject: str) -> str:

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Callable
 
-from dbq.backends.filter_sql import pg_predicate, pg_text
+from dbq.backends.filter_sql import PgHeaderVariables, pg_predicate, pg_text
 from dbq.backends.ring_sql import load_template, render_template
 from dbq.contract.topics import SUBSCRIPTIONS_TABLE, TOPIC_SCHEMA_VERSION, TOPICS_TABLE, Route, TopicTarget
 from dbq.names import QueueNames
@@ -100,7 +100,8 @@ class PgTopic(TopicSql):
         rooms = "\n".join(self._block("room", i, r) for i, r in checked)
         each["room"] = f"  IF v_copies > 1 THEN\n{rooms}\n  END IF;" if rooms else ""
         each["room_many"] = self._grouped("room_many", "  ", many_guard, dict(checked))
-        predicates = ",\n    ".join(pg_predicate(r.filter, "v_h", "v_s") for r in routes)
+        reads = PgHeaderVariables("v_h")
+        predicates = ",\n    ".join(pg_predicate(r.filter, reads, "v_s") for r in routes)
         each["matches"] = f"ARRAY[\n    {predicates}]" if routes else "'{}'::boolean[]"
         values: dict[str, object] = {
             "topics": self.topics,
@@ -117,6 +118,9 @@ class PgTopic(TopicSql):
             ),
             "topic_name": self.names.topic,
             "matches": each["matches"],
+            "declare_reads": reads.declarations(),
+            "reads": reads.assignments("  "),
+            "reads_many": reads.assignments("    "),
             "rooms": each["room"],
             "routes": each["publish"],
             "declare_many": each["declare_many"],

@@ -1,7 +1,8 @@
 -- A topic on PostgreSQL: its rows in the schema's topic tables, its counters, and its publish
 -- routine, generated from its subscriptions (dbq.backends.topic_sql fills the placeholders: the
 -- routes are one block per subscription, each with its compiled filter and its queue's push; the
--- body's dollar-quote tag is one its filters' values do not hold).
+-- body's dollar-quote tag is one its filters' values do not hold; the headers the filters name
+-- are read into variables first, once per message).
 --
 -- publish(body, headers, subject, ttl_ms) -> 'subscription=id,...': in one transaction, a copy
 -- of the message in the queue of every subscription whose filter matches it; none if one of
@@ -21,8 +22,10 @@ CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject 
 LANGUAGE plpgsql AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
   v_m boolean[]; v_copies int; v_counted regclass[] := '{}'; v_c regclass; v_n bigint;
+  {declare_reads}
 BEGIN
 {in_force}
+{reads}
   v_m := {matches};  -- each subscription's filter, in one expression
   v_copies := cardinality(array_positions(v_m, true));
 {rooms}
@@ -53,6 +56,7 @@ LANGUAGE plpgsql AS {tag}
 DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; v_n int; v_i int; v_j int;
   v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}'; v_c bigint;
   v_hits int[] := '{}';
+  {declare_reads}
 {declare_many}
 BEGIN
 {in_force}
@@ -72,6 +76,7 @@ BEGIN
   FOR v_i IN 1..v_n LOOP
     v_h := v_headers[v_i]::jsonb;
     v_s := v_subjects[v_i];
+{reads_many}
     v_m := {matches};
 {picks}
     IF NOT true = ANY (v_m) THEN v_unmatched := v_unmatched || v_i; END IF;
