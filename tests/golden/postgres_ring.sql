@@ -323,7 +323,7 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body;
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
 BEGIN
   IF octet_length(p_body) > 300 THEN
     IF octet_length(p_body) > 1048576 THEN
@@ -335,8 +335,10 @@ BEGIN
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > 1024 OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM "shopq"."orders_check_headers"(octet_length(p_headers), json_typeof(p_headers::json));
   END IF;
-  -- Draw a position only if the ring has room (one statement reads both positions and draws).
-  SELECT nextval('"shopq"."orders_push_seq"') INTO o_id FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
+  -- Draw a position only if the ring has room; the same statement reads both positions, draws,
+  -- and sees whether consumers wait (one query fewer: a push costs its statements).
+  SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
+  FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
     < 1000;
   IF NOT FOUND THEN
@@ -344,7 +346,7 @@ BEGIN
     RETURN;
   END IF;
   -- Consumers wait on the queue: wake them (sent at commit). While none waits, nothing is sent.
-  IF EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) THEN PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', ''); END IF;
+  IF v_wake THEN PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', ''); END IF;
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
@@ -371,6 +373,7 @@ DECLARE
   v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := "shopq"."orders_split_headers"(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
+  v_wake boolean;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
   -- parameters any driver binds, and no encoding to undo.
@@ -396,10 +399,11 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END, CASE WHEN o.is_called THEN o.last_value ELSE 0 END,
+    EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now)
+  INTO v_pushed, v_popped, v_wake FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o;
   v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
-  IF v_k > 0 AND EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) THEN
+  IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', '');  -- consumers wait: wake them
   END IF;
   IF v_k > 0 THEN
@@ -1097,7 +1101,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 18, 1000, 300,
+VALUES ('orders', 'ring', 19, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,

@@ -22,7 +22,7 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 18
+RING_SCHEMA_VERSION = 19
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {

@@ -136,7 +136,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body;
+DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     IF octet_length(p_body) > {max_body_bytes} THEN
@@ -148,8 +148,10 @@ BEGIN
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > {header_bytes} OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM {fn_check_headers}(octet_length(p_headers), json_typeof(p_headers::json));
   END IF;
-  -- Draw a position only if the ring has room (one statement reads both positions and draws).
-  SELECT nextval('{push_seq}') INTO o_id FROM {push_seq} u, {pop_seq} o
+  -- Draw a position only if the ring has room; the same statement reads both positions, draws,
+  -- and sees whether consumers wait (one query fewer: a push costs its statements).
+  SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
+  FROM {push_seq} u, {pop_seq} o
   WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
     < {size};
   IF NOT FOUND THEN
@@ -157,7 +159,7 @@ BEGIN
     RETURN;
   END IF;
   -- Consumers wait on the queue: wake them (sent at commit). While none waits, nothing is sent.
-  IF EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) THEN PERFORM pg_notify({channel}, ''); END IF;
+  IF v_wake THEN PERFORM pg_notify({channel}, ''); END IF;
   -- The fast path inline (RETURNING counts the push); place() handles a slot an earlier lap
   -- still holds.
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
@@ -184,6 +186,7 @@ DECLARE
   v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := {fn_split_headers}(p_headers);
   v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
+  v_wake boolean;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
   -- parameters any driver binds, and no encoding to undo.
@@ -209,10 +212,11 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END, CASE WHEN o.is_called THEN o.last_value ELSE 0 END,
+    EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now)
+  INTO v_pushed, v_popped, v_wake FROM {push_seq} u, {pop_seq} o;
   v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
-  IF v_k > 0 AND EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) THEN
+  IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify({channel}, '');  -- consumers wait: wake them
   END IF;
   IF v_k > 0 THEN
