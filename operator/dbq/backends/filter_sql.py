@@ -58,9 +58,7 @@ class PgHeaders:
         return f"({self.headers} -> {pg_text(key)})"
 
     def typed(self, key: str, of: str) -> str:
-        value = self.json(key)
-        read = f"{self.headers} ->> {pg_text(key)}" if of == "string" else f"{value}::{PG_TYPES[of]}"
-        return f"(CASE WHEN jsonb_typeof({value}) = {pg_text(of)} THEN {read} END)"
+        return f"({_typed(self.json(key), of)})"
 
 
 class PgHeaderVariables(PgHeaders):
@@ -88,16 +86,21 @@ class PgHeaderVariables(PgHeaders):
 
     def assignments(self, indent: str) -> str:
         lines = [f"{indent}v_hj{n} := {self.headers} -> {pg_text(key)};" for key, n in self.keys.items()]
-        for (n, of), variable in self.kinds.items():
-            read = f"v_hj{n} #>> '{{}}'" if of == "string" else f"v_hj{n}::{PG_TYPES[of]}"
-            lines.append(
-                f"{indent}{variable} := CASE WHEN jsonb_typeof(v_hj{n}) = {pg_text(of)} THEN {read} END;"
-            )
+        lines += [
+            f"{indent}{variable} := {_typed(f'v_hj{n}', of)};" for (n, of), variable in self.kinds.items()
+        ]
         return "\n".join(lines)
 
 
 # The SQL type a header of each JSON type is compared as.
 PG_TYPES = {"string": "text", "number": "numeric", "boolean": "boolean"}
+
+
+def _typed(value: str, of: str) -> str:
+    """`value` (a jsonb expression) as the SQL type of JSON type `of` when it is of that type, else
+    NULL."""
+    read = f"{value} #>> '{{}}'" if of == "string" else f"{value}::{PG_TYPES[of]}"
+    return f"CASE WHEN jsonb_typeof({value}) = {pg_text(of)} THEN {read} END"
 
 
 def pg_predicate(flt: Filter, headers: str | PgHeaders, subject: str) -> str:
