@@ -53,11 +53,17 @@ def main() -> None:
         default=0.0,
         help="pipes: tuning.ENDING_S (when repair finishes what a killed client left)",
     )
+    p.add_argument(
+        "--pipes-retake",
+        type=float,
+        default=0.0,
+        help="pipes: tuning.RETAKE_AFTER_S (when a rollback or nack this client left half-done is retried)",
+    )
     a = p.parse_args()
-    if a.pipes_ending:
-        from dbq.client.pipes import tuning
+    from dbq.client.pipes import tuning
 
-        tuning.ENDING_S = a.pipes_ending
+    tuning.ENDING_S = a.pipes_ending or tuning.ENDING_S
+    tuning.RETAKE_AFTER_S = a.pipes_retake or tuning.RETAKE_AFTER_S
     q = connect(a.url, a.queue, schema=a.schema, pool_size=1, push_timeout=30, pop_timeout=0.05)
     # Line-buffered: each line reaches the kernel as it is written.
     with q, open(a.log, "a", buffering=1) as log:

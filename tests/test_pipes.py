@@ -658,6 +658,11 @@ def test_sigkills_during_large_pushes_and_takes_lose_nothing_and_leave_no_body_b
     once, and only what a killed popper had taken may be missing), no body is damaged, and no
     chunk is left in the content table."""
     monkeypatch.setattr(pipes_tuning, "FINISH_GRACE_S", 1.0)  # this process's repair decides
+    # A popper killed between taking a lease over (to nack or roll back) and pushing the message
+    # again leaves it in flight until RETAKE_AFTER_S: 2 s here (Cassandra itself is not killed,
+    # so no batch of theirs can land later), within the wait before the first repair.
+    retake = 2.0
+    monkeypatch.setattr(pipes_tuning, "RETAKE_AFTER_S", retake)
     q = make_queue(max_pushes=200, max_push_time="2s")
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     stop = tmp_path / "stop"
@@ -671,7 +676,9 @@ def test_sigkills_during_large_pushes_and_takes_lose_nothing_and_leave_no_body_b
             args = ["--prefix", f"p{i}g{gen}", "--count", "1000000000", "--batch", "5", "--large", "65536"]
         else:
             args = ["--mode", mode, "--batch", "3", "--stop", str(stop), "--visibility", "1"]
-        return start(role, q, cass_url, log, *args, "--pipes-ending", str(ending))
+        return start(
+            role, q, cass_url, log, *args, "--pipes-ending", str(ending), "--pipes-retake", str(retake)
+        )
 
     workers = {("push", i): spawn("push", i, 0) for i in range(2)} | {
         ("pop", i): spawn("pop", i, 0) for i in range(2)
@@ -692,7 +699,7 @@ def test_sigkills_during_large_pushes_and_takes_lose_nothing_and_leave_no_body_b
     kill([proc for key, proc in workers.items() if key[0] == "push"])
     # Past the marks' deadlines, the killed poppers' pipe leases and visibility, and the pushers'
     # pipes' maxPushTime: repair finishes half-stored and half-deleted bodies and rolls back.
-    time.sleep(max(ending, pipes_tuning.PIPE_LEASE_S, 2.0 + 1.0) + pipes_tuning.SKEW_S + 0.2)
+    time.sleep(max(ending, retake, pipes_tuning.PIPE_LEASE_S, 2.0 + 1.0) + pipes_tuning.SKEW_S + 0.2)
     first = q.repair()
     stop.touch()
     for key, proc in workers.items():
