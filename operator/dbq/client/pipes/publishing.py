@@ -216,19 +216,20 @@ class PipesTopic:
         first message (those before it are routed, it and those after it are not)."""
         rules = self.rules()
         targets = [self._targets(rules, item) for item in items]
+        chunked = [_chunked(item, to) for item, to in zip(items, targets, strict=True)]
         answers: list[dict[str, uuid.UUID]] = [{} for _ in items]
         expires = tuning.now_ms() + ttl_ms if ttl_ms > 0 else None
         start = 0
         while start < len(items):
             end, used = start, 0
             while end < len(items):
-                size = sum(_row_bytes(items[end], _chunked(items[end], targets[end])) for _ in targets[end])
+                size = _row_bytes(items[end], chunked[end]) * len(targets[end])
                 if end > start and used + size > BATCH_BYTES:
                     break
                 used += size
                 end += 1
             try:
-                self._write(items, targets, start, end, expires, answers)
+                self._write(items, targets, chunked, start, end, expires, answers)
             except QueueError as e:
                 return answers, (e, start)
             self._count(rules, targets[start:end])
@@ -267,18 +268,18 @@ class PipesTopic:
                 queue = self._queues.setdefault(names, queue)
         return queue
 
-    def _write(self, items: list[Publish], targets: list[list[tuple[str, PipesQueue]]], start: int, end: int,
-               expires: int | None, answers: list[dict[str, uuid.UUID]]) -> None:  # fmt: skip
-        """Write the copies of messages start..end-1 in one logged batch; their ids into `answers`."""
+    def _write(self, items: list[Publish], targets: list[list[tuple[str, PipesQueue]]], chunked: list[bool],
+               start: int, end: int, expires: int | None, answers: list[dict[str, uuid.UUID]]) -> None:  # fmt: skip
+        """Write the copies of messages start..end-1 in one logged batch (`chunked[i]`: message i's
+        bodies go to the content tables); their ids into `answers`."""
         by_queue: dict[QueueNames, tuple[PipesQueue, _Copies]] = {}
         for i in range(start, end):
             body, stored, _ = items[i]
-            chunked = _chunked(items[i], targets[i])
             for name, queue in targets[i]:
                 copies = by_queue.setdefault(queue.names, (queue, _Copies()))[1]
                 copies.bodies.append(body)
                 copies.headers.append(stored)
-                copies.chunked.append(chunked)
+                copies.chunked.append(chunked[i])
                 copies.owners.append((i, name))
         if not by_queue:
             return
