@@ -33,7 +33,13 @@ from dbq.errors import InvalidSpec, MessageTooLarge, TopicNotFound
 from dbq.names import QueueNames
 from tests.test_filters import FILTERS, HEADERS, SUBJECTS
 from tests.test_pipes import stored_bodies
-from tests.test_topics import consume, orders, run_threads
+from tests.test_topics import (
+    assert_routed_by_one_rule_set,
+    consume,
+    flip_rules_while_publishing,
+    orders,
+    run_threads,
+)
 from tests.topic_publisher import body_of
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
@@ -251,35 +257,9 @@ def test_subscriptions_changed_while_publishers_run_route_each_message_by_one_se
         (route("a", qa, nothing), route("b", qb, everything)),
     ]
     topic, backend = topics.make(list(rules[0]))
-    stop, routed, errors = threading.Event(), [], []
-
-    def publisher(who: int) -> None:
-        try:
-            i = 0
-            while not stop.is_set():
-                routed.append((f"{who}-{i}".encode(), set(topic.publish(f"{who}-{i}".encode()))))
-                i += 1
-        except Exception as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=publisher, args=(w,)) for w in range(3)]
-    for t in threads:
-        t.start()
-    versions = [backend.apply()]
-    for change in range(10):
-        backend.target = TopicTarget(topic.names, rules[(change + 1) % 2])
-        versions.append(backend.apply())
-        time.sleep(0.1)  # publishers get through between changes too
-    stop.set()
-    for t in threads:
-        t.join()
-    assert errors == [] and versions == list(range(1, 12))
+    routed = flip_rules_while_publishing(topic, backend, rules, changes=10, pause=0.1)
     assert len(routed) > 50
-    assert all(r in ({"a"}, {"b"}) for _, r in routed)  # one rule set each: never both, never none
-    in_a, in_b = {m.body for m in drain(qa)}, {m.body for m in drain(qb)}
-    assert in_a == {b for b, r in routed if r == {"a"}}
-    assert in_b == {b for b, r in routed if r == {"b"}}
-    assert in_a and in_b and not in_a & in_b
+    assert_routed_by_one_rule_set(routed, drain(qa), drain(qb))
 
 
 def test_rules_are_recorded_once_per_change_a_bad_queue_is_refused_and_teardown_removes_the_topic(

@@ -242,6 +242,17 @@ def test_subscriptions_changed_while_publishers_run_route_each_message_by_one_se
         (route("a", qa, nothing), route("b", qb, everything)),
     ]
     topic, backend = made.make(list(rules[0]))
+    routed = flip_rules_while_publishing(topic, backend, rules, changes=20, pause=0.05)
+    assert len(routed) > 100
+    assert_routed_by_one_rule_set(routed, drain(qa), drain(qb))
+
+
+def flip_rules_while_publishing(
+    topic: Any, backend: Any, rules: list[tuple[Route, Route]], changes: int, pause: float
+) -> list[tuple[bytes, set[str]]]:
+    """3 threads publish through `topic` while `backend` applies the two rule sets in turn,
+    `changes` times, `pause` seconds apart: each body and the subscriptions it was routed to. The
+    versions the applies answered must count up by one a change."""
     stop, routed, errors = threading.Event(), [], []
 
     def publisher(who: int) -> None:
@@ -256,22 +267,29 @@ def test_subscriptions_changed_while_publishers_run_route_each_message_by_one_se
     threads = [threading.Thread(target=publisher, args=(w,)) for w in range(3)]
     for t in threads:
         t.start()
-    changes = 0
-    while changes < 20:
-        backend.target = TopicTarget(topic.names, rules[(changes + 1) % 2])
-        backend.apply()
-        changes += 1
-        time.sleep(0.05)  # publishers get through between changes too
+    versions = [backend.apply()]
+    for change in range(changes):
+        backend.target = TopicTarget(topic.names, rules[(change + 1) % 2])
+        versions.append(backend.apply())
+        time.sleep(pause)  # publishers get through between changes too
     stop.set()
     for t in threads:
         t.join()
     assert errors == []
-    assert len(routed) > 100
-    assert all(r in ({"a"}, {"b"}) for _, r in routed)  # one rule set each: never both, never none
-    in_a, in_b = {m.body for m in drain(qa)}, {m.body for m in drain(qb)}
-    assert in_a == {b for b, r in routed if r == {"a"}}
-    assert in_b == {b for b, r in routed if r == {"b"}}
-    assert in_a and in_b and not in_a & in_b
+    assert versions == list(range(versions[0], versions[0] + changes + 1))
+    return routed
+
+
+def assert_routed_by_one_rule_set(
+    routed: list[tuple[bytes, set[str]]], in_a: list[Any], in_b: list[Any]
+) -> None:
+    """Each publish went to a alone or b alone (one rule set each: never both, never none), and
+    the queues hold exactly what the answers said."""
+    assert all(r in ({"a"}, {"b"}) for _, r in routed)
+    bodies_a, bodies_b = {m.body for m in in_a}, {m.body for m in in_b}
+    assert bodies_a == {b for b, r in routed if r == {"a"}}
+    assert bodies_b == {b for b, r in routed if r == {"b"}}
+    assert bodies_a and bodies_b and not bodies_a & bodies_b
 
 
 def test_a_publish_that_waited_on_a_change_of_subscriptions_is_routed_by_the_new_rules(topics, postgres):
