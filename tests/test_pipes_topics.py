@@ -34,19 +34,19 @@ from dbq.names import QueueNames
 from tests.test_filters import FILTERS, HEADERS, SUBJECTS
 from tests.test_pipes import stored_bodies
 from tests.test_topics import (
+    ROUTING_FILTERS,
+    ROUTING_MESSAGES,
     assert_routed_by_one_rule_set,
     consume,
     flip_rules_while_publishing,
+    flt,
     orders,
+    publish_and_check_routing,
     run_threads,
 )
 from tests.topic_publisher import body_of
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
-
-
-def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -> Filter:
-    return Filter.model_validate({"headers": list(headers), "subject": subject or []})
 
 
 @pytest.fixture(scope="module")
@@ -138,46 +138,19 @@ def counted(backend: CassandraTopic, published: int) -> TopicCounts:
 
 
 def test_each_message_reaches_the_queues_whose_filters_match_it_and_is_counted(topics):
-    eu, big, sub, rest = (topics.queue() for _ in range(4))
-    filters = {
-        "eu": flt({"key": "region", "in": ["eu", "uk"]}),
-        "big": flt({"key": "amount", "gte": 100}),
-        "sub": flt(subject=[{"prefix": "orders.eu."}]),
-    }
-    by_name = {"eu": eu, "big": big, "sub": sub}
-    topic, backend = topics.make([route(n, by_name[n], f) for n, f in filters.items()], unrouted=rest)
-    messages = [
-        ({"region": "eu", "amount": 250}, "orders.eu.de"),
-        ({"region": "us", "amount": 99.5}, "orders.us"),
-        ({"region": "uk"}, None),
-        ({"amount": "100"}, "orders.eu."),  # a string is not a number
-        ({}, None),
-        ({"region": "EU", "amount": 100}, "orders.eu.fr"),
-        ({"it's": "'; DROP TABLE x; --", "n": 2**62}, None),
-    ]
-    expected: dict[str, list[bytes]] = {"eu": [], "big": [], "sub": [], "": []}
-    ids: dict[str, list[uuid.UUID]] = {name: [] for name in expected}
-    for i, (headers, subject) in enumerate(messages):
-        body = f"m{i}".encode()
-        routed = topic.publish(body, headers=headers, subject=subject)
-        wanted = {n for n, f in filters.items() if matches(f, subject, headers)} or {""}
-        assert set(routed) == wanted, (headers, subject)
-        for name in wanted:
-            expected[name].append(body)
-            ids[name].append(routed[name])
-    for name, q in (*by_name.items(), ("", rest)):
-        got = drain(q)
-        assert [m.body for m in got] == expected[name]
-        assert [m.id for m in got] == ids[name]
-        for m in got:
-            headers, subject = messages[int(m.body[1:])]
-            assert m.headers == {**headers, **({"dbq-subject": subject} if subject else {})}
+    queues = {name: topics.queue() for name in ("eu", "big", "sub", "")}
+    routes = [route(n, queues[n], f) for n, f in ROUTING_FILTERS.items()]
+    topic, backend = topics.make(routes, unrouted=queues[""])
+    expected = publish_and_check_routing(topic, queues, drain)
     topic.close()  # a publisher writes its counts every second, and when it closes
-    counts = counted(backend, len(messages))
-    assert (counts.published, counts.unrouted, counts.rules_version) == (len(messages), len(expected[""]), 1)
-    assert counts.routed == {n: len(expected[n]) for n in filters} and counts.dropped == dict.fromkeys(
-        filters, 0
+    counts = counted(backend, len(ROUTING_MESSAGES))
+    assert (counts.published, counts.unrouted, counts.rules_version) == (
+        len(ROUTING_MESSAGES),
+        len(expected[""]),
+        1,
     )
+    assert counts.routed == {n: len(expected[n]) for n in ROUTING_FILTERS}
+    assert counts.dropped == dict.fromkeys(ROUTING_FILTERS, 0)
 
 
 def test_publish_many_routes_each_message_as_publish_does(topics):

@@ -84,41 +84,58 @@ def sql(q: Queue, statement: str) -> Any:
         return cur.execute(statement).fetchval()
 
 
-def test_each_message_reaches_the_queues_whose_filters_match_it(topics):
-    made, make_queue = topics
-    eu, big, sub, rest = (make_queue() for _ in range(4))
-    filters = {
-        "eu": flt({"key": "region", "in": ["eu", "uk"]}),
-        "big": flt({"key": "amount", "gte": 100}),
-        "sub": flt(subject=[{"prefix": "orders.eu."}]),
-    }
-    by_name = {"eu": eu, "big": big, "sub": sub}
-    topic, _ = made.make([route(n, by_name[n], f) for n, f in filters.items()], unrouted=rest)
-    messages = [
-        ({"region": "eu", "amount": 250}, "orders.eu.de"),
-        ({"region": "us", "amount": 99.5}, "orders.us"),
-        ({"region": "uk"}, None),
-        ({"amount": "100"}, "orders.eu."),  # a string is not a number
-        ({}, None),
-        ({"region": "EU", "amount": 100}, "orders.eu.fr"),
-    ]
-    expected: dict[str, list[bytes]] = {"eu": [], "big": [], "sub": [], "": []}
-    for i, (headers, subject) in enumerate(messages):
+# The routing test of every backend: three subscriptions (and the unrouted queue) and messages
+# that match none, one or several of them.
+ROUTING_FILTERS = {
+    "eu": flt({"key": "region", "in": ["eu", "uk"]}),
+    "big": flt({"key": "amount", "gte": 100}),
+    "sub": flt(subject=[{"prefix": "orders.eu."}]),
+}
+ROUTING_MESSAGES: list[tuple[dict[str, Any], str | None]] = [
+    ({"region": "eu", "amount": 250}, "orders.eu.de"),
+    ({"region": "us", "amount": 99.5}, "orders.us"),
+    ({"region": "uk"}, None),
+    ({"amount": "100"}, "orders.eu."),  # a string is not a number
+    ({}, None),
+    ({"region": "EU", "amount": 100}, "orders.eu.fr"),
+    ({"it's": "'; DROP TABLE x; --", "n": 2**62}, None),
+]
+
+
+def publish_and_check_routing(topic: Any, queues: dict[str, Any], drain: Any) -> dict[str, list[bytes]]:
+    """Publish ROUTING_MESSAGES through `topic`, whose subscriptions are ROUTING_FILTERS into
+    `queues` (by name; '' the unrouted queue): each must reach exactly the queues whose filters
+    match it, under the id its publish answered, with its headers and subject. The bodies each
+    queue got, by name."""
+    expected: dict[str, list[bytes]] = {name: [] for name in queues}
+    ids: dict[str, list[Any]] = {name: [] for name in queues}
+    for i, (headers, subject) in enumerate(ROUTING_MESSAGES):
         body = f"m{i}".encode()
         routed = topic.publish(body, headers=headers, subject=subject)
-        wanted = {n for n, f in filters.items() if matches(f, subject, headers)} or {""}
+        wanted = {n for n, f in ROUTING_FILTERS.items() if matches(f, subject, headers)} or {""}
         assert set(routed) == wanted, (headers, subject)
         for name in wanted:
             expected[name].append(body)
-    for name, q in (*by_name.items(), ("", rest)):
+            ids[name].append(routed[name])
+    for name, q in queues.items():
         got = drain(q)
         assert [m.body for m in got] == expected[name]
+        assert [m.id for m in got] == ids[name]
         for m in got:
-            headers, subject = messages[int(m.body[1:])]
+            headers, subject = ROUTING_MESSAGES[int(m.body[1:])]
             assert m.headers == {**headers, **({"dbq-subject": subject} if subject else {})}
+    return expected
+
+
+def test_each_message_reaches_the_queues_whose_filters_match_it(topics):
+    made, make_queue = topics
+    queues = {name: make_queue() for name in ("eu", "big", "sub", "")}
+    routes = [route(n, queues[n], f) for n, f in ROUTING_FILTERS.items()]
+    topic, _ = made.make(routes, unrouted=queues[""])
+    expected = publish_and_check_routing(topic, queues, drain)
     names = topic.names
-    assert sql(eu, f"SELECT last_value FROM {SCHEMA}.{names.published}") == len(messages)
-    assert sql(eu, f"SELECT last_value FROM {SCHEMA}.{names.unrouted}") == len(expected[""])
+    assert sql(queues["eu"], f"SELECT last_value FROM {SCHEMA}.{names.published}") == len(ROUTING_MESSAGES)
+    assert sql(queues["eu"], f"SELECT last_value FROM {SCHEMA}.{names.unrouted}") == len(expected[""])
 
 
 def test_routes_past_one_group_of_eight_are_each_taken_when_they_match(topics):
