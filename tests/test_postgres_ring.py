@@ -317,11 +317,13 @@ ADDED = {
 
 @pytest.mark.parametrize("version", [18, 17, 13, 9, 8, 7])
 def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(postgres, schema, version):
-    """Version 19 changes routines only; 18 keeps bodies past a slot in a content table (a spilled one may be there: its
-    spill row's body is NULL); 17 changes routines only; 14 indexes the spill table by due time; 10 keys the dead-letter table by source queue (spec.deadLetter.queue; a metadata
-    column); 9 added the archive (a table, two totals, a routine, a metadata column); 8 added
-    dead letters, delayed delivery and lease extension, and a nack with the error. A queue of any
-    older version gets them in place, with every message, lease and dead letter it holds."""
+    """Version 19 changes routines only; 18 keeps bodies past a slot in a content table (a
+    spilled one may be there: its spill row's body is NULL); 17 changes routines only; 14
+    indexes the spill table by due time; 10 keys the dead-letter table by source queue
+    (spec.deadLetter.queue; a metadata column); 9 added the archive (a table, two totals, a
+    routine, a metadata column); 8 added dead letters, delayed delivery and lease extension, and
+    a nack with the error. A queue of any older version gets them in place, with every message,
+    lease and dead letter it holds."""
     from dbq.client import connect
 
     backend = ring(postgres, schema)

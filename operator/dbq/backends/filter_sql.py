@@ -72,24 +72,37 @@ class PgHeaderVariables(PgHeaders):
         self.keys: dict[str, int] = {}  # key -> its number in the variables' names
         self.kinds: dict[tuple[int, str], str] = {}  # (number, type) -> variable
 
+    def _number(self, key: str) -> int:
+        """The number of header `key` in its variables' names, given at its first read."""
+        return self.keys.setdefault(key, len(self.keys) + 1)
+
     def json(self, key: str) -> str:
-        return f"v_hj{self.keys.setdefault(key, len(self.keys) + 1)}"
+        return _json_variable(self._number(key))
 
     def typed(self, key: str, of: str) -> str:
-        number = self.keys.setdefault(key, len(self.keys) + 1)
+        number = self._number(key)
         return self.kinds.setdefault((number, of), f"v_h{of[0]}{number}")
 
     def declarations(self) -> str:
-        found = [f"v_hj{n} jsonb;" for n in self.keys.values()]
+        found = [f"{_json_variable(n)} jsonb;" for n in self.keys.values()]
         found += [f"{v} {PG_TYPES[of]};" for (_, of), v in self.kinds.items()]
         return " ".join(found)
 
     def assignments(self, indent: str) -> str:
-        lines = [f"{indent}v_hj{n} := {self.headers} -> {pg_text(key)};" for key, n in self.keys.items()]
+        lines = [
+            f"{indent}{_json_variable(n)} := {self.headers} -> {pg_text(key)};"
+            for key, n in self.keys.items()
+        ]
         lines += [
-            f"{indent}{variable} := {_typed(f'v_hj{n}', of)};" for (n, of), variable in self.kinds.items()
+            f"{indent}{variable} := {_typed(_json_variable(n), of)};"
+            for (n, of), variable in self.kinds.items()
         ]
         return "\n".join(lines)
+
+
+def _json_variable(number: int) -> str:
+    """The variable holding header `number` of a routine's reads as jsonb."""
+    return f"v_hj{number}"
 
 
 # The SQL type a header of each JSON type is compared as.
