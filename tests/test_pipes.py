@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cassandra.cluster import Cluster
+from cassandra.cluster import Cluster, NoHostAvailable
 
 from dbq.api.models import DeadLetter, QueueSpec
 from dbq.backends import open_backend
@@ -459,6 +459,31 @@ def test_unreachable_cluster_is_reported_without_secrets():
     with pytest.raises(QueueUnavailable, match="cannot connect") as e:
         connect("cassandra://app:s3cret@127.0.0.1:1", "q")
     assert "s3cret" not in str(e.value)
+
+
+def test_only_a_connect_failed_by_transient_reads_of_system_tables_is_tried_again():
+    """A loaded node may fail one of the control connection's reads ("Replica(s) failed to
+    execute read"): such a connect is tried again; a refused socket or bad credentials are not."""
+    from cassandra import AuthenticationFailed, ReadFailure, ReadTimeout
+
+    from dbq.connection.cassandra import _transient
+
+    def unavailable(*errors: Exception) -> NoHostAvailable:
+        return NoHostAvailable("Unable to connect to any servers", {f"h{i}": e for i, e in enumerate(errors)})
+
+    read_failed = ReadFailure(
+        "Replica(s) failed to execute read",
+        consistency=1,
+        received_responses=0,
+        required_responses=1,
+        failures=1,
+    )
+    assert _transient(unavailable(read_failed))
+    assert _transient(unavailable(read_failed, ReadTimeout("timed out")))
+    assert not _transient(unavailable(read_failed, ConnectionRefusedError(111, "refused")))
+    assert not _transient(unavailable(AuthenticationFailed("bad credentials")))
+    assert not _transient(unavailable())
+    assert not _transient(read_failed)
 
 
 # --- client semantics --------------------------------------------------------------------------

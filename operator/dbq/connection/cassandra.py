@@ -8,10 +8,11 @@ Options from the url or Secret: `dc` (the local datacenter), `consistency` (e.g.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from cassandra import AuthenticationFailed as DriverAuthFailed
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, ReadFailure, ReadTimeout
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -28,6 +29,11 @@ REQUEST_TIMEOUT_S = 12.0
 # A schema change (CREATE/DROP/ALTER) waits for the node to write and announce the new schema:
 # under load that outlasted REQUEST_TIMEOUT_S, and provisioning failed half-way.
 SCHEMA_CHANGE_TIMEOUT_S = 60.0
+# A loaded node sometimes fails one of the control connection's reads of its system tables
+# ("Replica(s) failed to execute read"); connecting again a moment later succeeds.
+CONNECT_ATTEMPTS = 3
+CONNECT_RETRY_PAUSE_S = 1.0
+TRANSIENT_CONNECT_ERRORS = (ReadFailure, ReadTimeout, OperationTimedOut)
 
 
 def hosts(settings: ConnectionSettings) -> list[str]:
@@ -46,6 +52,30 @@ def consistency(settings: ConnectionSettings) -> int:
 
 
 def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
+    """A connected session; a connect whose only failures are transient reads of the node's
+    system tables is tried again, at most CONNECT_ATTEMPTS times."""
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        cluster = _cluster(settings)
+        try:
+            return cluster, cluster.connect()
+        except Exception as e:
+            cluster.shutdown()
+            if attempt == CONNECT_ATTEMPTS or not _transient(e):
+                raise translate(e, settings) from None
+        time.sleep(CONNECT_RETRY_PAUSE_S * attempt)
+    raise AssertionError("unreachable")
+
+
+def _transient(e: Exception) -> bool:
+    errors: Any = getattr(e, "errors", None) or {}
+    return (
+        isinstance(e, NoHostAvailable)
+        and bool(errors)
+        and all(isinstance(v, TRANSIENT_CONNECT_ERRORS) for v in errors.values())
+    )
+
+
+def _cluster(settings: ConnectionSettings) -> Cluster:
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.options.get("dc"))),
         consistency_level=consistency(settings),
@@ -54,7 +84,7 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         row_factory=tuple_factory,
     )
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
-    cluster = Cluster(
+    return Cluster(
         hosts(settings),
         port=settings.port,
         auth_provider=auth,
@@ -66,11 +96,6 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         # for a delayed ACK (Nagle's algorithm): 1 ms with it.
         sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     )
-    try:
-        return cluster, cluster.connect()
-    except Exception as e:
-        cluster.shutdown()
-        raise translate(e, settings) from None
 
 
 def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
