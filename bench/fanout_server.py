@@ -1,0 +1,138 @@
+"""What a topic's publish costs the PostgreSQL server, without the Python client: `pgbench` (a C
+client on the same machine, prepared statements, 4 clients) calls the SQL routines directly, as an
+application in any language would, in the same database and queues as `bench.fanout`:
+
+- push: one push routine call per transaction (the plain push);
+- publish: one publish routine call per transaction, broadcast (every subscription matches) or
+  partitioned (subscription i takes header p = i; each transaction one random p);
+- by hand: BEGIN, one push call per matching queue, COMMIT (one round trip each).
+
+Publishes/s count messages, deliveries/s their copies; `x push` compares deliveries with the
+plain push of the same run.
+
+    ~/.cache/dbq/venv/bin/python -m bench.fanout_server
+    ~/.cache/dbq/venv/bin/python -m bench.fanout_server --seconds 10 --subscriptions 1,8,16,64
+
+Writes nothing but its report (tee it to bench/results/fanout_server.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.fanout import BODY, PUBLISHERS, drain, make_topic, provision, queue_name, schema
+from bench.ring_vs_skiplocked import DB, admin, bench_database
+
+from dbq.connection import from_url
+from dbq.names import pg_quote
+
+Script = str  # the text of one pgbench script
+
+
+def routine(name: str) -> str:
+    return f"{pg_quote(schema())}.{pg_quote(name)}"
+
+
+BODY_LITERAL = f"'\\x{os.urandom(BODY).hex()}'::bytea"
+# A push into a full ring answers -1 and is no error: the script fails it (a failed transaction
+# fails the run), so that no push is counted that stored nothing. A publish says so itself.
+STORED = "\\gset\n\\if :id <= 0\nSELECT 'the ring is full: fewer seconds or larger rings'::int;\n\\endif"
+
+
+def push_call(queue: int, p: int) -> str:
+    push = routine(queue_name(queue) + "_push")
+    return f"""SELECT {push}({BODY_LITERAL}, 0, '{{"p": {p}}}') AS id {STORED}"""
+
+
+def publish_call(topic: str, p: int) -> str:
+    return f"""SELECT {routine(topic + "_publish")}({BODY_LITERAL}, '{{"p": {p}}}', NULL, 0);"""
+
+
+def scripts(kind: str, shape: str, n: int, topic: str = "") -> list[Script]:
+    """The pgbench scripts of one configuration: partitioned ones one per value of p (pgbench picks
+    one at random for each transaction)."""
+    out = []
+    for p in range(n) if shape == "partitioned" else [0]:
+        if kind == "publish":
+            out.append(publish_call(topic, p))
+        else:
+            targets = [p] if shape == "partitioned" else list(range(n))
+            out.append("BEGIN;\n" + "\n".join(push_call(q, p) for q in targets) + "\nCOMMIT;")
+    return out
+
+
+def pgbench(url: str, texts: list[Script], seconds: int) -> float:
+    """Transactions per second of 4 pgbench clients running `texts` (chosen at random); fails
+    loudly when a transaction failed."""
+    s = from_url(url)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, text in enumerate(texts):
+            path = Path(tmp) / f"s{i}.sql"
+            path.write_text(text + "\n")
+            files += ["-f", str(path)]
+        done = subprocess.run(
+            [shutil.which("pgbench") or "pgbench", "-h", s.host, "-p", str(s.port), "-U", s.username, "-n",
+             "-M", "prepared", "-c", str(PUBLISHERS), "-j", "2", "-T", str(seconds), *files, s.database],
+            env={**os.environ, "PGPASSWORD": s.password}, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    tps = re.search(r"^tps = ([\d.]+)", done.stdout, re.MULTILINE)
+    failed = re.search(r"number of failed transactions: (\d+)", done.stdout)
+    if done.returncode or tps is None or (failed and int(failed.group(1))):
+        raise SystemExit(f"pgbench failed: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    return float(tps.group(1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=int, default=5, help="seconds of each run")
+    p.add_argument("--subscriptions", default="1,8,64", help="subscription counts, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
+    a = p.parse_args()
+    counts = [int(c) for c in a.subscriptions.split(",")]
+    pg, url, _odbc = bench_database()
+    provision(url, max(counts))
+    runs: dict[tuple[str, int, str], list[float]] = {}
+    for round_ in range(1, a.rounds + 1):
+        plain = pgbench(url, [push_call(0, 0)], a.seconds)
+        runs.setdefault(("push", 1, "plain"), []).append(plain)
+        drain(url, 1)
+        print(f"#{round_} plain push: {plain:,.0f} /s", flush=True)
+        for shape in ("broadcast", "partitioned"):
+            for n in counts:
+                topic = make_topic(url, shape, n)
+                name = topic.target.names.topic
+                published = pgbench(url, scripts("publish", shape, n, name), a.seconds)
+                drain(url, n)
+                by_hand = pgbench(url, scripts("by hand", shape, n), a.seconds)
+                drain(url, n)
+                topic.teardown()
+                topic.close()
+                runs.setdefault((shape, n, "publish"), []).append(published)
+                runs.setdefault((shape, n, "by hand"), []).append(by_hand)
+                print(f"#{round_} {shape:12} {n:3} subscriptions: publish {published:9,.0f} /s"
+                      f"  by hand {by_hand:9,.0f} /s", flush=True)  # fmt: skip
+    admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    median = {key: statistics.median(values) for key, values in runs.items()}
+    plain = median["push", 1, "plain"]
+    print(f"\npgbench: {PUBLISHERS} clients, single calls with a body of {BODY} B, {a.seconds} s each;"
+          f" plain push {plain:,.0f} /s (medians of {a.rounds})")  # fmt: skip
+    print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
+          f"{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
+    for shape in ("broadcast", "partitioned"):
+        for n in counts:
+            copies = n if shape == "broadcast" else 1
+            published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
+            print(f"{shape:>12}{n:6}{published:11,.0f}{published * copies:14,.0f}{by_hand:11,.0f}"
+                  f"{published / by_hand:8.2f}{published / plain:8.2f}{published * copies / plain:15.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
