@@ -41,10 +41,12 @@
     END IF;
   END IF;
 -- block: publish_many
-  -- subscription {subscription} -> {queue}: its messages in one push_many (one alone in a push,
-  -- which costs a third of a push_many of one)
+  -- subscription {subscription} -> {queue}: its messages in one push_many (the batch as it came
+  -- when every message matched; one alone in a push, which costs a third of a push_many of one)
   IF cardinality(v_pick_{ordinal}) = 1 THEN
     v_got := ARRAY[{push}(v_bodies[v_pick_{ordinal}[1]], p_ttl_ms, v_headers[v_pick_{ordinal}[1]])::text];
+  ELSIF cardinality(v_pick_{ordinal}) = v_n THEN
+    v_got := string_to_array({push_many}(p_bodies, p_lengths, p_ttl_ms, p_headers), ',');
   ELSIF cardinality(v_pick_{ordinal}) > 1 THEN
     v_got := string_to_array({push_many}(
       (SELECT string_agg(v_bodies[k], ''::bytea ORDER BY o) FROM unnest(v_pick_{ordinal}) WITH ORDINALITY u(k, o)),
@@ -54,19 +56,19 @@
        FROM unnest(v_pick_{ordinal}) WITH ORDINALITY u(k, o))), ',');
   END IF;
   IF cardinality(v_pick_{ordinal}) > 0 THEN
-    FOR v_j IN 1..cardinality(v_pick_{ordinal}) LOOP
-      IF v_got[v_j]::bigint > 0 THEN
-        v_out[v_pick_{ordinal}[v_j]] := v_out[v_pick_{ordinal}[v_j]] || {subscription_text} || v_got[v_j] || ',';
-        v_routed_{ordinal} := v_routed_{ordinal} + 1;
-      ELSE
+    -- A copy's id, or -1 where the queue was full; added to each message's answer in one statement.
+    SELECT count(*) FILTER (WHERE g::bigint > 0), count(*) FILTER (WHERE g::bigint <= 0)
+    INTO v_routed_{ordinal}, v_dropped_{ordinal} FROM unnest(v_got) g;
 -- if reject
-        RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
-          USING ERRCODE = '53400';
--- else
-        v_dropped_{ordinal} := v_dropped_{ordinal} + 1;
+    IF v_dropped_{ordinal} > 0 THEN
+      RAISE EXCEPTION 'dbq: queue {queue} of subscription {subscription} is full: nothing was published'
+        USING ERRCODE = '53400';
+    END IF;
 -- end if
-      END IF;
-    END LOOP;
+    v_out := ARRAY(
+      SELECT CASE WHEN p.g::bigint > 0 THEN x.o || {subscription_text} || p.g || ',' ELSE x.o END
+      FROM unnest(v_out) WITH ORDINALITY AS x(o, i) LEFT JOIN unnest(v_pick_{ordinal}, v_got) AS p(k, g) ON p.k = x.i
+      ORDER BY x.i);
   END IF;
 -- block: count_many
   FOR v_j IN 1..v_routed_{ordinal} LOOP v_c := nextval('{n_routed}'); END LOOP;
