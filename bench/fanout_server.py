@@ -5,13 +5,16 @@ application in any language would, in the same database and queues as `bench.fan
 - push: one push routine call per transaction (the plain push);
 - publish: one publish routine call per transaction, broadcast (every subscription matches) or
   partitioned (subscription i takes header p = i; each transaction one random p);
-- by hand: BEGIN, one push call per matching queue, COMMIT (one round trip each).
+- by hand: BEGIN, one push call per matching queue, COMMIT (one round trip each);
+- with --batch B, B messages a call: push_many, publish_many, and by hand one push_many per
+  matching queue (rings fill B times sooner: keep --seconds short).
 
 Publishes/s count messages, deliveries/s their copies; `x push` compares deliveries with the
 plain push of the same run.
 
     ~/.cache/dbq/venv/bin/python -m bench.fanout_server
     ~/.cache/dbq/venv/bin/python -m bench.fanout_server --seconds 10 --subscriptions 1,8,16,64
+    ~/.cache/dbq/venv/bin/python -m bench.fanout_server --batch 32 --seconds 1 --rounds 5
 
 Writes nothing but its report (tee it to bench/results/fanout_server.txt).
 """
@@ -19,6 +22,7 @@ Writes nothing but its report (tee it to bench/results/fanout_server.txt).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -40,31 +44,46 @@ def routine(name: str) -> str:
     return f"{pg_quote(schema())}.{pg_quote(name)}"
 
 
-BODY_LITERAL = f"'\\x{os.urandom(BODY).hex()}'::bytea"
 # A push into a full ring answers -1 and is no error: the script fails it (a failed transaction
 # fails the run), so that no push is counted that stored nothing. A publish says so itself.
-STORED = "\\gset\n\\if :id <= 0\nSELECT 'the ring is full: fewer seconds or larger rings'::int;\n\\endif"
+FULL = "\\if :full\nSELECT 'the ring is full: fewer seconds or larger rings'::int;\n\\endif"
 
 
-def push_call(queue: int, p: int) -> str:
-    push = routine(queue_name(queue) + "_push")
-    return f"""SELECT {push}({BODY_LITERAL}, 0, '{{"p": {p}}}') AS id {STORED}"""
+def batch_of(batch: int, p: int) -> tuple[str, str, str]:
+    """Bodies (end to end) and their lengths, and the headers, of `batch` messages, as literals."""
+    data = os.urandom(BODY * batch)
+    if batch == 1:
+        return f"'\\x{data.hex()}'::bytea", "", f"""'{{"p": {p}}}'"""
+    headers = json.dumps([{"p": p}] * batch)
+    return f"'\\x{data.hex()}'::bytea", f"'{','.join([str(BODY)] * batch)}'", f"'{headers}'"
 
 
-def publish_call(topic: str, p: int) -> str:
-    return f"""SELECT {routine(topic + "_publish")}({BODY_LITERAL}, '{{"p": {p}}}', NULL, 0);"""
+def push_call(queue: int, p: int, batch: int) -> str:
+    bodies, lengths, headers = batch_of(batch, p)
+    if batch == 1:
+        call = f"{routine(queue_name(queue) + '_push')}({bodies}, 0, {headers}) <= 0"
+    else:
+        call = f"position('-1' IN {routine(queue_name(queue) + '_push_many')}({bodies}, {lengths}, 0, {headers})) > 0"
+    return f"SELECT {call} AS full \\gset\n{FULL}"
 
 
-def scripts(kind: str, shape: str, n: int, topic: str = "") -> list[Script]:
+def publish_call(topic: str, p: int, batch: int) -> str:
+    bodies, lengths, headers = batch_of(batch, p)
+    if batch == 1:
+        return f"SELECT {routine(topic + '_publish')}({bodies}, {headers}, NULL, 0);"
+    return f"SELECT {routine(topic + '_publish_many')}({bodies}, {lengths}, {headers}, NULL, 0);"
+
+
+def scripts(kind: str, shape: str, n: int, batch: int, topic: str = "") -> list[Script]:
     """The pgbench scripts of one configuration: partitioned ones one per value of p (pgbench picks
-    one at random for each transaction)."""
+    one at random for each transaction; all the messages of a batch have the same p)."""
     out = []
     for p in range(n) if shape == "partitioned" else [0]:
         if kind == "publish":
-            out.append(publish_call(topic, p))
+            out.append(publish_call(topic, p, batch))
         else:
             targets = [p] if shape == "partitioned" else list(range(n))
-            out.append("BEGIN;\n" + "\n".join(push_call(q, p) for q in targets) + "\nCOMMIT;")
+            out.append("BEGIN;\n" + "\n".join(push_call(q, p, batch) for q in targets) + "\nCOMMIT;")
     return out
 
 
@@ -95,13 +114,14 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=5, help="seconds of each run")
     p.add_argument("--subscriptions", default="1,8,64", help="subscription counts, comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration, taking turns")
+    p.add_argument("--batch", type=int, default=1, help="messages a call (push_many, publish_many)")
     a = p.parse_args()
     counts = [int(c) for c in a.subscriptions.split(",")]
     pg, url, _odbc = bench_database()
     provision(url, max(counts))
     runs: dict[tuple[str, int, str], list[float]] = {}
     for round_ in range(1, a.rounds + 1):
-        plain = pgbench(url, [push_call(0, 0)], a.seconds)
+        plain = pgbench(url, [push_call(0, 0, a.batch)], a.seconds) * a.batch
         runs.setdefault(("push", 1, "plain"), []).append(plain)
         drain(url, 1)
         print(f"#{round_} plain push: {plain:,.0f} /s", flush=True)
@@ -109,9 +129,9 @@ def main() -> None:
             for n in counts:
                 topic = make_topic(url, shape, n)
                 name = topic.target.names.topic
-                published = pgbench(url, scripts("publish", shape, n, name), a.seconds)
+                published = pgbench(url, scripts("publish", shape, n, a.batch, name), a.seconds) * a.batch
                 drain(url, n)
-                by_hand = pgbench(url, scripts("by hand", shape, n), a.seconds)
+                by_hand = pgbench(url, scripts("by hand", shape, n, a.batch), a.seconds) * a.batch
                 drain(url, n)
                 topic.teardown()
                 topic.close()
@@ -122,7 +142,7 @@ def main() -> None:
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     median = {key: statistics.median(values) for key, values in runs.items()}
     plain = median["push", 1, "plain"]
-    print(f"\npgbench: {PUBLISHERS} clients, single calls with a body of {BODY} B, {a.seconds} s each;"
+    print(f"\npgbench: {PUBLISHERS} clients, {a.batch} message(s) of {BODY} B a call, {a.seconds} s each;"
           f" plain push {plain:,.0f} /s (medians of {a.rounds})")  # fmt: skip
     print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
           f"{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
