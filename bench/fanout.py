@@ -242,6 +242,57 @@ def rate(target: Any, args: tuple[Any, ...], seconds: float) -> float:
     return statistics.fmean(sampled(target, [args] * PUBLISHERS, seconds))
 
 
+Medians = dict[tuple[str, int, str], float]  # (shape, subscriptions, publish | by hand) -> per second
+
+
+def take_turns(
+    url: str,
+    counts: list[int],
+    rounds: int,
+    plain: Callable[[], float],
+    published: Callable[[str, str, int], float],
+    by_hand: Callable[[str, int], float],
+) -> Medians:
+    """`rounds` rounds, each: the plain push, then for each shape and subscription count a topic
+    made, its publishes (`published(topic, shape, n)`) and the hand-written transactions
+    measured, and the topic dropped. The medians, the plain push's under ("push", 1, "plain")."""
+    runs: dict[tuple[str, int, str], list[float]] = {}
+    for round_ in range(1, rounds + 1):
+        runs.setdefault(("push", 1, "plain"), []).append(plain())
+        drain(url, 1)
+        print(f"#{round_} plain push: {runs['push', 1, 'plain'][-1]:,.0f} /s", flush=True)
+        for shape in ("broadcast", "partitioned"):
+            for n in counts:
+                topic = make_topic(url, shape, n)
+                publishes = published(topic.target.names.topic, shape, n)
+                drain(url, n)
+                hand = by_hand(shape, n)
+                drain(url, n)
+                topic.teardown()
+                topic.close()
+                runs.setdefault((shape, n, "publish"), []).append(publishes)
+                runs.setdefault((shape, n, "by hand"), []).append(hand)
+                print(f"#{round_} {shape:12} {n:3} subscriptions: publish {publishes:9,.0f} /s"
+                      f"  by hand {hand:9,.0f} /s", flush=True)  # fmt: skip
+    return {key: statistics.median(values) for key, values in runs.items()}
+
+
+def print_table(median: Medians, counts: list[int], heading: str) -> None:
+    """The medians of `take_turns`, copies counted, against the hand-written transactions and the
+    plain push."""
+    plain = median["push", 1, "plain"]
+    print(f"\n{heading}; plain push {plain:,.0f} /s")
+    print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
+          f"{'deliveries':>12}{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
+    for shape in ("broadcast", "partitioned"):
+        for n in counts:
+            copies = n if shape == "broadcast" else 1
+            published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
+            print(f"{shape:>12}{n:6}{published:11,.0f}{published * copies:14,.0f}{by_hand:11,.0f}"
+                  f"{by_hand * copies:12,.0f}{published / by_hand:8.2f}{published / plain:8.2f}"
+                  f"{published * copies / plain:15.2f}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of each run")
@@ -262,47 +313,23 @@ def main() -> None:
         else f"ring queues ({BUSY_QUEUES} of {BUSY_RING_SIZE} slots, the others {RING_SIZE})"
     )  # fmt: skip
     print(f"{queues} {kind} provisioned in {time.monotonic() - started:.0f} s", flush=True)
-    runs: dict[tuple[str, int, str], list[float]] = {}
-    for round_ in range(1, a.rounds + 1):
-        runs.setdefault(("push", 1, "plain"), []).append(rate(push_worker, (url, a.threads), a.seconds))
-        drain(url, 1)
-        print(f"#{round_} plain push: {runs['push', 1, 'plain'][-1]:,.0f} /s", flush=True)
-        for shape in ("broadcast", "partitioned"):
-            for n in counts:
-                topic = make_topic(url, shape, n)
-                published = rate(
-                    publish_worker, (url, topic.target.names.topic, shape, n, a.threads), a.seconds
-                )
-                drain(url, n)
-                by_hand = rate(by_hand_worker, (url, shape, n, a.threads), a.seconds)
-                drain(url, n)
-                topic.teardown()
-                topic.close()
-                runs.setdefault((shape, n, "publish"), []).append(published)
-                runs.setdefault((shape, n, "by hand"), []).append(by_hand)
-                print(f"#{round_} {shape:12} {n:3} subscriptions: publish {published:9,.0f} /s"
-                      f"  by hand {by_hand:9,.0f} /s", flush=True)  # fmt: skip
-    median = {key: statistics.median(values) for key, values in runs.items()}
-    plain = median["push", 1, "plain"]
-    rows = []
-    for shape in ("broadcast", "partitioned"):
-        for n in counts:
-            copies = n if shape == "broadcast" else 1
-            published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
-            rows.append((shape, n, published, published * copies, by_hand, by_hand * copies))
+    median = take_turns(
+        url,
+        counts,
+        a.rounds,
+        lambda: rate(push_worker, (url, a.threads), a.seconds),
+        lambda topic, shape, n: rate(publish_worker, (url, topic, shape, n, a.threads), a.seconds),
+        lambda shape, n: rate(by_hand_worker, (url, shape, n, a.threads), a.seconds),
+    )
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     if a.backend == "cassandra":
         drop_keyspace(url)
-    print(
-        f"\n{a.backend}: {PUBLISHERS} publishers of {a.threads} thread(s), single publishes of {BODY} B,"
-        f" {a.seconds:g} s each;"
-        f" plain push {plain:,.0f} /s"
+    print_table(
+        median,
+        counts,
+        f"{a.backend}: {PUBLISHERS} publishers of {a.threads} thread(s), single publishes of {BODY} B,"
+        f" {a.seconds:g} s each",
     )
-    print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
-          f"{'deliveries':>12}{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
-    for shape, n, published, delivered, by_hand, by_hand_delivered in rows:
-        print(f"{shape:>12}{n:6}{published:11,.0f}{delivered:14,.0f}{by_hand:11,.0f}{by_hand_delivered:12,.0f}"
-              f"{published / by_hand:8.2f}{published / plain:8.2f}{delivered / plain:15.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.fanout import BODY, PUBLISHERS, drain, make_topic, provision, queue_name, schema
+from bench.fanout import BODY, PUBLISHERS, print_table, provision, queue_name, schema, take_turns
 from bench.ring_vs_skiplocked import DB, admin, bench_database
 
 from dbq.connection import from_url
@@ -119,39 +118,23 @@ def main() -> None:
     counts = [int(c) for c in a.subscriptions.split(",")]
     pg, url, _odbc = bench_database()
     provision(url, max(counts))
-    runs: dict[tuple[str, int, str], list[float]] = {}
-    for round_ in range(1, a.rounds + 1):
-        plain = pgbench(url, [push_call(0, 0, a.batch)], a.seconds) * a.batch
-        runs.setdefault(("push", 1, "plain"), []).append(plain)
-        drain(url, 1)
-        print(f"#{round_} plain push: {plain:,.0f} /s", flush=True)
-        for shape in ("broadcast", "partitioned"):
-            for n in counts:
-                topic = make_topic(url, shape, n)
-                name = topic.target.names.topic
-                published = pgbench(url, scripts("publish", shape, n, a.batch, name), a.seconds) * a.batch
-                drain(url, n)
-                by_hand = pgbench(url, scripts("by hand", shape, n, a.batch), a.seconds) * a.batch
-                drain(url, n)
-                topic.teardown()
-                topic.close()
-                runs.setdefault((shape, n, "publish"), []).append(published)
-                runs.setdefault((shape, n, "by hand"), []).append(by_hand)
-                print(f"#{round_} {shape:12} {n:3} subscriptions: publish {published:9,.0f} /s"
-                      f"  by hand {by_hand:9,.0f} /s", flush=True)  # fmt: skip
+    median = take_turns(
+        url,
+        counts,
+        a.rounds,
+        lambda: pgbench(url, [push_call(0, 0, a.batch)], a.seconds) * a.batch,
+        lambda topic, shape, n: (
+            pgbench(url, scripts("publish", shape, n, a.batch, topic), a.seconds) * a.batch
+        ),
+        lambda shape, n: pgbench(url, scripts("by hand", shape, n, a.batch), a.seconds) * a.batch,
+    )
     admin(pg.odbc()).execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-    median = {key: statistics.median(values) for key, values in runs.items()}
-    plain = median["push", 1, "plain"]
-    print(f"\npgbench: {PUBLISHERS} clients, {a.batch} message(s) of {BODY} B a call, {a.seconds} s each;"
-          f" plain push {plain:,.0f} /s (medians of {a.rounds})")  # fmt: skip
-    print(f"{'shape':>12}{'subs':>6}{'publish/s':>11}{'deliveries/s':>14}{'by hand/s':>11}"
-          f"{'x hand':>8}{'x push':>8}{'deliv. x push':>15}")  # fmt: skip
-    for shape in ("broadcast", "partitioned"):
-        for n in counts:
-            copies = n if shape == "broadcast" else 1
-            published, by_hand = median[shape, n, "publish"], median[shape, n, "by hand"]
-            print(f"{shape:>12}{n:6}{published:11,.0f}{published * copies:14,.0f}{by_hand:11,.0f}"
-                  f"{published / by_hand:8.2f}{published / plain:8.2f}{published * copies / plain:15.2f}")  # fmt: skip
+    print_table(
+        median,
+        counts,
+        f"pgbench: {PUBLISHERS} clients, {a.batch} message(s) of {BODY} B a call, {a.seconds} s each,"
+        f" medians of {a.rounds}",
+    )
 
 
 if __name__ == "__main__":
