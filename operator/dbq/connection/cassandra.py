@@ -54,7 +54,8 @@ def consistency(settings: ConnectionSettings) -> int:
 def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
     """A connected session; a connect whose only failures are transient reads of the node's
     system tables is tried again, at most CONNECT_ATTEMPTS times."""
-    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+    attempt = 1
+    while True:
         cluster = _cluster(settings)
         try:
             return cluster, cluster.connect()
@@ -63,7 +64,7 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
             if attempt == CONNECT_ATTEMPTS or not _transient(e):
                 raise translate(e, settings) from None
         time.sleep(CONNECT_RETRY_PAUSE_S * attempt)
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 def _transient(e: Exception) -> bool:
