@@ -108,12 +108,21 @@ class Release:
         return str(spec.holder_identity) if spec.holder_identity else None
 
     def leader(self, other_than: str = "") -> Any:
-        """The Ready pod holding the Lease (and whose name is not `other_than`), once there is one."""
+        """The Ready pod holding the Lease (and whose name is not `other_than`), once there is one.
+        A terminating pod is not it: during a rollout the old leader still holds the Lease, and is
+        still Ready, until it releases the Lease on SIGTERM."""
 
         def held() -> Any:
             name = self.holder()
             return next(
-                (p for p in self.pods() if p.metadata.name == name != other_than and is_ready(p)), None
+                (
+                    p
+                    for p in self.pods()
+                    if p.metadata.name == name != other_than
+                    and is_ready(p)
+                    and not p.metadata.deletion_timestamp
+                ),
+                None,
             )
 
         return wait_for(held, 180, "a Ready operator pod holding the Lease")
