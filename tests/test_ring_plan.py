@@ -36,7 +36,7 @@ def actions(observed: Observed, target: RingTarget = TARGET) -> list[str]:
 def test_empty_database_gets_everything_in_order():
     assert actions(Observed()) == [
         "create_schema", "create_meta", "create_ring", "fill_ring", "create_sequences",
-        "create_side_tables", "create_history", "create_routines", "record_version",
+        "create_side_tables", "create_history", "create_routines", "record_version", "secure",
     ]  # fmt: skip
 
 
@@ -52,35 +52,45 @@ def test_matching_database_needs_nothing():
     assert actions(complete()) == []
 
 
+def test_objects_not_as_dbq_secures_them_are_secured_again():
+    """A routine granted to PUBLIC behind dbq's back, or the schema given to another owner: the
+    plan says so and secures them again, whatever else matches."""
+    assert actions(complete(secured=False)) == ["secure"]
+    assert [s.why for s in plan_ring(TARGET, complete(secured=False))] == [
+        "an object or a grant is not as dbq gives it"
+    ]
+
+
 def test_dropped_ring_is_recreated_and_positions_reset():
     observed = complete(tables=complete().tables - {NAMES.ring}, ring_rows=0)
-    assert actions(observed) == ["create_ring", "fill_ring", "reset_positions", "create_routines"]
+    assert actions(observed) == ["create_ring", "fill_ring", "reset_positions", "create_routines", "secure"]
 
 
 def test_half_filled_ring_is_topped_up():
-    assert actions(complete(ring_rows=400)) == ["fill_ring"]
+    assert actions(complete(ring_rows=400)) == ["fill_ring", "secure"]
 
 
 def test_missing_routine_and_new_message_size_rewrite_routines():
     routines = complete().routines - {NAMES.routine("pop")}
-    assert actions(complete(routines=routines)) == ["create_routines"]
+    assert actions(complete(routines=routines)) == ["create_routines", "secure"]
     bigger = RingTarget(names=NAMES, size=1000, message_bytes=600)
-    assert actions(complete(), bigger) == ["create_routines", "record_version"]
+    assert actions(complete(), bigger) == ["create_routines", "record_version", "secure"]
 
 
 def test_older_schema_version_is_upgraded():
     def at(version: int) -> Observed:
         return complete(recorded=Recorded(schema_version=version, ring_size=1000, message_bytes=300))
 
-    assert actions(at(17)) == ["allow_content", "create_routines", "record_version"]
-    assert actions(at(16)) == ["allow_content", "create_routines", "record_version"]
-    assert actions(at(15)) == ["add_headers", "allow_content", "create_routines", "record_version"]
+    assert actions(at(17)) == ["allow_content", "create_routines", "record_version", "secure"]
+    assert actions(at(16)) == ["allow_content", "create_routines", "record_version", "secure"]
+    assert actions(at(15)) == ["add_headers", "allow_content", "create_routines", "record_version", "secure"]
     assert actions(at(13)) == [
         "index_spill",
         "add_headers",
         "allow_content",
         "create_routines",
         "record_version",
+        "secure",
     ]
     assert actions(at(9)) == [
         "key_dead_letters",
@@ -89,6 +99,7 @@ def test_older_schema_version_is_upgraded():
         "allow_content",
         "create_routines",
         "record_version",
+        "secure",
     ]
 
 
@@ -98,7 +109,8 @@ def test_a_version_6_queue_gets_the_settled_total_seeded_from_its_leases():
         recorded=Recorded(schema_version=6, ring_size=1000, message_bytes=300),
     )
     assert actions(version_6) == [
-        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version",
+        "secure",
     ]  # fmt: skip
     # A ring made anew has no leases to count: its totals start from nothing.
     assert "seed_settled" not in actions(complete(tables=frozenset(), sequences=frozenset()))
@@ -118,14 +130,15 @@ def test_a_version_7_queue_gets_its_dead_letter_table_and_totals_and_keeps_every
         "allow_content",
         "create_routines",
         "record_version",
+        "secure",
     ]
 
 
 def test_a_changed_max_attempts_or_header_limit_rewrites_the_routines_only():
     target = RingTarget(names=NAMES, size=1000, message_bytes=300, max_attempts=5)
-    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
+    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version", "secure"]
     target = RingTarget(names=NAMES, size=1000, message_bytes=300, header_bytes=4096)
-    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version"]
+    assert [str(s) for s in plan_ring(target, complete())] == ["create_routines", "record_version", "secure"]
 
 
 def test_compression_is_the_best_offered_unless_asked_and_refused_when_not_offered():
@@ -148,17 +161,18 @@ def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
     assert recorded is not None
     lz4 = RingTarget(names=NAMES, size=1000, message_bytes=300, compression="lz4")
     # A queue made before the setting existed (nothing recorded), then one with another one.
-    assert [str(s) for s in plan_ring(lz4, complete())] == ["set_compression", "record_version"]
+    assert [str(s) for s in plan_ring(lz4, complete())] == ["set_compression", "record_version", "secure"]
     assert plan_ring(lz4, complete(recorded=replace(recorded, compression="lz4"))) == []
     steps = plan_ring(lz4, complete(recorded=replace(recorded, compression="none")))
-    assert [str(s) for s in steps] == ["set_compression", "record_version"]
+    assert [str(s) for s in steps] == ["set_compression", "record_version", "secure"]
     assert "compressed with none, spec.messages.compression wants lz4" in steps[0].why
     # A new queue gets it after its tables; a server without a choice ('') plans nothing for it.
-    assert actions(Observed(), lz4)[-4:] == [
+    assert actions(Observed(), lz4)[-5:] == [
         "set_compression",
         "create_history",
         "create_routines",
         "record_version",
+        "secure",
     ]
     assert "set_compression" not in actions(Observed())
 
@@ -193,7 +207,7 @@ def test_dead_letters_kept_by_another_queue_wait_for_it_and_rewrite_the_routines
             schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300, max_attempts=3
         ),
     )
-    assert actions(ready, kept) == ["create_routines", "record_version"]
+    assert actions(ready, kept) == ["create_routines", "record_version", "secure"]
     assert actions(Observed(keeper_version=RING_SCHEMA_VERSION), kept) == actions(Observed())  # a new queue
     moved = Recorded(RING_SCHEMA_VERSION, 1000, 300, max_attempts=3, dead_letter_queue="errors.dlq")
     assert actions(complete(keeper_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []

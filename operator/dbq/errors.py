@@ -168,6 +168,40 @@ class AuthenticationFailed(DatabaseError):
     fix = "Put the right user and password in the Secret; a rotated password is read on the next tick."
 
 
+class AccessHelperMissing(DatabaseError):
+    """PostgreSQL: dbq's role helper (the functions through which the operator makes and drops
+    its roles, without CREATEROLE) is not installed in the database, and the operator's login is
+    not a superuser that could install it."""
+
+    reason = "AccessHelperMissing"
+    retry = True
+    fix = "A DBA runs `dbq access install-sql --operator LOGIN | psql -d DATABASE` as a superuser, once per database."
+
+
+# --- who may do what ---------------------------------------------------------------------------
+class PermissionDenied(DbqError):
+    """The login lacks the right a call needs on the queue or topic (a QueueUser's spec does not
+    give it); the call changed nothing. `queue` and `right` name them."""
+
+    reason = "PermissionDenied"
+    retry = False
+    fix = "Give the QueueUser the right the message names on that queue (spec.queues[].rights), or use one that has it."
+
+    def __init__(self, message: str, queue: str = "", right: str = "") -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.right = right
+
+
+class InvalidQueueUser(DbqError):
+    """A QueueUser names something it cannot have: a Queue or Topic that is not in its namespace,
+    a design without rights (Cassandra, for now), or queues on two databases."""
+
+    reason = "InvalidQueueUser"
+    retry = False
+    fix = "Change the field the message names; the QueueUser heals on the next generation."
+
+
 # --- queue semantics -------------------------------------------------------------------------
 class QueueNotFound(DbqError):
     """The queue's objects are not in the database (not provisioned, or another schema)."""

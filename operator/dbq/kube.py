@@ -8,6 +8,7 @@ Errors come back in dbq's family: a missing object is None (for Secrets) or `Que
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -73,6 +74,43 @@ class Kube:
                 return None
             raise _failed(e, f"Secret {namespace}/{name}") from None
         return dict(secret.data or {})
+
+    def write_secret(
+        self, namespace: str, name: str, string_data: dict[str, str], owner: Mapping[str, Any]
+    ) -> None:
+        """Create the Secret, or replace its data, owned by `owner` (one of dbq's resources: the
+        garbage collector deletes the Secret with it)."""
+        meta = owner["metadata"]
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "dbq"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "stringData": string_data,
+        }
+        try:
+            try:
+                self.core.create_namespaced_secret(namespace, body)  # type: ignore[arg-type]  # a dict serialises as the V1Secret
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                self.core.patch_namespaced_secret(name, namespace, {"stringData": string_data})
+        except ApiException as e:
+            raise _failed(e, f"Secret {namespace}/{name}", verb="write") from None
 
     def get_queue(self, namespace: str, name: str) -> dict[str, Any]:
         found = self.find(PLURAL, namespace, name)

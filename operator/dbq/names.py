@@ -6,6 +6,7 @@ each dialect's quoting (`QUOTE`, `LITERAL`) validates again before it quotes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -269,3 +270,46 @@ def qualified_literal(backend: str, names: QueueNames) -> str:
 # quotes like PostgreSQL: `pg_quote`.)
 QUOTE: dict[str, Callable[[str], str]] = {"postgres": pg_quote, "sqlserver": ms_quote}
 LITERAL: dict[str, Callable[[str], str]] = {"postgres": pg_literal, "sqlserver": ms_literal}
+
+
+# --- database roles (PostgreSQL; SQL Server database roles take the same names) -----------------
+# Role names are cluster-wide on PostgreSQL: each is derived from what makes it unique (the
+# database, schema and queue; a QueueUser's namespace and name) through a hash, with a readable
+# part first, at most 63 bytes. The prefix tells the kind, and the role helper a DBA installs
+# (`backends/postgres/access_helper.sql`) acts only on names of these shapes.
+ROLE_PREFIX = {"owner": "dbq_o_", "group": "dbq_r_", "login": "dbq_u_"}
+_ROLE = re.compile(r"^dbq_[oru]_[a-z0-9_]{1,57}$")
+
+
+def role_name(kind: str, readable: str, *key: str) -> str:
+    """A role of `kind` (owner, group, login): its prefix, up to 24 characters of `readable`
+    (lower-cased, anything but letters and digits as '_'), then 8 hex digits of a hash of `key`."""
+    text = re.sub(r"[^a-z0-9]+", "_", readable.lower()).strip("_")[:24].rstrip("_") or "x"
+    digest = hashlib.sha256("\x1f".join(key).encode()).hexdigest()[:8]
+    return check_role(f"{ROLE_PREFIX[kind]}{text}_{digest}")
+
+
+def check_role(name: str) -> str:
+    if not isinstance(name, str) or not _ROLE.fullmatch(name):
+        raise UnsafeName(
+            f"refusing {name!r}: not a role name dbq derives (dbq_o_, dbq_r_ or dbq_u_ and a hash)"
+        )
+    return name
+
+
+def owner_role(database: str, schema: str) -> str:
+    """The NOLOGIN role that owns every object dbq makes in `schema` of `database`."""
+    return role_name("owner", schema, database, schema)
+
+
+def group_role(database: str, schema: str, entity: str, right: str) -> str:
+    """The NOLOGIN role holding `right` (send, receive, ...) on queue or topic `entity` (a topic's
+    name given as `topic:NAME`); a QueueUser's login is made a member of it."""
+    return check_role(
+        f"{role_name('group', entity.removeprefix('topic:'), database, schema, entity)}_{right}"
+    )
+
+
+def login_role(namespace: str, name: str) -> str:
+    """The login of QueueUser `namespace/name`."""
+    return role_name("login", name, namespace, name)

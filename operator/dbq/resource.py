@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dbq.api.access import secret_name
 from dbq.api.models import QueueSpec, queue_name
 from dbq.api.topics import TopicSpec
 from dbq.connection import ConnectionSettings, from_secret_data
@@ -40,11 +41,17 @@ def parse_spec(raw: dict[str, Any]) -> QueueSpec:
 
 
 def settings_for(
-    spec: QueueSpec | TopicSpec, namespace: str, read_secret: SecretReader
+    spec: QueueSpec | TopicSpec, namespace: str, read_secret: SecretReader, user: str | None = None
 ) -> ConnectionSettings:
-    """The connection a Queue's (or Topic's) spec names, from its Secret."""
-    ref = spec.connection.secret_ref.name
+    """The connection a Queue's (or Topic's) spec names, from its Secret; with `user`, the
+    connection of that QueueUser's login instead, from the Secret the operator wrote for it."""
+    ref = secret_name(user) if user else spec.connection.secret_ref.name
     secret = read_secret(namespace, ref)
+    if secret is None and user:
+        raise SecretNotFound(
+            f"Secret {namespace}/{ref} of QueueUser {user} not found: is the QueueUser there and Ready"
+            " (`kubectl get queueusers`)?"
+        )
     if secret is None:
         raise SecretNotFound(f"Secret {namespace}/{ref} not found: create it with a `url` key (see examples)")
     try:

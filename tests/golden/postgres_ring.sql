@@ -322,7 +322,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
 BEGIN
   IF octet_length(p_body) > 300 THEN
@@ -368,7 +368,7 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_push_many"(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE
   v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := "shopq"."orders_split_headers"(p_headers);
@@ -443,7 +443,7 @@ END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_take"(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
 RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
   o_headers text;
@@ -506,7 +506,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_pop"(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
   v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
@@ -600,7 +600,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_pop_many"(p_max int, p_lease_ms bigint) RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
@@ -687,7 +687,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_release"(p_positions text, OUT o_released int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 BEGIN
   -- The popper that drew these positions gives up waiting: remember them, so whoever finds
   -- their messages later (pop on an empty ring, or repair) delivers them.
@@ -697,7 +697,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_ack"(p_id bigint, p_lease bigint, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
@@ -727,7 +727,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_ack_many"(p_ids text, p_leases text, OUT o_acked text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
   v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[]; v_bigs bigint[];
 BEGIN
@@ -764,7 +764,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_nack"(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
   v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_headers text;
   v_spilled boolean := false;
@@ -808,7 +808,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
   OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
   OUT o_dead bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
 BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
@@ -906,7 +906,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_void_holes"(p_grace_ms bigint, OUT o_holes bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_popped bigint; v_bound bigint;
 BEGIN
   -- Holes: positions a pusher drew and never wrote (it died). A position drawn before a message
@@ -953,7 +953,7 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_stats"(
 -- One query in SQL, not PL/pgSQL: PostgreSQL keeps no plan of it in the session between calls.
 -- A session that measured many queues would otherwise hold all their plans, and every DDL in the
 -- database (a queue created, say) costs each session a walk over every plan it holds.
-LANGUAGE sql STABLE AS $fn$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
   -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
   -- expired or dead-lettered; in flight are the acquisitions whose lease has not ended (acked,
@@ -987,7 +987,7 @@ $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_defer"(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := "shopq"."orders_split_headers"(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
@@ -1023,7 +1023,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_extend"(p_id bigint, p_lease bigint, p_visibility_ms bigint, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) * interval '1 millisecond';
 BEGIN
   -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
@@ -1037,7 +1037,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_redrive"(p_ids text, p_max int, OUT o_moved bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 BEGIN
   -- Dead letters back to delivery (the given ids, or the oldest p_max when none are given):
   -- the same id, attempts from zero, ready at once, headers as pushed (without dbq's
@@ -1058,7 +1058,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_purge_dead"(p_ids text, p_max int, OUT o_purged bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 BEGIN
   -- Dead letters deleted for good (the given ids, or the oldest p_max when none are given).
   DELETE FROM "shopq"."orders_dead" d USING (
@@ -1071,7 +1071,7 @@ BEGIN
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_scavenge"(p_retention_ms bigint, p_max int, OUT o_scavenged bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 BEGIN
   -- Archived messages older than the retention, the oldest p_max of them: one bounded batch, so
   -- a large backlog is removed over several short transactions, never by one huge delete.
@@ -1082,6 +1082,73 @@ BEGIN
   GET DIAGNOSTICS o_scavenged = ROW_COUNT;
   PERFORM nextval('"shopq"."orders_n_scavenged"') FROM generate_series(1, o_scavenged);
 END $fn$
+
+-- What a login may read of the queue goes through routines too, so no login needs a grant on
+-- a table: the metadata a client reads when it connects, the waiting messages (peek), the
+-- statistics history, dead letters and the archive; and a consumer's wait mark.
+CREATE OR REPLACE FUNCTION "shopq"."orders_describe"(OUT o_version int, OUT o_size bigint, OUT o_message_bytes int,
+  OUT o_dead_letter_queue text, OUT o_header_bytes int, OUT o_max_headers int, OUT o_max_body_bytes int)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  SELECT schema_version, ring_size, message_bytes, dead_letter_queue, header_bytes, max_headers, max_body_bytes
+  FROM "shopq"."dbq_queues" WHERE queue = 'orders'
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_wait"(p_seconds int) RETURNS void
+-- A consumer is about to wait: pushes notify 'dbq_e057b33b74bc7a84ecd1f81e' until p_seconds from now.
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  UPDATE "shopq"."orders_waiters" SET until = greatest(until, now() + p_seconds * interval '1 second') WHERE id = 1
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_peek"(p_max int)
+RETURNS TABLE (msg_id bigint, body bytea, attempts int, headers text)
+-- Up to p_max waiting messages (written, visible, not expired, not leased) in id order, none taken.
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  SELECT w.msg_id,
+    coalesce(w.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = w.msg_id % 8 AND c.msg_id = w.msg_id)),
+    w.attempts, w.headers
+  FROM (
+    SELECT r.msg_id, r.body, r.attempts, r.headers FROM "shopq"."orders_ring" r WHERE r.state = 1
+      AND (r.visible_at IS NULL OR r.visible_at <= now()) AND (r.expires_at IS NULL OR r.expires_at > now())
+    UNION ALL
+    SELECT s.msg_id, s.body, s.attempts, s.headers FROM "shopq"."orders_spill" s WHERE s.state = 1
+      AND (s.visible_at IS NULL OR s.visible_at <= now()) AND (s.expires_at IS NULL OR s.expires_at > now())
+  ) w ORDER BY w.msg_id LIMIT p_max
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_history"(p_since timestamptz, p_until timestamptz)
+RETURNS TABLE (at_s float8, depth bigint, in_flight bigint, pushed bigint, popped bigint, acquired bigint,
+  expired bigint, oldest_age_s float8)
+-- The operator's statistics samples of this queue taken in [p_since, p_until), oldest first.
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  SELECT extract(epoch FROM h.at)::float8, h.depth, h.in_flight, h.pushed, h.popped, h.acquired, h.expired,
+    h.oldest_age_s
+  FROM "shopq"."dbq_stats_history" h WHERE h.queue = 'orders' AND h.at >= p_since AND h.at < p_until ORDER BY h.at
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_dead_letters"(p_held boolean, p_max int)
+RETURNS TABLE (msg_id bigint, attempts int, error text, pushed_at_s float8, dead_at_s float8, body bytea,
+  source text, headers text)
+-- This queue's dead letters wherever they are kept ("shopq"."orders_dead"), or with p_held every dead letter its
+-- own table keeps (other queues' too), in id order.
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  SELECT d.msg_id, d.attempts, d.error, extract(epoch FROM d.pushed_at)::float8, extract(epoch FROM d.dead_at)::float8,
+    d.body, d.source, d.headers
+  FROM "shopq"."orders_dead" d WHERE NOT p_held AND d.source = 'shopq.orders'
+  UNION ALL
+  SELECT o.msg_id, o.attempts, o.error, extract(epoch FROM o.pushed_at)::float8, extract(epoch FROM o.dead_at)::float8,
+    o.body, o.source, o.headers
+  FROM "shopq"."orders_dead" o WHERE p_held
+  ORDER BY 1, 7 LIMIT p_max
+$fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_archived"(p_since timestamptz, p_max int)
+RETURNS TABLE (msg_id bigint, attempts int, pushed_at_s float8, acked_at_s float8, body bytea, headers text)
+-- Archived messages acked or popped at or after p_since, oldest first.
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+  SELECT a.msg_id, a.attempts, extract(epoch FROM a.pushed_at)::float8, extract(epoch FROM a.acked_at)::float8,
+    a.body, a.headers
+  FROM "shopq"."orders_archive" a WHERE a.acked_at >= p_since ORDER BY a.acked_at, a.msg_id LIMIT p_max
+$fn$
 
 -- step record_version
 
@@ -1101,13 +1168,151 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 19, 1000, 300,
+VALUES ('orders', 'ring', 20, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
   max_attempts = EXCLUDED.max_attempts, archive = EXCLUDED.archive, dead_letter_queue = EXCLUDED.dead_letter_queue,
   header_bytes = EXCLUDED.header_bytes, max_headers = EXCLUDED.max_headers,
   max_body_bytes = EXCLUDED.max_body_bytes, compression = EXCLUDED.compression, updated_at = now()
+
+-- step secure
+
+SELECT dbq_access.ensure_owner('dbq_o_shopq_7bf52350')
+
+SELECT dbq_access.ensure_group('dbq_r_orders_16adecff_send')
+
+SELECT dbq_access.ensure_group('dbq_r_orders_16adecff_receive')
+
+SELECT dbq_access.ensure_group('dbq_r_orders_16adecff_peek')
+
+SELECT dbq_access.ensure_group('dbq_r_orders_16adecff_monitor')
+
+SELECT dbq_access.ensure_group('dbq_r_orders_16adecff_manage')
+
+ALTER SCHEMA "shopq" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."dbq_queues" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."dbq_stats_history" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_ring" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_spill" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_gap" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_staged" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_dead" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_waiters" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_archive" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_content" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_push_seq" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_pop_seq" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_pushed" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_popped" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_acquired" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_expired" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_settled" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_dead" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_redriven" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_purged" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_archived" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_n_scavenged" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_place" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_push" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_push_many" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_take" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_pop" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_pop_many" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_release" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_ack" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_ack_many" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_nack" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_repair" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_void_holes" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_stats" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_defer" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_extend" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_redrive" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_purge_dead" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_scavenge" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_oldest_age" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_check_headers" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_split_headers" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_headers_of_dead" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_body_of" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_describe" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_wait" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_peek" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_history" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_dead_letters" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_archived" OWNER TO "dbq_o_shopq_7bf52350"
+
+REVOKE ALL ON SCHEMA "shopq" FROM PUBLIC
+
+REVOKE ALL ON TABLE "shopq"."dbq_queues", "shopq"."dbq_stats_history", "shopq"."orders_ring", "shopq"."orders_spill", "shopq"."orders_gap", "shopq"."orders_staged", "shopq"."orders_dead", "shopq"."orders_waiters", "shopq"."orders_archive", "shopq"."orders_content" FROM PUBLIC
+
+REVOKE ALL ON SEQUENCE "shopq"."orders_push_seq", "shopq"."orders_pop_seq", "shopq"."orders_n_pushed", "shopq"."orders_n_popped", "shopq"."orders_n_acquired", "shopq"."orders_n_expired", "shopq"."orders_n_settled", "shopq"."orders_n_dead", "shopq"."orders_n_redriven", "shopq"."orders_n_purged", "shopq"."orders_n_archived", "shopq"."orders_n_scavenged" FROM PUBLIC
+
+REVOKE ALL ON ROUTINE "shopq"."orders_place", "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_stats", "shopq"."orders_defer", "shopq"."orders_extend", "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_scavenge", "shopq"."orders_oldest_age", "shopq"."orders_check_headers", "shopq"."orders_split_headers", "shopq"."orders_headers_of_dead", "shopq"."orders_body_of", "shopq"."orders_describe", "shopq"."orders_wait", "shopq"."orders_peek", "shopq"."orders_history", "shopq"."orders_dead_letters", "shopq"."orders_archived" FROM PUBLIC
+
+GRANT USAGE ON SCHEMA "shopq" TO "dbq_r_orders_16adecff_send", "dbq_r_orders_16adecff_receive", "dbq_r_orders_16adecff_peek", "dbq_r_orders_16adecff_monitor", "dbq_r_orders_16adecff_manage"
+
+GRANT EXECUTE ON ROUTINE "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_defer", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_send"
+
+GRANT EXECUTE ON ROUTINE "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_extend", "shopq"."orders_wait", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_receive"
+
+GRANT EXECUTE ON ROUTINE "shopq"."orders_peek", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_peek"
+
+GRANT EXECUTE ON ROUTINE "shopq"."orders_stats", "shopq"."orders_history", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_monitor"
+
+GRANT EXECUTE ON ROUTINE "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_scavenge", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_manage"
 
 -- teardown
 
@@ -1157,6 +1362,18 @@ DROP FUNCTION IF EXISTS "shopq"."orders_headers_of_dead"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_body_of"
 
+DROP FUNCTION IF EXISTS "shopq"."orders_describe"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_wait"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_peek"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_history"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_dead_letters"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_archived"
+
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 
 DROP TABLE IF EXISTS "shopq"."orders_spill"
@@ -1202,6 +1419,18 @@ DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
 DELETE FROM "shopq"."dbq_stats_history" WHERE queue = 'orders'
 
 DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM "shopq"."dbq_queues") THEN DROP TABLE "shopq"."dbq_queues"; DROP TABLE IF EXISTS "shopq"."dbq_stats_history"; BEGIN DROP SCHEMA IF EXISTS "shopq" RESTRICT; EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END; END IF; END $$
+
+DO $$ DECLARE v_role text; BEGIN
+  FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ('dbq_r_orders_16adecff_send', 'dbq_r_orders_16adecff_receive', 'dbq_r_orders_16adecff_peek', 'dbq_r_orders_16adecff_monitor', 'dbq_r_orders_16adecff_manage') LOOP
+    IF to_regnamespace('shopq') IS NOT NULL THEN
+      EXECUTE format('REVOKE ALL ON SCHEMA %I FROM %I', 'shopq', v_role);
+    END IF;
+    PERFORM dbq_access.drop_group(v_role);
+  END LOOP;
+  IF to_regnamespace('shopq') IS NULL THEN
+    PERFORM dbq_access.drop_owner('dbq_o_shopq_7bf52350');
+  END IF;
+END $$
 
 -- calls
 
@@ -1278,6 +1507,8 @@ SELECT count(*) FROM pg_namespace WHERE nspname = ?
 SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relname = ANY (string_to_array(?, ','))
 
 SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ? AND p.proname = ANY (string_to_array(?, ','))
+
+SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = ? AND nspowner IS DISTINCT FROM to_regrole(?)) + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ? AND p.proname = ANY (string_to_array(?, ',')) AND (p.proowner IS DISTINCT FROM n.nspowner OR p.proacl IS NULL OR has_function_privilege('public', p.oid, 'EXECUTE')))
 
 SELECT (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 1) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 1), (SELECT count(*) FROM "shopq"."orders_ring" WHERE state = 2) + (SELECT count(*) FROM "shopq"."orders_spill" WHERE state = 2)
 

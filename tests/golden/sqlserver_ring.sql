@@ -1067,13 +1067,87 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 19, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 20, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers, max_body_bytes)
-  VALUES (s.queue, N'ring', 19, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 20, 1000, 300, 5, 1, N'',
     1024, 32, 1048576);
+
+-- step secure
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_o_shopq_7bf52350') IS NULL CREATE ROLE [dbq_o_shopq_7bf52350]
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_send') IS NULL CREATE ROLE [dbq_r_orders_16adecff_send] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_receive') IS NULL CREATE ROLE [dbq_r_orders_16adecff_receive] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_peek') IS NULL CREATE ROLE [dbq_r_orders_16adecff_peek] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_monitor') IS NULL CREATE ROLE [dbq_r_orders_16adecff_monitor] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_manage') IS NULL CREATE ROLE [dbq_r_orders_16adecff_manage] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+ALTER AUTHORIZATION ON SCHEMA::[shopq] TO [dbq_o_shopq_7bf52350]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_push] TO [dbq_r_orders_16adecff_send]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_push_many] TO [dbq_r_orders_16adecff_send]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_defer] TO [dbq_r_orders_16adecff_send]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_send]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_take] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_pop] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_pop_many] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_release] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_ack] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_ack_many] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_nack] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_extend] TO [dbq_r_orders_16adecff_receive]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_receive]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_peek]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_ring] TO [dbq_r_orders_16adecff_peek]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_spill] TO [dbq_r_orders_16adecff_peek]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_content] TO [dbq_r_orders_16adecff_peek]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_stats] TO [dbq_r_orders_16adecff_monitor]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_monitor]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_stats_history] TO [dbq_r_orders_16adecff_monitor]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_redrive] TO [dbq_r_orders_16adecff_manage]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_purge_dead] TO [dbq_r_orders_16adecff_manage]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_repair] TO [dbq_r_orders_16adecff_manage]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_void_holes] TO [dbq_r_orders_16adecff_manage]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_scavenge] TO [dbq_r_orders_16adecff_manage]
+
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_manage]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_dead] TO [dbq_r_orders_16adecff_manage]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_dead] TO [dbq_r_orders_16adecff_manage]
+
+GRANT SELECT ON OBJECT::[shopq].[orders_archive] TO [dbq_r_orders_16adecff_manage]
 
 -- teardown
 
@@ -1166,6 +1240,43 @@ DELETE FROM [shopq].[dbq_stats_history] WHERE queue = N'orders'
 IF NOT EXISTS (SELECT 1 FROM [shopq].[dbq_queues]) DROP TABLE IF EXISTS [shopq].[dbq_queues], [shopq].[dbq_stats_history];
 IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID(N'shopq'))
   EXEC(N'DROP SCHEMA [shopq]')
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_send') IS NOT NULL BEGIN
+  DECLARE @drop nvarchar(max) = N'';
+  SELECT @drop = @drop + N'ALTER ROLE [dbq_r_orders_16adecff_send] DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id)) + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_send');
+  EXEC(@drop);
+  DROP ROLE [dbq_r_orders_16adecff_send];
+END
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_receive') IS NOT NULL BEGIN
+  DECLARE @drop nvarchar(max) = N'';
+  SELECT @drop = @drop + N'ALTER ROLE [dbq_r_orders_16adecff_receive] DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id)) + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_receive');
+  EXEC(@drop);
+  DROP ROLE [dbq_r_orders_16adecff_receive];
+END
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_peek') IS NOT NULL BEGIN
+  DECLARE @drop nvarchar(max) = N'';
+  SELECT @drop = @drop + N'ALTER ROLE [dbq_r_orders_16adecff_peek] DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id)) + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_peek');
+  EXEC(@drop);
+  DROP ROLE [dbq_r_orders_16adecff_peek];
+END
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_monitor') IS NOT NULL BEGIN
+  DECLARE @drop nvarchar(max) = N'';
+  SELECT @drop = @drop + N'ALTER ROLE [dbq_r_orders_16adecff_monitor] DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id)) + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_monitor');
+  EXEC(@drop);
+  DROP ROLE [dbq_r_orders_16adecff_monitor];
+END
+
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_manage') IS NOT NULL BEGIN
+  DECLARE @drop nvarchar(max) = N'';
+  SELECT @drop = @drop + N'ALTER ROLE [dbq_r_orders_16adecff_manage] DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id)) + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_manage');
+  EXEC(@drop);
+  DROP ROLE [dbq_r_orders_16adecff_manage];
+END
+
+IF SCHEMA_ID(N'shopq') IS NULL AND DATABASE_PRINCIPAL_ID(N'dbq_o_shopq_7bf52350') IS NOT NULL DROP ROLE [dbq_o_shopq_7bf52350]
 
 -- calls
 

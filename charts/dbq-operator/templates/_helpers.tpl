@@ -29,17 +29,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The operator's rights on Queues, their Secrets and Events: one list for a Role and a ClusterRole. */}}
 {{- define "dbq.queueRules" -}}
-# Queues, Topics and Subscriptions: watch them, add/remove our finalizer and annotations, write status.
+# Queues, Topics, Subscriptions and QueueUsers: watch them, add/remove our finalizer and annotations, write status.
 - apiGroups: [dbq.dev]
-  resources: [queues, topics, subscriptions]
+  resources: [queues, topics, subscriptions, queueusers]
   verbs: [get, list, watch, patch]
 - apiGroups: [dbq.dev]
-  resources: [queues/status, topics/status, subscriptions/status]
+  resources: [queues/status, topics/status, subscriptions/status, queueusers/status]
   verbs: [get, patch]
-# Connection details: read the one Secret a Queue names (never list or watch Secrets).
+# Connection details: read the one Secret a Queue names, and write the Secret of each QueueUser's
+# login (owned by the QueueUser; never list or watch Secrets, never delete one).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, create, patch]
 # Events about Queues, Topics and Subscriptions.
 - apiGroups: ["", events.k8s.io]
   resources: [events]

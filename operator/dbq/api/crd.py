@@ -12,6 +12,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from dbq.api.access import (
+    QUEUE_USER_KIND,
+    QUEUE_USER_PLURAL,
+    QUEUE_USER_ROOT_RULES,
+    QUEUE_USER_RULES,
+    QueueUserSpec,
+    QueueUserStatus,
+)
 from dbq.api.models import GROUP, KIND, PLURAL, ROOT_RULES, SPEC_RULES, VERSION, QueueSpec
 from dbq.api.status import QueueStatus
 from dbq.api.topics import (
@@ -215,8 +223,24 @@ def subscription_crd() -> dict[str, Any]:
     )  # fmt: skip
 
 
+def queue_user_crd() -> dict[str, Any]:
+    return _definition(
+        QUEUE_USER_KIND, QUEUE_USER_PLURAL, ["dbquser"],
+        "Who may do what: a database login with a generated password, given rights (send, receive, peek,"
+        " monitor, manage, publish) on Queues and Topics of its namespace, and a Secret its applications use.",
+        spec_schema(QueueUserSpec, QUEUE_USER_RULES), status_schema(QueueUserStatus),
+        [
+            {"name": "Login", "type": "string", "jsonPath": ".status.login"},
+            READY_COLUMN,
+            {"name": "Secret", "type": "string", "jsonPath": ".status.secretName"},
+            {"name": "Rotated", "type": "date", "jsonPath": ".status.rotatedAt"},
+        ],
+        QUEUE_USER_ROOT_RULES,
+    )  # fmt: skip
+
+
 # The file under crds/ of each CRD, and what makes it.
-CRDS = {"queue": crd, "topic": topic_crd, "subscription": subscription_crd}
+CRDS = {"queue": crd, "topic": topic_crd, "subscription": subscription_crd, "queueuser": queue_user_crd}
 
 
 def crd_yaml(kind: str = "queue") -> str:

@@ -22,8 +22,11 @@ class RingSql(Protocol):
     OBSERVE_ROUTINES: str
     SERVER_VERSION: str | None  # major version and compatibility level, where there is a floor
     COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
+    OBSERVE_INSECURE: str | None  # objects not as secure() leaves them, where the dialect looks
+    BACKEND: str
     ring: str
     meta: str
+    owner: str
 
     def render(self, step: RingStep) -> list[str]: ...
     def batches(self, statements: list[str]) -> list[str]: ...
@@ -43,6 +46,7 @@ class RingSql(Protocol):
     def forget_dead_letters(self, keeper: QueueNames) -> str: ...
     def drop(self) -> list[str]: ...
     def drop_schema_if_unused(self) -> list[str]: ...
+    def drop_roles(self) -> list[str]: ...
 
 
 def ring_sql(backend: str, target: RingTarget) -> RingSql:

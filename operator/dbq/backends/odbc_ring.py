@@ -24,7 +24,16 @@ from dbq.backends.maintenance import (
     plan_maintenance,
 )
 from dbq.backends.odbc import OdbcBackend
-from dbq.backends.ring_plan import Observed, Recorded, RingStep, choose_compression, is_new, plan_ring
+from dbq.backends.postgres.access import ensure_helper
+from dbq.backends.ring_plan import (
+    Observed,
+    Recorded,
+    RingAction,
+    RingStep,
+    choose_compression,
+    is_new,
+    plan_ring,
+)
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
@@ -85,7 +94,14 @@ class OdbcRing(OdbcBackend):
                     if whole
                     else cur.execute(f"SELECT count(*) FROM {self.sql.ring}").fetchval()
                 )
+            secured = True
+            if self.sql.OBSERVE_INSECURE is not None and routines:
+                insecure = cur.execute(
+                    self.sql.OBSERVE_INSECURE, schema, self.sql.owner, schema, ",".join(routines)
+                ).fetchval()
+                secured = not insecure
             return Observed(
+                secured=secured,
                 schema_exists=True,
                 meta_exists=meta_exists,
                 tables=tables,
@@ -159,6 +175,8 @@ class OdbcRing(OdbcBackend):
         with self._locked_transaction() as cur:
             observed = self.observe()
             steps = self.plan(observed)
+            if self.settings.backend == "postgres" and any(s.action == RingAction.SECURE for s in steps):
+                ensure_helper(cur, self.settings.database, self.settings.username)
             for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
                 cur.execute(batch)
         return ApplyResult(
@@ -280,3 +298,7 @@ class OdbcRing(OdbcBackend):
             if self.names.meta in tables:
                 for statement in self.sql.drop_schema_if_unused():
                     cur.execute(statement)
+            if self.settings.backend == "postgres":
+                ensure_helper(cur, self.settings.database, self.settings.username)
+            for statement in self.sql.drop_roles():
+                cur.execute(statement)

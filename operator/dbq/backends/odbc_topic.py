@@ -12,6 +12,7 @@ from typing import Any
 import pyodbc
 
 from dbq.backends.odbc import OdbcBackend
+from dbq.backends.postgres.access import ensure_helper
 from dbq.backends.topic_sql import PgTopic
 from dbq.connection import ConnectionSettings
 from dbq.contract.topics import Route, TopicCounts, TopicTarget
@@ -65,7 +66,7 @@ class OdbcTopic(OdbcBackend):
             raise InvalidSpec(f"topics on {settings.backend} are not provisioned yet: use postgres")
         # The schema's lock, and a seat in the operator's pool by the topic's name.
         super().__init__(settings, QueueNames(target.names.schema, target.names.topic))
-        self.target = target
+        self.target = replace(target, database=settings.database)
         # What the last apply left in force: the rules version and (subscription, ordinal) of each
         # route, so that counts() after it reads the counters alone.
         self._applied: tuple[int, list[tuple[str, int]]] | None = None
@@ -95,11 +96,14 @@ class OdbcTopic(OdbcBackend):
             known = dict(_ordinals(recorded))
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
-            made = PgTopic(TopicTarget(names, routes, self.target.unrouted))
+            made = PgTopic(replace(self.target, routes=routes))
             for statement in made.statements(version):
                 cur.execute(statement)
             for statement, params in made.rows(version):
                 cur.execute(statement, *params)
+            ensure_helper(cur, self.settings.database, self.settings.username)
+            for statement in made.secure([r.ordinal for r in routes]):
+                cur.execute(statement)
         self._applied = version, [(r.subscription, r.ordinal) for r in routes]
         return version
 
@@ -161,3 +165,5 @@ class OdbcTopic(OdbcBackend):
             ordinals = [int(row[1]) for row in cur.execute(sql.recorded_rules(), names.topic).fetchall()]
             for statement, params in sql.drop(ordinals):
                 cur.execute(statement, *params)
+            ensure_helper(cur, self.settings.database, self.settings.username)
+            cur.execute(sql.drop_group())

@@ -26,6 +26,8 @@ HEADERS_SINCE = 16
 # Since 18 a body past a slot waits in the content table, and a spilled message's body may be
 # there (its spill row's body NULL).
 CONTENT_SINCE = 18
+# Since 20 every object belongs to the schema's owner role, the routines a login calls run as it
+# (SECURITY DEFINER, search_path pinned), and each right's group role holds EXECUTE on its own.
 
 # The routines of every dialect (each adds its internal helpers: see `PgRing.ROUTINES`, `MsRing.ROUTINES`).
 ROUTINES = (
@@ -52,6 +54,7 @@ class RingAction(StrEnum):
     CREATE_HISTORY = "create_history"
     CREATE_ROUTINES = "create_routines"
     RECORD_VERSION = "record_version"
+    SECURE = "secure"
 
 
 DONE = {
@@ -71,6 +74,7 @@ DONE = {
     RingAction.CREATE_HISTORY: "created the statistics history table",
     RingAction.CREATE_ROUTINES: "created the routines",
     RingAction.RECORD_VERSION: "recorded the schema version and settings",
+    RingAction.SECURE: "gave every object to the schema's owner role and each right's routines to its group role",
 }
 
 
@@ -118,6 +122,9 @@ class Observed:
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
     keeper_version: int | None = None
+    # Every object belongs to the owner role and no routine is granted beyond its right (a
+    # dialect that does not look says True).
+    secured: bool = True
 
 
 def choose_compression(wanted: str, offered: frozenset[str]) -> str:
@@ -255,4 +262,10 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         step(RingAction.CREATE_ROUTINES, why)
     if recorded is None or stale or recompress:
         step(RingAction.RECORD_VERSION, f"record schema version {RING_SCHEMA_VERSION} and settings")
+    if steps or not observed.secured:
+        # After any other step: objects made or re-made now start as the operator's and PUBLIC's.
+        step(
+            RingAction.SECURE,
+            "objects were made or changed" if steps else "an object or a grant is not as dbq gives it",
+        )
     return steps

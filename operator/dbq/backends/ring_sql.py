@@ -12,8 +12,9 @@ from collections.abc import Callable
 from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
+from dbq.contract.access import QUEUE_RIGHTS
 from dbq.contract.ring import CONTENT_BUCKETS, RingTarget, notify_channel
-from dbq.names import COUNTERS, QueueNames, qualified_literal
+from dbq.names import COUNTERS, QueueNames, group_role, owner_role, qualified_literal
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
 # pop in SPILL_SHARE looks there before the ring while the ring has messages, and every pop when
@@ -92,6 +93,8 @@ class RingSqlBase:
     SERVER_VERSION: str | None = None  # major version and compatibility level, where a floor is checked
     # The compressions of stored bodies the server offers, where it has a choice.
     COMPRESSIONS: str | None = None
+    # Objects of the queue not as `secure()` leaves them: a count (None where not looked at).
+    OBSERVE_INSECURE: str | None = None
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
@@ -123,6 +126,9 @@ class RingSqlBase:
         self.max_headers = int(target.max_headers)
         self.max_body_bytes = int(target.max_body_bytes)
         self.content = f"{s}.{quote(n.content)}"
+        # The role owning every object of the schema, and the group role of each right on the queue.
+        self.owner = owner_role(target.database, n.schema)
+        self.groups = {right: group_role(target.database, n.schema, n.queue, right) for right in QUEUE_RIGHTS}
 
     @property
     def sequences(self) -> tuple[str, ...]:
@@ -153,6 +159,7 @@ class RingSqlBase:
             RingAction.CREATE_HISTORY: self.create_history,
             RingAction.CREATE_ROUTINES: self.create_routines,
             RingAction.RECORD_VERSION: self.record_version,
+            RingAction.SECURE: self.secure,
         }
         return statements[step.action]()
 
@@ -206,6 +213,13 @@ class RingSqlBase:
         raise NotImplementedError
 
     def record_version(self) -> list[str]:
+        raise NotImplementedError
+
+    def secure(self) -> list[str]:
+        raise NotImplementedError
+
+    def drop_roles(self) -> list[str]:
+        """After drop(): the queue's roles, where the dialect makes roles of its own."""
         raise NotImplementedError
 
     def create_routines(self) -> list[str]:

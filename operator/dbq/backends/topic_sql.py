@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from dbq.backends.filter_sql import PgHeaderVariables, pg_predicate, pg_text
 from dbq.backends.ring_sql import load_template, render_template
+from dbq.contract.access import Right
 from dbq.contract.topics import SUBSCRIPTIONS_TABLE, TOPIC_SCHEMA_VERSION, TOPICS_TABLE, Route, TopicTarget
-from dbq.names import QueueNames
+from dbq.names import QueueNames, group_role, owner_role
 from dbq.names import pg_quote as quote
 
 TABLES = load_template("dbq.backends.postgres", "topic_tables.sql")
@@ -117,6 +118,7 @@ class PgTopic(TopicSql):
                 name=self.names.topic,
             ),
             "topic_name": self.names.topic,
+            "definer": f"SECURITY DEFINER SET search_path = pg_catalog, {self.schema}, pg_temp",
             "matches": each["matches"],
             "declare_reads": reads.declarations(),
             "reads": reads.assignments("  "),
@@ -142,6 +144,47 @@ class PgTopic(TopicSql):
             for seq in self.names.route_counters(r.ordinal for r in routes)
         ]
         return made[:2] + counters + made[2:]
+
+    def secure(self, ordinals: list[int]) -> list[str]:
+        """The topic's objects to the schema's owner role, nothing to PUBLIC, and its publish
+        routines to its publish group role (roles from the role helper, as a queue's)."""
+        owner_name = owner_role(self.target.database, self.names.schema)
+        group_name = self.publish_group
+        owner, group = quote(owner_name), quote(group_name)
+        routines = f"{self._q(self.names.publish)}, {self._q(self.names.publish_many)}"
+        sequences = ", ".join(self._q(s) for s in self.names.counters(ordinals))
+        return [
+            f"SELECT dbq_access.ensure_owner({pg_text(owner_name)})",
+            f"SELECT dbq_access.ensure_group({pg_text(group_name)})",
+            f"ALTER SCHEMA {self.schema} OWNER TO {owner}",
+            f"ALTER TABLE {self.topics} OWNER TO {owner}",
+            f"ALTER TABLE {self.subscriptions} OWNER TO {owner}",
+            *(f"ALTER SEQUENCE {self._q(s)} OWNER TO {owner}" for s in self.names.counters(ordinals)),
+            f"ALTER ROUTINE {self._q(self.names.publish)} OWNER TO {owner}",
+            f"ALTER ROUTINE {self._q(self.names.publish_many)} OWNER TO {owner}",
+            f"REVOKE ALL ON SCHEMA {self.schema} FROM PUBLIC",
+            f"REVOKE ALL ON TABLE {self.topics}, {self.subscriptions} FROM PUBLIC",
+            f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC",
+            f"REVOKE ALL ON ROUTINE {routines} FROM PUBLIC",
+            f"GRANT USAGE ON SCHEMA {self.schema} TO {group}",
+            f"GRANT EXECUTE ON ROUTINE {routines} TO {group}",
+        ]
+
+    @property
+    def publish_group(self) -> str:
+        return group_role(self.target.database, self.names.schema, f"topic:{self.names.topic}", Right.PUBLISH)
+
+    def drop_group(self) -> str:
+        """After drop(): the topic's publish group role (its grants on the routines went with them)."""
+        schema, group = pg_text(self.names.schema), pg_text(self.publish_group)
+        return f"""DO $$ BEGIN
+  IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {group}) THEN
+    IF to_regnamespace({schema}) IS NOT NULL THEN
+      EXECUTE format('REVOKE ALL ON SCHEMA %I FROM %I', {schema}, {group});
+    END IF;
+    PERFORM dbq_access.drop_group({group});
+  END IF;
+END $$"""
 
     def _grouped(self, name: str, indent: str, guard: Callable[[int, int], str],
                  only: dict[int, Route] | None = None) -> str:  # fmt: skip
@@ -212,11 +255,13 @@ class PgTopic(TopicSql):
         )
 
     def recorded_topic(self) -> str:
-        """(rules_version, unrouted queue, whether the routine exists) (parameter: the topic)."""
+        """(rules_version, unrouted queue, whether the routine exists as `secure` leaves it: run as
+        its owner, not granted to PUBLIC) (parameter: the topic)."""
         routine = pg_text(f"{self.schema}.{quote(self.names.publish)}(bytea, text, text, bigint)")
         return (
-            f"SELECT rules_version, unrouted, CASE WHEN to_regprocedure({routine}) IS NULL THEN 0 ELSE 1 END"
-            f" FROM {self.topics}"
+            f"SELECT rules_version, unrouted, CASE WHEN p.oid IS NULL THEN 0"
+            " WHEN NOT p.prosecdef OR has_function_privilege('public', p.oid, 'EXECUTE') THEN 0 ELSE 1 END"
+            f" FROM {self.topics} LEFT JOIN pg_proc p ON p.oid = to_regprocedure({routine})"
             " WHERE topic = ?"
         )
 

@@ -4,6 +4,7 @@
 - `apply`: `dbq apply`, the operator's reconcile straight against a database;
 - `data`: `dbq push`, `dbq pop`, `dbq stats` on a queue;
 - `publish`: `dbq publish` to a topic;
+- `access`: `dbq access install-sql`, what a DBA runs for the operator's login;
 - `dev`: `dbq dev up|down|status`, the local stack;
 - `spark`: `dbq spark health`, the fleet-health Spark job.
 """
@@ -68,7 +69,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    for module in ("operator", "apply", "data", "publish", "dev", "spark"):
+    for module in ("operator", "apply", "data", "publish", "access", "dev", "spark"):
         try:
             group = importlib.import_module(f"dbq.cli.{module}")
         except ModuleNotFoundError as e:

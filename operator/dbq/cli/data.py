@@ -47,6 +47,11 @@ if TYPE_CHECKING:  # pipes need Cassandra's driver, which the lean install leave
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _remember_user(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """--user, kept for `opened` (every command takes it; none reads it itself)."""
+    ctx.meta["dbq.user"] = value
+
+
 def target_options(f: F) -> F:
     for option in reversed(
         [
@@ -62,6 +67,14 @@ def target_options(f: F) -> F:
                 help="With --url: the queue's design, when the url's backend has several (sqlserver).",
             ),
             click.option("--namespace", "-n", default=None, help="Namespace of the Queue resource."),
+            click.option(
+                "--user",
+                default=None,
+                envvar="DBQ_USER",
+                expose_value=False,
+                callback=_remember_user,
+                help="Connect as this QueueUser (its Secret dbq-user-USER), not with the Queue's Secret (env DBQ_USER).",
+            ),
             click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text"),
         ]
     ):
@@ -79,7 +92,8 @@ def opened(
         else:
             from dbq.kube import current_namespace  # the kubernetes client: the `kube` extra
 
-            q = connect_resource(queue, namespace or current_namespace())
+            user = click.get_current_context().meta.get("dbq.user")
+            q = connect_resource(queue, namespace or current_namespace(), user=user)
     except (DbqError, ValueError) as e:  # each names what to fix: a missing Secret, a bad spec
         raise click.ClickException(str(e)) from None
     try:

@@ -67,10 +67,10 @@ DURATION = _Duration()
 
 
 @click.command()
-@click.argument("kinds", nargs=-1, type=click.Choice(["queue", "topic", "subscription"]))
+@click.argument("kinds", nargs=-1, type=click.Choice(["queue", "topic", "subscription", "queueuser"]))
 def crd(kinds: tuple[str, ...]) -> None:
-    """Print the CRDs generated from the API models (KINDS: queue, topic, subscription; all when
-    none is named), as YAML documents."""
+    """Print the CRDs generated from the API models (KINDS: queue, topic, subscription,
+    queueuser; all when none is named), as YAML documents."""
     from dbq.api.crd import CRDS, crd_yaml
 
     click.echo("---\n".join(crd_yaml(kind) for kind in kinds or CRDS), nl=False)
@@ -122,7 +122,7 @@ def run(
     from prometheus_client import start_http_server
 
     # importing the handler modules registers their handlers
-    from dbq.controller import handlers, leadership, metrics, topic_handlers  # noqa: F401
+    from dbq.controller import access_handlers, handlers, leadership, metrics, topic_handlers  # noqa: F401
 
     # Under leader election every line names the replica that wrote it: the logs of two pods
     # then show which one acted when.

@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from dbq.client import AnyTopic
 
 
-def _opened(topic: str, url: str | None, schema: str | None, namespace: str | None) -> AnyTopic:
+def _opened(
+    topic: str, url: str | None, schema: str | None, namespace: str | None, user: str | None = None
+) -> AnyTopic:
     if url:
         return connect_topic(url, topic, schema=schema)
     from dbq.kube import current_namespace  # the kubernetes client: the `kube` extra
 
-    return connect_topic_resource(topic, namespace or current_namespace())
+    return connect_topic_resource(topic, namespace or current_namespace(), user=user)
 
 
 @click.command()
@@ -37,6 +39,12 @@ def _opened(topic: str, url: str | None, schema: str | None, namespace: str | No
 @click.option("--url", envvar="DBQ_URL", help="Database URL; without it TOPIC is a Topic resource.")
 @click.option("--schema", default=None, help="Schema (keyspace) of the topic (with --url; default dbq).")
 @click.option("--namespace", "-n", default=None, help="Namespace of the Topic resource.")
+@click.option(
+    "--user",
+    default=None,
+    envvar="DBQ_USER",
+    help="Publish as this QueueUser (its Secret dbq-user-USER), not with the Topic's Secret (env DBQ_USER).",
+)
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 @click.option("--subject", "-s", default=None, help="The messages' subject (routing key).")
 @click.option(
@@ -50,6 +58,7 @@ def publish(
     url: str | None,
     schema: str | None,
     namespace: str | None,
+    user: str | None,
     output: str,
     subject: str | None,
     header_args: tuple[str, ...],
@@ -64,7 +73,7 @@ def publish(
         raise click.BadParameter(str(e), param_hint="--ttl") from None
     bodies = [m.encode() for m in messages] or [line.rstrip("\n").encode() for line in sys.stdin]
     try:
-        publisher = _opened(topic, url, schema, namespace)
+        publisher = _opened(topic, url, schema, namespace, user)
     except (DbqError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     try:

@@ -25,6 +25,7 @@ from dbq.contract.topics import TopicNames
 from dbq.errors import (
     LeaseLost,
     MessageTooLarge,
+    PermissionDenied,
     QueueError,
     QueueFull,
     QueueNotFound,
@@ -45,6 +46,7 @@ __all__ = [
     "LeaseLost",
     "Message",
     "MessageTooLarge",
+    "PermissionDenied",
     "PipeMessage",
     "PipesQueue",
     "PipesRepair",
@@ -120,17 +122,21 @@ def from_resource(resource: dict[str, Any], secret_data: dict[str, Any], **optio
 
 
 def connect_resource(
-    name: str, namespace: str = "default", *, api_client: Any = None, **options: Any
+    name: str, namespace: str = "default", *, api_client: Any = None, user: str | None = None, **options: Any
 ) -> AnyQueue:
     """A client for the Queue resource `namespace/name`, read from the Kubernetes API (with the
-    in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret."""
+    in-cluster or kubeconfig credentials unless `api_client` is given) with its Secret; with
+    `user`, as that QueueUser (its login, from the Secret the operator wrote: dbq-user-USER),
+    holding only the rights the QueueUser gives."""
     from dbq import kube  # the kubernetes client: the `kube` extra
 
     api = kube.Kube(api_client)
-    return _from_resource(api.get_queue(namespace, name), api.read_secret, options)
+    return _from_resource(api.get_queue(namespace, name), api.read_secret, options, user)
 
 
-def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any]) -> AnyQueue:
+def _from_resource(
+    resource: dict[str, Any], read_secret: SecretReader, options: dict[str, Any], user: str | None = None
+) -> AnyQueue:
     spec = parse_spec(resource.get("spec") or {})
     t = spec.timeouts
     defaults: dict[str, Any] = {
@@ -140,7 +146,7 @@ def _from_resource(resource: dict[str, Any], read_secret: SecretReader, options:
         "ttl": seconds(t.message_ttl),
     }
     metadata = resource["metadata"]
-    settings = settings_for(spec, metadata.get("namespace") or "default", read_secret)
+    settings = settings_for(spec, metadata.get("namespace") or "default", read_secret, user)
     return _open(
         settings,
         queue_name(metadata["name"], spec),
@@ -182,10 +188,11 @@ def _open_topic(settings: ConnectionSettings, names: TopicNames, options: dict[s
 
 
 def connect_topic_resource(
-    name: str, namespace: str = "default", *, api_client: Any = None, **options: Any
+    name: str, namespace: str = "default", *, api_client: Any = None, user: str | None = None, **options: Any
 ) -> AnyTopic:
     """A publisher of the Topic resource `namespace/name`, read from the Kubernetes API with its
-    Secret (in-cluster or kubeconfig credentials unless `api_client` is given)."""
+    Secret (in-cluster or kubeconfig credentials unless `api_client` is given); with `user`, as
+    that QueueUser (its Secret dbq-user-USER)."""
     from dbq import kube  # the kubernetes client: the `kube` extra
     from dbq.api.topics import TOPIC_PLURAL, TopicSpec, topic_name
     from dbq.errors import InvalidSpec, TopicNotFound
@@ -202,4 +209,4 @@ def connect_topic_resource(
         names = TopicNames(spec.connection.schema_, topic_name(name, spec))
     except ValueError as e:
         raise InvalidSpec(f"Topic {namespace}/{name}: {e}") from None
-    return _open_topic(settings_for(spec, namespace, api.read_secret), names, options)
+    return _open_topic(settings_for(spec, namespace, api.read_secret, user), names, options)

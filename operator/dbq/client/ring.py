@@ -27,6 +27,7 @@ from dbq.client.stats import ArchivedMessage, DeadLetter, HistorySample, QueueSt
 from dbq.client.waiting import Deadline, check_bodies, count_arg, seconds_arg, take_until
 from dbq.connection import ConnectionSettings, odbc, postgres
 from dbq.contract import headers as header_codec
+from dbq.contract.access import right_of
 from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeaders
 from dbq.contract.ring import (
     CALL_ARGS,
@@ -35,7 +36,6 @@ from dbq.contract.ring import (
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,
     Record,
-    announce_wait,
     archive_query,
     call_statement,
     dead_letter_queue_query,
@@ -129,8 +129,7 @@ class _Announcing:
         now = time.monotonic()
         if now >= q._announced_until:  # the client's mark lapses soon: renew it (once for all its threads)
             q._announced_until = now + WAIT_MARK_S / 2
-            with q._cursor() as cur:
-                cur.execute(announce_wait(q.settings.backend, q.names), WAIT_MARK_S)
+            q._call("wait", WAIT_MARK_S)
         return count
 
     def wait(self, mark: int, seconds: float) -> None:
@@ -238,18 +237,10 @@ class Queue:
             f"queue {names.queue} is not provisioned in schema {names.schema} at {settings.endpoint}:"
             " apply a Queue resource for it, or pass the schema it lives in"
         )
-        session = self._checkout()
-        try:
-            row = session.cursor("").execute(recorded_query(settings.backend, names), names.queue).fetchone()
-        except odbc.DRIVER_ERRORS as e:
-            session.conn.close()
-            if odbc.driver_error(e, settings)[0] in odbc.UNDEFINED_OBJECT_STATES:  # no schema, no table
-                raise not_found from None
-            raise self._translate(e) from None
-        self._checkin(session)
-        if row is None:
-            raise not_found
-        version, size, message_bytes = (int(v) for v in row)
+        # The same string object every call: pyodbc skips the prepare when the text is unchanged.
+        self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
+        row = self._describe(not_found)
+        version, size, message_bytes = (int(v) for v in row[:3])
         if version != RING_SCHEMA_VERSION:
             raise QueueError(
                 f"queue {names.queue} has ring schema version {version}, this client speaks"
@@ -257,11 +248,7 @@ class Queue:
             )
         self.size = size
         self.message_bytes = message_bytes
-        with self._cursor() as cur:
-            kept_by = cur.execute(dead_letter_queue_query(settings.backend, names), names.queue).fetchval()
-            header_bytes, max_headers, max_body_bytes = cur.execute(
-                message_limits_query(settings.backend, names), names.queue
-            ).fetchone()
+        kept_by, header_bytes, max_headers, max_body_bytes = row[3:]
         self.header_limits = HeaderLimits(int(header_bytes), int(max_headers))  # spec.messages
         self.max_body_bytes = int(max_body_bytes)
         self._header_encoding = HEADER_ENCODING[settings.backend]
@@ -289,7 +276,30 @@ class Queue:
         )
         self._announced_until = 0.0  # monotonic: until when this client's wait mark surely holds
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
-        self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
+
+    def _describe(self, not_found: QueueNotFound) -> tuple[Any, ...]:
+        """The queue's version, size, message bytes, dead-letter keeper and message limits. On
+        PostgreSQL from its describe routine, which any right may call (a queue of a version
+        before it answers its version from the metadata row, and the client refuses it); on SQL
+        Server from the metadata row."""
+        backend, names = self.settings.backend, self.names
+        if backend == "postgres":
+            try:
+                return tuple(self._call("describe")[0])
+            except QueueNotFound:
+                pass
+        with self._cursor() as cur:
+            try:
+                row = cur.execute(recorded_query(backend, names), names.queue).fetchone()
+            except QueueNotFound:
+                raise not_found from None
+            if row is None:
+                raise not_found
+            if int(row[0]) != RING_SCHEMA_VERSION:
+                return (*row, "", 0, 0, 0)
+            kept_by = cur.execute(dead_letter_queue_query(backend, names), names.queue).fetchval()
+            limits = cur.execute(message_limits_query(backend, names), names.queue).fetchone()
+        return (*row, kept_by, *limits)
 
     # --- connections ----------------------------------------------------------------------
     @contextmanager
@@ -375,7 +385,7 @@ class Queue:
                 raise QueueUnavailable(
                     f"{self.settings.endpoint}: {verb} kept being rolled back: {e.args[-1]}"
                 ) from None
-            raise self._translate(e) from None
+            raise self._translate(e, verb) from None
 
     def _connect(self) -> _Session:
         try:
@@ -385,8 +395,9 @@ class Queue:
             raise self._translate(e) from None
         return _Session(odbc.connect(self.settings))
 
-    def _translate(self, e: Exception) -> DbqError:
-        return odbc.translate(e, self.settings)
+    def _translate(self, e: Exception, verb: str = "") -> DbqError:
+        """The error of dbq's family; a refusal names the right `verb` needs."""
+        return odbc.translate(e, self.settings, self.names.qualified, str(right_of(verb) or ""))
 
     def close(self) -> None:
         if self._notifications is not None:
@@ -654,8 +665,7 @@ class Queue:
         """Up to n waiting messages in id order, none taken or leased: a snapshot for looking,
         while pushes and takes go on."""
         count_arg(n, "n")
-        with self._cursor() as cur:
-            rows = cur.execute(peek_query(self.settings.backend, self.names), n).fetchall()
+        rows = self._read("peek", lambda b: (peek_query(b, self.names), n), n)
         return [
             Message(
                 id=int(r[0]),
@@ -674,6 +684,22 @@ class Queue:
 
         return consume(self, handler, **options)
 
+    def _read(self, verb: str, query: Callable[[str], tuple[Any, ...]], *args: Any) -> list[Any]:
+        """Rows a login reads: on PostgreSQL from the queue's routine `verb` (called with `args`),
+        which its right may call with no grant on a table; on SQL Server by the statement and
+        parameters `query(backend)` gives."""
+        if self.settings.backend == "postgres":
+            return self._call(verb, *args)
+        statement, *params = query(self.settings.backend)
+        session = self._checkout()
+        try:
+            rows = session.cursor("").execute(statement, *params).fetchall()
+        except odbc.DRIVER_ERRORS as e:
+            session.conn.close()
+            raise self._translate(e, verb) from None
+        self._checkin(session)
+        return list(rows)
+
     # --- state and repair -----------------------------------------------------------------
     def stats(self) -> QueueStats:
         return QueueStats.of_row(self._call("stats")[0])
@@ -681,10 +707,9 @@ class Queue:
     def history(self, since: datetime, until: datetime) -> list[HistorySample]:
         """The operator's statistics samples of this queue taken in [since, until), oldest first."""
         bounds = (history_bound(self.settings.backend, since), history_bound(self.settings.backend, until))
-        with self._cursor() as cur:
-            rows = cur.execute(
-                history_query(self.settings.backend, self.names), self.names.queue, *bounds
-            ).fetchall()
+        rows = self._read(
+            "history", lambda b: (history_query(b, self.names), self.names.queue, *bounds), *bounds
+        )
         return [HistorySample.of_row(row[0], row[1:]) for row in rows]
 
     def repair(self, orphan_grace: float = 5.0) -> RepairResult:
@@ -701,14 +726,14 @@ class Queue:
         """This queue's dead letters, oldest first (at most `limit`), wherever they are kept (its
         own table, or spec.deadLetter.queue's). `held`: instead, every dead letter this queue's
         table keeps, its own and other queues' (see DeadLetter.source)."""
-        backend, n = self.settings.backend, count_arg(limit, "limit")
-        with self._cursor() as cur:
+        n = count_arg(limit, "limit")
+
+        def query(backend: str) -> tuple[Any, ...]:
             if held:
-                rows = cur.execute(dead_letters_query(backend, self.names, False), n).fetchall()
-            else:
-                query = dead_letters_query(backend, self.dead_letter_keeper, True)
-                args = (n, self.names.qualified) if backend == "sqlserver" else (self.names.qualified, n)
-                rows = cur.execute(query, *args).fetchall()
+                return dead_letters_query(backend, self.names, False), n
+            return dead_letters_query(backend, self.dead_letter_keeper, True), n, self.names.qualified
+
+        rows = self._read("dead_letters", query, held, n)
         return [
             DeadLetter(
                 int(r[0]),
@@ -735,11 +760,8 @@ class Queue:
     # --- archive ---------------------------------------------------------------------------
     def archived(self, since: datetime, limit: int = 100) -> list[ArchivedMessage]:
         """Archived messages (spec.archive) acked or popped at or after `since`, oldest first."""
-        bound = history_bound(self.settings.backend, since)
-        with self._cursor() as cur:
-            rows = cur.execute(
-                archive_query(self.settings.backend, self.names), bound, count_arg(limit, "limit")
-            ).fetchall()
+        bound, n = history_bound(self.settings.backend, since), count_arg(limit, "limit")
+        rows = self._read("archived", lambda b: (archive_query(b, self.names), bound, n), bound, n)
         return [
             ArchivedMessage(
                 int(r[0]), int(r[1]), float(r[2]), float(r[3]), bytes(r[4]), header_codec.decode(r[5])

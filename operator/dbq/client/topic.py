@@ -174,7 +174,7 @@ class Topic:
     def _translate(self, e: psycopg.Error) -> DbqError:
         if odbc.sql_state(e) == FULL_STATE:
             return QueueFull(odbc.driver_error(e, self.settings)[1].splitlines()[0], [None])
-        return odbc.translate(e, self.settings)
+        return odbc.translate(e, self.settings, f"topic {self.names.schema}.{self.names.topic}", "publish")
 
     def _checkout(self) -> postgres.Connection:
         try:

@@ -18,6 +18,8 @@ from dbq.errors import (
     DatabaseError,
     DatabaseUnreachable,
     MessageTooLarge,
+    PermissionDenied,
+    QueueNotFound,
 )
 
 CONNECT_TIMEOUT_S = 5
@@ -27,6 +29,10 @@ RETRIES = 5  # how many times a call rolled back so is made again
 # The object named does not exist: PostgreSQL (undefined table, schema), SQL Server (invalid
 # object name).
 UNDEFINED_OBJECT_STATES = frozenset({"42P01", "3F000", "42S02"})
+UNDEFINED_FUNCTION = "42883"
+# Insufficient privilege: PostgreSQL; SQL Server's permission errors (229, 230) come as 42000,
+# told by their text.
+PERMISSION_STATES = frozenset({"42501"})
 # A body over spec.messages.maxBytes, refused by the routine (PostgreSQL raises 22001).
 TOO_LARGE_STATE = "22001"
 
@@ -90,9 +96,25 @@ def driver_error(e: Exception, settings: ConnectionSettings) -> tuple[str, str]:
     return state, text.strip()
 
 
-def translate(e: Exception, settings: ConnectionSettings) -> DatabaseError | MessageTooLarge:
-    """The error of the family that says what happened; the message keeps no credentials."""
+def translate(
+    e: Exception, settings: ConnectionSettings, queue: str = "", right: str = ""
+) -> DatabaseError | MessageTooLarge | PermissionDenied | QueueNotFound:
+    """The error of the family that says what happened; the message keeps no credentials. A
+    client names the queue (schema.queue) and the right its call needed: a refusal then says
+    which right is missing, and a missing object that the queue is not there."""
     state, text = driver_error(e, settings)
+    if queue and (
+        state in PERMISSION_STATES or "permission denied" in text or "permission was denied" in text
+    ):
+        needs = f"the {right} right" if right else "any right"
+        return PermissionDenied(
+            f"{settings.endpoint}: user {settings.username!r} lacks {needs} on {queue}: give it to its"
+            " QueueUser (spec.queues[].rights, or spec.topics[].rights), or connect as one that has it",
+            queue,
+            right,
+        )
+    if queue and state in UNDEFINED_OBJECT_STATES | {UNDEFINED_FUNCTION}:
+        return QueueNotFound(f"{settings.endpoint}: {queue} is not provisioned ({text[:200]})")
     if "Can't open lib" in text:
         wanted = settings.driver or DEFAULT_DRIVERS.get(settings.backend, "")
         return DatabaseError(

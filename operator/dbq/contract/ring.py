@@ -22,7 +22,7 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 19
+RING_SCHEMA_VERSION = 20
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -43,9 +43,18 @@ CALL_ARGS = {
     "redrive": "?, ?",
     "purge_dead": "?, ?",
     "scavenge": "?, ?",
+    # PostgreSQL only (version 20 on): what a login reads, through routines, not tables
+    "describe": "",
+    "wait": "?",
+    "peek": "?",
+    "history": "CAST(? AS timestamptz), CAST(? AS timestamptz)",
+    "dead_letters": "?, ?",
+    "archived": "CAST(? AS timestamptz), ?",
 }
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
-SET_RETURNING = frozenset({"repair", "void_holes", "stats"})
+SET_RETURNING = frozenset(
+    {"repair", "void_holes", "stats", "describe", "peek", "history", "dead_letters", "archived"}
+)
 
 # take, pop and pop_many answer with packed records, so a call returns one value whatever it
 # took (no per-row or per-column work in the driver): status (1 byte), id (8), lease (8, 0 for
@@ -82,6 +91,9 @@ class RingTarget:
     # spec.messages.compression (PostgreSQL): lz4, pglz or none; '' for the server's best, which
     # `ring_plan.choose_compression` resolves once the server is known ('' where it offers no choice)
     compression: str = ""
+    # The database the queue lives in: its roles' names are derived from it (roles are the
+    # server's, not the database's; `dbq.names.owner_role`).
+    database: str = ""
 
     @property
     def dead_letter_queue(self) -> str:

@@ -17,7 +17,10 @@ from pathlib import Path
 from dbq.devstack.base import Paths, StackError, log_tail, pid_alive, port_open
 
 PG_PORT = int(os.environ.get("DBQ_PG_PORT", "15432"))
-PG_USER = "dbq"
+PG_USER = "dbq"  # the bootstrap superuser: the DBA's, never the operator's or an application's
+# The operator's login: no attribute but LOGIN; CREATE on each database it provisions in, and
+# dbq's role helper installed there for it (`prepare`), as a DBA would give them.
+OPERATOR_USER = "dbq_operator"
 ODBC_DRIVER = "PostgreSQL Unicode"
 
 
@@ -36,12 +39,18 @@ class Postgres:
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
         self.password_file = self.dir / "password"
+        self.operator_password_file = self.dir / "operator-password"
 
     @property
     def password(self) -> str:
         return self.password_file.read_text().strip()
 
+    @property
+    def operator_password(self) -> str:
+        return self.operator_password_file.read_text().strip()
+
     def url(self, database: str = "postgres") -> str:
+        """The superuser's url (a DBA's: set-up and inspection, never the operator's)."""
         return f"postgresql://{PG_USER}:{self.password}@127.0.0.1:{PG_PORT}/{database}"
 
     def odbc(self, database: str = "postgres") -> str:
@@ -49,6 +58,36 @@ class Postgres:
             f"DRIVER={{{ODBC_DRIVER}}};SERVER=127.0.0.1;PORT={PG_PORT};DATABASE={database};"
             f"UID={PG_USER};PWD={self.password}"
         )
+
+    def operator_url(self, database: str = "postgres") -> str:
+        """The operator's url (what a Queue's Secret holds)."""
+        return f"postgresql://{OPERATOR_USER}:{self.operator_password}@127.0.0.1:{PG_PORT}/{database}"
+
+    def operator_odbc(self, database: str = "postgres") -> str:
+        return (
+            f"DRIVER={{{ODBC_DRIVER}}};SERVER=127.0.0.1;PORT={PG_PORT};DATABASE={database};"
+            f"UID={OPERATOR_USER};PWD={self.operator_password}"
+        )
+
+    def prepare(self, database: str = "postgres") -> None:
+        """What a DBA does once for the operator in `database`: its login (made on first use),
+        CREATE on the database, and dbq's role helper for it."""
+        import pyodbc
+
+        from dbq.backends.postgres.access import helper_statements
+
+        if not self.operator_password_file.exists():
+            self.operator_password_file.touch(mode=0o600)
+            self.operator_password_file.write_text(secrets.token_hex(16) + "\n")
+        with pyodbc.connect(self.odbc(database), autocommit=False) as admin:
+            cur = admin.cursor()
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('dbq:prepare'))")  # test workers at once
+            if not cur.execute("SELECT count(*) FROM pg_roles WHERE rolname = ?", OPERATOR_USER).fetchval():
+                cur.execute(f"CREATE ROLE {OPERATOR_USER} LOGIN PASSWORD '{self.operator_password}'")
+            cur.execute(f'GRANT CREATE ON DATABASE "{database}" TO {OPERATOR_USER}')
+            for statement in helper_statements(OPERATOR_USER):
+                cur.execute(statement)
+            admin.commit()
 
     # --- lifecycle -------------------------------------------------------------------
     def _run(self, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -103,6 +142,7 @@ class Postgres:
         if not (self.data / "PG_VERSION").exists():
             self._initdb()
         if self.pid() is not None and port_open("127.0.0.1", PG_PORT):
+            self.prepare()  # idempotent: a server started by an earlier version gets the operator's login
             return
         self._prepare_dirs()
         options = " ".join(
@@ -134,6 +174,7 @@ class Postgres:
             )
         except subprocess.CalledProcessError as e:
             raise StackError(f"PostgreSQL did not start:\n{e.stderr}\n{log_tail(self.log)}") from e
+        self.prepare()
 
     def stop(self) -> None:
         if self.pid() is None:
@@ -144,4 +185,7 @@ class Postgres:
         return self.pid() is not None and port_open("127.0.0.1", PG_PORT)
 
     def describe(self) -> str:
-        return f"127.0.0.1:{PG_PORT} user {PG_USER} (password in {self.password_file}), ODBC driver {ODBC_DRIVER!r}"
+        return (
+            f"127.0.0.1:{PG_PORT} superuser {PG_USER} (password in {self.password_file}), operator {OPERATOR_USER}"
+            f" (password in {self.operator_password_file}), ODBC driver {ODBC_DRIVER!r}"
+        )

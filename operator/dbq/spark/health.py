@@ -41,8 +41,11 @@ def health(
     window: str = "1h",
     thresholds: Thresholds = Thresholds(),
     kubeconfig: str = "",
+    user: str = "",
 ) -> DataFrame:
-    """One row per Queue of `namespaces` with the figures and flags the module docstring lists."""
+    """One row per Queue of `namespaces` with the figures and flags the module docstring lists;
+    `user`: a QueueUser with monitor on the queues to read their history as (the same name in
+    each namespace), instead of each Queue's own Secret."""
     register(spark)
     now = datetime.now(UTC)
     since = now - parse_duration(window)
@@ -56,7 +59,8 @@ def health(
     queues = read("dbq-queues").filter(F.col("namespace").isin(list(namespaces)))
     history = None
     for ns in namespaces:
-        part = read("dbq-stats", namespace=ns, since=since.isoformat(), until=now.isoformat())
+        as_user = {"user": user} if user else {}
+        part = read("dbq-stats", namespace=ns, since=since.isoformat(), until=now.isoformat(), **as_user)
         history = part if history is None else history.unionByName(part)
     assert history is not None, "health needs at least one namespace"
     t = F.col("at").cast("double")
@@ -136,12 +140,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--age-threshold", type=float, default=Thresholds.oldest_age_s, help="seconds")
     parser.add_argument("--imbalance", type=float, default=Thresholds.imbalance)
     parser.add_argument("--kubeconfig", default="", help="default: in-cluster, else KUBECONFIG")
+    parser.add_argument(
+        "--user", default="", help="a QueueUser with monitor on the queues (default: their Secrets)"
+    )
     args = parser.parse_args(argv)
     from rich.console import Console
 
     spark = SparkSession.builder.appName("dbq-fleet-health").getOrCreate()
     thresholds = Thresholds(args.depth_threshold, args.age_threshold, args.imbalance)
-    report = health(spark, args.namespace, args.window, thresholds, args.kubeconfig).cache()
+    report = health(spark, args.namespace, args.window, thresholds, args.kubeconfig, args.user).cache()
     if args.output:
         report.write.mode("append").partitionBy("date").parquet(args.output)
     Console().print(summary(report.collect()))

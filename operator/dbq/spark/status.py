@@ -45,9 +45,14 @@ SELECT_OPTIONS = {
     "namespace": "the namespace to read (default: every namespace for dbq-queues, the current one for dbq-stats)",
     "labelSelector": "a Kubernetes label selector, such as team=shop",
 }
+USER_OPTION = {
+    "user": "a QueueUser to read the queues as (its Secret dbq-user-USER; it needs monitor for dbq-stats,"
+    " manage for dbq-archive), instead of each Queue's own Secret",
+}
 
 STATS_OPTIONS = {
     **SELECT_OPTIONS,
+    **USER_OPTION,
     "queues": "comma-separated Queue names (default: every Queue of the namespace)",
     "since": "start of the range: ISO 8601 or a duration before now (default 24h)",
     "until": "end of the range, excluded: ISO 8601 or a duration before now (default now)",
@@ -57,6 +62,7 @@ STATS_OPTIONS = {
 
 ARCHIVE_OPTIONS = {
     **SELECT_OPTIONS,
+    **USER_OPTION,
     "queues": "comma-separated Queue names (default: every Queue of the namespace with spec.archive)",
     "since": "messages acked or popped at or after: ISO 8601 or a duration before now (default 24h)",
     "limit": "at most this many messages per queue, oldest first (default 100000)",
@@ -135,6 +141,7 @@ class SelectedQueues(SourceReader):
         self.kubeconfig = options.text("kubeconfig")
         self.namespace = options.text("namespace") or current_namespace()
         self.selector = options.text("labelSelector")
+        self.user = options.text("user") or None
         self.queues = options.names("queues")
         self.since = options.time("since", self.now - timedelta(hours=24), self.now)
 
@@ -149,7 +156,10 @@ class SelectedQueues(SourceReader):
         assert isinstance(partition, QueuePartition)
         meta = partition.resource["metadata"]
         return connect_resource(
-            meta["name"], meta["namespace"], api_client=Kube.for_kubeconfig(self.kubeconfig).api_client
+            meta["name"],
+            meta["namespace"],
+            api_client=Kube.for_kubeconfig(self.kubeconfig).api_client,
+            user=self.user,
         )
 
 

@@ -135,7 +135,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
@@ -181,7 +181,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE
   v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
   v_headers text[] := {fn_split_headers}(p_headers);
@@ -256,7 +256,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
 RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
   o_headers text;
@@ -321,7 +321,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
   v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
@@ -419,7 +419,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS bytea
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
@@ -510,7 +510,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_release}(p_positions text, OUT o_released int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 BEGIN
   -- The popper that drew these positions gives up waiting: remember them, so whoever finds
   -- their messages later (pop on an empty ring, or repair) delivers them.
@@ -520,7 +520,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
@@ -557,7 +557,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
   v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[]; v_bigs bigint[];
 BEGIN
@@ -603,7 +603,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
   v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_headers text;
   v_spilled boolean := false;
@@ -647,7 +647,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
   OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
   OUT o_dead bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
 BEGIN
   SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
@@ -745,7 +745,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_void_holes}(p_grace_ms bigint, OUT o_holes bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_popped bigint; v_bound bigint;
 BEGIN
   -- Holes: positions a pusher drew and never wrote (it died). A position drawn before a message
@@ -792,7 +792,7 @@ CREATE OR REPLACE FUNCTION {fn_stats}(
 -- One query in SQL, not PL/pgSQL: PostgreSQL keeps no plan of it in the session between calls.
 -- A session that measured many queues would otherwise hold all their plans, and every DDL in the
 -- database (a queue created, say) costs each session a walk over every plan it holds.
-LANGUAGE sql STABLE AS $fn$
+LANGUAGE sql STABLE {definer} AS $fn$
   -- From the totals, not a count of the ring: the same cost at any size. Messages present are
   -- those pushed (or redriven) and not yet popped, acknowledged (both counted as popped),
   -- expired or dead-lettered; in flight are the acquisitions whose lease has not ended (acked,
@@ -826,7 +826,7 @@ $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_defer}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := {fn_split_headers}(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
@@ -862,7 +862,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_extend}(p_id bigint, p_lease bigint, p_visibility_ms bigint, OUT o_ok int)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) * interval '1 millisecond';
 BEGIN
   -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
@@ -876,7 +876,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_redrive}(p_ids text, p_max int, OUT o_moved bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 BEGIN
   -- Dead letters back to delivery (the given ids, or the oldest p_max when none are given):
   -- the same id, attempts from zero, ready at once, headers as pushed (without dbq's
@@ -897,7 +897,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_purge_dead}(p_ids text, p_max int, OUT o_purged bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 BEGIN
   -- Dead letters deleted for good (the given ids, or the oldest p_max when none are given).
   DELETE FROM {dead} d USING (
@@ -910,7 +910,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_scavenge}(p_retention_ms bigint, p_max int, OUT o_scavenged bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql {definer} AS $fn$
 BEGIN
   -- Archived messages older than the retention, the oldest p_max of them: one bounded batch, so
   -- a large backlog is removed over several short transactions, never by one huge delete.
@@ -921,3 +921,70 @@ BEGIN
   GET DIAGNOSTICS o_scavenged = ROW_COUNT;
   PERFORM nextval('{n_scavenged}') FROM generate_series(1, o_scavenged);
 END $fn$
+--;;
+-- What a login may read of the queue goes through routines too, so no login needs a grant on
+-- a table: the metadata a client reads when it connects, the waiting messages (peek), the
+-- statistics history, dead letters and the archive; and a consumer's wait mark.
+CREATE OR REPLACE FUNCTION {fn_describe}(OUT o_version int, OUT o_size bigint, OUT o_message_bytes int,
+  OUT o_dead_letter_queue text, OUT o_header_bytes int, OUT o_max_headers int, OUT o_max_body_bytes int)
+LANGUAGE sql STABLE {definer} AS $fn$
+  SELECT schema_version, ring_size, message_bytes, dead_letter_queue, header_bytes, max_headers, max_body_bytes
+  FROM {meta} WHERE queue = {queue_literal}
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_wait}(p_seconds int) RETURNS void
+-- A consumer is about to wait: pushes notify {channel} until p_seconds from now.
+LANGUAGE sql {definer} AS $fn$
+  UPDATE {waiters} SET until = greatest(until, now() + p_seconds * interval '1 second') WHERE id = 1
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_peek}(p_max int)
+RETURNS TABLE (msg_id bigint, body bytea, attempts int, headers text)
+-- Up to p_max waiting messages (written, visible, not expired, not leased) in id order, none taken.
+LANGUAGE sql STABLE {definer} AS $fn$
+  SELECT w.msg_id,
+    coalesce(w.body, (SELECT c.body FROM {content} c WHERE c.bucket = w.msg_id % {buckets} AND c.msg_id = w.msg_id)),
+    w.attempts, w.headers
+  FROM (
+    SELECT r.msg_id, r.body, r.attempts, r.headers FROM {ring} r WHERE r.state = 1
+      AND (r.visible_at IS NULL OR r.visible_at <= now()) AND (r.expires_at IS NULL OR r.expires_at > now())
+    UNION ALL
+    SELECT s.msg_id, s.body, s.attempts, s.headers FROM {spill} s WHERE s.state = 1
+      AND (s.visible_at IS NULL OR s.visible_at <= now()) AND (s.expires_at IS NULL OR s.expires_at > now())
+  ) w ORDER BY w.msg_id LIMIT p_max
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_history}(p_since timestamptz, p_until timestamptz)
+RETURNS TABLE (at_s float8, depth bigint, in_flight bigint, pushed bigint, popped bigint, acquired bigint,
+  expired bigint, oldest_age_s float8)
+-- The operator's statistics samples of this queue taken in [p_since, p_until), oldest first.
+LANGUAGE sql STABLE {definer} AS $fn$
+  SELECT extract(epoch FROM h.at)::float8, h.depth, h.in_flight, h.pushed, h.popped, h.acquired, h.expired,
+    h.oldest_age_s
+  FROM {history} h WHERE h.queue = {queue_literal} AND h.at >= p_since AND h.at < p_until ORDER BY h.at
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_dead_letters}(p_held boolean, p_max int)
+RETURNS TABLE (msg_id bigint, attempts int, error text, pushed_at_s float8, dead_at_s float8, body bytea,
+  source text, headers text)
+-- This queue's dead letters wherever they are kept ({dead}), or with p_held every dead letter its
+-- own table keeps (other queues' too), in id order.
+LANGUAGE sql STABLE {definer} AS $fn$
+  SELECT d.msg_id, d.attempts, d.error, extract(epoch FROM d.pushed_at)::float8, extract(epoch FROM d.dead_at)::float8,
+    d.body, d.source, d.headers
+  FROM {dead} d WHERE NOT p_held AND d.source = {dead_source}
+  UNION ALL
+  SELECT o.msg_id, o.attempts, o.error, extract(epoch FROM o.pushed_at)::float8, extract(epoch FROM o.dead_at)::float8,
+    o.body, o.source, o.headers
+  FROM {own_dead} o WHERE p_held
+  ORDER BY 1, 7 LIMIT p_max
+$fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_archived}(p_since timestamptz, p_max int)
+RETURNS TABLE (msg_id bigint, attempts int, pushed_at_s float8, acked_at_s float8, body bytea, headers text)
+-- Archived messages acked or popped at or after p_since, oldest first.
+LANGUAGE sql STABLE {definer} AS $fn$
+  SELECT a.msg_id, a.attempts, extract(epoch FROM a.pushed_at)::float8, extract(epoch FROM a.acked_at)::float8,
+    a.body, a.headers
+  FROM {archive} a WHERE a.acked_at >= p_since ORDER BY a.acked_at, a.msg_id LIMIT p_max
+$fn$

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dbq.api.models import Compression
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
+from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.names import check_identifier, qualified_literal
+from dbq.names import check_identifier, check_role, qualified_literal
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
 
@@ -35,6 +36,13 @@ class PgRing(RingSqlBase):
         "split_headers",
         "headers_of_dead",
         "body_of",
+        # what a login reads, through routines (version 20 on)
+        "describe",
+        "wait",
+        "peek",
+        "history",
+        "dead_letters",
+        "archived",
     )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
@@ -65,6 +73,13 @@ class PgRing(RingSqlBase):
             | {
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
                 "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),
+                # The routines a login calls run as the owner role, finding nothing but
+                # pg_catalog and the queue's schema by an unqualified name (pg_temp last).
+                "definer": f"SECURITY DEFINER SET search_path = pg_catalog, {self.schema}, pg_temp",
+                "meta": self.meta,
+                "history": self.history,
+                "own_dead": self.own_dead,
+                "queue_literal": literal(self.t.names.queue),
             }
         )
 
@@ -338,6 +353,72 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
   max_body_bytes = EXCLUDED.max_body_bytes, compression = EXCLUDED.compression, updated_at = now()""",
         ]
 
+    def secure(self) -> list[str]:
+        """The schema and every object of the queue to the owner role; nothing to PUBLIC; USAGE on
+        the schema and EXECUTE on each right's routines to the right's group role. The roles come
+        from the role helper a DBA installed (`access_helper.sql`)."""
+        owner, n = quote(self.owner), self.t.names
+        tables = ", ".join(f"{self.schema}.{quote(t)}" for t in (n.meta, n.history, *n.tables))
+        sequences = ", ".join(self.sequences)
+        routines = ", ".join(self.fn.values())
+        groups = {right: quote(role) for right, role in self.groups.items()}
+        out = [f"SELECT dbq_access.ensure_owner({literal_role(self.owner)})"]
+        out += [f"SELECT dbq_access.ensure_group({literal_role(role)})" for role in self.groups.values()]
+        out.append(f"ALTER SCHEMA {self.schema} OWNER TO {owner}")
+        out += [
+            f"ALTER TABLE {self.schema}.{quote(t)} OWNER TO {owner}" for t in (n.meta, n.history, *n.tables)
+        ]
+        out += [f"ALTER SEQUENCE {seq} OWNER TO {owner}" for seq in self.sequences]
+        out += [f"ALTER ROUTINE {fn} OWNER TO {owner}" for fn in self.fn.values()]
+        out += [
+            f"REVOKE ALL ON SCHEMA {self.schema} FROM PUBLIC",
+            f"REVOKE ALL ON TABLE {tables} FROM PUBLIC",
+            f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC",
+            f"REVOKE ALL ON ROUTINE {routines} FROM PUBLIC",
+            f"GRANT USAGE ON SCHEMA {self.schema} TO {', '.join(groups.values())}",
+        ]
+        for right, verbs in RING_RIGHTS.items():
+            granted = ", ".join(self.fn[v] for v in (*verbs, *EVERY_RIGHT))
+            out.append(f"GRANT EXECUTE ON ROUTINE {granted} TO {groups[right]}")
+        keeper = self.t.dead_letter_keeper
+        if keeper is not None and keeper.schema != n.schema:
+            # The routines run as this schema's owner and move dead letters to the keeper's table.
+            out.append(f"GRANT USAGE ON SCHEMA {quote(keeper.schema)} TO {owner}")
+            out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {self.dead} TO {owner}")
+        return out
+
+    def drop_roles(self) -> list[str]:
+        """After drop(): the queue's group roles (their grants on routines went with them), and the
+        owner role once its schema is gone."""
+        schema, groups = (
+            literal(self.t.names.schema),
+            ", ".join(literal_role(g) for g in self.groups.values()),
+        )
+        return [
+            f"""DO $$ DECLARE v_role text; BEGIN
+  FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ({groups}) LOOP
+    IF to_regnamespace({schema}) IS NOT NULL THEN
+      EXECUTE format('REVOKE ALL ON SCHEMA %I FROM %I', {schema}, v_role);
+    END IF;
+    PERFORM dbq_access.drop_group(v_role);
+  END LOOP;
+  IF to_regnamespace({schema}) IS NULL THEN
+    PERFORM dbq_access.drop_owner({literal_role(self.owner)});
+  END IF;
+END $$"""
+        ]
+
+    # Objects of the queue not as secure() leaves them (parameters: schema, owner role, the
+    # routines' names comma-separated): the schema or a routine of another owner, a routine
+    # without its own privileges (PUBLIC may call it) or granted to PUBLIC.
+    OBSERVE_INSECURE: str | None = (
+        "SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = ? AND nspowner IS DISTINCT FROM to_regrole(?))"
+        " + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = ? AND p.proname = ANY (string_to_array(?, ','))"
+        " AND (p.proowner IS DISTINCT FROM n.nspowner OR p.proacl IS NULL"
+        " OR has_function_privilege('public', p.oid, 'EXECUTE')))"
+    )
+
     # --- teardown (drop() is shared) ---------------------------------------------------------
     def drop_schema_if_unused(self) -> list[str]:
         return [
@@ -379,6 +460,11 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
             f"(SELECT count(*) FROM {self.ring} WHERE state = 2) + "
             f"(SELECT count(*) FROM {self.spill} WHERE state = 2)"
         )
+
+
+def literal_role(role: str) -> str:
+    """A role name dbq derives (`dbq.names.check_role`), as a string literal."""
+    return f"'{check_role(role)}'"
 
 
 def _regclass(qualified: str) -> str:

@@ -14,12 +14,14 @@
 -- publish_many does the same for several messages (bodies end to end, their lengths, a JSON
 -- array of headers and one of subjects), one push_many per subscription, and answers each
 -- message's copies, separated by ';'.
+-- Both run as the schema's owner role ({definer}): a login calls them with the topic's publish
+-- right alone, never with a right on the subscribers' queues.
 CREATE SEQUENCE IF NOT EXISTS {n_published}
 --;;
 CREATE SEQUENCE IF NOT EXISTS {n_unrouted}
 --;;
 CREATE OR REPLACE FUNCTION {fn_publish}(p_body bytea, p_headers text, p_subject text, p_ttl_ms bigint, OUT o_ids text)
-LANGUAGE plpgsql AS {tag}
+LANGUAGE plpgsql {definer} AS {tag}
 DECLARE v_h jsonb := p_headers::jsonb; v_s text := p_subject; v_id bigint; v_ids text[] := '{}';
   v_m boolean[]; v_copies int; v_counted regclass[] := '{}'; v_c regclass; v_n bigint;
   {declare_reads}
@@ -52,7 +54,7 @@ END {tag}
 --;;
 CREATE OR REPLACE FUNCTION {fn_publish_many}(p_bodies bytea, p_lengths text, p_headers text, p_subjects text,
   p_ttl_ms bigint, OUT o_ids text)
-LANGUAGE plpgsql AS {tag}
+LANGUAGE plpgsql {definer} AS {tag}
 DECLARE v_bodies bytea[]; v_lengths int[]; v_headers text[]; v_subjects text[]; v_n int; v_i int; v_j int;
   v_h jsonb; v_s text; v_got text[]; v_out text[]; v_m boolean[]; v_unmatched int[] := '{}'; v_c bigint;
   v_hits int[] := '{}';

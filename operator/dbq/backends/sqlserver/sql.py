@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.backends.sqlserver import server
+from dbq.contract.access import RING_RIGHTS, Right
 from dbq.contract.broker import SEQUENCE_DRAWN
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.names import check_identifier, qualified_literal
+from dbq.names import check_identifier, check_role, qualified_literal
 from dbq.names import ms_literal as literal
 from dbq.names import ms_quote as quote
 
@@ -399,6 +400,55 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
     {self.header_bytes}, {self.max_headers}, {self.max_body_bytes});""",
         ]
 
+    def secure(self) -> list[str]:
+        """A database role owns the schema (its objects, owned by the schema's owner, with it), so
+        the procedures reach the tables by ownership chaining; each right's database role holds
+        EXECUTE on its procedures. A client on SQL Server reads the metadata row, peeks, the
+        history, dead letters and the archive with SELECTs (its routines for those are
+        PostgreSQL's): those tables are granted to the rights that read them."""
+        n, owner = self.t.names, quote(self.owner)
+        out = [f"IF DATABASE_PRINCIPAL_ID({_role(self.owner)}) IS NULL CREATE ROLE {owner}"]
+        out += [
+            f"IF DATABASE_PRINCIPAL_ID({_role(g)}) IS NULL CREATE ROLE {quote(g)} AUTHORIZATION {owner}"
+            for g in self.groups.values()
+        ]
+        out.append(f"ALTER AUTHORIZATION ON SCHEMA::{self.schema} TO {owner}")
+        reads = {
+            Right.PEEK: (self.ring, self.spill, self.content),
+            Right.MONITOR: (self.history,),
+            Right.MANAGE: (self.own_dead, self.dead, self.archive),
+        }
+        for right, verbs in RING_RIGHTS.items():
+            group = quote(self.groups[right])
+            procedures = [self.fn[v] for v in verbs if v in self.fn]
+            out += [f"GRANT EXECUTE ON OBJECT::{p} TO {group}" for p in procedures]
+            out += [f"GRANT SELECT ON OBJECT::{t} TO {group}" for t in (self.meta, *reads.get(right, ()))]
+        keeper = self.t.dead_letter_keeper
+        if keeper is not None and keeper.schema != n.schema:
+            out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON OBJECT::{self.dead} TO {owner}")
+        return out
+
+    def drop_roles(self) -> list[str]:
+        """After drop(): each group role, its members dropped first; the owner role once its
+        schema is gone."""
+        out = []
+        for group in self.groups.values():
+            role = _role(group)
+            out.append(
+                f"IF DATABASE_PRINCIPAL_ID({role}) IS NOT NULL BEGIN\n"
+                "  DECLARE @drop nvarchar(max) = N'';\n"
+                f"  SELECT @drop = @drop + N'ALTER ROLE {quote(group)} DROP MEMBER ' + QUOTENAME(USER_NAME(member_principal_id))"
+                f" + N'; ' FROM sys.database_role_members WHERE role_principal_id = DATABASE_PRINCIPAL_ID({role});\n"
+                "  EXEC(@drop);\n"
+                f"  DROP ROLE {quote(group)};\n"
+                "END"
+            )
+        out.append(
+            f"IF SCHEMA_ID({literal(self.schema_name)}) IS NULL AND DATABASE_PRINCIPAL_ID({_role(self.owner)})"
+            f" IS NOT NULL DROP ROLE {quote(self.owner)}"
+        )
+        return out
+
     # --- teardown (drop() is shared) ---------------------------------------------------------
     def drop_schema_if_unused(self) -> list[str]:
         return [
@@ -444,3 +494,8 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
             f"(SELECT COUNT_BIG(*) FROM {self.ring} WHERE state = 2) + "
             f"(SELECT COUNT_BIG(*) FROM {self.spill} WHERE state = 2)"
         )
+
+
+def _role(name: str) -> str:
+    """A role name dbq derives, as an N'' literal."""
+    return f"N'{check_role(name)}'"

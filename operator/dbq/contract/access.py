@@ -1,0 +1,43 @@
+"""Who may do what: the rights a QueueUser is given on a queue or topic, and which routine each
+right lets a login call. Provisioning grants by it (one NOLOGIN group role per right, holding
+EXECUTE on exactly these routines); the client names the missing right from it when the
+database refuses a call.
+"""
+
+from __future__ import annotations
+
+from dbq.api.access import QUEUE_RIGHTS, TOPIC_RIGHTS, Right
+
+__all__ = [
+    "EVERY_RIGHT",
+    "QUEUE_RIGHTS",
+    "RING_RIGHTS",
+    "TOPIC_RIGHTS",
+    "TOPIC_ROUTINES",
+    "Right",
+    "right_of",
+]
+
+# The ring's routines (PostgreSQL; SQL Server's procedures of the same verbs) by the right that
+# may call them. `describe` (version, sizes and limits, read when a client connects) goes with
+# every right; the routines not named here (place, body_of, oldest_age, the header helpers) are
+# called only by the others, as their owner, and granted to no one.
+RING_RIGHTS: dict[Right, tuple[str, ...]] = {
+    Right.SEND: ("push", "push_many", "defer"),
+    Right.RECEIVE: ("take", "pop", "pop_many", "release", "ack", "ack_many", "nack", "extend", "wait"),
+    Right.PEEK: ("peek",),
+    Right.MONITOR: ("stats", "history"),
+    Right.MANAGE: ("redrive", "purge_dead", "dead_letters", "archived", "repair", "void_holes", "scavenge"),
+}
+EVERY_RIGHT = ("describe",)
+# A topic's publish routines.
+TOPIC_ROUTINES = ("publish", "publish_many")
+
+RIGHT_OF_VERB: dict[str, Right] = {verb: right for right, verbs in RING_RIGHTS.items() for verb in verbs}
+
+
+def right_of(verb: str) -> Right | None:
+    """The right that lets a login call routine `verb` (None for describe and internal ones)."""
+    if verb in TOPIC_ROUTINES:
+        return Right.PUBLISH
+    return RIGHT_OF_VERB.get(verb)

@@ -1,0 +1,148 @@
+"""What a QueueUser should be in its database, from its spec and the Queues and Topics it names:
+a pure function, unit-tested without a database or an API server.
+
+The login is `dbq.names.login_role(namespace, name)`; it should be a member of exactly the group
+role of each (queue or topic, right) its spec gives, all on one database, reached with the
+Secret of the first Queue or Topic it names (the operator's credentials).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from dbq.api.access import QueueUserSpec
+from dbq.api.models import queue_name
+from dbq.api.topics import TopicSpec, topic_name
+from dbq.connection import ConnectionSettings
+from dbq.contract.access import Right
+from dbq.errors import InvalidQueueUser, InvalidSpec
+from dbq.names import group_role, login_role
+from dbq.resource import parse_spec, validation_message
+
+Resource = Mapping[str, Any]
+# The connection a Queue's or Topic's spec names (its Secret, read).
+SettingsOf = Callable[[Any, str], ConnectionSettings]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One right on one queue or topic, and the group role that holds it in the database."""
+
+    kind: str  # queue | topic
+    name: str  # metadata.name
+    right: Right
+    group: str
+    schema: str
+    entity: str  # the queue's or topic's name in the database
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    login: str
+    admin: ConnectionSettings  # the operator's connection to the database
+    grants: tuple[Grant, ...]
+    connection_limit: int
+
+    @property
+    def groups(self) -> frozenset[str]:
+        return frozenset(g.group for g in self.grants)
+
+
+def parse_queue_user(raw: Mapping[str, Any]) -> QueueUserSpec:
+    try:
+        return QueueUserSpec.model_validate(dict(raw))
+    except ValidationError as e:
+        raise InvalidSpec(validation_message(e)) from None
+
+
+def plan_access(
+    namespace: str,
+    name: str,
+    spec: QueueUserSpec,
+    queues: Mapping[str, Resource],
+    topics: Mapping[str, Resource],
+    settings_of: SettingsOf,
+) -> AccessPlan:
+    """The plan, or InvalidQueueUser naming the field when the spec cannot be had: a Queue or
+    Topic not in the namespace, one whose design has no rights here, or two databases."""
+    grants: list[Grant] = []
+    admin: ConnectionSettings | None = None
+    first = ""
+    for i, grant in enumerate(spec.queues):
+        field = f"spec.queues[{i}].name"
+        found = queues.get(grant.name)
+        if found is None:
+            hint = (
+                f"{grant.name} is a Topic: list it under spec.topics"
+                if grant.name in topics
+                else f"there is no Queue {grant.name} in namespace {namespace}: create it, or fix the name"
+            )
+            raise InvalidQueueUser(f"{field}: {hint}")
+        queue_spec = parse_spec(found.get("spec") or {})
+        if (str(queue_spec.backend), str(queue_spec.design)) != ("postgres", "ring"):
+            raise InvalidQueueUser(
+                f"{field}: Queue {grant.name} is a {queue_spec.design} queue on {queue_spec.backend}: QueueUsers"
+                " give rights on postgres ring queues (Cassandra's roles come with its authentication;"
+                " SQL Server's database roles are made, but its logins are not managed yet)"
+            )
+        settings = settings_of(queue_spec, namespace)
+        admin, first = _same_database(admin, first, settings, field, grant.name)
+        entity = queue_name(grant.name, queue_spec)
+        schema = queue_spec.connection.schema_
+        for right in dict.fromkeys(grant.rights):
+            group = group_role(settings.database, schema, entity, right)
+            grants.append(Grant("queue", grant.name, Right(right), group, schema, entity))
+    for i, topic_grant in enumerate(spec.topics):
+        field = f"spec.topics[{i}].name"
+        found = topics.get(topic_grant.name)
+        if found is None:
+            hint = (
+                f"{topic_grant.name} is a Queue: list it under spec.queues"
+                if topic_grant.name in queues
+                else f"there is no Topic {topic_grant.name} in namespace {namespace}: create it, or fix the name"
+            )
+            raise InvalidQueueUser(f"{field}: {hint}")
+        try:
+            t_spec = TopicSpec.model_validate(found.get("spec") or {})
+            entity = topic_name(topic_grant.name, t_spec)
+        except ValueError as e:
+            raise InvalidQueueUser(f"{field}: Topic {topic_grant.name} is invalid: {e}") from None
+        if str(t_spec.backend) != "postgres":
+            raise InvalidQueueUser(f"{field}: Topic {topic_grant.name} is on {t_spec.backend}: QueueUsers give"
+                                   " rights on postgres topics")  # fmt: skip
+        settings = settings_of(t_spec, namespace)
+        admin, first = _same_database(admin, first, settings, field, topic_grant.name)
+        schema = t_spec.connection.schema_
+        group = group_role(settings.database, schema, f"topic:{entity}", Right.PUBLISH)
+        grants.append(Grant("topic", topic_grant.name, Right.PUBLISH, group, schema, entity))
+    assert admin is not None  # the spec names at least one queue or topic
+    return AccessPlan(login_role(namespace, name), admin, tuple(grants), spec.connection_limit)
+
+
+def _same_database(
+    admin: ConnectionSettings | None, first: str, settings: ConnectionSettings, field: str, name: str
+) -> tuple[ConnectionSettings, str]:
+    if admin is None:
+        return settings, name
+    if (admin.backend, admin.host, admin.port, admin.database) != (
+        settings.backend, settings.host, settings.port, settings.database
+    ):  # fmt: skip
+        raise InvalidQueueUser(
+            f"{field}: {name} is on {settings.endpoint} and {first} on {admin.endpoint}: one QueueUser is one"
+            " login on one database; make a QueueUser per database"
+        )
+    return admin, first
+
+
+def granted(plan: AccessPlan, held: frozenset[str]) -> list[dict[str, Any]]:
+    """status.granted: the rights held now (groups the login is a member of), per queue and topic."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for g in plan.grants:
+        rights = out.setdefault((g.kind, g.name), [])
+        if g.group in held:
+            rights.append(str(g.right))
+    return [{"kind": kind, "name": name, "rights": rights} for (kind, name), rights in out.items()]
