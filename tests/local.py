@@ -50,24 +50,40 @@ def kube_handle(stack: Stack) -> KubeHandle:
 
 @dataclass
 class PgDatabase:
-    """A fresh database on the local PostgreSQL."""
+    """A fresh database on the local PostgreSQL. `url` and `odbc` are the operator's login, as
+    a Queue's Secret holds it in production (not a superuser); `admin_url` and `admin_odbc` the
+    bootstrap superuser's, for what only a DBA does (making logins by hand, looking at any
+    session)."""
 
     name: str
     url: str
     odbc: str
+    admin_url: str = ""
+    admin_odbc: str = ""
 
     def connect(self, autocommit: bool = True) -> pyodbc.Connection:
         return pyodbc.connect(self.odbc, autocommit=autocommit)
 
+    def admin(self, autocommit: bool = True) -> pyodbc.Connection:
+        return pyodbc.connect(self.admin_odbc, autocommit=autocommit)
+
 
 @contextmanager
 def scratch_database(stack: Stack, prefix: str) -> Iterator[PgDatabase]:
-    """A new database on the running PostgreSQL, dropped when the block ends."""
+    """A new database on the running PostgreSQL, prepared for the operator's login as a DBA
+    would (`Postgres.prepare`), dropped when the block ends."""
     name = f"{prefix}_{secrets.token_hex(4)}"
     with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
+    stack.postgres.prepare(name)
     try:
-        yield PgDatabase(name=name, url=stack.postgres.url(name), odbc=stack.postgres.odbc(name))
+        yield PgDatabase(
+            name=name,
+            url=stack.postgres.operator_url(name),
+            odbc=stack.postgres.operator_odbc(name),
+            admin_url=stack.postgres.url(name),
+            admin_odbc=stack.postgres.odbc(name),
+        )
     finally:
         # A new connection: the fault tests restart the server meanwhile.
         with pyodbc.connect(stack.postgres.odbc(), autocommit=True) as admin:

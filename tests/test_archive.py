@@ -116,7 +116,7 @@ def test_a_queue_without_archive_keeps_nothing_and_its_routines_hold_no_archive_
 def test_turning_the_archive_on_and_off_recreates_the_routines(make_queue):
     q, backend = make_queue(archive=False)
     on = OdbcRing(backend.settings, replace(backend.target, archive=True))
-    assert [str(s) for s in on.plan(on.observe())] == ["create_routines", "record_version"]
+    assert [str(s) for s in on.plan(on.observe())] == ["create_routines", "record_version", "secure"]
     on.apply()
     assert on.plan(on.observe()) == []
     first = q.push(b"kept")

@@ -8,6 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from dbq.cli import main
+from dbq.connection import from_url
 from tests.manifests import queue
 
 
@@ -55,7 +56,7 @@ def test_apply_reports_bad_input_without_touching_the_database(postgres, tmp_pat
         main, ["apply", "-f", write(tmp_path, "q.yaml", [doc]), "--url", postgres.url]
     )
     assert result.exit_code == 1 and "InvalidSpec" in result.output and "spec.ring.size" in result.output
-    wrong = postgres.url.replace("://dbq:", "://dbq:x", 1)
+    wrong = postgres.url.replace(f":{from_url(postgres.url).password}@", ":x@", 1)
     doc["spec"]["ring"]["size"] = 64
     result = CliRunner().invoke(main, ["apply", "-f", write(tmp_path, "q2.yaml", [doc]), "--url", wrong])
     assert result.exit_code == 1 and "AuthenticationFailed" in result.output

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from dbq.connection import from_url
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
 from stack.render_manifests import BIN
 from tests.manifests import REFUSED_AT_ADMISSION, pipes_queue, queue
@@ -139,7 +140,7 @@ def test_bad_manifest_is_refused_at_admission(env, case, doc, words):
 def test_bad_runtime_input_is_not_ready_with_a_precise_reason(env, case, secret, patch, reason):
     cluster, _, postgres = env
     urls = {
-        "wrong-password": postgres.url.replace("://dbq:", "://dbq:not", 1),
+        "wrong-password": postgres.url.replace(f":{from_url(postgres.url).password}@", ":not@", 1),
         "closed-port": "postgresql://dbq:x@127.0.0.1:1/postgres",
         "mysql-url": "mysql://dbq:x@127.0.0.1/postgres",
     }

@@ -164,7 +164,14 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
         cur.execute(call_statement("postgres", backend.names, "push"), bytes([i]), 0, None).fetchval()
     cur.execute(f'DROP TABLE "{schema}".orders_ring')
     steps = [str(s) for s in backend.plan(backend.observe())]
-    assert steps == ["create_ring", "fill_ring", "reset_positions", "set_compression", "create_routines"]
+    assert steps == [
+        "create_ring",
+        "fill_ring",
+        "reset_positions",
+        "set_compression",
+        "create_routines",
+        "secure",
+    ]
     backend.apply()
     assert backend.plan(backend.observe()) == []
     # A popper on the re-created ring finds it empty instead of waiting on lost positions.
@@ -203,7 +210,8 @@ def test_teardown_keeps_a_schema_that_holds_other_things(postgres, schema):
 
 
 def test_wrong_password_and_closed_port_are_named(postgres, schema):
-    bad_password = postgres.url.replace("://dbq:", "://dbq:wrong", 1)
+    password = from_url(postgres.url).password
+    bad_password = postgres.url.replace(f":{password}@", ":wrong@", 1)
     with pytest.raises(AuthenticationFailed) as err:
         ring(postgres, schema, url=bad_password).observe()
     assert "wrong" not in str(err.value)
@@ -238,6 +246,7 @@ def test_older_routines_are_replaced_on_upgrade(postgres, schema):
         "allow_content",
         "create_routines",
         "record_version",
+        "secure",
     ]
     backend.apply()
     signatures = cur.execute(
@@ -289,7 +298,8 @@ def test_a_version_6_queue_is_upgraded_in_place_with_its_leases_counted(postgres
     cur.execute(f'DROP SEQUENCE "{schema}".orders_n_settled')  # what version 6 had
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 6')
     assert [str(s) for s in backend.plan(backend.observe())] == [
-        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version"
+        "create_sequences", "index_spill", "add_headers", "allow_content", "seed_settled", "create_routines", "record_version",
+        "secure",
     ]  # fmt: skip
     backend.apply()
     q.close()
@@ -361,8 +371,15 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
                     " LANGUAGE sql AS $$ SELECT 0 $$")  # fmt: skip
     cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = {version}')
     assert [str(s) for s in backend.plan(backend.observe())] == {
-        18: ["set_compression", "create_routines", "record_version"],
-        17: ["create_side_tables", "allow_content", "set_compression", "create_routines", "record_version"],
+        18: ["set_compression", "create_routines", "record_version", "secure"],
+        17: [
+            "create_side_tables",
+            "allow_content",
+            "set_compression",
+            "create_routines",
+            "record_version",
+            "secure",
+        ],
         13: [
             "create_side_tables",
             "index_spill",
@@ -371,6 +388,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "set_compression",
             "create_routines",
             "record_version",
+            "secure",
         ],
         9: [
             "create_side_tables",
@@ -381,6 +399,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "set_compression",
             "create_routines",
             "record_version",
+            "secure",
         ],
         8: [
             "create_sequences",
@@ -392,6 +411,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "set_compression",
             "create_routines",
             "record_version",
+            "secure",
         ],
         7: [
             "create_sequences",
@@ -402,6 +422,7 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
             "set_compression",
             "create_routines",
             "record_version",
+            "secure",
         ],
     }[version]
     backend.apply()

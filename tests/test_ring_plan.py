@@ -54,11 +54,13 @@ def test_matching_database_needs_nothing():
 
 def test_objects_not_as_dbq_secures_them_are_secured_again():
     """A routine granted to PUBLIC behind dbq's back, or the schema given to another owner: the
-    plan says so and secures them again, whatever else matches."""
+    plan says so and secures them again, whatever else matches; objects made are secured last."""
     assert actions(complete(secured=False)) == ["secure"]
     assert [s.why for s in plan_ring(TARGET, complete(secured=False))] == [
         "an object or a grant is not as dbq gives it"
     ]
+    assert plan_ring(TARGET, Observed())[-1].why == "create_schema made objects"
+    assert actions(complete(ring_rows=400)) == ["fill_ring"]  # nothing made: nothing to secure
 
 
 def test_dropped_ring_is_recreated_and_positions_reset():
@@ -67,7 +69,7 @@ def test_dropped_ring_is_recreated_and_positions_reset():
 
 
 def test_half_filled_ring_is_topped_up():
-    assert actions(complete(ring_rows=400)) == ["fill_ring", "secure"]
+    assert actions(complete(ring_rows=400)) == ["fill_ring"]
 
 
 def test_missing_routine_and_new_message_size_rewrite_routines():
@@ -161,10 +163,10 @@ def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
     assert recorded is not None
     lz4 = RingTarget(names=NAMES, size=1000, message_bytes=300, compression="lz4")
     # A queue made before the setting existed (nothing recorded), then one with another one.
-    assert [str(s) for s in plan_ring(lz4, complete())] == ["set_compression", "record_version", "secure"]
+    assert [str(s) for s in plan_ring(lz4, complete())] == ["set_compression", "record_version"]
     assert plan_ring(lz4, complete(recorded=replace(recorded, compression="lz4"))) == []
     steps = plan_ring(lz4, complete(recorded=replace(recorded, compression="none")))
-    assert [str(s) for s in steps] == ["set_compression", "record_version", "secure"]
+    assert [str(s) for s in steps] == ["set_compression", "record_version"]
     assert "compressed with none, spec.messages.compression wants lz4" in steps[0].why
     # A new queue gets it after its tables; a server without a choice ('') plans nothing for it.
     assert actions(Observed(), lz4)[-5:] == [

@@ -238,7 +238,7 @@ def test_packed_records_read_back_exactly():
 def test_dead_letters_kept_by_another_queue_go_to_its_table_named_by_their_source(dialect):
     ring = dialect(replace(TARGET, dead_letter_keeper=QueueNames("errors", "dlq")))
     # (PostgreSQL's dead_letters routine lists the queue's own table too, when asked for what it holds.)
-    routines = "\n".join(r for r in ring.create_routines() if "_dead_letters\"(" not in r)
+    routines = "\n".join(r for r in ring.create_routines() if '_dead_letters"(' not in r)
     assert "dlq_dead" in routines and "orders_dead" not in routines
     assert (
         routines.count("'shopq.orders'") >= 6

@@ -78,6 +78,14 @@ DONE = {
 }
 
 
+# The steps that make objects (which then belong to the operator, and routines to PUBLIC too,
+# until SECURE runs after them).
+MAKING = frozenset({
+    RingAction.CREATE_SCHEMA, RingAction.CREATE_META, RingAction.CREATE_RING, RingAction.CREATE_SEQUENCES,
+    RingAction.CREATE_SIDE_TABLES, RingAction.CREATE_HISTORY, RingAction.CREATE_ROUTINES,
+})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RingStep:
     action: RingAction
@@ -262,10 +270,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
         step(RingAction.CREATE_ROUTINES, why)
     if recorded is None or stale or recompress:
         step(RingAction.RECORD_VERSION, f"record schema version {RING_SCHEMA_VERSION} and settings")
-    if steps or not observed.secured:
-        # After any other step: objects made or re-made now start as the operator's and PUBLIC's.
+    made = [s.action for s in steps if s.action in MAKING]
+    if made or not observed.secured:
+        # Last: objects made now start as the operator's, and routines as PUBLIC's.
         step(
             RingAction.SECURE,
-            "objects were made or changed" if steps else "an object or a grant is not as dbq gives it",
+            f"{made[0]} made objects" if made else "an object or a grant is not as dbq gives it",
         )
     return steps

@@ -285,9 +285,13 @@ class Queue:
         backend, names = self.settings.backend, self.names
         if backend == "postgres":
             try:
-                return tuple(self._call("describe")[0])
+                described = tuple(self._call("describe")[0])
             except QueueNotFound:
-                pass
+                described = ()
+            if described and described[0] is None:  # the routine is there, the queue's row is not
+                raise not_found
+            if described:
+                return described
         with self._cursor() as cur:
             try:
                 row = cur.execute(recorded_query(backend, names), names.queue).fetchone()

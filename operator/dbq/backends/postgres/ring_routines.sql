@@ -927,10 +927,14 @@ END $fn$
 -- statistics history, dead letters and the archive; and a consumer's wait mark.
 CREATE OR REPLACE FUNCTION {fn_describe}(OUT o_version int, OUT o_size bigint, OUT o_message_bytes int,
   OUT o_dead_letter_queue text, OUT o_header_bytes int, OUT o_max_headers int, OUT o_max_body_bytes int)
-LANGUAGE sql STABLE {definer} AS $fn$
+-- PL/pgSQL: its query is planned at the first call, once the plan has added the metadata
+-- columns it reads (an upgrade adds them after the routines are made).
+LANGUAGE plpgsql STABLE {definer} AS $fn$
+BEGIN
   SELECT schema_version, ring_size, message_bytes, dead_letter_queue, header_bytes, max_headers, max_body_bytes
-  FROM {meta} WHERE queue = {queue_literal}
-$fn$
+  INTO o_version, o_size, o_message_bytes, o_dead_letter_queue, o_header_bytes, o_max_headers, o_max_body_bytes
+  FROM {meta} WHERE queue = {queue_literal};
+END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_wait}(p_seconds int) RETURNS void
 -- A consumer is about to wait: pushes notify {channel} until p_seconds from now.
