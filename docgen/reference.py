@@ -162,6 +162,44 @@ def subscription_status() -> str:
     return schema_table(crd.status_schema(SubscriptionStatus), "status", with_mutability=False)
 
 
+def queue_user_spec() -> str:
+    from dbq.api import crd
+    from dbq.api.access import QUEUE_USER_ROOT_RULES, QUEUE_USER_RULES, QueueUserSpec
+
+    return (
+        schema_table(crd.spec_schema(QueueUserSpec, QUEUE_USER_RULES), "spec")
+        + "\nRules across fields, checked by the API server at admission (the message it returns):\n\n"
+        + admission_rules(QUEUE_USER_RULES + QUEUE_USER_ROOT_RULES)
+    )
+
+
+def queue_user_status() -> str:
+    from dbq.api import crd
+    from dbq.api.access import QueueUserStatus
+
+    return schema_table(crd.status_schema(QueueUserStatus), "status", with_mutability=False)
+
+
+def rights() -> str:
+    """Each right, the routines its group role may call (PostgreSQL) and the client calls they serve."""
+    from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS, TOPIC_ROUTINES
+
+    rows = ["| Right | Routines (`<queue>_<verb>`) | Client calls |", "|---|---|---|"]
+    calls = {
+        "send": "push, push_many, defer (push with a delay)",
+        "receive": "pop, pop_many, acquire, acquire_many, ack, ack_many, nack, extend, consume; waiting by LISTEN",
+        "peek": "peek",
+        "monitor": "stats, history; `dbq-stats`, the fleet-health job",
+        "manage": "dead_letters, redrive, purge_dead_letters, archived, scavenge_archive, repair; `dbq-archive`",
+    }
+    for right, verbs in RING_RIGHTS.items():
+        routines = ", ".join(f"`{v}`" for v in (*verbs, *EVERY_RIGHT))
+        rows.append(f"| `{right}` | {routines} | {calls[str(right)]} |")
+    topic = ", ".join(f"`<topic>_{v}`" for v in TOPIC_ROUTINES)
+    rows.append(f"| `publish` | {topic} | Topic.publish, publish_many, publish_in |")
+    return "\n".join(rows) + "\n"
+
+
 def _doc(cls: type) -> str:
     text = inspect.getdoc(cls) or ""
     own = cls.__dict__.get("__doc__")
@@ -227,6 +265,9 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "topic-status": topic_status,
     "subscription-spec": subscription_spec,
     "subscription-status": subscription_status,
+    "queueuser-spec": queue_user_spec,
+    "queueuser-status": queue_user_status,
+    "rights": rights,
     "reasons": error_reasons,
     "metrics": metrics,
     "helm-values": helm_values,
