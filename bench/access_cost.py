@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     with scratch_database(stack, "dbq_bench_access") as db:
         operator = from_url(db.url)
         for name in ("secured", "plain"):
-            OdbcRing(operator, RingTarget(QueueNames(SCHEMA, name), 65_536, 64, database=db.name)).apply()
+            OdbcRing(operator, RingTarget(QueueNames(SCHEMA, name), 65_536, 64)).apply()
         plain = Invoker(RingTarget(QueueNames(SCHEMA, "plain"), 65_536, 64, database=db.name))
         conn = odbc.connect(operator)
         try:

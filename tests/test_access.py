@@ -40,7 +40,7 @@ def queues(postgres) -> Iterator[dict[str, QueueNames]]:
     made = {}
     for name in ("orders", "other"):
         names = QueueNames(SCHEMA, name)
-        target = RingTarget(names, 256, 64, max_attempts=1, archive=True, database=postgres.name)
+        target = RingTarget(names, 256, 64, max_attempts=1, archive=True)
         OdbcRing(from_url(postgres.url), target).apply()
         made[name] = names
     route = Route("all", made["orders"], Filter())

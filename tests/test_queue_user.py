@@ -225,3 +225,19 @@ def test_a_deleted_queue_user_loses_its_open_sessions_within_10_s_and_its_login(
     wait_for(lambda: secret_data(cluster, "leaving") is None, 60, "the Secret gone with its owner")
     assert "Deleted" in {e.reason for e in users.events("leaving")}
     assert login == login_role(cluster.ns, "leaving")
+
+
+def test_applications_on_the_queues_own_secret_are_counted_and_warned_of(env, orders):
+    """The Queue's Secret is the operator's login: sessions of dbq's client on it show in the
+    Queue's status and raise one AdminSecretInUse Warning, so a platform team finds them."""
+    cluster, _, postgres = env
+    queue, schema = orders
+    with connect(postgres.url, queue, schema=schema, smart_batching=False) as q:
+        q.push(b"as the operator")
+        wait_for(lambda: (cluster.get(queue)["status"].get("operatorLoginSessions") or 0) >= 1, 60,
+                 "the session counted")  # fmt: skip
+        wait_for(
+            lambda: any(e.reason == "AdminSecretInUse" for e in cluster.events(queue)), 30, "the Warning"
+        )
+        assert q.pop(timeout=0) is not None
+    wait_for(lambda: cluster.get(queue)["status"].get("operatorLoginSessions") == 0, 60, "no session left")

@@ -89,6 +89,12 @@ class QueueStatus(Model):
         default=None, description="host:port/database of the queue, never credentials."
     )
     conditions: list[Condition] | None = Field(default=None, description="kstatus conditions (Ready first).")
+    operator_login_sessions: int | None = Field(
+        default=None,
+        description="PostgreSQL: sessions of dbq's client (applications, Spark jobs) logged in to the queue's"
+        " database with the Queue's Secret, the operator's login, at the last check; each should use a"
+        " QueueUser's Secret instead (an AdminSecretInUse Event when they appear).",
+    )
     stats: StatsStatus | None = None
     cleanup: CleanupStatus | None = Field(default=None, description="The last cleanup and its totals.")
     maintenance: MaintenanceStatus | None = None

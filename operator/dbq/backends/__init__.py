@@ -29,7 +29,7 @@ def open_backend(
             dead_letter_keeper=dead_letter_keeper,
             header_bytes=spec.messages.header_bytes, max_headers=spec.messages.max_headers,
             max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
-            compression=str(spec.messages.compression or ""), database=settings.database,
+            compression=str(spec.messages.compression or ""),
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

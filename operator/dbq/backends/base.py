@@ -43,6 +43,9 @@ class ApplyResult:
     # Nothing of the queue existed before: it was created empty, so it has nothing to clean up
     # and no statistics sample of its own yet (designs that cannot tell leave it False).
     created: bool = False
+    # PostgreSQL: sessions of dbq's client logged in with the operator's own login (applications
+    # that should hold a QueueUser's); None where not counted.
+    operator_login_sessions: int | None = None
 
     @property
     def changed(self) -> bool:

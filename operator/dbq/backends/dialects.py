@@ -23,6 +23,7 @@ class RingSql(Protocol):
     SERVER_VERSION: str | None  # major version and compatibility level, where there is a floor
     COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
     OBSERVE_INSECURE: str | None  # objects not as secure() leaves them, where the dialect looks
+    SHARED_LOGIN_SESSIONS: str | None  # applications on the operator's login, where it can tell
     BACKEND: str
     ring: str
     meta: str

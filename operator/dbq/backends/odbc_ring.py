@@ -52,8 +52,9 @@ SCAVENGE_BATCHES = 20
 class OdbcRing(OdbcBackend):
     def __init__(self, settings: ConnectionSettings, target: RingTarget) -> None:
         super().__init__(settings, target.names)
-        self.target = target
-        self.sql = ring_sql(settings.backend, target)
+        # The database names the queue's roles: it is the connection's, whatever the caller gave.
+        self.target = replace(target, database=settings.database)
+        self.sql = ring_sql(settings.backend, self.target)
         self._server_checked = False
         self._compression_resolved = False
 
@@ -170,8 +171,9 @@ class OdbcRing(OdbcBackend):
         (what a drift check finds, mostly) costs no transaction. Otherwise it plans again under
         the lock, so a plan another operator finished meanwhile is not applied twice; callers
         that only want to know use plan()."""
+        sessions = self._shared_login_sessions()
         if not self.plan(self.observe()):
-            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION)
+            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION, operator_login_sessions=sessions)
         with self._locked_transaction() as cur:
             observed = self.observe()
             steps = self.plan(observed)
@@ -180,8 +182,17 @@ class OdbcRing(OdbcBackend):
             for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
                 cur.execute(batch)
         return ApplyResult(
-            steps=steps, schema_version=RING_SCHEMA_VERSION, created=is_new(self.target, observed)
+            steps=steps,
+            schema_version=RING_SCHEMA_VERSION,
+            created=is_new(self.target, observed),
+            operator_login_sessions=sessions,
         )
+
+    def _shared_login_sessions(self) -> int | None:
+        if self.sql.SHARED_LOGIN_SESSIONS is None:
+            return None
+        with self._errors():
+            return int(self.conn.cursor().execute(self.sql.SHARED_LOGIN_SESSIONS).fetchval())
 
     # --- state ----------------------------------------------------------------------------
     def checks(self) -> list[Finding]:

@@ -66,10 +66,13 @@ class OdbcTopic(OdbcBackend):
             raise InvalidSpec(f"topics on {settings.backend} are not provisioned yet: use postgres")
         # The schema's lock, and a seat in the operator's pool by the topic's name.
         super().__init__(settings, QueueNames(target.names.schema, target.names.topic))
-        self.target = replace(target, database=settings.database)
+        self.target = target
         # What the last apply left in force: the rules version and (subscription, ordinal) of each
         # route, so that counts() after it reads the counters alone.
         self._applied: tuple[int, list[tuple[str, int]]] | None = None
+
+    def _sql(self, target: TopicTarget) -> PgTopic:
+        return PgTopic(target, self.settings.database)
 
     def advisory_lock(self) -> str:
         return TOPIC_LOCK
@@ -78,7 +81,7 @@ class OdbcTopic(OdbcBackend):
         """Make the topic's routine match its subscriptions; the rules version now in force. A
         first look takes no lock: rules already in force (what a periodic check finds, mostly)
         cost no transaction and keep their version."""
-        names, sql = self.target.names, PgTopic(self.target)
+        names, sql = self.target.names, self._sql(self.target)
         with self._errors():
             version, recorded = self._in_force(self.conn.cursor(), sql)
         if version is not None:
@@ -96,7 +99,7 @@ class OdbcTopic(OdbcBackend):
             known = dict(_ordinals(recorded))
             version = int(cur.execute(sql.rules_version(), names.topic).fetchval() or 0) + 1
             routes = tuple(_sized(cur, r) for r in numbered(self.target.routes, known))
-            made = PgTopic(replace(self.target, routes=routes))
+            made = self._sql(replace(self.target, routes=routes))
             for statement in made.statements(version):
                 cur.execute(statement)
             for statement, params in made.rows(version):
@@ -131,7 +134,7 @@ class OdbcTopic(OdbcBackend):
     def counts(self) -> TopicCounts | None:
         """The topic's counters as its recorded rules name them (as the last `apply` left them,
         when it made one); None when it is not made."""
-        names, sql = self.target.names, PgTopic(self.target)
+        names, sql = self.target.names, self._sql(self.target)
         with self._errors():
             cur = self.conn.cursor()
             if self._applied is not None:
@@ -158,7 +161,7 @@ class OdbcTopic(OdbcBackend):
         names = self.target.names
         self._applied = None
         with self._locked_transaction() as cur:
-            sql = PgTopic(self.target)
+            sql = self._sql(self.target)
             if not cur.execute(sql.has_tables(), names.schema).fetchval():
                 return
             cur.execute(TOPIC_LOCK, names.lock)

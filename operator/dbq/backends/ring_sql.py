@@ -95,6 +95,8 @@ class RingSqlBase:
     COMPRESSIONS: str | None = None
     # Objects of the queue not as `secure()` leaves them: a count (None where not looked at).
     OBSERVE_INSECURE: str | None = None
+    # Sessions of applications logged in with the operator's login, where the dialect can tell.
+    SHARED_LOGIN_SESSIONS: str | None = None
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]

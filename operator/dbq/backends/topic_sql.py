@@ -83,8 +83,10 @@ class TopicSql:
 
 
 class PgTopic(TopicSql):
-    def __init__(self, target: TopicTarget) -> None:
+    def __init__(self, target: TopicTarget, database: str = "") -> None:
+        """`database`: where the topic lives; its roles' names are derived from it."""
         super().__init__(target, quote)
+        self.database = database
 
     def statements(self, rules_version: int) -> list[str]:
         """The topic's counters and each subscription's, and the publish routines made for
@@ -148,7 +150,7 @@ class PgTopic(TopicSql):
     def secure(self, ordinals: list[int]) -> list[str]:
         """The topic's objects to the schema's owner role, nothing to PUBLIC, and its publish
         routines to its publish group role (roles from the role helper, as a queue's)."""
-        owner_name = owner_role(self.target.database, self.names.schema)
+        owner_name = owner_role(self.database, self.names.schema)
         group_name = self.publish_group
         owner, group = quote(owner_name), quote(group_name)
         routines = f"{self._q(self.names.publish)}, {self._q(self.names.publish_many)}"
@@ -172,7 +174,7 @@ class PgTopic(TopicSql):
 
     @property
     def publish_group(self) -> str:
-        return group_role(self.target.database, self.names.schema, f"topic:{self.names.topic}", Right.PUBLISH)
+        return group_role(self.database, self.names.schema, f"topic:{self.names.topic}", Right.PUBLISH)
 
     def drop_group(self) -> str:
         """After drop(): the topic's publish group role (its grants on the routines went with them)."""

@@ -24,6 +24,11 @@ from dbq.connection import ConnectionSettings
 CONNECT_TIMEOUT_S = 5
 
 
+# What dbq's client calls its sessions (unless the url names another): the operator counts those
+# logged in with its own login, which applications should not hold (Queue status).
+CLIENT_APPLICATION = "dbq-client"
+
+
 def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit mode (each routine call its own transaction). The url's
     options that libpq knows (`sslmode`, `sslrootcert`, `application_name`...) are passed on;
@@ -35,7 +40,7 @@ def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
         user=settings.username,
         password=settings.password,
         connect_timeout=CONNECT_TIMEOUT_S,
-        **libpq_options(settings.options),
+        **({"application_name": CLIENT_APPLICATION} | libpq_options(settings.options)),
     )
     conn = psycopg.connect(conninfo, autocommit=True, cursor_factory=psycopg.RawCursor)
     set_json_loads(_json_text, conn)  # JSON columns (headers) come back as their text, as over ODBC

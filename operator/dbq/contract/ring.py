@@ -92,7 +92,7 @@ class RingTarget:
     # `ring_plan.choose_compression` resolves once the server is known ('' where it offers no choice)
     compression: str = ""
     # The database the queue lives in: its roles' names are derived from it (roles are the
-    # server's, not the database's; `dbq.names.owner_role`).
+    # server's, not the database's; `dbq.names.owner_role`). The backend sets it from its connection.
     database: str = ""
 
     @property

@@ -124,7 +124,6 @@ class TopicTarget:
     names: TopicNames
     routes: tuple[Route, ...] = ()
     unrouted: QueueNames | None = None  # the queue that gets what no subscription matched
-    database: str = ""  # where the topic lives: its roles' names are derived from it
 
 
 @dataclass

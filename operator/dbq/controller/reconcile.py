@@ -110,6 +110,7 @@ def reconcile(
         )
         out.events += checked
         conditions = cond.settled(conditions)
+        out.events += shared_login(status.get("operatorLoginSessions"), result.operator_login_sessions)
         out.status = QueueStatus.model_validate(
             {
                 "conditions": conditions,
@@ -117,6 +118,7 @@ def reconcile(
                 "schemaVersion": result.schema_version,
                 "queueName": queue,
                 "endpoint": backend.endpoint(),
+                "operatorLoginSessions": result.operator_login_sessions,
             }
         ).wire()
         metrics.reconciled(ok=True, seconds=time.monotonic() - started)
@@ -153,6 +155,20 @@ def schedule_words(spec_raw: dict[str, Any], status: dict[str, Any]) -> dict[str
     except DbqError:
         return None
     return None if status.get("schedule") == words else words
+
+
+def shared_login(before: int | None, now: int | None) -> list[Event]:
+    """A Warning when applications start using the Queue's Secret (the operator's login)."""
+    if not now or (before or 0) > 0:
+        return []
+    return [
+        Event(
+            "Warning",
+            "AdminSecretInUse",
+            f"{now} session(s) of dbq's client use the Queue's Secret, the operator's login, which may"
+            " create and drop tables: give each application a QueueUser and its Secret (docs: Security)",
+        )
+    ]
 
 
 def health(

@@ -408,6 +408,13 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
 END $$"""
         ]
 
+    # Sessions of dbq's client (`dbq.connection.postgres.CLIENT_APPLICATION`) in this database
+    # logged in as the caller: applications holding the operator's login.
+    SHARED_LOGIN_SESSIONS: str | None = (
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = current_user AND datname = current_database()"
+        " AND application_name = 'dbq-client'"
+    )
+
     # Objects of the queue not as secure() leaves them (parameters: schema, owner role, the
     # routines' names comma-separated): the schema or a routine of another owner, a routine
     # without its own privileges (PUBLIC may call it) or granted to PUBLIC.
