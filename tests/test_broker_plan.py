@@ -95,7 +95,7 @@ def test_a_fresh_database_gets_every_object_in_dependency_order():
         BrokerAction.CREATE_SCHEMA, BrokerAction.CREATE_META, BrokerAction.CREATE_HISTORY,
         BrokerAction.CREATE_SEQUENCES, BrokerAction.CREATE_MESSAGE_TYPES, BrokerAction.CREATE_CONTRACT,
         BrokerAction.CREATE_QUEUE, BrokerAction.CREATE_SENDER_QUEUE, BrokerAction.CREATE_SERVICES,
-        BrokerAction.RECORD_VERSION,
+        BrokerAction.RECORD_VERSION, BrokerAction.SECURE,
     ]  # fmt: skip
 
 
@@ -154,7 +154,7 @@ def test_partly_present_objects_get_only_what_is_missing():
     steps = plan_broker(TARGET, partial)
     assert actions(steps) == [
         BrokerAction.CREATE_SEQUENCES, BrokerAction.CREATE_CONTRACT, BrokerAction.CREATE_SENDER_QUEUE,
-        BrokerAction.CREATE_SERVICES, BrokerAction.RECORD_VERSION,
+        BrokerAction.CREATE_SERVICES, BrokerAction.RECORD_VERSION, BrokerAction.SECURE,
     ]  # fmt: skip
     assert "orders_n_popped" in steps[0].why and "orders_n_pushed" not in steps[0].why
 

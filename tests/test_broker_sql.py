@@ -35,6 +35,9 @@ SERVICE_BROKER_STATEMENTS = [
     r"SEND ON CONVERSATION [^;]*",
     r"END CONVERSATION [^;]*",
     r"(CREATE|ALTER|DROP) (QUEUE|SERVICE|CONTRACT|MESSAGE TYPE) [^;\n]*(\n  [^;\n]*)?",
+    # Permissions on Service Broker objects (a service, a contract, a queue's RECEIVE): the
+    # grammar knows GRANT on tables and procedures only.
+    r"GRANT (SEND|REFERENCES|RECEIVE) ON [^;\n]*",
 ]
 
 

@@ -99,9 +99,51 @@ IF NOT EXISTS (SELECT 1 FROM sys.services WHERE name = N'dbq/shopq/orders/sender
 -- step record_version 1
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 1, updated_at = SYSUTCDATETIME()
+WHEN MATCHED THEN UPDATE SET schema_version = 2, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes)
-  VALUES (s.queue, N'servicebroker', 1, 0, 0);
+  VALUES (s.queue, N'servicebroker', 2, 0, 0);
+
+-- step secure 1
+IF DATABASE_PRINCIPAL_ID(N'dbq_o_shopq_7bf52350') IS NULL CREATE ROLE [dbq_o_shopq_7bf52350]
+
+-- step secure 2
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_send') IS NULL CREATE ROLE [dbq_r_orders_16adecff_send] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+-- step secure 3
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_receive') IS NULL CREATE ROLE [dbq_r_orders_16adecff_receive] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+-- step secure 4
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_peek') IS NULL CREATE ROLE [dbq_r_orders_16adecff_peek] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+-- step secure 5
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_monitor') IS NULL CREATE ROLE [dbq_r_orders_16adecff_monitor] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+-- step secure 6
+IF DATABASE_PRINCIPAL_ID(N'dbq_r_orders_16adecff_manage') IS NULL CREATE ROLE [dbq_r_orders_16adecff_manage] AUTHORIZATION [dbq_o_shopq_7bf52350]
+
+-- step secure 7
+ALTER AUTHORIZATION ON SCHEMA::[shopq] TO [dbq_o_shopq_7bf52350]
+
+-- step secure 8
+GRANT SEND ON SERVICE::[dbq/shopq/orders] TO [dbq_r_orders_16adecff_send]
+
+-- step secure 9
+GRANT RECEIVE ON [shopq].[orders_sender] TO [dbq_r_orders_16adecff_send]
+
+-- step secure 10
+GRANT REFERENCES ON CONTRACT::[dbq/shopq/orders/contract] TO [dbq_r_orders_16adecff_send]
+
+-- step secure 11
+GRANT RECEIVE ON [shopq].[orders] TO [dbq_r_orders_16adecff_receive]
+
+-- step secure 12
+GRANT SELECT ON [shopq].[orders] TO [dbq_r_orders_16adecff_peek]
+
+-- step secure 13
+GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_send], [dbq_r_orders_16adecff_receive], [dbq_r_orders_16adecff_peek], [dbq_r_orders_16adecff_monitor], [dbq_r_orders_16adecff_manage]
+
+-- step secure 14
+GRANT SELECT ON OBJECT::[shopq].[dbq_stats_history] TO [dbq_r_orders_16adecff_monitor]
 
 -- alter_queue without activation
 IF EXISTS (SELECT 1 FROM sys.service_queues WHERE object_id = OBJECT_ID(N'[shopq].[orders]') AND activation_procedure IS NOT NULL)

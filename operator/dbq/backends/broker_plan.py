@@ -27,7 +27,7 @@ class BrokerTarget:
     """What the spec asks for, in the planner's terms."""
 
     names: QueueNames
-    database: str  # for statements a DBA runs by hand (never run by dbq with this name)
+    database: str  # for statements a DBA runs by hand, and the roles' names (never run by dbq with this name)
     activation_procedure: str | None = None
     activation_enabled: bool = True
     max_readers: int = 1
@@ -136,6 +136,7 @@ class BrokerAction(StrEnum):
     ENABLE_QUEUE = "enable_queue"
     CREATE_SERVICES = "create_services"
     RECORD_VERSION = "record_version"
+    SECURE = "secure"
 
 
 # Steps on the database itself: not allowed in a transaction, so run first, each on its own.
@@ -159,6 +160,7 @@ DONE = {
     BrokerAction.ENABLE_QUEUE: "re-enabled the queue that poison-message detection had disabled",
     BrokerAction.CREATE_SERVICES: "created the services",
     BrokerAction.RECORD_VERSION: "recorded the schema version",
+    BrokerAction.SECURE: "gave the schema to its owner role and each right's permissions to its group role",
 }
 
 
@@ -275,6 +277,9 @@ def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerSt
         step(BrokerAction.CREATE_SERVICES, f"services {', '.join(wrong)} missing or without the contract")
     if observed.recorded_version != BROKER_SCHEMA_VERSION:
         step(BrokerAction.RECORD_VERSION, f"record schema version {BROKER_SCHEMA_VERSION}")
+    made = [s.action for s in steps if s.action.startswith("create_") or s.action == BrokerAction.RECORD_VERSION]
+    if made:  # last: what was made now has no grants yet (version 2 made them for earlier queues)
+        step(BrokerAction.SECURE, f"{made[0]} made or changed objects")
     return steps
 
 

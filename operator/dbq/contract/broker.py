@@ -27,8 +27,8 @@ def stalled_after(stalled_after_s: float) -> int:
     return int(max(stalled_after_s, 2 * CONVERSATION_SECONDS_MAX))
 
 
-# Version of the objects dbq creates for a Service Broker queue.
-BROKER_SCHEMA_VERSION = 1
+# Version of the objects dbq creates for a Service Broker queue (2: the rights' roles and grants).
+BROKER_SCHEMA_VERSION = 2
 # The totals a Service Broker queue keeps in sequences (its catalog keeps none).
 BROKER_COUNTERS = ("pushed", "popped", "acquired", "settled")
 # Conversations dbq begins live this long (the largest LIFETIME, also SQL Server's default), so

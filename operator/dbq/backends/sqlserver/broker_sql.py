@@ -18,6 +18,7 @@ from __future__ import annotations
 from dbq.backends.broker_plan import BrokerAction, BrokerStep, BrokerTarget
 from dbq.backends.sqlserver.server import MAJOR_VERSION
 from dbq.backends.sqlserver.sql import MsRing
+from dbq.contract.access import Right
 from dbq.contract.broker import (
     BROKER_COUNTERS,
     BROKER_SCHEMA_VERSION,
@@ -36,7 +37,7 @@ class BrokerSql(BrokerStatements):
         super().__init__(target.names)
         self.t = target
         # The schema, metadata and history statements ring queues use (the ring settings are unused).
-        self.shared = MsRing(RingTarget(target.names, size=16, message_bytes=16))
+        self.shared = MsRing(RingTarget(target.names, size=16, message_bytes=16, database=target.database))
 
     # --- observation: one batch, ten result sets (read in this order by `ServiceBrokerQueue.observe`)
     def observe(self) -> str:
@@ -116,8 +117,29 @@ ELSE SELECT N'', 0, 0, 0;"""
             a.ENABLE_QUEUE: lambda: [f"ALTER QUEUE {self.queue} WITH STATUS = ON"],
             a.CREATE_SERVICES: self.create_services,
             a.RECORD_VERSION: self.record_version,
+            a.SECURE: self.secure,
         }
         return statements[step.action]()
+
+    def secure(self) -> list[str]:
+        """The ring's owner role owns the schema (the queues' too: they are schema objects), and
+        each right's database role gets what its calls need: send begins dialogs from the sender's
+        service (RECEIVE on its queue, REFERENCES on the contract) and sends to the queue's service;
+        receive and peek read the queue; monitor and manage read its metadata and history."""
+        shared = self.shared
+        owner, groups = ms_quote(shared.owner), {r: ms_quote(g) for r, g in shared.groups.items()}
+        everyone = ", ".join(groups.values())
+        return [
+            *shared.create_roles(),
+            f"ALTER AUTHORIZATION ON SCHEMA::{shared.schema} TO {owner}",
+            f"GRANT SEND ON SERVICE::{self.service} TO {groups[Right.SEND]}",
+            f"GRANT RECEIVE ON {self.sender_queue} TO {groups[Right.SEND]}",
+            f"GRANT REFERENCES ON CONTRACT::{self.contract} TO {groups[Right.SEND]}",
+            f"GRANT RECEIVE ON {self.queue} TO {groups[Right.RECEIVE]}",
+            f"GRANT SELECT ON {self.queue} TO {groups[Right.PEEK]}",
+            f"GRANT SELECT ON OBJECT::{shared.meta} TO {everyone}",
+            f"GRANT SELECT ON OBJECT::{shared.history} TO {groups[Right.MONITOR]}",
+        ]
 
     def create_sequences(self) -> list[str]:
         return [

@@ -407,12 +407,7 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         history, dead letters and the archive with SELECTs (its routines for those are
         PostgreSQL's): those tables are granted to the rights that read them."""
         n, owner = self.t.names, quote(self.owner)
-        out = [f"IF DATABASE_PRINCIPAL_ID({_role(self.owner)}) IS NULL CREATE ROLE {owner}"]
-        out += [
-            f"IF DATABASE_PRINCIPAL_ID({_role(g)}) IS NULL CREATE ROLE {quote(g)} AUTHORIZATION {owner}"
-            for g in self.groups.values()
-        ]
-        out.append(f"ALTER AUTHORIZATION ON SCHEMA::{self.schema} TO {owner}")
+        out = [*self.create_roles(), f"ALTER AUTHORIZATION ON SCHEMA::{self.schema} TO {owner}"]
         reads = {
             Right.PEEK: (self.ring, self.spill, self.content),
             Right.MONITOR: (self.history,),
@@ -426,6 +421,16 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
         keeper = self.t.dead_letter_keeper
         if keeper is not None and keeper.schema != n.schema:
             out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON OBJECT::{self.dead} TO {owner}")
+        return out
+
+    def create_roles(self) -> list[str]:
+        """The schema's owner role and the queue's group roles (owned by it), made if missing."""
+        owner = quote(self.owner)
+        out = [f"IF DATABASE_PRINCIPAL_ID({_role(self.owner)}) IS NULL CREATE ROLE {owner}"]
+        out += [
+            f"IF DATABASE_PRINCIPAL_ID({_role(g)}) IS NULL CREATE ROLE {quote(g)} AUTHORIZATION {owner}"
+            for g in self.groups.values()
+        ]
         return out
 
     def drop_roles(self) -> list[str]:
