@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from dbq.backends.odbc_ring import OdbcRing
-from dbq.backends.postgres.access import Logins
+from dbq.backends.postgres.access import PgLogins
 from dbq.backends.postgres.sql import PgRing
 from dbq.client import Queue, connect
 from dbq.connection import from_url, odbc
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             for statement in plain.create_routines():
                 cur.execute(statement)
             login, password = login_role("bench", secrets.token_hex(3)), secrets.token_urlsafe(24)
-            logins = Logins(cur)
+            logins = PgLogins(cur)
             logins.set_login(login, password, 20)
             for right in ("send", "receive"):
                 logins.grant(login, group_role(db.name, SCHEMA, "secured", right))

@@ -2,7 +2,7 @@
 nothing else, in the client and directly in SQL; the operator provisions without superuser and
 cannot grant itself more; logins are rotated and dropped with their sessions.
 
-Logins are made as the operator makes a QueueUser's (`dbq.backends.postgres.access.Logins`, the
+Logins are made as the operator makes a QueueUser's (`dbq.backends.postgres.access.PgLogins`, the
 role helper); the QueueUser resource itself is tested with the operator in test_operator.py.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from dbq.api.filters import Filter
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.backends.odbc_topic import OdbcTopic
-from dbq.backends.postgres.access import Logins
+from dbq.backends.postgres.access import PgLogins
 from dbq.client import Queue, connect, connect_topic
 from dbq.connection import from_url, odbc
 from dbq.contract.access import QUEUE_RIGHTS, Right
@@ -55,7 +55,7 @@ class Accounts:
     def __init__(self, postgres: Any) -> None:
         self.postgres = postgres
         self.conn = odbc.connect(from_url(postgres.url))
-        self.logins = Logins(self.conn.cursor())
+        self.logins = PgLogins(self.conn.cursor())
         self.made: list[str] = []
 
     def login(self, rights: dict[str, tuple[str, ...]]) -> tuple[str, str]:

@@ -121,5 +121,12 @@ def test_applications_on_the_operators_login_are_warned_of_once_when_they_appear
     from dbq.controller.reconcile import shared_login
 
     [warning] = shared_login(0, 3)
-    assert warning.type == "Warning" and warning.reason == "AdminSecretInUse" and "QueueUser" in warning.message
-    assert shared_login(None, 1) and not shared_login(2, 5) and not shared_login(4, 0) and not shared_login(None, None)
+    assert (
+        warning.type == "Warning" and warning.reason == "AdminSecretInUse" and "QueueUser" in warning.message
+    )
+    assert (
+        shared_login(None, 1)
+        and not shared_login(2, 5)
+        and not shared_login(4, 0)
+        and not shared_login(None, None)
+    )

@@ -25,7 +25,7 @@ from dbq.contract.ring import (
 )
 from dbq.contract.staging import StagingStatements
 from dbq.errors import UnsafeName
-from dbq.names import QueueNames, ms_quote
+from dbq.names import QueueNames, group_role, login_role, ms_quote
 
 GOLDEN = Path(__file__).with_name("golden")
 TARGET = RingTarget(
@@ -255,3 +255,30 @@ def test_every_sql_server_procedure_runs_as_its_owner():
     for statement in procedures:
         head = statement.split("AS BEGIN", 1)[0]
         assert head.rstrip().endswith("WITH EXECUTE AS OWNER"), head
+
+
+def access_tsql() -> list[str]:
+    """The T-SQL of a QueueUser's contained user on SQL Server (`dbq.backends.sqlserver.access`)."""
+    from dbq.backends.sqlserver import access
+
+    login, group = login_role("shop", "app"), group_role("shop", "shopq", "orders", "send")
+    return [
+        access.SET_USER,
+        access.USER_EXISTS,
+        access.MEMBERSHIPS,
+        access.grant_statement(login, group),
+        access.revoke_statement(login, group),
+        access.DROP_USER,
+    ]
+
+
+def test_sqlserver_logins_match_their_golden_file_and_parse():
+    text = "\n\n".join(access_tsql()) + "\n"
+    golden = GOLDEN / "sqlserver_access.sql"
+    if os.environ.get("DBQ_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), (
+        f"{golden.name} differs: review, then DBQ_UPDATE_GOLDEN=1 pytest {__file__}"
+    )
+    for statement in access_tsql():
+        assert unparsable(statement) == [], statement

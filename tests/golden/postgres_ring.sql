@@ -1088,10 +1088,14 @@ END $fn$
 -- statistics history, dead letters and the archive; and a consumer's wait mark.
 CREATE OR REPLACE FUNCTION "shopq"."orders_describe"(OUT o_version int, OUT o_size bigint, OUT o_message_bytes int,
   OUT o_dead_letter_queue text, OUT o_header_bytes int, OUT o_max_headers int, OUT o_max_body_bytes int)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+-- PL/pgSQL: its query is planned at the first call, once the plan has added the metadata
+-- columns it reads (an upgrade adds them after the routines are made).
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+BEGIN
   SELECT schema_version, ring_size, message_bytes, dead_letter_queue, header_bytes, max_headers, max_body_bytes
-  FROM "shopq"."dbq_queues" WHERE queue = 'orders'
-$fn$
+  INTO o_version, o_size, o_message_bytes, o_dead_letter_queue, o_header_bytes, o_max_headers, o_max_body_bytes
+  FROM "shopq"."dbq_queues" WHERE queue = 'orders';
+END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_wait"(p_seconds int) RETURNS void
 -- A consumer is about to wait: pushes notify 'dbq_e057b33b74bc7a84ecd1f81e' until p_seconds from now.

@@ -277,7 +277,9 @@ def plan_broker(target: BrokerTarget, observed: BrokerObserved) -> list[BrokerSt
         step(BrokerAction.CREATE_SERVICES, f"services {', '.join(wrong)} missing or without the contract")
     if observed.recorded_version != BROKER_SCHEMA_VERSION:
         step(BrokerAction.RECORD_VERSION, f"record schema version {BROKER_SCHEMA_VERSION}")
-    made = [s.action for s in steps if s.action.startswith("create_") or s.action == BrokerAction.RECORD_VERSION]
+    made = [
+        s.action for s in steps if s.action.startswith("create_") or s.action == BrokerAction.RECORD_VERSION
+    ]
     if made:  # last: what was made now has no grants yet (version 2 made them for earlier queues)
         step(BrokerAction.SECURE, f"{made[0]} made or changed objects")
     return steps

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import pyodbc
+
 from dbq.api.access import QUEUE_USER_PLURAL, ROTATE_ANNOTATION, secret_name
 from dbq.api.models import PLURAL
 from dbq.api.topics import TOPIC_PLURAL
-from dbq.backends.postgres.access import Logins, ensure_helper
+from dbq.backends.postgres.access import PgLogins, ensure_helper
+from dbq.backends.sqlserver.access import MsLogins
 from dbq.connection import ConnectionSettings, odbc
 from dbq.controller import conditions as cond
 from dbq.controller.access_plan import AccessPlan, granted, parse_queue_user, plan_access
@@ -29,6 +32,15 @@ from dbq.resource import SecretReader, settings_for
 
 Resource = Mapping[str, Any]
 Poster = Callable[[Resource, Event], None]
+
+
+def logins_on(cur: pyodbc.Cursor, admin: ConnectionSettings) -> PgLogins | MsLogins:
+    """The logins of the database `admin` reaches: PostgreSQL's through the role helper (checked
+    first), SQL Server's contained users."""
+    if admin.backend == "sqlserver":
+        return MsLogins(cur)
+    ensure_helper(cur, admin.database, admin.username)
+    return PgLogins(cur)
 
 
 @dataclass
@@ -42,8 +54,11 @@ def user_secret(plan: AccessPlan, password: str, resource: Resource) -> dict[str
     """The Secret's string data: the login's url (the operator's url options kept, such as
     sslmode), its parts, and the queues and topics it may use with their database names."""
     a = plan.admin
-    query = f"?{urlencode(a.options)}" if a.options else ""
-    url = f"postgresql://{quote(plan.login, safe='')}:{quote(password, safe='')}@{a.host}:{a.port}/{quote(a.database)}"
+    options = a.options | ({"driver": a.driver} if a.driver else {})
+    query = f"?{urlencode(options)}" if options else ""
+    scheme = "mssql" if a.backend == "sqlserver" else "postgresql"
+    credentials = f"{quote(plan.login, safe='')}:{quote(password, safe='')}"
+    url = f"{scheme}://{credentials}@{a.host}:{a.port}/{quote(a.database)}"
     entities: dict[str, dict[str, dict[str, Any]]] = {"queues": {}, "topics": {}}
     for g in plan.grants:
         entry = entities[f"{g.kind}s"].setdefault(
@@ -113,9 +128,7 @@ class QueueUserSync:
         conn = odbc.connect(plan.admin)
         try:
             conn.autocommit = False
-            cur = conn.cursor()
-            ensure_helper(cur, plan.admin.database, plan.admin.username)
-            logins = Logins(cur)
+            logins = logins_on(conn.cursor(), plan.admin)
             exists = logins.exists(plan.login)
             secret_missing = self.read_secret(namespace, secret) is None
             rotate = not exists or secret_missing or rotation != (status.get("rotation") or "")
@@ -168,8 +181,6 @@ class QueueUserSync:
             return None
         conn = odbc.connect(plan.admin)
         try:
-            cur = conn.cursor()
-            ensure_helper(cur, plan.admin.database, plan.admin.username)
-            return Logins(cur).drop(plan.login)
+            return logins_on(conn.cursor(), plan.admin).drop(plan.login)
         finally:
             conn.close()

@@ -83,11 +83,11 @@ def plan_access(
             )
             raise InvalidQueueUser(f"{field}: {hint}")
         queue_spec = parse_spec(found.get("spec") or {})
-        if (str(queue_spec.backend), str(queue_spec.design)) != ("postgres", "ring"):
+        if str(queue_spec.design) != "ring":
             raise InvalidQueueUser(
                 f"{field}: Queue {grant.name} is a {queue_spec.design} queue on {queue_spec.backend}: QueueUsers"
-                " give rights on postgres ring queues (Cassandra's roles come with its authentication;"
-                " SQL Server's database roles are made, but its logins are not managed yet)"
+                " give rights on ring queues (PostgreSQL, SQL Server); Cassandra's roles come with its"
+                " authentication, and Service Broker queues' roles are made but not given to QueueUsers yet"
             )
         settings = settings_of(queue_spec, namespace)
         admin, first = _same_database(admin, first, settings, field, grant.name)

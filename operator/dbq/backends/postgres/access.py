@@ -74,7 +74,7 @@ def scram_verifier(password: str, salt: bytes | None = None) -> str:
     return f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-class Logins:
+class PgLogins:
     """A QueueUser's login on one database, over an operator's connection."""
 
     def __init__(self, cur: pyodbc.Cursor) -> None:
