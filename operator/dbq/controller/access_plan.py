@@ -74,14 +74,7 @@ def plan_access(
     first = ""
     for i, grant in enumerate(spec.queues):
         field = f"spec.queues[{i}].name"
-        found = queues.get(grant.name)
-        if found is None:
-            hint = (
-                f"{grant.name} is a Topic: list it under spec.topics"
-                if grant.name in topics
-                else f"there is no Queue {grant.name} in namespace {namespace}: create it, or fix the name"
-            )
-            raise InvalidQueueUser(f"{field}: {hint}")
+        found = _found(field, grant.name, "Queue", queues, "Topic", topics, namespace)
         queue_spec = parse_spec(found.get("spec") or {})
         if str(queue_spec.design) != "ring":
             raise InvalidQueueUser(
@@ -98,14 +91,7 @@ def plan_access(
             grants.append(Grant("queue", grant.name, Right(right), group, schema, entity))
     for i, topic_grant in enumerate(spec.topics):
         field = f"spec.topics[{i}].name"
-        found = topics.get(topic_grant.name)
-        if found is None:
-            hint = (
-                f"{topic_grant.name} is a Queue: list it under spec.queues"
-                if topic_grant.name in queues
-                else f"there is no Topic {topic_grant.name} in namespace {namespace}: create it, or fix the name"
-            )
-            raise InvalidQueueUser(f"{field}: {hint}")
+        found = _found(field, topic_grant.name, "Topic", topics, "Queue", queues, namespace)
         try:
             t_spec = TopicSpec.model_validate(found.get("spec") or {})
             entity = topic_name(topic_grant.name, t_spec)
@@ -121,6 +107,22 @@ def plan_access(
         grants.append(Grant("topic", topic_grant.name, Right.PUBLISH, group, schema, entity))
     assert admin is not None  # the spec names at least one queue or topic
     return AccessPlan(login_role(namespace, name), admin, tuple(grants), spec.connection_limit)
+
+
+def _found(
+    field: str, name: str, kind: str, of_kind: Mapping[str, Resource], other: str,
+    of_other: Mapping[str, Resource], namespace: str,
+) -> Resource:  # fmt: skip
+    """The resource `name` of `kind`, or InvalidQueueUser naming the field (and the list it
+    belongs in, when it is of the `other` kind)."""
+    found = of_kind.get(name)
+    if found is not None:
+        return found
+    if name in of_other:
+        raise InvalidQueueUser(f"{field}: {name} is a {other}: list it under spec.{other.lower()}s")
+    raise InvalidQueueUser(
+        f"{field}: there is no {kind} {name} in namespace {namespace}: create it, or fix the name"
+    )
 
 
 def _same_database(

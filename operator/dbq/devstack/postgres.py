@@ -49,25 +49,25 @@ class Postgres:
     def operator_password(self) -> str:
         return self.operator_password_file.read_text().strip()
 
-    def url(self, database: str = "postgres") -> str:
-        """The superuser's url (a DBA's: set-up and inspection, never the operator's)."""
-        return f"postgresql://{PG_USER}:{self.password}@127.0.0.1:{PG_PORT}/{database}"
+    def url(self, database: str = "postgres", user: str = PG_USER) -> str:
+        """The url of `user`: the superuser's by default (a DBA's: set-up and inspection), or
+        OPERATOR_USER's (what a Queue's Secret holds: `operator_url`)."""
+        return f"postgresql://{user}:{self._password_of(user)}@127.0.0.1:{PG_PORT}/{database}"
 
-    def odbc(self, database: str = "postgres") -> str:
+    def odbc(self, database: str = "postgres", user: str = PG_USER) -> str:
         return (
             f"DRIVER={{{ODBC_DRIVER}}};SERVER=127.0.0.1;PORT={PG_PORT};DATABASE={database};"
-            f"UID={PG_USER};PWD={self.password}"
+            f"UID={user};PWD={self._password_of(user)}"
         )
 
     def operator_url(self, database: str = "postgres") -> str:
-        """The operator's url (what a Queue's Secret holds)."""
-        return f"postgresql://{OPERATOR_USER}:{self.operator_password}@127.0.0.1:{PG_PORT}/{database}"
+        return self.url(database, OPERATOR_USER)
 
     def operator_odbc(self, database: str = "postgres") -> str:
-        return (
-            f"DRIVER={{{ODBC_DRIVER}}};SERVER=127.0.0.1;PORT={PG_PORT};DATABASE={database};"
-            f"UID={OPERATOR_USER};PWD={self.operator_password}"
-        )
+        return self.odbc(database, OPERATOR_USER)
+
+    def _password_of(self, user: str) -> str:
+        return self.operator_password if user == OPERATOR_USER else self.password
 
     def prepare(self, database: str = "postgres") -> None:
         """What a DBA does once for the operator in `database`: its login (made on first use),
