@@ -114,3 +114,20 @@ def test_no_module_of_the_spark_package_shadows_the_standard_library():
 
     package = Path(dbq.spark.__file__).parent
     assert not {p.stem for p in package.glob("*.py")} & set(sys.stdlib_module_names)
+
+
+def test_the_health_job_runs_with_a_monitor_only_queue_user(fleet, spark):
+    """The job reads every queue's history as a QueueUser that may only monitor them, and finds
+    what it finds with the Queues' own (the operator's) Secret."""
+    cluster, kube = fleet
+    users = cluster.of("queueusers")
+    users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": "health-job"},
+                  "spec": {"queues": [{"name": n, "rights": ["monitor"]} for n in ("grow-q", "drain-q", "old-q")]}})  # fmt: skip
+    users.wait_condition("health-job", "Ready", "True", timeout=60)
+
+    def read(user: str = "") -> dict[str, tuple[object, ...]]:
+        rows = health(spark, [cluster.ns], window="10m", kubeconfig=kube.kubeconfig, user=user).collect()
+        return {r["name"]: (r["not_ready"], (r["samples"] or 0) > 0, r["past_age"]) for r in rows}
+
+    as_user = read("health-job")
+    assert as_user == read() and set(as_user) == {"grow-q", "drain-q", "old-q", "broken-q"}

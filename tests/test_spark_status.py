@@ -234,3 +234,34 @@ def test_a_fleet_with_no_provisioned_queue_reads_as_empty(fleet, spark):
         assert set(report) == {"never-ready"} and report["never-ready"]["not_ready"]
     finally:
         client.CoreV1Api(kube.api).delete_namespace(namespace)
+
+
+def queue_user(cluster, name: str, queues: dict[str, list[str]]) -> None:
+    """A QueueUser with these rights on these queues, Ready."""
+    users = cluster.of("queueusers")
+    users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": name},
+                  "spec": {"queues": [{"name": q, "rights": r} for q, r in queues.items()]}})  # fmt: skip
+    users.wait_condition(name, "Ready", "True", timeout=60)
+
+
+def test_dbq_stats_reads_as_a_monitor_only_queue_user_what_the_queues_secret_reads(fleet, spark):
+    """A Spark job that reads statistics needs no more than `monitor`: with a QueueUser holding only
+    that, dbq-stats reads the same samples as with the Queues' own (the operator's) Secret; with a
+    QueueUser that may only send, the read is refused."""
+    cluster, kube, *_ = fleet
+    queue_user(cluster, "spark-monitor", {"ring-a": ["monitor"], "ring-b": ["monitor"]})
+    queue_user(cluster, "spark-sender", {"ring-a": ["send"], "ring-b": ["send"]})
+    until = datetime.now(UTC)
+    since = until - timedelta(hours=1)
+
+    def read(**options: str):
+        reader = spark.read.format("dbq-stats").option("kubeconfig", kube.kubeconfig)
+        for key, value in {"namespace": cluster.ns, "queues": "ring-a,ring-b", "since": since.isoformat(),
+                           "until": until.isoformat(), **options}.items():  # fmt: skip
+            reader = reader.option(key, value)
+        return sorted((r["name"], r["at"], r["pushed"], r["popped"]) for r in reader.load().collect())
+
+    as_owner = read()
+    assert as_owner and read(user="spark-monitor") == as_owner
+    with pytest.raises(Exception, match="lacks the monitor right"):
+        read(user="spark-sender")

@@ -275,7 +275,6 @@ class Queue:
             Notifications(settings, names) if notify and settings.backend == "postgres" else None
         )
         self._announced_until = 0.0  # monotonic: until when this client's wait mark surely holds
-        # The same string object every call: pyodbc skips the prepare when the text is unchanged.
 
     def _describe(self, not_found: QueueNotFound) -> tuple[Any, ...]:
         """The queue's version, size, message bytes, dead-letter keeper and message limits. On

@@ -101,13 +101,6 @@ class RingTarget:
         return self.dead_letter_keeper.qualified if self.dead_letter_keeper is not None else ""
 
 
-def announce_wait(backend: str, names: QueueNames) -> str:
-    """A consumer is about to wait (PostgreSQL): pushes notify the queue's channel until this
-    many seconds from now (parameter), which the waiting consumer renews before each wait."""
-    table = f"{QUOTE[backend](names.schema)}.{QUOTE[backend](names.waiters)}"
-    return f"UPDATE {table} SET until = greatest(until, now() + CAST(? AS int) * interval '1 second') WHERE id = 1"
-
-
 def notify_channel(names: QueueNames) -> str:
     """The PostgreSQL channel a push onto an empty queue notifies (`dbq.client.notify`): at most
     63 characters, letters and digits only, for any schema and queue."""
