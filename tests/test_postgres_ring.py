@@ -443,3 +443,65 @@ def test_an_older_queue_is_upgraded_in_place_and_keeps_its_messages_and_leases(p
     assert q.stats().depth == 0
     q.close()
     backend.teardown()
+
+
+def test_a_version_19_queue_is_given_to_its_owner_role_and_its_routines_to_their_rights(postgres, schema):
+    """Before version 20 the operator owned every object, the routines ran as their caller and
+    PUBLIC could call them all. The upgrade gives the schema and each object to the owner role,
+    makes the routines SECURITY DEFINER with a pinned search_path, revokes everything from PUBLIC,
+    and keeps every message and lease."""
+    from dbq.backends.postgres.sql import PgRing
+    from dbq.client import connect
+
+    later = ("describe", "wait", "peek", "history", "dead_letters", "archived")  # routines of version 20
+
+    class Version19(PgRing):  # the routines as version 19 made them: run as their caller
+        def template_values(self) -> dict[str, object]:
+            return super().template_values() | {"definer": ""}
+
+    backend = ring(postgres, schema)
+    backend.apply()
+    q = connect(postgres.url, "orders", schema=schema, smart_batching=False)
+    q.push_many([b"m%d" % i for i in range(5)])
+    held = q.acquire_many(2)
+    q.close()
+    cur = backend.conn.cursor()
+    old = Version19(backend.target)
+    for verb in later:
+        cur.execute(f'DROP FUNCTION "{schema}".orders_{verb}')
+    for statement in old.create_routines():
+        if not any(f'orders_{verb}"(' in statement for verb in later):
+            cur.execute(statement)
+    for verb, routine in old.fn.items():
+        if verb in later:
+            continue
+        cur.execute(f"ALTER ROUTINE {routine} OWNER TO CURRENT_USER")
+        cur.execute(f"GRANT EXECUTE ON ROUTINE {routine} TO PUBLIC")
+    for table in ("ring", "spill", "dead", "content"):
+        cur.execute(f'ALTER TABLE "{schema}".orders_{table} OWNER TO CURRENT_USER')
+    cur.execute(f'ALTER SCHEMA "{schema}" OWNER TO CURRENT_USER')
+    cur.execute(f'UPDATE "{schema}".dbq_queues SET schema_version = 19')
+    observed = backend.observe()
+    assert not observed.secured
+    assert [str(s) for s in backend.plan(observed)] == ["create_routines", "record_version", "secure"]
+    backend.apply()
+    assert backend.observe().secured and backend.plan(backend.observe()) == []
+    owners = cur.execute(
+        "SELECT count(DISTINCT p.proowner), bool_and(p.prosecdef OR p.proname !~ '_(push|pop|ack|stats)$'),"
+        " bool_or(has_function_privilege('public', p.oid, 'EXECUTE'))"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?",
+        schema,
+    ).fetchone()
+    assert (int(owners[0]), str(owners[1]), str(owners[2])) == (1, "1", "0")
+    tables = cur.execute(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = ? AND c.relkind IN ('r', 'S') AND c.relowner <> n.nspowner",
+        schema,
+    ).fetchval()
+    assert tables == 0
+    with connect(postgres.url, "orders", schema=schema, smart_batching=False) as after:
+        stats = after.stats()
+        assert (stats.depth, stats.in_flight, stats.pushed) == (3, 2, 5)
+        after.ack_many(held)
+        assert len(after.pop_many(10)) == 3
+    backend.teardown()
