@@ -18,9 +18,9 @@ dbq dev import-image "localhost/dbq-operator:$version"
 helm upgrade --install dbq-operator "$repo/charts/dbq-operator" --namespace dbq-system --create-namespace --wait --timeout 5m \
   --set image.repository=localhost/dbq-operator --set image.tag="$version" --set image.pullPolicy=Never
 kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f -
-password=$(cat "$state/postgres/password")
+password=$(cat "$state/postgres/operator-password")  # the operator's login, not the superuser
 kubectl -n shop create secret generic orders-db \
-  --from-literal=url="postgresql://dbq:${password}@10.244.0.1:${DBQ_PG_PORT:-15432}/postgres" \
+  --from-literal=url="postgresql://dbq_operator:${password}@10.244.0.1:${DBQ_PG_PORT:-15432}/postgres" \
   --dry-run=client -o yaml | kubectl apply -f -
 kubectl apply -f "$repo/manifests/examples/queue-postgres.yaml"
 kubectl -n shop wait --for=condition=Ready queue/orders --timeout=180s

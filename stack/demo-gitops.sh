@@ -28,7 +28,7 @@ url=$(python -c 'from dbq.devstack import Stack; print(Stack().flux.repository("
 work=$state/flux/demo-queues-work
 [[ -d $work ]] || git clone --quiet "$state/flux/git/demo-queues.git" "$work"
 mkdir -p "$work/queues"
-password=$(cat "$state/postgres/password")
+password=$(cat "$state/postgres/operator-password")  # the operator's login, not the superuser
 cat > "$work/queues/namespace.yaml" <<EOF
 apiVersion: v1
 kind: Namespace
@@ -38,7 +38,7 @@ cat > "$work/queues/orders-db.yaml" <<EOF
 apiVersion: v1
 kind: Secret
 metadata: {name: orders-db, namespace: $namespace}
-stringData: {url: "postgresql://dbq:${password}@127.0.0.1:${DBQ_PG_PORT:-15432}/postgres"}
+stringData: {url: "postgresql://dbq_operator:${password}@127.0.0.1:${DBQ_PG_PORT:-15432}/postgres"}
 EOF
 for name in orders-dead orders; do
   dead=""; [[ $name == orders ]] && dead="  deadLetter: {queue: orders-dead, maxAttempts: 5}"
