@@ -3,8 +3,9 @@
 role), and, as the baseline, through routines made without SECURITY DEFINER and the pinned
 search_path (as every version before 20 made them), called by the owner.
 
-Workloads, one thread, smart batching off: single push then pop, single acquire then ack, and
-push_many then pop_many in batches of 100. Each round runs every variant once, in a rotating
+Workloads, one thread, smart batching off: single push then pop, single acquire then ack,
+push_many then pop_many in batches of 100, and pushes then pops called n times within one
+statement each (the server's time per call alone, without the round trip). Each round runs every variant once, in a rotating
 order, so that the machine's drift falls on all alike; the figures are medians of the rounds.
 
     ~/.cache/dbq/venv/bin/python -m bench.access_cost [--rounds 5] [--messages 2000]
@@ -18,6 +19,8 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+
+import psycopg
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.backends.postgres.access import PgLogins
@@ -66,11 +69,28 @@ def batches(q: Queue, n: int) -> None:
         taken += len(got)
 
 
+def in_one_statement(q: Queue, n: int) -> None:
+    """n pushes, then n pops, each n calls of the routine in one statement: the server's time
+    per call alone, without a round trip's (the cost of SECURITY DEFINER and the pinned path)."""
+    schema, queue = q.names.schema, q.names.queue
+    with psycopg.connect(q_urls[id(q)], autocommit=True) as conn:
+        pushed = conn.execute(
+            f'SELECT count("{schema}"."{queue}_push"(%s, 0, NULL)) FROM generate_series(1, %s)', (b"s", n)
+        ).fetchone()
+        popped = conn.execute(
+            f'SELECT count("{schema}"."{queue}_pop"(0)) FROM generate_series(1, %s)', (n,)
+        ).fetchone()
+    assert pushed == popped == (n,)
+
+
 WORKLOADS: dict[str, Callable[[Queue, int], None]] = {
     "push + pop, single": single_push_pop,
     "acquire + ack, single": single_acquire_ack,
     "push_many + pop_many, 100": batches,
+    "push + pop, in one statement": in_one_statement,
 }
+# The url each client was opened with (in_one_statement opens its own session as the same login).
+q_urls: dict[int, str] = {}
 
 
 def rate(q: Queue, work: Callable[[Queue, int], None], n: int) -> float:
@@ -80,6 +100,12 @@ def rate(q: Queue, work: Callable[[Queue, int], None], n: int) -> float:
     took = time.perf_counter() - started
     moved = n * 10 if work is batches else n
     return moved / took
+
+
+def spread(over: list[float], under: list[float]) -> str:
+    """The median, lowest and highest of the rounds' ratios over / under."""
+    ratios = sorted(a / b for a, b in zip(over, under, strict=True))
+    return f"{statistics.median(ratios):.3f} [{ratios[0]:.2f} - {ratios[-1]:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,11 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             for right in ("send", "receive"):
                 logins.grant(login, group_role(db.name, SCHEMA, "secured", right))
             app_url = f"postgresql://{login}:{password}@{operator.host}:{operator.port}/{operator.database}"
-            variants = {
-                "plain routines, owner": connect(db.url, "plain", schema=SCHEMA, smart_batching=False),
-                "secured routines, owner": connect(db.url, "secured", schema=SCHEMA, smart_batching=False),
-                "secured routines, login": connect(app_url, "secured", schema=SCHEMA, smart_batching=False),
+            opened = {
+                "plain routines, owner": (db.url, "plain"),
+                "secured routines, owner": (db.url, "secured"),
+                "secured routines, login": (app_url, "secured"),
             }
+            variants = {
+                v: connect(url, name, schema=SCHEMA, smart_batching=False)
+                for v, (url, name) in opened.items()
+            }
+            q_urls.update({id(variants[v]): url for v, (url, _) in opened.items()})
             figures: dict[tuple[str, str], list[float]] = {}
             order = list(variants)
             for r in range(opts.rounds):
@@ -125,14 +156,17 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             conn.close()
     print(
-        f"messages/s, medians of {opts.rounds} interleaved rounds ({opts.messages} messages a round, x10 in batches)"
+        f"messages/s, medians of {opts.rounds} interleaved rounds ({opts.messages} messages a round, x10 in batches);"
     )
-    print(
-        f"{'':28}{'plain, owner':>16}{'secured, owner':>16}{'secured, login':>16}{'login/owner':>13}{'secured/plain':>15}"
-    )
+    print("ratios: the median of each round's own ratio [lowest - highest]")
+    header = f"{'':28}{'plain, owner':>14}{'secured, owner':>16}{'secured, login':>16}"
+    print(f"{header}{'login / owner':>26}{'secured / plain':>26}")
     for workload in WORKLOADS:
-        m = [statistics.median(figures[(workload, v)]) for v in order]
-        print(f"{workload:28}{m[0]:16,.0f}{m[1]:16,.0f}{m[2]:16,.0f}{m[2] / m[1]:13.3f}{m[1] / m[0]:15.3f}")
+        invoker, owner_, login_ = (figures[(workload, v)] for v in order)
+        medians = "".join(
+            f"{statistics.median(f):{w},.0f}" for f, w in ((invoker, 14), (owner_, 16), (login_, 16))
+        )
+        print(f"{workload:28}{medians}{spread(login_, owner_):>26}{spread(owner_, invoker):>26}")
     return 0
 
 
