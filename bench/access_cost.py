@@ -83,11 +83,23 @@ def in_one_statement(q: Queue, n: int) -> None:
     assert pushed == popped == (n,)
 
 
+def describe_in_one_statement(q: Queue, n: int) -> None:
+    """The describe routine called n times in one statement: reads only, no WAL and no commit to
+    wait for, so what differs between the variants is the call itself."""
+    schema, queue = q.names.schema, q.names.queue
+    with psycopg.connect(q_urls[id(q)], autocommit=True) as conn:
+        called = conn.execute(
+            f'SELECT count(("{schema}"."{queue}_describe"()).o_version) FROM generate_series(1, %s)', (n,)
+        ).fetchone()
+    assert called == (n,)
+
+
 WORKLOADS: dict[str, Callable[[Queue, int], None]] = {
     "push + pop, single": single_push_pop,
     "acquire + ack, single": single_acquire_ack,
     "push_many + pop_many, 100": batches,
     "push + pop, in one statement": in_one_statement,
+    "describe, in one statement": describe_in_one_statement,
 }
 # The url each client was opened with (in_one_statement opens its own session as the same login).
 q_urls: dict[int, str] = {}
@@ -112,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=("on", "off"),
+        default="on",
+        help="the clients' synchronous_commit: off takes the disk's flush time (and its noise) out of every call",
+    )
     opts = parser.parse_args(argv)
     stack = Stack()
     stack.component("postgres").start()
@@ -131,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             for right in ("send", "receive"):
                 logins.grant(login, group_role(db.name, SCHEMA, "secured", right))
             app_url = f"postgresql://{login}:{password}@{operator.host}:{operator.port}/{operator.database}"
+            sync = f"?options=-c%20synchronous_commit%3D{opts.synchronous_commit}"
             opened = {
-                "plain routines, owner": (db.url, "plain"),
-                "secured routines, owner": (db.url, "secured"),
-                "secured routines, login": (app_url, "secured"),
+                "plain routines, owner": (db.url + sync, "plain"),
+                "secured routines, owner": (db.url + sync, "secured"),
+                "secured routines, login": (app_url + sync, "secured"),
             }
             variants = {
                 v: connect(url, name, schema=SCHEMA, smart_batching=False)
@@ -158,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"messages/s, medians of {opts.rounds} interleaved rounds ({opts.messages} messages a round, x10 in batches);"
     )
-    print("ratios: the median of each round's own ratio [lowest - highest]")
+    print(
+        f"synchronous_commit {opts.synchronous_commit}; ratios: the median of each round's own ratio [lowest - highest]"
+    )
     header = f"{'':28}{'plain, owner':>14}{'secured, owner':>16}{'secured, login':>16}"
     print(f"{header}{'login / owner':>26}{'secured / plain':>26}")
     for workload in WORKLOADS:
