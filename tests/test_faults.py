@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dbq.backends.postgres.access import helper_statements
 from dbq.client import connect
 from tests.operator_harness import Cluster, Operator, operator_namespace, wait_for
 from tests.test_operator import fresh
@@ -104,9 +105,11 @@ def test_a_rotated_secret_is_followed_without_a_restart(faults):
     cluster, operator, postgres = faults
     role = f"rot_{secrets.token_hex(3)}"
     first, second = secrets.token_hex(12), secrets.token_hex(12)
-    admin = postgres.connect()
+    admin = postgres.admin()  # a DBA makes another operator login, as for dbq_operator
     admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{first}'")
     admin.execute(f'GRANT CREATE, CONNECT ON DATABASE "{postgres.name}" TO {role}')
+    for statement in helper_statements(role):
+        admin.execute(statement)
     host_part = postgres.url.split("@", 1)[1]
     cluster.secret("rotating-db", {"url": f"postgresql://{role}:{first}@{host_part}"})
     doc, _ = fresh("rotated-q", connection={"secretRef": {"name": "rotating-db"}})

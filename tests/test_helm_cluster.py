@@ -37,7 +37,7 @@ from kubernetes import client
 from dbq.devstack.base import Paths
 from dbq.devstack.cluster import NODE_IP
 from dbq.devstack.kube import ADMIN_USER
-from dbq.devstack.postgres import PG_PORT
+from dbq.devstack.postgres import OPERATOR_USER, PG_PORT
 from tests.manifests import queue
 from tests.operator_harness import (
     IMAGE,
@@ -263,7 +263,7 @@ token = {{"Authorization": "Bearer " + open(sa + "/token").read()}}
 out["api"] = status("https://kubernetes.default.svc/api/v1/namespaces/{release.queues.ns}/secrets",
                     ssl.create_default_context(cafile=sa + "/ca.crt"), token)
 out["kubelet"] = status("https://{NODE_IP}:10250/pods", ssl._create_unverified_context())[0]
-dsn = "DRIVER={{PostgreSQL Unicode}};SERVER={NODE_IP};PORT={PG_PORT};DATABASE={release.database.name};UID=dbq;PWD=" + open("/etc/db/password").read().strip()
+dsn = "DRIVER={{PostgreSQL Unicode}};SERVER={NODE_IP};PORT={PG_PORT};DATABASE={release.database.name};UID={OPERATOR_USER};PWD=" + open("/etc/db/password").read().strip()
 out["postgres"] = pyodbc.connect(dsn).execute("SELECT host(inet_client_addr())").fetchval()
 print(json.dumps(out))
 """

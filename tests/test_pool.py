@@ -4,6 +4,7 @@ again (dbq.connection.odbc.retried)."""
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import pyodbc
@@ -162,3 +163,14 @@ def test_a_call_the_database_rolled_back_is_made_again_at_most_retries_times(pos
         retried(lambda: flaky(never, "22012"))
     assert not rolled_back(other.value) and tries() == 4 + RETRIES + 2
     conn.close()
+
+
+def test_a_deadline_of_minutes_keeps_sleeping_at_its_ceiling_whatever_the_number_of_tries():
+    """A push waiting minutes for room makes thousands of tries: the doubling stops at the
+    ceiling instead of overflowing a float."""
+    from dbq.client.waiting import MAX_SLEEP_S, Deadline
+
+    deadline = Deadline(600.0, tries=5_000)
+    started = time.monotonic()
+    assert deadline.wait() is True
+    assert time.monotonic() - started < MAX_SLEEP_S + 0.05

@@ -98,7 +98,7 @@ def test_kubectl_talks_to_the_local_apiserver(kube):
 
 
 def test_postgres_table_through_pyodbc(postgres):
-    conn = postgres.connect()
+    conn = postgres.admin()  # the server itself, as its superuser (the operator may create nothing in public)
     cur = conn.cursor()
     cur.execute("CREATE TABLE stack_probe (id int PRIMARY KEY, body bytea NOT NULL)")
     cur.executemany("INSERT INTO stack_probe VALUES (?, ?)", [(i, bytes([i]) * i) for i in range(1, 6)])

@@ -97,13 +97,17 @@ class QueueUserSpec(Model):
 NOTHING_HINT = "a QueueUser names at least one queue (spec.queues) or topic (spec.topics)"
 UNIQUE_HINT = "list the rights of one queue or topic in one entry"
 QUEUE_USER_RULES = [
-    {"rule": "size(self.queues) + size(self.topics) > 0", "message": NOTHING_HINT},
+    # Either list may be absent (the API server fills in no default for it).
     {
-        "rule": "self.queues.all(a, self.queues.exists_one(b, b.name == a.name))",
+        "rule": "(has(self.queues) ? size(self.queues) : 0) + (has(self.topics) ? size(self.topics) : 0) > 0",
+        "message": NOTHING_HINT,
+    },
+    {
+        "rule": "!has(self.queues) || self.queues.all(a, self.queues.exists_one(b, b.name == a.name))",
         "message": f"spec.queues: each name once: {UNIQUE_HINT}",
     },
     {
-        "rule": "self.topics.all(a, self.topics.exists_one(b, b.name == a.name))",
+        "rule": "!has(self.topics) || self.topics.all(a, self.topics.exists_one(b, b.name == a.name))",
         "message": f"spec.topics: each name once: {UNIQUE_HINT}",
     },
 ]

@@ -240,6 +240,8 @@ class Queue:
         # The same string object every call: pyodbc skips the prepare when the text is unchanged.
         self._statements = {verb: call_statement(settings.backend, names, verb) for verb in CALL_ARGS}
         row = self._describe(not_found)
+        if not row:
+            raise not_found
         version, size, message_bytes = (int(v) for v in row[:3])
         if version != RING_SCHEMA_VERSION:
             raise QueueError(
@@ -291,17 +293,15 @@ class Queue:
                 raise not_found
             if described:
                 return described
-        with self._cursor() as cur:
-            try:
+        try:
+            with self._cursor() as cur:
                 row = cur.execute(recorded_query(backend, names), names.queue).fetchone()
-            except QueueNotFound:
-                raise not_found from None
-            if row is None:
-                raise not_found
-            if int(row[0]) != RING_SCHEMA_VERSION:
-                return (*row, "", 0, 0, 0)
-            kept_by = cur.execute(dead_letter_queue_query(backend, names), names.queue).fetchval()
-            limits = cur.execute(message_limits_query(backend, names), names.queue).fetchone()
+                if row is None or int(row[0]) != RING_SCHEMA_VERSION:
+                    return (*row, "", 0, 0, 0) if row is not None else ()
+                kept_by = cur.execute(dead_letter_queue_query(backend, names), names.queue).fetchval()
+                limits = cur.execute(message_limits_query(backend, names), names.queue).fetchone()
+        except QueueNotFound:  # no schema, no metadata table
+            raise not_found from None
         return (*row, kept_by, *limits)
 
     # --- connections ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dbq.errors import MessageTooLarge
 SPINS = 3
 FIRST_SLEEP_S = 0.001
 MAX_SLEEP_S = 0.05
+MAX_DOUBLINGS = 16  # FIRST_SLEEP_S * 2 ** 16 is past MAX_SLEEP_S
 
 
 @dataclass
@@ -33,7 +34,10 @@ class Deadline:
             return False
         self.tries += 1
         if self.tries > SPINS:
-            time.sleep(min(FIRST_SLEEP_S * 2 ** (self.tries - SPINS - 1), MAX_SLEEP_S, left))
+            # The doubling stops at the ceiling: a wait of minutes makes thousands of tries, and
+            # 2 ** tries would outgrow a float.
+            doublings = min(self.tries - SPINS - 1, MAX_DOUBLINGS)
+            time.sleep(min(FIRST_SLEEP_S * 2**doublings, MAX_SLEEP_S, left))
         return True
 
     def restart(self) -> None:

@@ -390,10 +390,8 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
     def drop_roles(self) -> list[str]:
         """After drop(): the queue's group roles (their grants on routines went with them), and the
         owner role once its schema is gone."""
-        schema, groups = (
-            literal(self.t.names.schema),
-            ", ".join(literal_role(g) for g in self.groups.values()),
-        )
+        schema, owner = literal(self.t.names.schema), literal_role(self.owner)
+        groups = ", ".join(literal_role(g) for g in self.groups.values())
         return [
             f"""DO $$ DECLARE v_role text; BEGIN
   FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ({groups}) LOOP
@@ -402,8 +400,11 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
     END IF;
     PERFORM dbq_access.drop_group(v_role);
   END LOOP;
-  IF to_regnamespace({schema}) IS NULL THEN
-    PERFORM dbq_access.drop_owner({literal_role(self.owner)});
+  IF to_regnamespace({schema}) IS NULL AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {owner}) THEN
+    -- What the owner still holds elsewhere (a dead-letter keeper's table in another schema) goes
+    -- first: the operator may, as a member of the role.
+    EXECUTE format('DROP OWNED BY %I', {owner});
+    PERFORM dbq_access.drop_owner({owner});
   END IF;
 END $$"""
         ]
