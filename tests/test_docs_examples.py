@@ -69,13 +69,14 @@ def test_the_docs_have_runnable_examples_where_a_reader_starts():
 def test_getting_started_runs_as_written(reader):
     namespace, env, cluster = reader
     outputs = [run(example, namespace, env) for example in PAGES[GETTING_STARTED]]
-    apply, shell, python, inspect, cleanup = outputs
+    apply, shell, user, python, inspect, cleanup = outputs
     assert "tasks" in apply and "True" in apply  # kubectl get queues: Ready
     assert "hello" in shell and "world" in shell  # dbq pop printed the bodies
-    assert "resize image 42" in python
+    assert "tasks-app" in user and "as the app" in user  # the QueueUser, and what it popped
+    assert "resize image 42" in python and "refused: manage" in python
     assert "tasks_ring" in inspect and "tasks_push_seq" in inspect
     assert "tasks_ring" not in cleanup  # the queue's objects were dropped
-    assert not cluster.exists("tasks")
+    assert not cluster.exists("tasks") and not cluster.of("queueusers").exists("tasks-app")
 
 
 @pytest.mark.parametrize("page", sorted(set(PAGES) - {GETTING_STARTED}))
