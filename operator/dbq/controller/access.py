@@ -50,7 +50,7 @@ class Synced:
     error: DbqError | None = None
 
 
-def user_secret(plan: AccessPlan, password: str, resource: Resource) -> dict[str, str]:
+def user_secret(plan: AccessPlan, password: str) -> dict[str, str]:
     """The Secret's string data: the login's url (the operator's url options kept, such as
     sslmode), its parts, and the queues and topics it may use with their database names."""
     a = plan.admin
@@ -148,7 +148,7 @@ class QueueUserSync:
             conn.close()
         now = cond.now_iso()
         if password is not None:
-            self.kube.write_secret(namespace, secret, user_secret(plan, password, resource), owner=resource)
+            self.kube.write_secret(namespace, secret, user_secret(plan, password), owner=resource)
             why = (
                 "created" if not exists else "its Secret was missing" if secret_missing else "rotation asked"
             )
