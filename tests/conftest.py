@@ -121,6 +121,15 @@ def postgres(stack: LocalStack) -> Iterator[PgDatabase]:
         yield database
 
 
+@pytest.fixture(scope="module")
+def own_postgres(stack: LocalStack) -> Iterator[PgDatabase]:
+    """A fresh database for one module, for tests that count what happens in a whole database
+    (sessions of a login) and must not see other modules' leftovers."""
+    stack.need("postgres")
+    with scratch_database(stack, "dbq_own") as database:
+        yield database
+
+
 @pytest.fixture(scope="session")
 def cassandra(stack: LocalStack) -> Iterator[Any]:
     """A cassandra-driver Session connected to the local node."""

@@ -22,7 +22,10 @@ pytestmark = [pytest.mark.kube, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")
-def env(kube, postgres, tmp_path_factory):
+def env(kube, own_postgres, tmp_path_factory):
+    # Its own database: the Queue's status counts every client session on the operator's login
+    # in the database, and other modules' sessions must not count.
+    postgres = own_postgres
     cluster = operator_namespace(kube, postgres, "dbq-users")
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("operator") / "operator.log")
     operator.start()
