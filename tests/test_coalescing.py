@@ -33,7 +33,7 @@ def test_calls_made_during_a_round_trip_share_the_next_and_each_gets_its_answer(
         trips.append(items)
         return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
 
-    square = Coalescer(run, limit=4, in_flight=1)
+    square = Coalescer(run, limit=4, parallel=1)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(square, 0)
         time.sleep(0.1)
@@ -67,7 +67,7 @@ def test_the_callers_of_a_round_trip_return_while_the_next_is_in_flight():
             assert returned.wait(5), "the second round trip's callers were not woken"
         return items
 
-    echo = Coalescer(run, limit=2, in_flight=1)
+    echo = Coalescer(run, limit=2, parallel=1)
 
     def call_then_tell(i: int) -> int:
         got = echo(i)
@@ -106,7 +106,7 @@ def gated_echo() -> tuple[Coalescer[int, int], list[threading.Event], list[list[
         gates[len(trips)].wait(5)
         return items
 
-    return Coalescer(run, limit=10, in_flight=1), gates, trips
+    return Coalescer(run, limit=10, parallel=1), gates, trips
 
 
 class Interrupted(Exception):
@@ -153,7 +153,7 @@ def test_a_caller_interrupted_while_waiting_for_a_round_trip_drops_out(
 ) -> None:
     gate = threading.Event()
     trips: list[list[int]] = []
-    echo = Coalescer(lambda items: trips.append(items) or (gate.wait(5) and items), limit=10)
+    echo = Coalescer(lambda items: trips.append(items) or (gate.wait(5) and items), limit=10, parallel=1)
     leader = in_thread(lambda: echo(4))
     time.sleep(0.05)
     interruptible(0.05)
@@ -221,23 +221,65 @@ def test_a_failed_round_trip_fails_each_of_its_calls_and_the_next_goes_on():
     assert upper("b") == "B"
 
 
-def test_up_to_in_flight_round_trips_run_at_once():
-    running, most, lock = [0], [0], threading.Lock()
+class Trips:
+    """A round trip that takes `seconds`, and what ran beside each: how many were under way as
+    each began, and the calls each carried."""
 
-    def run(items: list[int]) -> list[int]:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = 0
+        self.beside: list[int] = []
+        self.carried: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        with self.lock:
+            self.running += 1
+            self.beside.append(self.running)
+            self.carried.append(len(items))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
         return items
 
-    echo = Coalescer(run, limit=100, in_flight=3)
-    with ThreadPoolExecutor(30) as pool:
-        assert list(pool.map(echo, range(300))) == list(range(300))
-    assert most[0] == 3
-    assert echo.round_trips < 300 / 2  # the calls that waited shared round trips
+
+def test_calls_with_a_free_connection_go_at_once_each_in_its_own_round_trip():
+    """As many threads as the pool has connections never wait for one another: smart batching
+    changes nothing for them."""
+    trips = Trips(0.2)
+    echo = Coalescer(trips, limit=100, parallel=4)
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(echo, range(4))) == list(range(4))
+    assert trips.carried == [1, 1, 1, 1] and max(trips.beside) == 4
+
+
+def test_a_crowd_merges_round_trips_down_to_one_until_none_waits():
+    """Past the pool, calls wait together and round trips merge (each leader that ends beside
+    another leaves the waiting calls to it) down to one at a time, as fewer and larger round
+    trips cost less. Once a round trip ends with no call waiting, calls go at once again."""
+    trips = Trips(0.005)
+    echo = Coalescer(trips, limit=100, parallel=4)
+
+    def caller(t: int) -> list[int]:
+        return [echo(t * 1000 + i) for i in range(40)]
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(caller, range(32)))
+    assert answers == [[t * 1000 + i for i in range(40)] for t in range(32)]
+    assert max(trips.beside) <= 4
+    middle = trips.beside[len(trips.beside) // 4 : -len(trips.beside) // 4]
+    assert middle and max(middle) == 1, trips.beside  # merged: one round trip at a time
+    assert sum(trips.carried) == 32 * 40 and len(trips.carried) < 32 * 40 / 4
+    echo(-1)  # alone: the crowd is over
+    trips.seconds = 0.2
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(echo, range(3))) == [0, 1, 2]
+    assert trips.carried[-3:] == [1, 1, 1] and trips.beside[-1] == 3  # at once again
+
+
+def test_parallel_is_checked():
+    with pytest.raises(ValueError, match="limit and parallel must be at least 1, not 10 and 0"):
+        Coalescer(lambda items: items, limit=10, parallel=0)
 
 
 def test_takes_ask_for_exactly_the_waiting_calls_and_those_left_without_get_none():
@@ -252,7 +294,7 @@ def test_takes_ask_for_exactly_the_waiting_calls_and_those_left_without_get_none
         got, stock[:] = stock[:n], stock[n:]
         return got
 
-    pop = take_coalescer(lambda calls: take(len(calls)), limit=100)
+    pop = take_coalescer(lambda calls: take(len(calls)), limit=100, parallel=1)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(pop, None)
         time.sleep(0.1)
@@ -298,7 +340,7 @@ def test_calls_share_round_trips_with_the_calls_of_the_same_options_only():
             trips.append((option, items))
             return [f"{option}{i}" for i in items]
 
-        return Coalescer(run, limit=100)
+        return Coalescer(run, limit=100, parallel=1)
 
     by_options: ByOptions[str, int, str] = ByOptions(coalescer)
     with ThreadPoolExecutor(10) as pool:

@@ -1,10 +1,18 @@
 """Smart batching: single calls made at once by many threads share round trips.
 
-A caller goes at once while fewer than `in_flight` round trips are under way (one by default,
-as in the LMAX Disruptor): no timer, no added latency. Past that, the calls that arrive wait together; when a round trip ends, the
-first of them leads the next one for them all (up to `limit`), and the previous leader returns.
-Each caller gets its own result or its own error. A thread's calls keep their order, since each
-returns before the next is made.
+A caller goes at once while fewer than `parallel` round trips are under way (the client's pool
+size: a call with a free connection never waits) and no call is waiting. Past that, the calls
+that arrive wait together; when a round trip ends, the first of them leads the next one for them
+all (up to `limit`), and the previous leader returns. No timer, no added latency. Each caller
+gets its own result or its own error. A thread's calls keep their order, since each returns
+before the next is made.
+
+Under load, fewer and larger round trips cost less than as many as the pool allows. A round trip
+that ends with calls waiting makes the coalescer crowded: then a caller never opens a round trip
+beside the ones under way, and a leader that ends while others are under way leaves the waiting
+calls to them, so round trips merge down to one. A round trip that ends with no call waiting ends
+the crowd. So a few threads go as if there were no smart batching (each call its own round trip
+on its own connection) and many share round trips as one leader at a time would.
 
 Calls that carry options (a visibility, a ttl, a delay) share round trips with the calls of the
 same options (`ByOptions`: a coalescer for each option value); a caller's own timeout is kept by
@@ -30,6 +38,8 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 Taken = TypeVar("Taken")
 Options = TypeVar("Options", bound=Hashable)
+
+PARALLEL = 4  # round trips at once before calls share them, where a client has no pool size
 
 
 class _Call(Generic[Item, Result]):
@@ -59,29 +69,32 @@ class _Call(Generic[Item, Result]):
 
 class Coalescer(Generic[Item, Result]):
     """`run(items)` makes one round trip for several calls and answers, for each item in order,
-    its result or the exception that call must raise."""
+    its result or the exception that call must raise. At most `parallel` round trips at once,
+    fewer in a crowd (the module's docstring)."""
 
     def __init__(
         self,
         run: Callable[[list[Item]], Sequence[Result | BaseException]],
         limit: int,
-        in_flight: int = 1,
+        parallel: int = PARALLEL,
     ) -> None:
-        if limit < 1 or in_flight < 1:
-            raise ValueError(f"limit and in_flight must be at least 1, not {limit} and {in_flight}")
+        if limit < 1 or parallel < 1:
+            raise ValueError(f"limit and parallel must be at least 1, not {limit} and {parallel}")
         self._run = run
         self._limit = limit
-        self._in_flight = in_flight
+        self._parallel = parallel
         self._lock = threading.Lock()
         self._waiting: list[_Call[Item, Result]] = []
         self._leaders = 0
+        self._crowded = False  # the last round trip to end left calls waiting
         self.round_trips = 0  # for benchmarks and tests: how many calls of `run`
 
     def __call__(self, item: Item) -> Result:
         call: _Call[Item, Result] = _Call(item)
         batch = None
         with self._lock:
-            if self._leaders < self._in_flight:  # then nobody waits: lead a round trip of one
+            alone = not self._waiting and not self._crowded and self._leaders < self._parallel
+            if alone or self._leaders == 0:  # lead a round trip of one
                 self._leaders += 1
                 self.round_trips += 1
                 batch = [call]
@@ -123,6 +136,7 @@ class Coalescer(Generic[Item, Result]):
             woken = [call for call in batch[1:] if not call.abandoned]  # batch[0] is this leader
             for call, after in itertools.pairwise(woken):
                 call.next = after
+            self._crowded = bool(self._waiting)
             heir = self._hand_on()
         if heir is not None:
             heir.signal()
@@ -130,8 +144,10 @@ class Coalescer(Generic[Item, Result]):
             woken[0].signal()
 
     def _hand_on(self) -> _Call[Item, Result] | None:
-        """Under the lock, as a round trip ends: the waiting caller to lead the next one, if any."""
-        if not self._waiting:
+        """Under the lock, as a round trip ends: the waiting caller to lead the next one, if any;
+        none while other round trips are under way (they take the waiting calls as they end:
+        round trips merge)."""
+        if not self._waiting or self._leaders > 1:
             self._leaders -= 1
             return None
         following, self._waiting = self._waiting[: self._limit], self._waiting[self._limit :]
@@ -195,7 +211,9 @@ class ByOptions(Generic[Options, Item, Result]):
             return self._forgotten_trips + sum(c.round_trips for c in self._by.values())
 
 
-def take_coalescer(take: Callable[[list[Item]], list[Taken]], limit: int) -> Coalescer[Item, Taken | None]:
+def take_coalescer(
+    take: Callable[[list[Item]], list[Taken]], limit: int, parallel: int = PARALLEL
+) -> Coalescer[Item, Taken | None]:
     """Smart batching for pop() and acquire(): one `take(items)` for the waiting calls' items
     (None, or what a design takes per message, such as a visibility), which takes at most one
     message an item, so no message is taken that no caller receives (at-most-once holds). The
@@ -207,7 +225,7 @@ def take_coalescer(take: Callable[[list[Item]], list[Taken]], limit: int) -> Coa
             raise AssertionError(f"took {len(got)} messages for {len(calls)} calls")
         return got + [None] * (len(calls) - len(got))
 
-    return Coalescer(run, limit)
+    return Coalescer(run, limit, parallel)
 
 
 def take_one(
@@ -222,7 +240,9 @@ def take_one(
     return take_until(take, Deadline(timeout), waker, fallback_s, poll_first_s)
 
 
-def ack_coalescer(ack_many: Callable[[list[Taken]], None], limit: int) -> Coalescer[Taken, None]:
+def ack_coalescer(
+    ack_many: Callable[[list[Taken]], None], limit: int, parallel: int = PARALLEL
+) -> Coalescer[Taken, None]:
     """Smart batching for ack(): one ack_many for the messages of the waiting calls. A caller
     whose lease was lost gets a LeaseLost of its own; the others' acks stand."""
 
@@ -234,4 +254,4 @@ def ack_coalescer(ack_many: Callable[[list[Taken]], None], limit: int) -> Coales
             return [LeaseLost.of_acks([m], 1) if id(m) in lost else None for m in messages]
         return [None] * len(messages)
 
-    return Coalescer(run, limit)
+    return Coalescer(run, limit, parallel)

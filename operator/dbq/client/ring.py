@@ -2,10 +2,10 @@
 
 Thread-safe: a `Queue` keeps a small pool of connections and each call borrows one, so threads
 may share a Queue; a `Message` may be acked from any thread. Smart batching (on unless
-`smart_batching=False`): push(), pop(), acquire() and ack() calls made by several threads while
-one of the same kind and options is in flight share its next round trip (push_many, pop_many or
-acquire_many of exactly as many messages as callers wait, ack_many; `dbq.client.coalescing`);
-a lone caller goes at once.
+`smart_batching=False`): push(), pop(), acquire() and ack() calls made by more threads than the
+pool has connections share round trips (push_many, pop_many or acquire_many of exactly as many
+messages as callers wait, ack_many; `dbq.client.coalescing`); a call with a free connection
+goes at once.
 """
 
 from __future__ import annotations
@@ -263,16 +263,21 @@ class Queue:
         self._acquires: ByOptions[int, None, Message | None] | None = None
         self._acks: Coalescer[Message, None] | None = None
         if smart_batching:
+            at_once = max(self.pool_size, 1)  # calls with a free pooled connection go at once
             self._pushes = ByOptions(
-                lambda o: Coalescer(lambda messages: self._store_once(messages, *o), SMART_BATCH_LIMIT)
-            )
-            self._pops = take_coalescer(lambda calls: self._take_now(len(calls), 0), SMART_BATCH_LIMIT)
-            self._acquires = ByOptions(
-                lambda lease_ms: take_coalescer(
-                    lambda calls: self._take_now(len(calls), lease_ms), SMART_BATCH_LIMIT
+                lambda o: Coalescer(
+                    lambda messages: self._store_once(messages, *o), SMART_BATCH_LIMIT, at_once
                 )
             )
-            self._acks = ack_coalescer(self.ack_many, SMART_BATCH_LIMIT)
+            self._pops = take_coalescer(
+                lambda calls: self._take_now(len(calls), 0), SMART_BATCH_LIMIT, at_once
+            )
+            self._acquires = ByOptions(
+                lambda lease_ms: take_coalescer(
+                    lambda calls: self._take_now(len(calls), lease_ms), SMART_BATCH_LIMIT, at_once
+                )
+            )
+            self._acks = ack_coalescer(self.ack_many, SMART_BATCH_LIMIT, at_once)
         self._notifications = (
             Notifications(settings, names) if notify and settings.backend == "postgres" else None
         )

@@ -62,7 +62,9 @@ class Topic:
         self._publishes: ByOptions[int, Publish, dict[str, int]] | None = None
         if smart_batching:
             self._publishes = ByOptions(
-                lambda ttl_ms: Coalescer(lambda items: self._batch(items, ttl_ms), SMART_BATCH_LIMIT)
+                lambda ttl_ms: Coalescer(
+                    lambda items: self._batch(items, ttl_ms), SMART_BATCH_LIMIT, max(pool_size, 1)
+                )
             )
 
     def publish(

@@ -103,12 +103,14 @@ class PipesQueue:
                     lambda messages: self._store(messages, ttl=o[0], delay=o[1]), tuning.BATCH_MAX_MESSAGES
                 )
             )
+            # Takes go through the client's one lease, one at a time: one round trip at once.
             self._pops = take_coalescer(
-                lambda calls: self._take_together(len(calls), None), tuning.BATCH_MAX_MESSAGES
+                lambda calls: self._take_together(len(calls), None), tuning.BATCH_MAX_MESSAGES, parallel=1
             )
             self._acquires = take_coalescer(
                 lambda visibilities: self._take_together(len(visibilities), visibilities),
                 tuning.BATCH_MAX_MESSAGES,
+                parallel=1,
             )
             self._acks = ack_coalescer(self.ack_many, tuning.BATCH_MAX_MESSAGES)
 
