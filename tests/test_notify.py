@@ -13,7 +13,7 @@ import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
-from dbq.client.notify import WAIT_MARK_S, Notifications
+from dbq.client.notify import POLL_FIRST_S, WAIT_MARK_S, Notifications
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
 from dbq.names import QueueNames
@@ -65,6 +65,27 @@ def test_pushes_notify_only_while_a_consumer_says_it_waits(ring):
             time.sleep(WAIT_MARK_S + 0.2)  # it lapsed: the consumer stopped waiting
             pusher.push(b"d")
             assert settle(listener, 3) == 2
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("smart", [False, True], ids=["alone", "smart-batched"])
+def test_a_consumer_polls_first_and_says_it_waits_only_after(ring, smart):
+    """An empty queue is polled for POLL_FIRST_S before a consumer says it waits, with smart
+    batching as without: a busy consumer that finds the queue empty for a moment never makes
+    pushes notify (NOTIFY serialises the commits that send it)."""
+    q, url = ring
+    listener = counted(url, q)
+    try:
+        with connect(url, q.names.queue, schema=SCHEMA, smart_batching=smart) as consumer, \
+                connect(url, q.names.queue, schema=SCHEMA, notify=False) as pusher:  # fmt: skip
+            assert POLL_FIRST_S > 0.05 and consumer.pop(timeout=0.05) is None
+            pusher.push(b"nobody said it waits")
+            assert settle(listener, 0) == 0
+            assert consumer.pop(timeout=0) is not None
+            assert consumer.pop(timeout=POLL_FIRST_S + 0.2) is None  # waited past it, and said so
+            pusher.push(b"a consumer waits")
+            assert settle(listener, 1) == 1
     finally:
         listener.close()
 

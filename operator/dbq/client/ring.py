@@ -566,7 +566,11 @@ class Queue:
         a take coalescer) is given."""
         if together is not None:
             return take_one(
-                together, seconds_arg(timeout, "timeout", self.pop_timeout), self._waker(), FALLBACK_S
+                together,
+                seconds_arg(timeout, "timeout", self.pop_timeout),
+                self._waker(),
+                FALLBACK_S,
+                POLL_FIRST_S,
             )
         got = self._take(1, timeout, lease_ms)
         return got[0] if got else None
