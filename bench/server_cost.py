@@ -7,7 +7,10 @@ Per message pushed and taken, on each path, measured over the same number of mes
            visibility time on the oldest visible row (SKIP LOCKED) RETURNING, then DELETE by id
            (what PGMQ's send/read/delete do);
 - batch:   push_many(100) then pop_many(100); baseline one INSERT of 100 rows, one DELETE of the
-           100 oldest (SKIP LOCKED) RETURNING.
+           100 oldest (SKIP LOCKED) RETURNING;
+- lbatch:  leased batches: push_many(100), acquire_many(100), ack_many; baseline one INSERT of 100
+           rows, an UPDATE setting a visibility time on the 100 oldest visible rows (SKIP LOCKED)
+           RETURNING, then one DELETE of their ids (what PGMQ's send_batch/read/delete do).
 Bodies of 300 random bytes (a new one each message), --workers threads each with its own connection, each doing whole cycles.
 The ring at 10,000, 100,000 and 1,000,000 slots (the baseline's table has no size: it runs beside
 each). Every run starts right after a CHECKPOINT and has another half-way, so the full-page
@@ -47,7 +50,7 @@ from dbq.contract.ring import RingTarget
 from dbq.names import QueueNames
 
 SIZES = (10_000, 100_000, 1_000_000)
-PATHS = ("pop", "leased", "batch")
+PATHS = ("pop", "leased", "batch", "lbatch")
 BODY_BYTES = 300
 SLOT = "dbq_bench_server_cost"  # keeps the runs' WAL until pg_waldump has read it
 TABLE = f"{SCHEMA}.sl_queue"
@@ -63,6 +66,10 @@ BASELINE = {
     "delete": f"DELETE FROM {TABLE} WHERE id = ?",
     "pop_many": f"DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE} ORDER BY id LIMIT {BATCH}"
     " FOR UPDATE SKIP LOCKED) RETURNING id, body",
+    "read_many": f"UPDATE {TABLE} SET vt = clock_timestamp() + interval '60 seconds' WHERE id IN (SELECT id"
+    f" FROM {TABLE} WHERE vt <= clock_timestamp() ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED) RETURNING id, body",
+    # the ids as one array, as the ring's ack_many takes them
+    "delete_many": f"DELETE FROM {TABLE} WHERE id = ANY (string_to_array(?, ',')::bigint[])",
 }
 
 
@@ -138,7 +145,14 @@ def baseline_cycle(odbc: str, path: str) -> Callable[[], int]:
         cur.execute(BASELINE["push_many"], b"".join(body() for _ in range(BATCH)))
         return len(rows_of(cur, BASELINE["pop_many"]))
 
-    return {"pop": pop, "leased": leased, "batch": batch}[path]
+    def leased_batch() -> int:
+        cur.execute(BASELINE["push_many"], b"".join(body() for _ in range(BATCH)))
+        rows = rows_of(cur, BASELINE["read_many"])
+        if rows:
+            cur.execute(BASELINE["delete_many"], ",".join(str(row[0]) for row in rows))
+        return len(rows)
+
+    return {"pop": pop, "leased": leased, "batch": batch, "lbatch": leased_batch}[path]
 
 
 def ring_cycle(q: Queue, path: str) -> Callable[[], int]:
@@ -150,10 +164,18 @@ def ring_cycle(q: Queue, path: str) -> Callable[[], int]:
         m.ack()
         return 1
 
+    def leased_batch() -> int:
+        q.push_many([body() for _ in range(BATCH)])
+        taken = q.acquire_many(BATCH, timeout=0)
+        if taken:
+            q.ack_many(taken)
+        return len(taken)
+
     return {
         "pop": lambda: (q.push(body()), q.pop(timeout=0) is not None)[1],
         "leased": leased,
         "batch": lambda: (q.push_many([body() for _ in range(BATCH)]), len(q.pop_many(BATCH, timeout=0)))[1],
+        "lbatch": leased_batch,
     }[path]
 
 
@@ -203,7 +225,7 @@ def measure(a: argparse.Namespace, url: str, odbc: str, cur: pyodbc.Cursor, wal_
         backend = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, queue), size, BODY_BYTES))
         backend.apply()
         cur.execute(f"VACUUM ANALYZE {SCHEMA}.{queue}_ring")
-        for path in PATHS:
+        for path in a.paths.split(","):  # checked in main
             fresh_baseline(cur)
             baseline = run([baseline_cycle(odbc, path) for _ in range(a.workers)], a.messages, cur, wal_dir)
             clients = [
@@ -231,7 +253,10 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=20_000, help="messages delivered in each run")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    p.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
     a = p.parse_args()
+    if unknown := set(a.paths.split(",")) - set(PATHS):
+        p.error(f"--paths: {', '.join(sorted(unknown))} is not a path; pick from {', '.join(PATHS)}")
     pg, url, odbc = bench_database()
     cur = admin(odbc)
     cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")

@@ -26,7 +26,7 @@ from dbq.connection import from_url, odbc
 from dbq.contract.access import QUEUE_RIGHTS, Right
 from dbq.contract.ring import RingTarget
 from dbq.contract.topics import Route, TopicNames, TopicTarget
-from dbq.errors import AuthenticationFailed, PermissionDenied
+from dbq.errors import AccessHelperMissing, AuthenticationFailed, PermissionDenied
 from dbq.names import QueueNames, group_role, login_role
 from tests.workers import finish, read_logs, start
 
@@ -323,3 +323,29 @@ def test_a_revoked_right_is_refused_at_the_next_call_and_a_dropped_login_loses_i
         assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)).fetchone() == (0,)
     with owner(postgres) as admin:
         admin.pop_many(10, timeout=0)
+
+
+def test_a_superuser_installs_the_role_helper_itself_and_another_login_is_told_what_to_run(stack):
+    """A database no DBA prepared: the operator on a superuser login installs the helper as it
+    provisions (an operator that ran as one before keeps working); the operator's own login gets
+    AccessHelperMissing naming the command, and nothing is made."""
+    name = f"dbq_bare_{secrets.token_hex(3)}"
+    with psycopg.connect(stack.postgres.url("postgres"), autocommit=True) as root:
+        root.execute(f'CREATE DATABASE "{name}"')
+        root.execute(f'GRANT CREATE ON DATABASE "{name}" TO dbq_operator')
+    try:
+        target = RingTarget(QueueNames("bare", "orders"), 64, 64)
+        with pytest.raises(
+            AccessHelperMissing, match=f"dbq access install-sql --operator dbq_operator .* -d {name}"
+        ):
+            OdbcRing(from_url(stack.postgres.operator_url(name)), target).apply()
+        with psycopg.connect(stack.postgres.url(name), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'bare'").fetchone() == (0,)
+        OdbcRing(from_url(stack.postgres.url(name)), target).apply()
+        with psycopg.connect(stack.postgres.url(name), autocommit=True) as conn:
+            assert conn.execute(
+                "SELECT to_regprocedure('dbq_access.drop_login(text)') IS NOT NULL"
+            ).fetchone() == (True,)
+    finally:
+        with psycopg.connect(stack.postgres.url("postgres"), autocommit=True) as root:
+            root.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -20,11 +20,12 @@ from dbq.names import check_role
 
 SCRAM_ITERATIONS = 4096  # PostgreSQL's own default (scram_iterations)
 # The helper is there, and the caller may use it.
+# Integers, not booleans: psqlODBC hands booleans over as '0'/'1' text, and '0' is true in Python.
 HELPER_READY = (
-    "SELECT to_regprocedure('dbq_access.drop_login(text)') IS NOT NULL"
-    " AND has_function_privilege(to_regprocedure('dbq_access.drop_login(text)'), 'EXECUTE')"
+    "SELECT coalesce(to_regprocedure('dbq_access.drop_login(text)') IS NOT NULL"
+    " AND has_function_privilege(to_regprocedure('dbq_access.drop_login(text)'), 'EXECUTE'), false)::int"
 )
-IS_SUPERUSER = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+IS_SUPERUSER = "SELECT rolsuper::int FROM pg_roles WHERE rolname = current_user"
 # The dbq group roles a login is a member of (parameter: the login).
 MEMBERSHIPS = (
     "SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
@@ -49,9 +50,9 @@ def helper_statements(operator: str) -> list[str]:
 def ensure_helper(cur: pyodbc.Cursor, database: str, username: str) -> None:
     """The helper is ready for this login; a superuser installs it itself (an operator that ran
     as one before keeps working), any other login gets an error saying what a DBA runs."""
-    if cur.execute(HELPER_READY).fetchval():
+    if int(cur.execute(HELPER_READY).fetchval()):
         return
-    if not cur.execute(IS_SUPERUSER).fetchval():
+    if not int(cur.execute(IS_SUPERUSER).fetchval() or 0):
         raise AccessHelperMissing(
             f"database {database}: dbq's role helper is not installed for {username!r}: a DBA runs, as a"
             f" superuser, `dbq access install-sql --operator {username} | psql -d {database}` (once per database)"
