@@ -265,11 +265,12 @@ def measure(label: str, make: Callable[[bool], Any], seconds: float, rounds: int
                     conserved(stored, received, drain(counter))
                 if kind == "pop" and len(received) == len(stored):
                     print(f"  {label:5s} pop {threads} threads: the queue ran dry; raise PREFILL", flush=True)
+                calls = len(timed.seconds) * (2 if kind == "leased" else 1)  # acquire and ack
                 got = runs.setdefault((kind, threads, smart, one_cpu), Runs())
                 got.rates.append(rate)
                 got.seconds += timed.seconds
-                got.calls += len(timed.seconds) * (2 if kind == "leased" else 1)
-                got.trips += trips or len(timed.seconds) * (2 if kind == "leased" else 1)
+                got.calls += calls
+                got.trips += trips or calls  # off: one round trip a call
         print(f"  {label}: round {round_ + 1} of {rounds} done", file=sys.stderr, flush=True)
     rates: Rates = {}
     for (kind, threads, smart, one_cpu), got in runs.items():
