@@ -349,6 +349,11 @@ def test_a_frozen_leader_that_resumes_after_a_takeover_exits_without_acting(kube
     wait_for(lambda: _serves(two), 30, "the standby's /healthz and /metrics")
     cluster.create(queue("before"))
     cluster.wait_condition("before", "Ready", "True", timeout=60)
+    # Frozen only once kopf finished with it: its last patch (the handled configuration) is in,
+    # so what follows the freeze is what a woken leader does, not the end of a handler it was in.
+    wait_for(lambda: "dbq.dev/last-handled-configuration" in cluster.get("before")["metadata"].get("annotations", {}),
+             30, "kopf's last patch of the queue")  # fmt: skip
+    wait_for(lambda: "Creation is processed" in one.log_text(), 30, "the creation logged as processed")
     assert one.proc is not None
     one.proc.send_signal(signal.SIGSTOP)  # a hung process or node: it neither renews nor exits
     try:
