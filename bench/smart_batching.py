@@ -389,11 +389,52 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=5, help="off and on runs of each configuration")
     parser.add_argument("--options-only", action="store_true", help="only the calls with their own options")
+    parser.add_argument("--designs", default="ring,pipes", help="of ring (PostgreSQL) and pipes (Cassandra)")
     opts = parser.parse_args()
+    designs = opts.designs.split(",")
+    if unknown := set(designs) - {"ring", "pipes"}:
+        parser.error(f"--designs: {', '.join(sorted(unknown))} is not a design; pick from ring, pipes")
     stack = Stack()
-    stack.up(("postgres", "cassandra"))
+    stack.up(tuple(component for design, component in (("ring", "postgres"), ("pipes", "cassandra"))
+                   if design in designs))  # fmt: skip
     missed: list[str] = []
     missed_threads: list[str] = []
+    if "ring" in designs:
+        ring, top, work = measure_ring(stack, opts, missed, missed_threads)
+    if "pipes" in designs:
+        measure_pipes(stack, opts, missed, missed_threads)
+    print(
+        "calls with their own options: "
+        + (f"targets MISSED by {', '.join(missed)}" if missed else "every target met")
+    )
+    if opts.options_only:
+        return 0
+    print(
+        "single calls by thread count, on / off: "
+        + (f"targets MISSED by {', '.join(missed_threads)}" if missed_threads else "every target met")
+    )
+    print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
+          f" pop runs start on {PREFILL['ring'] * opts.seconds:,.0f} messages (ring), {PREFILL['pipes'] * opts.seconds:,.0f} (pipes);"
+          " push+pop and leased count messages delivered")  # fmt: skip
+    if "ring" not in designs:
+        return 0
+    print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
+    half = top / 2
+    spread, pinned = ring["push+pop", 64, True, False], ring["push+pop", 64, True, True]
+    leased = ring["leased", 16, True, False] / ring["leased", 16, False, False]
+    print(f"  ring 64 + 64 delivered, smart batching on: {spread:.0f}/s spread over the CPUs ({spread / half:.2f} x"
+          f" ceiling/2), {pinned:.0f}/s on one CPU ({pinned / half:.2f} x); leased 16 + 16 on/off: {leased:.2f} x")  # fmt: skip
+    budget(top, work, opts.seconds)
+    return 0
+
+
+def measure_ring(
+    stack: Stack, opts: argparse.Namespace, missed: list[str], missed_threads: list[str]
+) -> tuple[Rates, float, dict[str, tuple[float, float]]]:
+    """The ring's cases (the kinds that missed a target added to the lists): its rates by
+    configuration, the commit ceiling and a message's CPU in batches."""
+    ring: Rates = {}
+    work: dict[str, tuple[float, float]] = {}
     with scratch_database(stack, "dbq_bench_sb") as postgres:
         top = ceiling(postgres.admin_odbc, opts.seconds)  # a table of its own: the superuser
         name = f"q_{secrets.token_hex(3)}"
@@ -406,6 +447,13 @@ def main() -> int:
             missed_threads += short
             with connect(postgres.url, name, schema="bench", smart_batching=False) as q:
                 work = client_work(q)
+    return ring, top, work
+
+
+def measure_pipes(
+    stack: Stack, opts: argparse.Namespace, missed: list[str], missed_threads: list[str]
+) -> None:
+    """The pipes' cases (the kinds that missed a target added to the lists)."""
     host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     url = f"cassandra://{host}:{port}"
@@ -426,27 +474,6 @@ def main() -> int:
     finally:
         backend.teardown()
         backend.close()
-    print(
-        "calls with their own options: "
-        + (f"targets MISSED by {', '.join(missed)}" if missed else "every target met")
-    )
-    if opts.options_only:
-        return 0
-    print(
-        "single calls by thread count, on / off: "
-        + (f"targets MISSED by {', '.join(missed_threads)}" if missed_threads else "every target met")
-    )
-    print(f"one message a call, {opts.seconds:g} s a run, bodies of {len(BODY)} bytes;"
-          f" pop runs start on {PREFILL['ring'] * opts.seconds:,.0f} messages (ring), {PREFILL['pipes'] * opts.seconds:,.0f} (pipes);"
-          " push+pop and leased count messages delivered")  # fmt: skip
-    print(f"  commit ceiling (PostgreSQL, 16 threads, one-row UPDATE a transaction): {top:.0f}/s")
-    half = top / 2
-    spread, pinned = ring["push+pop", 64, True, False], ring["push+pop", 64, True, True]
-    leased = ring["leased", 16, True, False] / ring["leased", 16, False, False]
-    print(f"  ring 64 + 64 delivered, smart batching on: {spread:.0f}/s spread over the CPUs ({spread / half:.2f} x"
-          f" ceiling/2), {pinned:.0f}/s on one CPU ({pinned / half:.2f} x); leased 16 + 16 on/off: {leased:.2f} x")  # fmt: skip
-    budget(top, work, opts.seconds)
-    return 0
 
 
 if __name__ == "__main__":

@@ -296,7 +296,7 @@ BEGIN
     -- few tries is an orphan and moves there too. Otherwise its popper is about to take it. A
     -- slot a popper's transaction holds is skipped (SKIP LOCKED), never waited for: that popper
     -- may itself be waiting for a position this push has drawn, and neither would move.
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+    v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
     WITH held AS (
       SELECT slot FROM "shopq"."orders_ring"
       WHERE slot = p_id % 1000 AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
@@ -338,9 +338,7 @@ BEGIN
   -- Draw a position only if the ring has room; the same statement reads both positions, draws,
   -- and sees whether consumers wait (one query fewer: a push costs its statements).
   SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
-  FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
-  WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
-    < 1000;
+  WHERE coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) < 1000;
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -399,9 +397,8 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END, CASE WHEN o.is_called THEN o.last_value ELSE 0 END,
-    EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now)
-  INTO v_pushed, v_popped, v_wake FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o;
+  SELECT coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0), coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now)
+  INTO v_pushed, v_popped, v_wake;
   v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', '');  -- consumers wait: wake them
@@ -498,7 +495,7 @@ BEGIN
     END IF;
     DELETE FROM "shopq"."orders_gap" WHERE pos = p_pos AND reason = 'void';
     IF FOUND THEN o_status := 3; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, ''); END IF;
-    EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "shopq"."orders_push_seq");
+    EXIT WHEN v_round = 12 OR p_pos > coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0);
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
   o_body := NULL; o_attempts := NULL; o_headers := NULL;
@@ -548,8 +545,7 @@ BEGIN
     -- 2. The ring, in push order.
     LOOP
       -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
-      SELECT nextval('"shopq"."orders_pop_seq"') INTO v_pos FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o
-      WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
+      SELECT nextval('"shopq"."orders_pop_seq"') INTO v_pos WHERE coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
       IF NOT FOUND THEN
         IF NOT v_look THEN v_look := true; CONTINUE attempt; END IF;
         -- Nothing new. A position whose popper gave up may have received its message since.
@@ -617,8 +613,7 @@ BEGIN
     v_got := v_got + 1;
   END LOOP;
   v_msgs := v_got;
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM "shopq"."orders_push_seq";
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  SELECT coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0), coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) INTO v_pushed, v_popped;
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 OR v_wait THEN
     IF v_out = '' THEN
@@ -633,9 +628,7 @@ BEGIN
     -- positions they would wait for in vain.
     SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
       SELECT nextval('"shopq"."orders_pop_seq"') AS p FROM generate_series(1, v_k) g
-      WHERE (SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END
-                    > CASE WHEN o.is_called THEN o.last_value ELSE 0 END
-             FROM "shopq"."orders_push_seq" u, "shopq"."orders_pop_seq" o WHERE g > 0)) d;  -- g > 0: looked at again for each row
+      WHERE coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0)) d;  -- volatile: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
     -- A body in "shopq"."orders_content" is read in the same statement (COALESCE evaluates the subquery only
@@ -811,7 +804,7 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
 BEGIN
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
   -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
   -- run looks again, and repair never waits on a client or deadlocks with one.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
@@ -913,7 +906,7 @@ BEGIN
   -- that is already older than the grace has been unwritten at least that long: void it, so
   -- the popper that draws it moves on at once. (Should the pusher write it after all, the
   -- message is an orphan, and repair delivers it.)
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM "shopq"."orders_pop_seq";
+  v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
   SELECT max(msg_id) INTO v_bound FROM "shopq"."orders_ring"
   WHERE state = 1 AND msg_id > v_popped AND pushed_at <= clock_timestamp() - p_grace_ms * interval '1 millisecond';
   o_holes := 0;

@@ -8,6 +8,7 @@
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
 -- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {header_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {content} {buckets} {max_body_bytes} (bodies past a slot),
+-- {last_pushed} {last_popped} (the last position each sequence drew, 0 before the first),
 -- {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
@@ -109,7 +110,7 @@ BEGIN
     -- few tries is an orphan and moves there too. Otherwise its popper is about to take it. A
     -- slot a popper's transaction holds is skipped (SKIP LOCKED), never waited for: that popper
     -- may itself be waiting for a position this push has drawn, and neither would move.
-    SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+    v_popped := {last_popped};
     WITH held AS (
       SELECT slot FROM {ring}
       WHERE slot = p_id % {size} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
@@ -151,9 +152,7 @@ BEGIN
   -- Draw a position only if the ring has room; the same statement reads both positions, draws,
   -- and sees whether consumers wait (one query fewer: a push costs its statements).
   SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
-  FROM {push_seq} u, {pop_seq} o
-  WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END - CASE WHEN o.is_called THEN o.last_value ELSE 0 END
-    < {size};
+  WHERE {last_pushed} - {last_popped} < {size};
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -212,9 +211,8 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END, CASE WHEN o.is_called THEN o.last_value ELSE 0 END,
-    EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now)
-  INTO v_pushed, v_popped, v_wake FROM {push_seq} u, {pop_seq} o;
+  SELECT {last_pushed}, {last_popped}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now)
+  INTO v_pushed, v_popped, v_wake;
   v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify({channel}, '');  -- consumers wait: wake them
@@ -313,7 +311,7 @@ BEGIN
     END IF;
     DELETE FROM {gap} WHERE pos = p_pos AND reason = 'void';
     IF FOUND THEN o_status := 3; RETURN {record}; END IF;
-    EXIT WHEN v_round = 12 OR p_pos > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {push_seq});
+    EXIT WHEN v_round = 12 OR p_pos > {last_pushed};
     IF v_round > 2 THEN PERFORM pg_sleep(0.0002); END IF;
   END LOOP;
   o_body := NULL; o_attempts := NULL; o_headers := NULL;
@@ -365,8 +363,7 @@ BEGIN
     -- 2. The ring, in push order.
     LOOP
       -- Draw a position only if a push is ahead of the pops (one statement reads both and draws).
-      SELECT nextval('{pop_seq}') INTO v_pos FROM {push_seq} u, {pop_seq} o
-      WHERE CASE WHEN u.is_called THEN u.last_value ELSE 0 END > CASE WHEN o.is_called THEN o.last_value ELSE 0 END;
+      SELECT nextval('{pop_seq}') INTO v_pos WHERE {last_pushed} > {last_popped};
       IF NOT FOUND THEN
         IF NOT v_look THEN v_look := true; CONTINUE attempt; END IF;
         -- Nothing new. A position whose popper gave up may have received its message since.
@@ -436,8 +433,7 @@ BEGIN
     v_got := v_got + 1;
   END LOOP;
   v_msgs := v_got;
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_pushed FROM {push_seq};
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  SELECT {last_pushed}, {last_popped} INTO v_pushed, v_popped;
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 OR v_wait THEN
     IF v_out = '' THEN
@@ -452,9 +448,7 @@ BEGIN
     -- positions they would wait for in vain.
     SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
       SELECT nextval('{pop_seq}') AS p FROM generate_series(1, v_k) g
-      WHERE (SELECT CASE WHEN u.is_called THEN u.last_value ELSE 0 END
-                    > CASE WHEN o.is_called THEN o.last_value ELSE 0 END
-             FROM {push_seq} u, {pop_seq} o WHERE g > 0)) d;  -- g > 0: looked at again for each row
+      WHERE {last_pushed} > {last_popped}) d;  -- volatile: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
     -- A body in {content} is read in the same statement (COALESCE evaluates the subquery only
@@ -650,7 +644,7 @@ CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
 LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
 BEGIN
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  v_popped := {last_popped};
   -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
   -- run looks again, and repair never waits on a client or deadlocks with one.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
@@ -752,7 +746,7 @@ BEGIN
   -- that is already older than the grace has been unwritten at least that long: void it, so
   -- the popper that draws it moves on at once. (Should the pusher write it after all, the
   -- message is an orphan, and repair delivers it.)
-  SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO v_popped FROM {pop_seq};
+  v_popped := {last_popped};
   SELECT max(msg_id) INTO v_bound FROM {ring}
   WHERE state = 1 AND msg_id > v_popped AND pushed_at <= clock_timestamp() - p_grace_ms * interval '1 millisecond';
   o_holes := 0;
