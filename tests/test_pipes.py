@@ -878,6 +878,37 @@ def test_concurrent_single_acquires_and_acks_share_round_trips_on_pipes(make_que
     assert q.pop(timeout=0) is None and q.stats().in_flight == 0
 
 
+def test_smart_batched_takes_lease_spare_pipes_beside_the_first_and_a_single_taker_keeps_fifo(make_queue):
+    q = make_queue(max_pushes=50, smart_batching=True, pop_timeout=0.5)
+    sent = bodies("s", 600)  # 12 pipes of 50
+    q.push_many(sent)
+    # One thread alone: every take goes through the first lease, in push order.
+    assert [m.body for m in (q.pop() for _ in range(120))] == sent[:120]  # type: ignore[union-attr]
+    spares_held = [0]
+    done = threading.Event()
+
+    def watch() -> None:  # how many spare leases held a pipe at once, at the most
+        while not done.is_set():
+            spares_held[0] = max(spares_held[0], sum(s.lease is not None for s in q.leases._slots[1:]))
+            time.sleep(0.001)
+
+    taken: list[list[bytes]] = [[] for _ in range(8)]
+
+    def taker(t: int) -> None:
+        while (m := q.pop()) is not None:
+            taken[t].append(m.body)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(8) as pool:
+        for f in [pool.submit(taker, t) for t in range(8)]:
+            f.result()
+    done.set()
+    watcher.join()
+    assert sorted(b for part in taken for b in part) == sorted(sent[120:])  # each once, none lost
+    assert spares_held[0] >= 1  # takes ran beside the first lease, on other pipes
+
+
 def test_acquires_sharing_a_round_trip_each_lease_for_their_callers_visibility(make_queue, cass_url):
     q = make_queue(max_pushes=100_000, smart_batching=True, pop_timeout=1)
     q.push_many(bodies("v", 64))

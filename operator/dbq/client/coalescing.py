@@ -69,20 +69,21 @@ class _Call(Generic[Item, Result]):
 
 class Coalescer(Generic[Item, Result]):
     """`run(items)` makes one round trip for several calls and answers, for each item in order,
-    its result or the exception that call must raise. At most `parallel` round trips at once,
-    fewer in a crowd (the module's docstring)."""
+    its result or the exception that call must raise. At most `parallel` round trips at once
+    (a number, or a function that tells it when a call comes), fewer in a crowd (the module's
+    docstring)."""
 
     def __init__(
         self,
         run: Callable[[list[Item]], Sequence[Result | BaseException]],
         limit: int,
-        parallel: int = PARALLEL,
+        parallel: int | Callable[[], int] = PARALLEL,
     ) -> None:
-        if limit < 1 or parallel < 1:
+        if limit < 1 or (isinstance(parallel, int) and parallel < 1):
             raise ValueError(f"limit and parallel must be at least 1, not {limit} and {parallel}")
         self._run = run
         self._limit = limit
-        self._parallel = parallel
+        self._parallel = parallel if callable(parallel) else lambda: parallel
         self._lock = threading.Lock()
         self._waiting: list[_Call[Item, Result]] = []
         self._leaders = 0
@@ -93,7 +94,7 @@ class Coalescer(Generic[Item, Result]):
         call: _Call[Item, Result] = _Call(item)
         batch = None
         with self._lock:
-            alone = not self._waiting and not self._crowded and self._leaders < self._parallel
+            alone = not self._waiting and not self._crowded and self._leaders < self._parallel()
             if alone or self._leaders == 0:  # lead a round trip of one
                 self._leaders += 1
                 self.round_trips += 1
@@ -212,7 +213,7 @@ class ByOptions(Generic[Options, Item, Result]):
 
 
 def take_coalescer(
-    take: Callable[[list[Item]], list[Taken]], limit: int, parallel: int = PARALLEL
+    take: Callable[[list[Item]], list[Taken]], limit: int, parallel: int | Callable[[], int] = PARALLEL
 ) -> Coalescer[Item, Taken | None]:
     """Smart batching for pop() and acquire(): one `take(items)` for the waiting calls' items
     (None, or what a design takes per message, such as a visibility), which takes at most one

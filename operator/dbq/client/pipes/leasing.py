@@ -1,7 +1,8 @@
 """Pipe leases: a popping thread leases one pipe at a time with a lightweight transaction
 (PIPE_LEASE_S, renewed while used), preferring the oldest pipe with messages, which gives the
-seed's "mostly FIFO". With smart batching, every take of a client goes through one lease, one
-thread at a time."""
+seed's "mostly FIFO". With smart batching, a client's takes go through a few shared leases
+(SLOTS), one take at a time on each: the first lease always, and a spare one beside it while
+another pipe has messages (a client taking from one thread only uses the first: strict FIFO)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dbq.client.pipes import tuning
 from dbq.client.pipes.model import Lease, PipeState
 from dbq.client.pipes.session import PipesSession
 from dbq.errors import QueueError
+
+SLOTS = 4  # leases a client's smart-batched takes share: takes at once, as many as a ring's pool
+
+
+@dataclass
+class _Slot:
+    """One of the client's shared leases (smart batching), held by one take at a time."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    lease: Lease | None = None
 
 
 class PipeLeases:
@@ -26,27 +38,98 @@ class PipeLeases:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._leases: list[Lease] = []
-        # With smart batching (`together`), every take of this client goes through one lease,
-        # one thread at a time: the leader of a coalesced take changes, a pipe has one lessee,
-        # and a thread's single and batch takes must not lease different pipes (one popper:
-        # strict FIFO).
+        # With smart batching (`together`), this client's takes go through its shared leases,
+        # one take at a time on each: the leader of a coalesced take changes, a pipe has one
+        # lessee, and one thread's single and batch takes go through the first lease (one
+        # popper: strict FIFO).
         self.together = together
-        self._together_lock = threading.Lock()
-        self._shared: Lease | None = None
+        self._slots = [_Slot() for _ in range(SLOTS)]
+        self._spare_after = 0.0  # a spare slot looks for a pipe no sooner (monotonic), after a miss
 
     @contextlib.contextmanager
-    def client_lease(self) -> Iterator[None]:
-        """With smart batching, this thread holds the client's one lease meanwhile (the other
-        threads wait for it); without, its own lease stays."""
+    def client_lease(self, spare: bool = True) -> Iterator[bool]:
+        """With smart batching, this thread holds one of the client's shared leases meanwhile:
+        the first if it is free (or if not `spare`), else a spare one that holds a pipe or can
+        lease one now (only while the first holds one: the first is the client's lease, the
+        spares take from other pipes beside it); failing those, the first, once free. The first
+        without a pipe adopts a spare's. Whether it holds a spare one. Without smart batching,
+        the thread's own lease stays (False)."""
         if not self.together:
-            yield
+            yield False
             return
-        with self._together_lock:
-            self._local.lease = self._shared
-            try:
-                yield
-            finally:
-                self._shared, self._local.lease = self.current(), None
+        first = self._slots[0]
+        slot = self._free_slot() if spare else None
+        if slot is None:
+            first.lock.acquire()
+            slot = first
+        if slot is first and first.lease is None:
+            first.lease = self._adopt()
+        self._local.lease = slot.lease
+        try:
+            yield slot is not first
+        finally:
+            slot.lease, self._local.lease = self.current(), None
+            if slot.lease is None and slot is not first:
+                self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
+            slot.lock.release()
+
+    def takes_at_once(self) -> int:
+        """How many takes may go at once (smart batching): one on the first lease, and one on
+        each spare lease that holds a pipe, or on one more while a spare one may look for a pipe."""
+        first, *spares = self._slots
+        held = sum(1 for slot in spares if slot.lease is not None)
+        looking = first.lease is not None and held < len(spares) and time.monotonic() >= self._spare_after
+        return 1 + held + looking
+
+    def _free_slot(self) -> _Slot | None:
+        """A free slot: the first, else a spare one with a pipe (leasing one for it while the
+        first holds one, at most every MOVE_SCAN_S after a miss); None when there is none. The
+        slot's lock is held."""
+        first, *spares = self._slots
+        if first.lock.acquire(blocking=False):
+            return first
+        for slot in spares:
+            if not slot.lock.acquire(blocking=False):
+                continue
+            if slot.lease is None and first.lease is not None and time.monotonic() >= self._spare_after:
+                slot.lease = self.claim()
+                if slot.lease is not None:
+                    with self._lock:
+                        self._leases.append(slot.lease)
+                else:
+                    self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
+            if slot.lease is not None:
+                return slot
+            slot.lock.release()
+        return None
+
+    def _adopt(self) -> Lease | None:
+        """A free spare slot's lease, handed over to the first slot (which has none)."""
+        for slot in self._slots[1:]:
+            if slot.lease is not None and slot.lock.acquire(blocking=False):
+                lease, slot.lease = slot.lease, None
+                slot.lock.release()
+                if lease is not None:
+                    return lease
+        return None
+
+    @contextlib.contextmanager
+    def lease_of(self, pipe: uuid.UUID) -> Iterator[None]:
+        """With smart batching, this thread holds the client's shared lease on `pipe` meanwhile,
+        if one holds it (a repair rolling back overdue messages of a pipe this client leases);
+        without, its own lease stays."""
+        for slot in self._slots if self.together else []:
+            if slot.lease is not None and slot.lease.state.pipe == pipe:
+                with slot.lock:
+                    if slot.lease is None or slot.lease.state.pipe != pipe:
+                        break  # moved on meanwhile: nothing of this client's holds the pipe
+                    self._local.lease = slot.lease
+                    try:
+                        yield
+                    finally:
+                        slot.lease, self._local.lease = self.current(), None
+                    return
+        yield
 
     def current(self) -> Lease | None:
         """The lease this thread uses, if any."""

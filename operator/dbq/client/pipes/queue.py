@@ -103,14 +103,16 @@ class PipesQueue:
                     lambda messages: self._store(messages, ttl=o[0], delay=o[1]), tuning.BATCH_MAX_MESSAGES
                 )
             )
-            # Takes go through the client's one lease, one at a time: one round trip at once.
+            # Takes go through the client's shared leases, one take at a time on each.
             self._pops = take_coalescer(
-                lambda calls: self._take_together(len(calls), None), tuning.BATCH_MAX_MESSAGES, parallel=1
+                lambda calls: self._take_together(len(calls), None),
+                tuning.BATCH_MAX_MESSAGES,
+                parallel=self.leases.takes_at_once,
             )
             self._acquires = take_coalescer(
                 lambda visibilities: self._take_together(len(visibilities), visibilities),
                 tuning.BATCH_MAX_MESSAGES,
-                parallel=1,
+                parallel=self.leases.takes_at_once,
             )
             self._acks = ack_coalescer(self.ack_many, tuning.BATCH_MAX_MESSAGES)
 
@@ -287,8 +289,15 @@ class PipesQueue:
                 return []
 
     def _take_together(self, n: int, visibility: Visibility) -> list[PipeMessage]:
-        """A take on the client's one lease (smart batching), without waiting."""
-        with self.leases.client_lease():
+        """A take on one of the client's shared leases (smart batching), without waiting. A
+        spare lease whose pipe ran dry gives it back, and the take goes to the first lease."""
+        with self.leases.client_lease() as spare:
+            got = self._take_leased(n, Deadline(0), visibility)
+            if got or not spare:
+                return got
+            if (dry := self.leases.current()) is not None:
+                self.leases.release(dry)
+        with self.leases.client_lease(spare=False):
             return self._take_leased(n, Deadline(0), visibility)
 
     def peek(self, n: int) -> list[PipeMessage]:

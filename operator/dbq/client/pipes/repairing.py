@@ -54,7 +54,7 @@ class PipeRepairer:
             late, finished_ends = self.settler.finish_ending(pipe, overdue(rows, at))
             ended += finished_ends
             if late:
-                with self.leases.client_lease():  # the pipe may be this client's own
+                with self.leases.lease_of(pipe):  # the pipe may be this client's own
                     moved, dead = self.settler.roll_back(state, late) or (0, 0)
                 rolled_back, dead_lettered = rolled_back + moved, dead_lettered + dead
             if late or finished_ends:
