@@ -8,10 +8,10 @@ gets its own result or its own error. A thread's calls keep their order, since e
 before the next is made.
 
 Under load, fewer and larger round trips cost less than as many as the pool allows. A round trip
-that ends with calls waiting makes the coalescer crowded: then a caller never opens a round trip
-beside the ones under way, and a leader that ends while others are under way leaves the waiting
-calls to them, so round trips merge down to one. A round trip that ends with no call waiting ends
-the crowd. So a few threads go as if there were no smart batching (each call its own round trip
+that ends with more calls waiting than the round trips then free could take one each makes the
+coalescer crowded: then a caller never opens a round trip beside the ones under way, and a leader
+that ends while others are under way leaves the waiting calls to them, so round trips merge down
+to one. A round trip that ends with fewer waiting ends the crowd. So a few threads go as if there were no smart batching (each call its own round trip
 on its own connection) and many share round trips as one leader at a time would.
 
 Calls that carry options (a visibility, a ttl, a delay) share round trips with the calls of the
@@ -137,7 +137,8 @@ class Coalescer(Generic[Item, Result]):
             woken = [call for call in batch[1:] if not call.abandoned]  # batch[0] is this leader
             for call, after in itertools.pairwise(woken):
                 call.next = after
-            self._crowded = bool(self._waiting)
+            # A crowd: more calls wait than the round trips free from now on could take alone.
+            self._crowded = len(self._waiting) > self._parallel() - (self._leaders - 1)
             heir = self._hand_on()
         if heir is not None:
             heir.signal()
