@@ -55,10 +55,12 @@ def held_snapshot(text: str | None = None) -> dict[str, list[float]]:
     return out
 
 
-def smart_batching(text: str | None = None) -> dict[tuple[str, str, str], dict[int, float]]:
-    """(design, operation, off|on) -> threads -> messages/s, the latest run; repeated
-    single-thread runs averaged; runs pinned to one CPU left out."""
-    text = _first_run(text or _read("smart_batching.txt"))
+def smart_batching(
+    text: str | None = None, name: str = "smart_batching.txt"
+) -> dict[tuple[str, str, str], dict[int, float]]:
+    """(design, operation, off|on) -> threads -> messages/s, the latest run of results file
+    `name`; repeated single-thread runs averaged; runs pinned to one CPU left out."""
+    text = _first_run(text or _read(name))
     runs: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     pattern = rf"^\s+(ring|pipes)\s+(\S+)\s+(off|on)\s+(\d+) threads\s+{_NUMBER} msg/s(.*)$"
     for design, op, mode, threads, rate, rest in re.findall(pattern, text, re.M):
@@ -125,16 +127,16 @@ def ring_table() -> str:
     return "\n".join(rows) + "\n" + _run_line("ring_vs_skiplocked.txt")
 
 
-def smart_batching_table() -> str:
-    data = smart_batching()
+def smart_batching_table(design: str = "ring", name: str = "smart_batching.txt") -> str:
+    data = smart_batching(name=name)
     threads = sorted({t for by in data.values() for t in by})
-    rows = ["| ring, messages/s off → on | " + " | ".join(f"{t} threads" for t in threads) + " |",
+    rows = [f"| {design}, messages/s off → on | " + " | ".join(f"{t} threads" for t in threads) + " |",
             "|---|" + "---:|" * len(threads)]  # fmt: skip
     for op in ("push", "pop", "push+pop", "leased"):
-        off, on = data.get(("ring", op, "off"), {}), data.get(("ring", op, "on"), {})
+        off, on = data.get((design, op, "off"), {}), data.get((design, op, "on"), {})
         cells = [f"{off[t]:,.0f} → {on[t]:,.0f}" if t in off and t in on else "" for t in threads]
         rows.append(f"| {op} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n" + _run_line("smart_batching.txt")
+    return "\n".join(rows) + "\n" + _run_line(name)
 
 
 def smart_batching_options_table() -> str:
@@ -171,6 +173,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "control-plane": control_plane_run,
     "ring": ring_table,
     "smart-batching": smart_batching_table,
+    "smart-batching-pipes": lambda: smart_batching_table("pipes", "smart_batching_pipes.txt"),
     "smart-batching-options": smart_batching_options_table,
     "stats-cost": stats_table,
     "spark": spark_table,

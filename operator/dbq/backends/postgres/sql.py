@@ -73,8 +73,8 @@ class PgRing(RingSqlBase):
             super().template_values()
             | {f"{key}_class": _regclass(seq) for key, seq in read.items()}
             | {
-                # The last position drawn (0 before the first), read the same way: a third of the
-                # CPU of a SELECT from both sequences, which pops pay for each position they draw.
+                # The last position drawn (0 before the first), read the same way: cheaper than a
+                # SELECT from both sequences, which pops pay for each position they draw.
                 "last_pushed": f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)",
                 "last_popped": f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)",
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
