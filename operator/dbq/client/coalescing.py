@@ -8,10 +8,11 @@ gets its own result or its own error. A thread's calls keep their order, since e
 before the next is made.
 
 Under load, fewer and larger round trips cost less than as many as the pool allows. A round trip
-that ends with more calls waiting than the round trips then free could take one each makes the
-coalescer crowded: then a caller never opens a round trip beside the ones under way, and a leader
-that ends while others are under way leaves the waiting calls to them, so round trips merge down
-to one. A round trip that ends with fewer waiting ends the crowd. So a few threads go as if there were no smart batching (each call its own round trip
+that ends while more callers are in a call (waiting, leading, or answered and not yet returned)
+than round trips may go at once makes the coalescer crowded: then a caller never opens a round
+trip beside the ones under way, and a leader that ends while others are under way leaves the
+waiting calls to them, so round trips merge down to one. A round trip that ends with no more
+callers than that ends the crowd. So a few threads go as if there were no smart batching (each call its own round trip
 on its own connection) and many share round trips as one leader at a time would.
 
 Calls that carry options (a visibility, a ttl, a delay) share round trips with the calls of the
@@ -87,13 +88,15 @@ class Coalescer(Generic[Item, Result]):
         self._lock = threading.Lock()
         self._waiting: list[_Call[Item, Result]] = []
         self._leaders = 0
-        self._crowded = False  # the last round trip to end left calls waiting
+        self._crowded = False  # the last round trip to end saw more callers than round trips may go
+        self._inside = 0  # callers in a call: waiting, leading, or answered and not yet returned
         self.round_trips = 0  # for benchmarks and tests: how many calls of `run`
 
     def __call__(self, item: Item) -> Result:
         call: _Call[Item, Result] = _Call(item)
         batch = None
         with self._lock:
+            self._inside += 1
             alone = not self._waiting and not self._crowded and self._leaders < self._parallel()
             if alone or self._leaders == 0:  # lead a round trip of one
                 self._leaders += 1
@@ -103,17 +106,21 @@ class Coalescer(Generic[Item, Result]):
                 call.wake = threading.Lock()
                 call.wake.acquire()
                 self._waiting.append(call)
-        while True:
-            if batch is not None:
-                self._lead(batch)
-            if call.answered:
-                break
-            try:
-                call.wait()
-            except BaseException:  # interrupted: the calls that count on this one must not hang
-                self._abandon(call)
-                raise
-            batch, call.handed = call.handed, None
+        try:
+            while True:
+                if batch is not None:
+                    self._lead(batch)
+                if call.answered:
+                    break
+                try:
+                    call.wait()
+                except BaseException:  # interrupted: the calls that count on this one must not hang
+                    self._abandon(call)
+                    raise
+                batch, call.handed = call.handed, None
+        finally:
+            with self._lock:
+                self._inside -= 1
         if call.next is not None:
             call.next.signal()
         if call.error is not None:
@@ -137,8 +144,9 @@ class Coalescer(Generic[Item, Result]):
             woken = [call for call in batch[1:] if not call.abandoned]  # batch[0] is this leader
             for call, after in itertools.pairwise(woken):
                 call.next = after
-            # A crowd: more calls wait than the round trips free from now on could take alone.
-            self._crowded = len(self._waiting) > self._parallel() - (self._leaders - 1)
+            # A crowd: more callers than round trips may go at once (counted as this one ends,
+            # so a caller slow to come back mid-crowd does not end it).
+            self._crowded = self._inside > self._parallel()
             heir = self._hand_on()
         if heir is not None:
             heir.signal()
