@@ -56,13 +56,16 @@ def bodies() -> bytes:
     return os.urandom(BODY_BYTES * BATCH)
 
 
+# The hand-built batch push: the bodies sent as one value and cut apart, as push_many does.
+PUSH_100 = (
+    f"INSERT INTO {TABLE} (body) SELECT substring(%s::bytea FROM (g - 1) * {BODY_BYTES} + 1 FOR {BODY_BYTES})"
+    f" FROM generate_series(1, {BATCH}) g"
+)
+
+
 def hand_built(cur: psycopg.Cursor) -> Callable[[], int]:
     def cycle() -> int:
-        cur.execute(
-            f"INSERT INTO {TABLE} (body) SELECT substring(%s::bytea FROM (g - 1) * {BODY_BYTES} + 1 FOR {BODY_BYTES})"
-            f" FROM generate_series(1, {BATCH}) g",
-            (bodies(),),
-        )
+        cur.execute(PUSH_100, (bodies(),))
         cur.execute(
             f"DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE} ORDER BY id LIMIT {BATCH}"
             " FOR UPDATE SKIP LOCKED) RETURNING id, body"
@@ -74,11 +77,7 @@ def hand_built(cur: psycopg.Cursor) -> Callable[[], int]:
 
 def hand_built_leased(cur: psycopg.Cursor) -> Callable[[], int]:
     def cycle() -> int:
-        cur.execute(
-            f"INSERT INTO {TABLE} (body) SELECT substring(%s::bytea FROM (g - 1) * {BODY_BYTES} + 1 FOR {BODY_BYTES})"
-            f" FROM generate_series(1, {BATCH}) g",
-            (bodies(),),
-        )
+        cur.execute(PUSH_100, (bodies(),))
         cur.execute(
             f"UPDATE {TABLE} SET vt = clock_timestamp() + interval '60 seconds' WHERE id IN (SELECT id FROM {TABLE}"
             f" WHERE vt <= clock_timestamp() ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED) RETURNING id, body"
