@@ -91,13 +91,17 @@ class PipeLeases:
         for slot in spares:
             if not slot.lock.acquire(blocking=False):
                 continue
-            if slot.lease is None and first.lease is not None and time.monotonic() >= self._spare_after:
-                slot.lease = self.claim()
-                if slot.lease is not None:
-                    with self._lock:
-                        self._leases.append(slot.lease)
-                else:
-                    self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
+            try:
+                if slot.lease is None and first.lease is not None and time.monotonic() >= self._spare_after:
+                    slot.lease = self.claim()
+                    if slot.lease is not None:
+                        with self._lock:
+                            self._leases.append(slot.lease)
+                    else:
+                        self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
+            except BaseException:  # the cluster did not answer: the slot stays free for the next take
+                slot.lock.release()
+                raise
             if slot.lease is not None:
                 return slot
             slot.lock.release()
