@@ -12,8 +12,9 @@ that ends while more callers are in a call (waiting, leading, or answered and no
 than round trips may go at once makes the coalescer crowded: then a caller never opens a round
 trip beside the ones under way, and a leader that ends while others are under way leaves the
 waiting calls to them, so round trips merge down to one. A round trip that ends with no more
-callers than that ends the crowd. So a few threads go as if there were no smart batching (each call its own round trip
-on its own connection) and many share round trips as one leader at a time would.
+callers than that ends the crowd. So a few threads go as if there were no smart batching (each
+call its own round trip on its own connection) and many share round trips as one leader at a
+time would.
 
 Calls that carry options (a visibility, a ttl, a delay) share round trips with the calls of the
 same options (`ByOptions`: a coalescer for each option value); a caller's own timeout is kept by
