@@ -1,7 +1,8 @@
 """The worker loop (`Queue.consume`, `dbq consume`) on a real PostgreSQL ring: the credit is a hard
 bound, failures are retried with backoff and dead-lettered, every message ends acked once or
-dead-lettered (also on Cassandra pipes), and a consumer stopped (SIGTERM) or killed (SIGKILL)
-loses nothing."""
+dead-lettered (also on Cassandra pipes), a consumer stopped (SIGTERM) or killed (SIGKILL)
+loses nothing, a grace bounds the wait for running handlers, and an at-most-once consumer
+handles every message it popped."""
 
 from __future__ import annotations
 
@@ -210,3 +211,70 @@ def test_a_consumer_killed_with_sigkill_has_its_messages_back_after_the_visibili
     assert q.repair(orphan_grace=60).expired_leases == held
     stats = q.stats()
     assert stats.in_flight == 0 and stats.depth + stats.popped == 20
+
+
+def test_grace_bounds_the_wait_for_a_running_handler_whose_message_comes_back(ring):
+    q, _ = ring
+    q.push_many([b"g0", b"g1"])
+    started, release = threading.Event(), threading.Event()
+    stop = threading.Event()
+    result: list = []
+
+    def slow(message) -> None:
+        started.set()
+        release.wait(30)
+
+    worker = threading.Thread(
+        target=lambda: result.append(q.consume(slow, credit=1, visibility=2, stop=stop, grace=0.5))
+    )
+    worker.start()
+    assert started.wait(10)
+    stop.set()
+    stopped = time.monotonic()
+    worker.join(10)
+    assert not worker.is_alive() and time.monotonic() - stopped < 0.5 + 1.0  # grace, and a poll
+    assert result[0].abandoned == 1 and result[0].handled == 0
+    time.sleep(2.2)  # its lease is no longer extended: it lapses with the visibility
+    assert q.repair(orphan_grace=60).expired_leases == 1
+    release.set()  # the abandoned handler ends late: its ack finds the lease lost
+    wait_for(lambda: result[0].lost_leases == 1, 10, "the late ack refused")
+    assert sorted(m.body for m in q.pop_many(10)) == [b"g0", b"g1"]
+
+
+def test_at_most_once_stops_popping_first_and_handles_every_message_it_popped(ring):
+    q, _ = ring
+    q.push_many([b"a%d" % i for i in range(200)])
+    handled: list[bytes] = []
+    stop = threading.Event()
+
+    def handler(message) -> None:
+        handled.append(message.body)
+        if len(handled) == 20:
+            stop.set()
+        time.sleep(0.02)
+
+    result = q.consume(handler, concurrency=4, stop=stop, at_most_once=True)
+    stats = q.stats()
+    assert result.handled == len(handled) == stats.popped  # every message popped was handled
+    assert len(set(handled)) == len(handled) and 20 <= len(handled) < 200
+    assert stats.depth == 200 - len(handled) and stats.in_flight == 0
+    with pytest.raises(ValueError, match="credit 8 is above concurrency 2"):
+        q.consume(handler, concurrency=2, credit=8, at_most_once=True)
+
+
+def test_an_at_most_once_consumer_stopped_with_sigterm_handles_what_it_popped(ring):
+    q, url = ring
+    q.push_many([b"p%d" % i for i in range(20)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dbq.cli", "consume", q.names.queue, "--url", url, "--schema", SCHEMA,
+         "--concurrency", "2", "--at-most-once", "--grace", "20", "--", "sh", "-c", "sleep 0.5; cat > /dev/null"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    wait_for(lambda: q.stats().popped >= 3, 30, "messages popped")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    summary = dict(part.rsplit(" ", 1) for part in out.decode().strip().split(", "))
+    stats = q.stats()
+    assert int(summary["handled"]) == stats.popped and int(summary["abandoned"]) == 0
+    assert stats.depth == 20 - stats.popped and stats.in_flight == 0

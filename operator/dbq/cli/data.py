@@ -310,6 +310,18 @@ def trace(
     "--visibility", type=float, default=None, help="Seconds each message is leased (default: the queue's)."
 )
 @click.option("--max-messages", type=int, default=None, help="Stop after this many messages.")
+@click.option(
+    "--grace",
+    type=float,
+    default=None,
+    help="Seconds running commands get after SIGTERM before they are abandoned (default: no limit);"
+    " in a pod, a few seconds under terminationGracePeriodSeconds.",
+)
+@click.option(
+    "--at-most-once",
+    is_flag=True,
+    help="Pop instead of acquiring: a message is gone once taken, and a failed command loses it.",
+)
 @click.argument("command", nargs=-1, required=True)
 def consume(
     queue: str,
@@ -322,12 +334,16 @@ def consume(
     credit: int | None,
     visibility: float | None,
     max_messages: int | None,
+    grace: float | None,
+    at_most_once: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND (after --) for each message of QUEUE, with the body on its stdin: exit 0 acks
     it; anything else nacks it with backoff, its stderr the error (a ring queue with
     spec.deadLetter dead-letters it after maxAttempts). SIGTERM or Ctrl-C stops gracefully:
-    messages not started go back at once, running commands finish."""
+    messages not started go back at once, running commands finish (within --grace: past it they
+    are abandoned, and their messages come back when their leases end). With --at-most-once,
+    taking stops first and every message taken is handled."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -348,10 +364,15 @@ def consume(
             words = f"{s.handled:,} handled, {s.failed:,} failed, {s.dead_lettered:,} dead-lettered"
             progress.update(task, description=f"consuming {queue}: {words}")
 
-        result = q.consume(run, concurrency=concurrency, credit=credit, visibility=visibility, stop=stop,
-                           max_messages=max_messages, on_progress=report)  # fmt: skip
+        try:
+            result = q.consume(run, concurrency=concurrency, credit=credit, visibility=visibility, stop=stop,
+                               max_messages=max_messages, on_progress=report, grace=grace,
+                               at_most_once=at_most_once)  # fmt: skip
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
     summary = {"handled": result.handled, "failed": result.failed, "deadLettered": result.dead_lettered,
-               "returned": result.returned, "lostLeases": result.lost_leases, "mostInHand": result.most_in_hand}  # fmt: skip
+               "returned": result.returned, "abandoned": result.abandoned, "lostLeases": result.lost_leases,
+               "mostInHand": result.most_in_hand}  # fmt: skip
     click.echo(json.dumps(summary) if output == "json" else ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 

@@ -8,8 +8,16 @@ maxAttempts). While a handler runs, its lease is extended every half visibility 
 design can: ring queues). Messages of every design offer `fail(delay, error)`: the nack each
 design can make. `stop` (an Event; the CLI sets it on SIGTERM) ends the loop
 gracefully: nothing more is acquired, messages not started are given back at once (nack,
-no delay), running handlers finish and ack. A consumer killed outright loses nothing either:
-its messages come back once their visibility passes.
+no delay), running handlers finish and ack. With `grace` (seconds), the loop returns that long
+after `stop` at the latest: handlers still running then are abandoned (their leases are no
+longer extended, so their messages come back once their visibility passes). A consumer killed
+outright loses nothing either: its messages come back once their visibility passes.
+
+With `at_most_once`, messages are popped instead (gone from the queue once taken): a message is
+popped only for a worker free to start it (the credit is the concurrency), and on `stop` the loop
+stops popping first, then lets every popped message's handler run to its end, so nothing popped
+is left unhandled (within `grace`: past it, a handler still running is abandoned with its
+message). A handler that raises loses its message (counted as failed): there is nothing to nack.
 
 The credit is a hard bound: a message is acquired only after a unit of credit is taken, and the
 unit comes back only once the message is acked or nacked.
@@ -20,6 +28,7 @@ from __future__ import annotations
 import queue as queues
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +47,7 @@ class ConsumeStats:
     failed: int = 0  # nacked after the handler raised (retried later, or dead-lettered)
     dead_lettered: int = 0
     returned: int = 0  # acquired, not started, given back when stopping
+    abandoned: int = 0  # still handled when `grace` ran out after `stop`
     lost_leases: int = 0  # the lease had expired when the message was acked or nacked
     most_in_hand: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -66,16 +76,26 @@ def consume(
     stop: threading.Event | None = None,
     max_messages: int | None = None,
     on_progress: Callable[[ConsumeStats], None] | None = None,
+    grace: float | None = None,
+    at_most_once: bool = False,
 ) -> ConsumeStats:
     """Run `handler(message)` for messages of `queue` (a client from `dbq.client.connect`) until
     `stop` is set, or `max_messages` were handled or failed. `credit` (default: concurrency)
-    bounds the messages held at once; `visibility` is their lease (default: the queue's)."""
+    bounds the messages held at once; `visibility` is their lease (default: the queue's);
+    `grace` bounds the wait for running handlers after `stop` (default: none);
+    `at_most_once` pops instead of acquiring (the module's docstring)."""
     workers = count_arg(concurrency, "concurrency")
     limit = count_arg(credit if credit is not None else workers, "credit")
+    if at_most_once and limit > workers:
+        raise ValueError(
+            f"credit {limit} is above concurrency {workers}: at most once, a message is popped only for"
+            " a worker free to start it; leave credit out or make it at most concurrency"
+        )
     lease = seconds_arg(visibility, "visibility", getattr(queue, "visibility", 30.0), positive=True)
     base, cap = seconds_arg(backoff, "backoff", 1.0), seconds_arg(max_backoff, "max_backoff", 60.0)
     if max_messages is not None:
         count_arg(max_messages, "max_messages")
+    grace_s = None if grace is None else seconds_arg(grace, "grace", 0.0)
     stop = stop or threading.Event()
     stats = ConsumeStats()
     credits = threading.Semaphore(limit)
@@ -91,7 +111,9 @@ def consume(
 
     def settle(message: Any, ok: bool, error: str | None) -> None:
         try:
-            if ok:
+            if at_most_once:  # popped: nothing to ack or nack
+                stats.add(handled=int(ok), failed=int(not ok))
+            elif ok:
                 message.ack()
                 stats.add(handled=1)
             else:
@@ -114,7 +136,10 @@ def consume(
                 if not credits.acquire(timeout=POLL_S):
                     continue
                 try:
-                    message = queue.acquire(timeout=POLL_S, visibility=lease)
+                    if at_most_once:
+                        message = queue.pop(timeout=POLL_S)
+                    else:
+                        message = queue.acquire(timeout=POLL_S, visibility=lease)
                 except DbqError:
                     credits.release()
                     stop.wait(POLL_S)  # the database is away: try again shortly
@@ -137,7 +162,7 @@ def consume(
                 if fetched_all.is_set() and ready.empty():
                     return
                 continue
-            if stop.is_set():  # not started: give it back at once
+            if stop.is_set() and not at_most_once:  # not started: give it back at once
                 try:
                     message.give_back()
                     stats.add(returned=1)
@@ -147,7 +172,9 @@ def consume(
                     held(-1)
                     credits.release()
                 continue
-            keeper = _LeaseKeeper(message, lease)
+            keeper = _LeaseKeeper(message if not at_most_once else None, lease)
+            with stats.lock:
+                keepers.add(keeper)
             try:
                 handler(message)
             except Exception as e:  # the handler's failure is the message's, not the loop's
@@ -156,14 +183,36 @@ def consume(
             else:
                 keeper.stop()
                 settle(message, True, None)
+            finally:
+                with stats.lock:
+                    keepers.discard(keeper)
 
+    keepers: set[_LeaseKeeper] = set()  # of the handlers running
     threads = [threading.Thread(target=fetch, name="dbq-consume-fetch", daemon=True)]
     threads += [threading.Thread(target=work, name=f"dbq-consume-{i}", daemon=True) for i in range(workers)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    _wait(threads, stop, grace_s)
+    with stats.lock:
+        running = list(keepers)
+    for keeper in running:  # grace ran out: their leases lapse, their messages come back
+        keeper.stop()
+    stats.add(abandoned=len(running))
     return stats
+
+
+def _wait(threads: list[threading.Thread], stop: threading.Event, grace: float | None) -> None:
+    """Until the threads end, or `grace` seconds after `stop` is set (None: no limit)."""
+    deadline = None
+    while any(t.is_alive() for t in threads):
+        if deadline is None and stop.is_set() and grace is not None:
+            deadline = time.monotonic() + grace
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        for t in threads:
+            t.join(0.05)
+            if t.is_alive():
+                break
 
 
 class _LeaseKeeper:
@@ -172,7 +221,7 @@ class _LeaseKeeper:
     def __init__(self, message: Any, visibility: float) -> None:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        if hasattr(message, "extend"):
+        if message is not None and hasattr(message, "extend"):
             self._thread = threading.Thread(target=self._run, args=(message, visibility), daemon=True)
             self._thread.start()
 
