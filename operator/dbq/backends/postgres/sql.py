@@ -66,9 +66,7 @@ class PgRing(RingSqlBase):
     def template_values(self) -> dict[str, object]:
         # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
         # of each sequence, as a SELECT from it would.
-        read = {"push_seq": self.push_seq, "pop_seq": self.pop_seq} | {
-            f"n_{c}": seq for c, seq in self.count.items()
-        }
+        read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
         return (
             super().template_values()
             | {f"{key}_class": _regclass(seq) for key, seq in read.items()}
