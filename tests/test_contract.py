@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -678,6 +679,21 @@ def test_a_client_shared_by_threads(make_queue):
     assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(100))
 
 
+def where_they_are(q: AnyQueue, missing: Counter[str]) -> str:
+    """For a failed conservation check: the messages not delivered and, on pipes, the state of
+    each pipe that still has some, and where its rows lie against its cursor."""
+    out = [f"not delivered: {sorted(missing)[:5]}... ({sum(missing.values())})"]
+    if isinstance(q, PipesQueue):
+        pipes = q.leases.live_pipes()
+        for (pipe, status), state in zip(pipes, q.leases.states([p for p, _ in pipes]), strict=True):
+            if state is None or (state.remaining <= 0 and status != "drained"):
+                continue
+            rows = q.db.rows(q.db.cql.read_head, pipe, 100_000)
+            after = [r for r in rows if state.cursor is None or r[0].time > state.cursor.time]
+            out.append(f"{status} {state}: {len(rows)} rows, {len(after)} after the cursor")
+    return "\n".join(out)
+
+
 @pytest.mark.parametrize("large", [0, 65536], ids=["small", "large"])
 @pytest.mark.parametrize("mode", ["amo", "leased"])
 def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode, large):
@@ -727,7 +743,8 @@ def test_conservation_4_pushers_4_poppers(make_queue, design, tmp_path, mode, la
     delivered = seen["G"] if mode == "amo" else seen["A"]
     assert not seen["B"], f"damaged bodies: {list(seen['B'])[:5]}"
     assert sum(seen["P"].values()) == n and len(seen["P"]) == n
-    assert delivered == seen["P"]  # the multiset delivered equals the multiset pushed
+    # the multiset delivered equals the multiset pushed
+    assert delivered == seen["P"], where_they_are(q, seen["P"] - delivered)
     s = q.stats()
     assert (s.pushed, s.depth, s.in_flight) == (n, 0, 0)
     if mode == "amo":

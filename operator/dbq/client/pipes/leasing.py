@@ -45,6 +45,7 @@ class PipeLeases:
         self.together = together
         self._slots = [_Slot() for _ in range(SLOTS)]
         self._spare_after = 0.0  # a spare slot looks for a pipe no sooner (monotonic), after a miss
+        self._spare_wait = tuning.MOVE_SCAN_S  # how long after the next miss: doubled by each miss in a row
 
     @contextlib.contextmanager
     def client_lease(self, spare: bool = True) -> Iterator[bool]:
@@ -69,7 +70,7 @@ class PipeLeases:
             yield slot is not first
         finally:
             slot.lease, self._local.lease = self.current(), None
-            if slot.lease is None and slot is not first:
+            if slot.lease is None and slot is not first:  # its pipe ran dry
                 self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
             slot.lock.release()
 
@@ -83,8 +84,9 @@ class PipeLeases:
 
     def _free_slot(self) -> _Slot | None:
         """A free slot: the first, else a spare one with a pipe (leasing one for it while the
-        first holds one, at most every MOVE_SCAN_S after a miss); None when there is none. The
-        slot's lock is held."""
+        first holds one; after a miss, not for MOVE_SCAN_S, twice as long after each further miss
+        in a row, up to SPARE_SCAN_MAX_S: a queue with one pipe with messages seldom pays a
+        fruitless scan); None when there is none. The slot's lock is held."""
         first, *spares = self._slots
         if first.lock.acquire(blocking=False):
             return first
@@ -95,10 +97,12 @@ class PipeLeases:
                 if slot.lease is None and first.lease is not None and time.monotonic() >= self._spare_after:
                     slot.lease = self.claim()
                     if slot.lease is not None:
+                        self._spare_wait = tuning.MOVE_SCAN_S
                         with self._lock:
                             self._leases.append(slot.lease)
                     else:
-                        self._spare_after = time.monotonic() + tuning.MOVE_SCAN_S
+                        self._spare_after = time.monotonic() + self._spare_wait
+                        self._spare_wait = min(2 * self._spare_wait, tuning.SPARE_SCAN_MAX_S)
             except BaseException:  # the cluster did not answer: the slot stays free for the next take
                 slot.lock.release()
                 raise

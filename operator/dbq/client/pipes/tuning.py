@@ -23,6 +23,7 @@ BATCH_MAX_BYTES = 4 << 20
 LOGGED_MAX_MESSAGES = 50  # a requeue's logged batch (rows plus the pending rows they replace)
 LOGGED_MAX_BYTES = 24 << 10
 MOVE_SCAN_S = 0.05
+SPARE_SCAN_MAX_S = 1.0  # the longest a smart-batched client's spare lease waits to look again
 # A popper rolls back the overdue messages of the pipe it leases (nacked with a delay, or whose
 # visibility timeout passed) at most this often: while it holds the lease, no repair can.
 OWN_ROLLBACK_S = 1.0  # also how often a pipe of deferred messages leased by another is tried
