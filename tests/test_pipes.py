@@ -911,6 +911,30 @@ def test_smart_batched_takes_lease_spare_pipes_beside_the_first_and_a_single_tak
     assert spares_held[0] >= 1  # takes ran beside the first lease, on other pipes
 
 
+def test_a_take_whose_reads_outlasted_its_lease_renews_it_or_leaves_the_pipe_to_its_new_lessee(
+    make_queue, cass_url
+):
+    q = make_queue(smart_batching=False)
+    q.push_many([b"a", b"b", b"c"])
+    assert q.pop().body == b"a"  # type: ignore[union-attr]
+    lease = q.leases.current()
+    assert lease is not None
+    # As if reading had taken past the part of the lease a take may use: renewed, then taken.
+    lease.until = time.monotonic() - 1
+    assert q.pop().body == b"b"  # type: ignore[union-attr]
+    assert q.leases.current() is lease and lease.until > time.monotonic()
+    # Now it ran out, and another consumer claimed the pipe meanwhile: the late take gives up.
+    q.db.cas(q.db.cql.release, lease.state.pipe, lease.owner)
+    other = connect(cass_url, q.names.queue, schema=KEYSPACE, smart_batching=False)
+    try:
+        assert other.pop().body == b"c"  # type: ignore[union-attr]
+        lease.until = time.monotonic() - 1
+        assert q.pop(timeout=0) is None and q.leases.current() is None
+    finally:
+        other.close()
+    assert q.stats().popped == 3
+
+
 def test_acquires_sharing_a_round_trip_each_lease_for_their_callers_visibility(make_queue, cass_url):
     q = make_queue(max_pushes=100_000, smart_batching=True, pop_timeout=1)
     q.push_many(bodies("v", 64))

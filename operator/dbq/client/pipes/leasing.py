@@ -164,15 +164,20 @@ class PipeLeases:
             lease = self.claim()
             self.set_current(lease)
             return lease
-        now = time.monotonic()
-        if now >= lease.renew_at:
-            until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
-            if self.db.cas(self.db.cql.renew, until, lease.state.pipe, lease.owner):
-                lease.renew_at, lease.until = tuning.lease_use(now)
-            else:
-                self.set_current(None)
-                return self.working()
+        if time.monotonic() >= lease.renew_at and not self.renew(lease):
+            return self.working()
         return lease
+
+    def renew(self, lease: Lease) -> bool:
+        """Extend the thread's lease from now; False, and the lease dropped, when the pipe has
+        another lessee (ours expired meanwhile and was claimed)."""
+        started = time.monotonic()
+        until = tuning.now_ms() + int(tuning.PIPE_LEASE_S * 1000)
+        if self.db.cas(self.db.cql.renew, until, lease.state.pipe, lease.owner):
+            lease.renew_at, lease.until = tuning.lease_use(started)
+            return True
+        self.set_current(None)
+        return False
 
     def move_from(self, lease: Lease) -> bool:
         """Our pipe is empty but still pushed to: lease one that has messages, if any (looked

@@ -75,9 +75,10 @@ class PipeReader:
             LOG.warning("queue %s: %d messages lost their bodies (ids %s...): counted as expired",
                         self.db.names.queue, len(lost), lost[0][1])  # fmt: skip
             live = [r for r in live if r not in lost]
-        if time.monotonic() >= lease.until:  # too late to use this lease safely (reads took long)
-            self.leases.set_current(None)
-            return []
+        # Reads that took long leave too little of the lease for the take to land safely: renew
+        # it first, rather than leave the pipe leased to nobody for the rest of the lease.
+        if time.monotonic() >= lease.until and not self.leases.renew(lease):
+            return []  # another lessee takes these
         last = found[-1][0]
         popped = s.popped + (len(live) if visibility is None else 0)
         acquired = s.acquired + (len(live) if visibility is not None else 0)
