@@ -2,7 +2,8 @@
 
 The Secret holds either `url` (`postgresql://user:pass@host:port/db?driver=...`,
 `mssql://...`, `cassandra://host1,host2:port`) or the keys host, port, database, username,
-password and optionally driver. `ConnectionSettings.__repr__` never shows the password, and
+password and optionally driver; and `ca`, the CA's certificate (PEM) to verify the server with
+(`dbq.connection.tls`). `ConnectionSettings.__repr__` never shows the password, and
 `endpoint` (what status and events show) has no credentials.
 
 The drivers live beside this module: `odbc` (PostgreSQL and SQL Server, for the operator and the
@@ -14,10 +15,12 @@ opening connections; `odbc.translate` and `cassandra.translate` turn driver erro
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from dbq.connection.tls import CA_KEY, check_ca, libpq_tls
 from dbq.errors import InvalidConnection
 
 DEFAULT_PORTS = {"postgres": 5432, "sqlserver": 1433, "cassandra": 9042}
@@ -43,6 +46,7 @@ class ConnectionSettings:
     password: str = field(default="", repr=False)
     driver: str = ""
     options: dict[str, str] = field(default_factory=dict)
+    ca: str = field(default="", repr=False)  # the Secret's `ca` (PEM): the server is verified against it
 
     @property
     def endpoint(self) -> str:
@@ -60,7 +64,13 @@ class ConnectionSettings:
         else:
             parts |= {"SERVER": f"{self.host},{self.port}", "DATABASE": self.database}
             parts |= {"UID": self.username, "PWD": self.password}
-        parts |= {k.upper(): v for k, v in self.options.items()}
+        options = {k.upper(): v for k, v in self.options.items()}
+        if self.backend == "postgres":
+            options |= {k.upper(): v for k, v in libpq_tls(self.ca, self.options).items()}
+            # psqlODBC takes sslmode itself, and other libpq parameters (the CA's file) in pqopt.
+            if root := options.pop("SSLROOTCERT", ""):
+                options["PQOPT"] = " ".join(filter(None, (options.get("PQOPT"), f"sslrootcert={root}")))
+        parts |= options
         return ";".join(f"{k}={_odbc_value(v)}" for k, v in parts.items() if v != "")
 
 
@@ -113,8 +123,9 @@ def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True
             values[key] = base64.b64decode(raw).decode() if encoded else str(raw)
         except (ValueError, UnicodeDecodeError):
             raise InvalidConnection(f"Secret key {key!r} is not valid base64 text") from None
+    ca = check_ca(values[CA_KEY]) if values.get(CA_KEY) else ""
     if "url" in values:
-        return from_url(values["url"], backend)
+        return dataclasses.replace(from_url(values["url"], backend), ca=ca)
     missing = [k for k in ("host", "username", "password") if not values.get(k)]
     if backend != "cassandra" and not values.get("database"):
         missing.append("database")
@@ -136,4 +147,5 @@ def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True
         username=values.get("username", ""),
         password=values.get("password", ""),
         driver=values.get("driver", ""),
+        ca=ca,
     )

@@ -13,6 +13,7 @@ import psycopg
 import pyodbc
 
 from dbq.connection import DEFAULT_DRIVERS, SQLSERVER_DRIVERS, ConnectionSettings
+from dbq.connection.tls import refusal
 from dbq.errors import (
     AuthenticationFailed,
     DatabaseError,
@@ -128,6 +129,8 @@ def translate(
         return AuthenticationFailed(
             f"{settings.endpoint}: authentication failed for user {settings.username!r}"
         )
+    if (tls := refusal(text)) is not None:
+        return DatabaseUnreachable(f"{settings.endpoint}: {tls}")
     if (
         state in ("08001", "08006", "08S01", "HYT00")
         or "could not connect" in text

@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import set_json_loads
 
 from dbq.connection import ConnectionSettings
+from dbq.connection.tls import libpq_tls
 
 CONNECT_TIMEOUT_S = 5
 
@@ -32,7 +33,7 @@ CLIENT_APPLICATION = "dbq-client"
 def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit mode (each routine call its own transaction). The url's
     options that libpq knows (`sslmode`, `sslrootcert`, `application_name`...) are passed on;
-    those only psqlODBC reads are left to it. Raises psycopg.Error."""
+    those only psqlODBC reads are left to it. A Secret's `ca` verifies the server (`tls`). Raises psycopg.Error."""
     conninfo = make_conninfo(
         host=settings.host,
         port=settings.port,
@@ -40,7 +41,11 @@ def connect(settings: ConnectionSettings) -> psycopg.Connection[Any]:
         user=settings.username,
         password=settings.password,
         connect_timeout=CONNECT_TIMEOUT_S,
-        **({"application_name": CLIENT_APPLICATION} | libpq_options(settings.options)),
+        **(
+            {"application_name": CLIENT_APPLICATION}
+            | libpq_options(settings.options)
+            | libpq_tls(settings.ca, settings.options)
+        ),
     )
     conn = psycopg.connect(conninfo, autocommit=True, cursor_factory=psycopg.RawCursor)
     set_json_loads(_json_text, conn)  # JSON columns (headers) come back as their text, as over ODBC

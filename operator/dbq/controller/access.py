@@ -23,6 +23,7 @@ from dbq.api.topics import TOPIC_PLURAL
 from dbq.backends.postgres.access import PgLogins, ensure_helper
 from dbq.backends.sqlserver.access import MsLogins
 from dbq.connection import ConnectionSettings, odbc
+from dbq.connection.tls import CA_KEY
 from dbq.controller import conditions as cond
 from dbq.controller.access_plan import AccessPlan, granted, parse_queue_user, plan_access
 from dbq.controller.reconcile import Event
@@ -52,7 +53,8 @@ class Synced:
 
 def user_secret(plan: AccessPlan, password: str) -> dict[str, str]:
     """The Secret's string data: the login's url (the operator's url options kept, such as
-    sslmode), its parts, and the queues and topics it may use with their database names."""
+    sslmode), its parts, the CA the operator's Secret gives (`ca`: the login verifies the server
+    as the operator does), and the queues and topics it may use with their database names."""
     a = plan.admin
     options = a.options | ({"driver": a.driver} if a.driver else {})
     query = f"?{urlencode(options)}" if options else ""
@@ -74,7 +76,7 @@ def user_secret(plan: AccessPlan, password: str) -> dict[str, str]:
         "database": a.database,
         "queues": json.dumps(entities["queues"], sort_keys=True),
         "topics": json.dumps(entities["topics"], sort_keys=True),
-    }
+    } | ({CA_KEY: a.ca} if a.ca else {})
 
 
 class QueueUserSync:

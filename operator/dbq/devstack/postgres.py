@@ -12,9 +12,11 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from dbq.devstack.base import Paths, StackError, log_tail, pid_alive, port_open
+from dbq.devstack.tls import StackTls
 
 PG_PORT = int(os.environ.get("DBQ_PG_PORT", "15432"))
 PG_USER = "dbq"  # the bootstrap superuser: the DBA's, never the operator's or an application's
@@ -40,6 +42,8 @@ class Postgres:
         self.log = self.dir / "postgres.log"
         self.password_file = self.dir / "password"
         self.operator_password_file = self.dir / "operator-password"
+        self.tls = StackTls(paths)
+        self.server_cert, self.server_key = self.dir / "server.pem", self.dir / "server-key.pem"
 
     @property
     def password(self) -> str:
@@ -143,6 +147,7 @@ class Postgres:
             self._initdb()
         if self.pid() is not None and port_open("127.0.0.1", PG_PORT):
             self.prepare()  # idempotent: a server started by an earlier version gets the operator's login
+            self._serve_tls()  # and TLS
             return
         self._prepare_dirs()
         options = " ".join(
@@ -175,6 +180,50 @@ class Postgres:
         except subprocess.CalledProcessError as e:
             raise StackError(f"PostgreSQL did not start:\n{e.stderr}\n{log_tail(self.log)}") from e
         self.prepare()
+        self._serve_tls()
+
+    def _serve_tls(self) -> None:
+        """TLS with the stack CA's certificate for this server (a copy its user owns, as the
+        server demands of its key), set by ALTER SYSTEM: a server already running gets it at a
+        reload. Plain connections stay possible (what a client's url says)."""
+        import pyodbc
+
+        cert, key = self.tls.server("postgres")
+        copied = False
+        for source, copy in ((cert, self.server_cert), (key, self.server_key)):
+            if not copy.exists() or copy.read_bytes() != source.read_bytes():
+                copy.write_bytes(source.read_bytes())
+                copy.chmod(0o600)
+                if os.geteuid() == 0:
+                    shutil.chown(copy, "postgres", "postgres")
+                copied = True
+        wanted = {"ssl": "on", "ssl_cert_file": str(self.server_cert), "ssl_key_file": str(self.server_key)}
+        with pyodbc.connect(self.odbc(), autocommit=True) as admin:
+            cur = admin.cursor()
+            names = ", ".join(f"'{name}'" for name in wanted)
+            now = dict(
+                cur.execute(f"SELECT name, setting FROM pg_settings WHERE name IN ({names})").fetchall()
+            )
+            if now == wanted and not copied:
+                return
+            for name, value in wanted.items():
+                cur.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            cur.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the postmaster rereads its files a moment later
+            with pyodbc.connect(self.odbc(), autocommit=True) as admin:
+                cur = admin.cursor()
+                if (
+                    dict(
+                        cur.execute(
+                            f"SELECT name, setting FROM pg_settings WHERE name IN ({names})"
+                        ).fetchall()
+                    )
+                    == wanted
+                ):
+                    return
+            time.sleep(0.1)
+        raise StackError(f"PostgreSQL did not turn TLS on:\n{log_tail(self.log)}")
 
     def stop(self) -> None:
         if self.pid() is None:
