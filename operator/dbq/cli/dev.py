@@ -1,4 +1,4 @@
-"""`dbq dev up|down|status`: the local stack (Kubernetes API server, PostgreSQL, Cassandra)."""
+"""`dbq dev up|down|status|ca`: the local stack (Kubernetes API server, PostgreSQL, Cassandra)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,15 @@ def dev_import_image(images: tuple[str, ...]) -> None:
     except StackError as e:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
         sys.exit(1)
+
+
+@dev.command("ca")
+def dev_ca() -> None:
+    """Print the certificate of the stack's own CA (PEM), which signed the certificates its
+    PostgreSQL serves TLS with: what a Secret's `ca` key holds to verify them."""
+    from dbq.devstack import Stack
+
+    click.echo(Stack().postgres.tls.ca_pem(), nl=False)
 
 
 @dev.command("status")
