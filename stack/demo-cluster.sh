@@ -21,6 +21,7 @@ kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f -
 password=$(cat "$state/postgres/operator-password")  # the operator's login, not the superuser
 kubectl -n shop create secret generic orders-db \
   --from-literal=url="postgresql://dbq_operator:${password}@10.244.0.1:${DBQ_PG_PORT:-15432}/postgres" \
+  --from-file=ca=<(dbq dev ca) \
   --dry-run=client -o yaml | kubectl apply -f -
 kubectl apply -f "$repo/manifests/examples/queue-postgres.yaml"
 kubectl -n shop wait --for=condition=Ready queue/orders --timeout=180s

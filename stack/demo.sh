@@ -15,10 +15,12 @@ kubectl wait --for=condition=Established crd/queues.dbq.dev crd/topics.dbq.dev c
 kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f -
 # The example Secret, pointed at the local PostgreSQL as the operator's login, dbq_operator: no
 # superuser, CREATE on the database and dbq's role helper, as a DBA gives them (its password
-# never leaves the state dir). Applications get QueueUsers, never this Secret.
+# never leaves the state dir). Applications get QueueUsers, never this Secret. `ca`: the stack
+# CA's certificate, so that every connection is encrypted and the server verified.
 password=$(cat "$state/postgres/operator-password")
 kubectl -n shop create secret generic orders-db \
   --from-literal=url="postgresql://dbq_operator:${password}@127.0.0.1:${DBQ_PG_PORT:-15432}/postgres" \
+  --from-file=ca=<(dbq dev ca) \
   --dry-run=client -o yaml | kubectl apply -f -
 pidfile=$state/operator.pid
 if ! { [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then

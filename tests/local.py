@@ -60,6 +60,7 @@ class PgDatabase:
     odbc: str
     admin_url: str = ""
     admin_odbc: str = ""
+    ca: str = ""  # the stack CA's certificate (PEM), which a Secret's `ca` key holds: verified TLS
 
     def connect(self, autocommit: bool = True) -> pyodbc.Connection:
         return pyodbc.connect(self.odbc, autocommit=autocommit)
@@ -83,6 +84,7 @@ def scratch_database(stack: Stack, prefix: str) -> Iterator[PgDatabase]:
             odbc=stack.postgres.operator_odbc(name),
             admin_url=stack.postgres.url(name),
             admin_odbc=stack.postgres.odbc(name),
+            ca=stack.postgres.tls.ca_pem(),
         )
     finally:
         # A new connection: the fault tests restart the server meanwhile.

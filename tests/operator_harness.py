@@ -226,7 +226,7 @@ def operator_namespace(kube: Any, postgres: Any, prefix: str) -> Cluster:
         client.CoreV1Api(kube.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         apply_rbac(kube.kubeconfig, ns)
     cluster = Cluster(kube.api, ns)
-    cluster.secret("orders-db", {"url": postgres.url})
+    cluster.secret("orders-db", {"url": postgres.url, "ca": postgres.ca})  # verified TLS
     return cluster
 
 

@@ -118,7 +118,7 @@ def test_a_queue_that_cannot_become_ready_fails_the_health_check_until_its_secre
     assert named["reason"] == "HealthCheckFailed", named
     assert gitops.cluster.condition("ledger", "Ready")["status"] == "False"
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ledger-db"},
-              "stringData": {"url": postgres.url}}  # fmt: skip
+              "stringData": {"url": postgres.url, "ca": postgres.ca}}  # fmt: skip
     healed_at = gitops.commit({"ledger-db.yaml": secret}, "ledger's Secret")
     # The Queue is provisioned at the operator's next retry of it (its backoff grew while the
     # Secret was missing: 5 s doubling, at most 5 min), and Flux's attempts meanwhile may time out

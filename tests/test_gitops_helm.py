@@ -71,7 +71,8 @@ def test_flux_installs_the_operator_with_helm_and_rolls_it_when_its_values_chang
         new_namespace(kube.api, name)
     queues = Cluster(kube.api, queues_ns)
     queues.secret(
-        "orders-db", {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")}
+        "orders-db",
+        {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}"), "ca": postgres.ca},
     )
     objects = FluxObjects(kube.api, operator_ns)
     core = client.CoreV1Api(kube.api)

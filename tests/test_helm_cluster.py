@@ -236,7 +236,8 @@ def release(cluster, kube, postgres, operator_image) -> Iterator[Release]:
     queues = Cluster(kube.api, queues_ns)
     # The database as the pod reaches it: PostgreSQL at the node's address.
     queues.secret(
-        "orders-db", {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")}
+        "orders-db",
+        {"url": postgres.url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}"), "ca": postgres.ca},
     )
     found = Release(kube, operator_ns, queues, postgres)
     yield found

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KEEPER = Path(__file__).with_name("keeper.py")
+# The single-node cluster's bridge address: the pods' gateway and the node's address, where the
+# kubelet serves (the API server reaches it there for logs and exec; a loopback node address is
+# refused), and where pods reach the stack's databases.
+NODE_IP = "10.244.0.1"
 
 
 class StackError(RuntimeError):

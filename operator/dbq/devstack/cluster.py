@@ -29,16 +29,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dbq.devstack.base import ManagedProcess, Paths, StackError, log_tail, wait_until
+from dbq.devstack.base import NODE_IP, ManagedProcess, Paths, StackError, log_tail, wait_until
 from dbq.devstack.kube import ADMIN_USER, APISERVER_PORT, KUBE_VERSION, KUBERNETES_SERVICE_IP, Kube
 from dbq.devstack.postgres import PG_PORT
 
 NODE = "dbq-node"
 POD_SUBNET = "10.244.0.0/24"
 BRIDGE = "dbq0"
-# The bridge's address: the pods' gateway and the node's address, where the kubelet serves (the
-# API server reaches it there for logs and exec; a loopback node address is refused).
-NODE_IP = "10.244.0.1"
 CLUSTER_DOMAIN = "cluster.local"
 COREDNS_READY_PORT = 18181  # CoreDNS's `ready` endpoint, on loopback
 # (address, port) a pod dials -> the loopback port it reaches.

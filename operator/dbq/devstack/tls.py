@@ -1,6 +1,6 @@
 """The stack's own certificate authority, and a certificate for each server it runs (PostgreSQL,
-Cassandra) naming 127.0.0.1 and localhost: made at the first start, made again when they near
-their end. The CA's certificate is what a Secret's `ca` key holds (`dbq.connection.tls`)."""
+Cassandra) naming 127.0.0.1, localhost and the local cluster's node address: made at the first
+start, made again when they near their end (or name other hosts). The CA's certificate is what a Secret's `ca` key holds (`dbq.connection.tls`)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dbq.devstack.base import Paths
+from dbq.devstack.base import NODE_IP, Paths
 
 CA_DAYS = 3650
 SERVER_DAYS = 365
 RENEW_DAYS = 30  # a certificate that ends sooner is made again
-HOSTS = ("127.0.0.1", "localhost")
+# Where clients reach the servers: loopback, and the single-node cluster's node address (its pods).
+IPS = ("127.0.0.1", NODE_IP)
+DNS_NAMES = ("localhost",)
 
 
 class StackTls:
@@ -50,16 +52,15 @@ class StackTls:
                     .sign(key, hashes.SHA256())
                 )
                 self.ca_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-            if fresh_ca or not _lasting(cert_path):
+            if fresh_ca or not _lasting(cert_path, _names()):
                 ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
                 assert isinstance(ca_key, rsa.RSAPrivateKey)
                 ca = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
                 key = _new_key(key_path)
                 subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"dbq local {name}")])
-                names = [x509.IPAddress(ipaddress.ip_address(HOSTS[0])), x509.DNSName(HOSTS[1])]
                 cert = (
                     _builder(subject, ca.subject, key, SERVER_DAYS)
-                    .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                    .add_extension(x509.SubjectAlternativeName(_names()), critical=False)
                     .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                     .add_extension(_usage(ca=False), critical=True)
                     .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -69,11 +70,23 @@ class StackTls:
         return cert_path, key_path
 
 
-def _lasting(cert_path: Path) -> bool:
+def _names() -> list[x509.GeneralName]:
+    return [
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in IPS),
+        *(x509.DNSName(name) for name in DNS_NAMES),
+    ]
+
+
+def _lasting(cert_path: Path, names: list[x509.GeneralName] | None = None) -> bool:
+    """Whether the certificate exists, lasts past RENEW_DAYS and names at least `names`."""
     if not cert_path.exists():
         return False
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    if names:
+        held = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        if not set(names) <= set(held):
+            return False
     return left > datetime.timedelta(days=RENEW_DAYS)
 
 
