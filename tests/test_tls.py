@@ -1,8 +1,9 @@
-"""TLS to PostgreSQL, on the stack's server (its own CA, a certificate naming 127.0.0.1 and
-localhost): a Secret's `ca` makes the operator and the client verify the server, and each
-connection is encrypted (`pg_stat_ssl`); without the CA, or by a name the certificate lacks, the
-connection is refused with the reason and the fix; a CA that does not parse or has expired is
-refused before anything connects; a plain connection stays possible where the url says so."""
+"""TLS to PostgreSQL and Cassandra, on the stack's servers (its own CA, certificates naming
+127.0.0.1 and localhost): a Secret's `ca` makes the operator and the client verify the server,
+and each connection is encrypted (`pg_stat_ssl`, `system_views.clients`); without the CA, or by a
+name the certificate lacks, the connection is refused with the reason and the fix; a CA that does
+not parse or has expired is refused before anything connects; a plain connection stays possible
+where the url says so."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from dbq.api.models import QueueSpec
+from dbq.backends import open_backend
 from dbq.backends.odbc_ring import OdbcRing
-from dbq.client import Queue, connect, from_resource
+from dbq.client import PipesQueue, Queue, connect, from_resource
 from dbq.connection import ConnectionSettings, from_secret_data, from_url, odbc
+from dbq.connection.cassandra import open_session
 from dbq.connection.tls import ca_file
 from dbq.contract.ring import RingTarget
 from dbq.errors import DatabaseUnreachable, InvalidConnection
@@ -157,3 +161,79 @@ def test_a_ca_that_does_not_parse_or_is_out_of_date_is_refused_before_connecting
     with pytest.raises(InvalidConnection) as refused:
         from_secret_data(secret(postgres.url, ca), "postgres")
     assert "Secret key 'ca'" in str(refused.value) and says in str(refused.value)
+
+
+# --- Cassandra ---------------------------------------------------------------------------------
+KEYSPACE = "tls_pipes"
+
+
+@pytest.fixture(scope="module")
+def cass_url(cassandra: Any, stack: Any) -> Iterator[str]:
+    host, port = stack.cassandra.contact
+    yield f"cassandra://{host}:{port}"
+    cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)
+
+
+def cassandra_tls_of(session: Any) -> list[bool]:
+    """Whether each of this session's connections to the node is encrypted, as the node sees them
+    (`system_views.clients`, matched by the connections' local ports)."""
+    cluster = session.cluster
+    ports = {pool._connection._socket.getsockname()[1] for pool in session._pools.values() if pool._connection}
+    ports.add(cluster.control_connection._connection._socket.getsockname()[1])
+    rows = session.execute("SELECT port, ssl_enabled FROM system_views.clients")
+    return [bool(enabled) for port, enabled in rows if port in ports]
+
+
+def test_a_pipes_queue_is_provisioned_and_used_over_verified_tls(cass_url: str, stack: Any) -> None:
+    settings = from_secret_data(secret(cass_url, stack.postgres.tls.ca_pem()), "cassandra")
+    spec = QueueSpec.model_validate(
+        {
+            "backend": "cassandra",
+            "design": "pipes",
+            "connection": {"secretRef": {"name": "s"}, "schema": KEYSPACE},
+        }
+    )
+    backend = open_backend(spec, "events", settings)
+    backend.apply()
+    backend.close()
+    resource = queue_manifest(name="events", backend="cassandra", design="pipes")
+    resource["spec"]["connection"] = {"secretRef": {"name": "s"}, "schema": KEYSPACE}
+    del resource["spec"]["ring"]
+    q = from_resource(resource, secret(cass_url, stack.postgres.tls.ca_pem()))
+    assert isinstance(q, PipesQueue)
+    try:
+        q.push(b"over tls")
+        assert q.pop(timeout=2).body == b"over tls"  # type: ignore[union-attr]
+        sessions = cassandra_tls_of(q.session)
+        assert sessions and all(sessions)
+    finally:
+        q.close()
+
+
+def test_cassandra_without_the_ca_or_by_a_name_the_certificate_lacks_is_refused(
+    cass_url: str, ca: str
+) -> None:
+    base = from_url(cass_url)
+    cases = {
+        "not chained to a CA it trusts": dataclasses.replace(base, options={"sslmode": "verify-full"}),
+        "does not name the host": dataclasses.replace(base, ca=ca, host="vm"),  # /etc/hosts: 127.0.0.1
+    }
+    for says, settings in cases.items():
+        with pytest.raises(DatabaseUnreachable) as refused:
+            open_session(settings)
+        assert "TLS refused the connection" in str(refused.value)
+        assert (says if says != "not chained to a CA it trusts" else "does not chain to the CA") in str(
+            refused.value
+        )
+
+
+def test_cassandra_stays_plain_where_the_url_says_so(cass_url: str, ca: str) -> None:
+    for settings in (
+        from_url(cass_url),
+        from_secret_data(secret(cass_url + "?sslmode=disable", ca), "cassandra"),
+    ):
+        cluster, session = open_session(settings)
+        try:
+            assert cassandra_tls_of(session) and not any(cassandra_tls_of(session))
+        finally:
+            cluster.shutdown()

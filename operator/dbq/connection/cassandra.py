@@ -2,12 +2,15 @@
 
 Reads and writes use LOCAL_QUORUM (one replica on a one-node cluster), lightweight transactions
 LOCAL_SERIAL: a pipe's lease and the queue's watermark need linearizable updates, messages do not.
-Options from the url or Secret: `dc` (the local datacenter), `consistency` (e.g. ONE).
+Options from the url or Secret: `dc` (the local datacenter), `consistency` (e.g. ONE), `sslmode`
+(TLS, with the Secret's `ca`: `dbq.connection.tls`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -19,6 +22,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import tuple_factory
 
 from dbq.connection import ConnectionSettings
+from dbq.connection.tls import refusal, ssl_context
 from dbq.errors import AuthenticationFailed, DatabaseError, DatabaseUnreachable, DbqError, InvalidSpec
 
 CONNECT_TIMEOUT_S = 5.0
@@ -85,10 +89,13 @@ def _cluster(settings: ConnectionSettings) -> Cluster:
         row_factory=tuple_factory,
     )
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    tls = ssl_context(settings.ca, settings.options)
     return Cluster(
         hosts(settings),
         port=settings.port,
         auth_provider=auth,
+        ssl_context=tls,
+        ssl_options=_verified_name(settings, tls),
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=CONNECT_TIMEOUT_S,
         control_connection_timeout=CONTROL_TIMEOUT_S,
@@ -97,6 +104,20 @@ def _cluster(settings: ConnectionSettings) -> Cluster:
         # for a delayed ACK (Nagle's algorithm): 1 ms with it.
         sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     )
+
+
+def _verified_name(settings: ConnectionSettings, tls: ssl.SSLContext | None) -> dict[str, str] | None:
+    """The name each node's certificate must have: the url's host when it is one name (a
+    Service's, say), as libpq checks it; else (addresses, or several hosts) the driver checks each
+    node's certificate against the address the node announces."""
+    names = hosts(settings)
+    if tls is None or not tls.check_hostname or len(names) != 1:
+        return None
+    try:
+        ipaddress.ip_address(names[0])
+    except ValueError:
+        return {"server_hostname": names[0]}
+    return None
 
 
 def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
@@ -112,6 +133,8 @@ def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
         return AuthenticationFailed(
             f"{settings.endpoint}: authentication failed for user {settings.username!r}"
         )
+    if (tls := refusal(text)) is not None:
+        return DatabaseUnreachable(f"{settings.endpoint}: {tls}")
     if isinstance(e, NoHostAvailable | OSError):
         return DatabaseUnreachable(f"{settings.endpoint}: cannot connect ({text[:200]})")
     if isinstance(e, DriverException):

@@ -4,7 +4,9 @@ driver an SSL context).
 
 A Secret with `ca` verifies the server by default: the certificate must chain to that CA and name
 the host dbq connects to (libpq's `sslmode=verify-full`). A user who says otherwise in the url
-(`sslmode=require`, or `disable` for a plain connection) is followed.
+(`sslmode=require`, or `disable` for a plain connection) is followed. Cassandra takes the same
+`sslmode` option: `verify-full`, `verify-ca` and `require` encrypt (without `ca`, against the
+system's trusted CAs); no mode and no `ca`, `disable`, `allow` and `prefer` connect plain.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime
 import functools
 import hashlib
 import os
+import ssl
 import tempfile
 from pathlib import Path
 
@@ -70,37 +73,60 @@ def _ca_file(pem: str) -> Path:
     return path
 
 
+def sslmode(ca: str, options: dict[str, str]) -> str | None:
+    """The url's `sslmode` (any case); verify-full when it names none and a CA is given."""
+    named = next((v for k, v in options.items() if k.lower() == "sslmode"), None)
+    return named or (VERIFY if ca else None)
+
+
 def libpq_tls(ca: str, options: dict[str, str]) -> dict[str, str]:
     """The libpq parameters for a Secret's CA: its file as `sslrootcert`, and `sslmode`
     verify-full unless the url names a mode. None without a CA (the url's own options stand)."""
     if not ca:
         return {}
-    mode = next((v for k, v in options.items() if k.lower() == "sslmode"), VERIFY)
-    return {"sslmode": mode, "sslrootcert": ca_file(ca)}
+    return {"sslmode": sslmode(ca, options) or VERIFY, "sslrootcert": ca_file(ca)}
 
 
-# What libpq says when TLS stops a connection, and what to do about it.
+def ssl_context(ca: str, options: dict[str, str]) -> ssl.SSLContext | None:
+    """The Cassandra driver's SSL context for these settings (the module's docstring), or None
+    for a plain connection. With check_hostname on, the driver names each node by its address."""
+    mode = sslmode(ca, options)
+    if mode in (None, "disable", "allow", "prefer"):
+        return None
+    if mode not in ("require", "verify-ca", VERIFY):
+        raise InvalidConnection(
+            f"sslmode {mode!r} is not one dbq knows: use verify-full (the default with `ca`), verify-ca,"
+            " require or disable"
+        )
+    context = ssl.create_default_context(cadata=ca or None)
+    context.check_hostname = mode == VERIFY
+    if mode == "require":
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+# What a driver says when TLS stops a connection (libpq; Python's ssl under the Cassandra driver),
+# and what to do about it; the first cue found wins.
+_HOST = (
+    "the server's certificate does not name the host dbq connects to: connect by a name the"
+    " certificate has, or give the server a certificate for this name"
+)
+_PLAIN = "the server does not offer TLS: turn it on there, or say sslmode=disable in the url for a plain connection"
 _REFUSALS = (
     (
         "root certificate file",
         "the server is to be verified but no CA was given: put the CA's"
         f" certificate in the Secret's {CA_KEY!r} key (or sslrootcert=FILE in the url)",
     ),
-    (
-        "does not match host name",
-        "the server's certificate does not name the host dbq connects to:"
-        " connect by a name the certificate has, or give the server a certificate for this name",
-    ),
+    ("does not match host name", _HOST),
+    ("mismatch, certificate is not valid for", _HOST),
     (
         "certificate verify failed",
         f"the server's certificate does not chain to the CA in {CA_KEY!r}, or"
         " has expired: put the CA that signed it there, or renew the server's certificate",
     ),
-    (
-        "server does not support SSL",
-        "the server does not offer TLS: turn it on there, or say"
-        " sslmode=disable in the url for a plain connection",
-    ),
+    ("server does not support SSL", _PLAIN),
+    ("WRONG_VERSION_NUMBER", _PLAIN),
 )
 
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from dbq.devstack.base import ManagedProcess, Paths, StackError, port_open, wait_until
+from dbq.devstack.tls import StackTls
 
 CASSANDRA_VERSION = os.environ.get("CASSANDRA_VERSION", "5.0.9")
 CQL_PORT = int(os.environ.get("DBQ_CQL_PORT", "19042"))
@@ -82,6 +83,7 @@ class CassandraNode:
         # The marker names the node's own config, so one node's pid is never taken for another's.
         self.proc = ManagedProcess(name, paths.state, marker=f"-Dcassandra.storagedir={paths.state / name} ")
         self.lib = paths.cache / f"cassandra-{CASSANDRA_VERSION}" / "lib"
+        self.tls = StackTls(paths)
 
     @property
     def dir(self) -> Path:
@@ -97,6 +99,8 @@ class CassandraNode:
             (d / sub).mkdir(parents=True, exist_ok=True)
         conf = d / "conf"
         conf.mkdir(exist_ok=True)
+        # TLS on the CQL port, with the stack CA's certificate; plain clients still connect.
+        keystore, keystore_password = self.tls.keystore("cassandra")
         (conf / "cassandra.yaml").write_text(
             f"""cluster_name: {self.cluster}
 num_tokens: 16
@@ -122,6 +126,13 @@ start_native_transport: true
 endpoint_snitch: SimpleSnitch
 authenticator: AllowAllAuthenticator
 authorizer: AllowAllAuthorizer
+client_encryption_options:
+  enabled: true
+  optional: true
+  keystore: {keystore}
+  keystore_password: {keystore_password}
+  store_type: PKCS12
+  require_client_auth: false
 concurrent_reads: 8
 concurrent_writes: 8
 concurrent_counter_writes: 8

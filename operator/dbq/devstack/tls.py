@@ -7,11 +7,13 @@ from __future__ import annotations
 import datetime
 import fcntl
 import ipaddress
+import secrets
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dbq.devstack.base import NODE_IP, Paths
@@ -19,8 +21,9 @@ from dbq.devstack.base import NODE_IP, Paths
 CA_DAYS = 3650
 SERVER_DAYS = 365
 RENEW_DAYS = 30  # a certificate that ends sooner is made again
-# Where clients reach the servers: loopback, and the single-node cluster's node address (its pods).
-IPS = ("127.0.0.1", NODE_IP)
+# Where clients reach the servers: loopback (the three-node Cassandra on 127.0.0.2-4), and the
+# single-node cluster's node address (its pods).
+IPS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", NODE_IP)
 DNS_NAMES = ("localhost",)
 
 
@@ -68,6 +71,31 @@ class StackTls:
                 )
                 cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return cert_path, key_path
+
+    def keystore(self, name: str) -> tuple[Path, str]:
+        """`name`'s key and certificate chain as a PKCS12 keystore (what Java servers read), and
+        its password (made once, kept beside it)."""
+        cert_path, key_path = self.server(name)
+        store, password_file = self.dir / f"{name}.p12", self.dir / f"{name}.p12.password"
+        if not password_file.exists():
+            password_file.touch(mode=0o600)
+            password_file.write_text(secrets.token_hex(16))
+        password = password_file.read_text()
+        if not store.exists() or store.stat().st_mtime < cert_path.stat().st_mtime:
+            key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+            assert isinstance(key, rsa.RSAPrivateKey)
+            chain = x509.load_pem_x509_certificates(cert_path.read_bytes() + self.ca_cert.read_bytes())
+            store.touch(mode=0o600)
+            store.write_bytes(
+                pkcs12.serialize_key_and_certificates(
+                    name.encode(),
+                    key,
+                    chain[0],
+                    chain[1:],
+                    serialization.BestAvailableEncryption(password.encode()),
+                )
+            )
+        return store, password
 
 
 def _names() -> list[x509.GeneralName]:
