@@ -111,6 +111,19 @@ def spark_consume(text: str | None = None) -> list[tuple[str, float]]:
     ]
 
 
+def tls_cost(text: str | None = None) -> list[tuple[str, str, float, float]]:
+    """(database, line, plain, verified TLS messages/s) of the latest run."""
+    text = _first_run(text or _read("tls_cost.txt"))
+    out = []
+    for block in re.split(r"\n(?=\S)", text)[2:]:
+        database, _, body = block.partition("\n")
+        for line, plain, tls in re.findall(
+            rf"^  (\w+)\s+plain\s+{_NUMBER}\s+verified TLS\s+{_NUMBER}", body, re.M
+        ):
+            out.append((database.strip(), line, _num(plain), _num(tls)))
+    return out
+
+
 # --- tables ---------------------------------------------------------------------------------
 def _run_line(name: str) -> str:
     """The latest run's heading in its results file: command, date, commit."""
@@ -163,6 +176,15 @@ def spark_table() -> str:
     return "\n".join(rows) + "\n" + _run_line("spark_consume.txt")
 
 
+def tls_table() -> str:
+    rows = ["| database | calls | plain, /s | verified TLS, /s | TLS / plain |", "|---|---|---:|---:|---:|"]
+    rows += [
+        f"| {db} | {line} | {plain:,.0f} | {tls:,.0f} | {tls / plain:.2f} |"
+        for db, line, plain, tls in tls_cost()
+    ]
+    return "\n".join(rows) + "\n" + _run_line("tls_cost.txt")
+
+
 def control_plane_run() -> str:
     """The latest control-plane run as the bench printed it."""
     run = _first_run(_read("control_plane_1000_queues.txt"))
@@ -177,6 +199,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "smart-batching-options": smart_batching_options_table,
     "stats-cost": stats_table,
     "spark": spark_table,
+    "tls-cost": tls_table,
 }
 
 
