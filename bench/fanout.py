@@ -224,9 +224,8 @@ def cassandra_url() -> str:
     cassandra = Stack().component("cassandra")
     if not cassandra.ready():
         cassandra.start()
-    host, port = Stack().cassandra.contact
     os.environ[SCHEMA_VARIABLE] = f"bench_{os.urandom(4).hex()}"
-    return f"cassandra://{host}:{port}"
+    return Stack().cassandra.url()
 
 
 def drop_keyspace(url: str) -> None:

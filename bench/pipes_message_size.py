@@ -43,8 +43,7 @@ KEYSPACE = "dbq_bench_size"
 def url() -> str:
     from dbq.devstack import Stack
 
-    host, port = Stack().cassandra.contact
-    return f"cassandra://{host}:{port}"
+    return Stack().cassandra.url()
 
 
 # --- one measurement, in a process of its own (--measure): the code under test is on its path ---

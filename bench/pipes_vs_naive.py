@@ -38,8 +38,7 @@ BODY = b"m" * 300
 
 
 def url() -> str:
-    host, port = Stack().cassandra.contact
-    return f"cassandra://{host}:{port}"
+    return Stack().cassandra.url()
 
 
 def session() -> Any:

@@ -454,9 +454,8 @@ def measure_pipes(
     stack: Stack, opts: argparse.Namespace, missed: list[str], missed_threads: list[str]
 ) -> None:
     """The pipes' cases (the kinds that missed a target added to the lists)."""
-    host, port = stack.cassandra.contact
     keyspace, name = f"bench_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
-    url = f"cassandra://{host}:{port}"
+    url = stack.cassandra.url()
     spec = QueueSpec.model_validate(
         {
             "backend": "cassandra",

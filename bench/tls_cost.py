@@ -129,10 +129,9 @@ class Cassandra:
 @contextmanager
 def databases(stack: Stack) -> Iterator[list[Postgres | Cassandra]]:
     with scratch_database(stack, "bench_tls") as db:
-        host, port = stack.cassandra.contact
         made: list[Postgres | Cassandra] = [
             Postgres(db.url, db.ca),
-            Cassandra(f"cassandra://{host}:{port}", db.ca),
+            Cassandra(stack.cassandra.url(), db.ca),
         ]
         try:
             yield made

@@ -139,7 +139,7 @@ def cassandra(stack: LocalStack) -> Iterator[Any]:
     from dbq.connection.cassandra import SCHEMA_CHANGE_TIMEOUT_S
 
     host, port = stack.cassandra.contact
-    cluster = Cluster([host], port=port)
+    cluster = Cluster([host], port=port, auth_provider=stack.cassandra.auth.provider())
     session = cluster.connect()
     session.default_timeout = SCHEMA_CHANGE_TIMEOUT_S  # the tests change schemas by hand too
     yield session

@@ -15,7 +15,6 @@ from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
 from dbq.client import PipesQueue, connect
 from dbq.connection import from_url
-from dbq.devstack.cassandra import CQL_PORT
 from tests.workers import finish, read_logs, start
 
 MESSAGES = 20_000
@@ -23,7 +22,7 @@ VISIBILITY = "10"
 
 
 def test_pipes_at_quorum_keep_every_message_while_a_node_is_killed(cassandra3, tmp_path):
-    url = f"cassandra://{cassandra3.hosts}:{CQL_PORT}?consistency=QUORUM"
+    url = cassandra3.url("consistency=QUORUM")
     keyspace, name = f"rf3_{secrets.token_hex(3)}", f"q_{secrets.token_hex(3)}"
     spec = QueueSpec.model_validate(
         {"backend": "cassandra", "design": "pipes", "connection": {"secretRef": {"name": "s"}, "schema": keyspace},

@@ -83,8 +83,7 @@ def test_the_credit_is_a_hard_bound_on_messages_held(ring):
 @pytest.fixture
 def pipes(cassandra, stack) -> Iterator[tuple[PipesQueue, str]]:
     """A pipes queue dead-lettering at the third failed delivery, and its url."""
-    host, port = stack.cassandra.contact
-    url, name = f"cassandra://{host}:{port}", f"q_{secrets.token_hex(4)}"
+    url, name = stack.cassandra.url(), f"q_{secrets.token_hex(4)}"
     spec = QueueSpec.model_validate(
         {"backend": "cassandra", "design": "pipes", "deadLetter": {"maxAttempts": 3},
          "connection": {"secretRef": {"name": "unused"}, "schema": SCHEMA}}

@@ -92,10 +92,9 @@ def design(request) -> Iterator[Design]:
         yield _ring(MSSQL_DSN, "sqlserver")
     else:
         request.getfixturevalue("cassandra")
-        host, port = request.getfixturevalue("stack").cassandra.contact
         spec = {"backend": "cassandra", "design": "pipes", "pipes": {"maxPushesPerPipe": 500},
                 "messages": {"maxBytes": MAX_PIPES_BODY_BYTES}}  # fmt: skip
-        url = f"cassandra://{host}:{port}"
+        url = request.getfixturevalue("stack").cassandra.url()
         yield Design("pipes-cassandra", url, spec, MAX_PIPES_BODY_BYTES, INLINE_BODY_BYTES,
                      1.0 + pipes_tuning.SKEW_S + 0.2, messages=50_000)  # fmt: skip
         # Dozens of queues of eleven tables each: dropping them outlasts the driver's 10 s default.

@@ -33,8 +33,7 @@ def provisioned(spec: dict[str, Any], url: str) -> str:
 
 
 def test_a_pipes_queue_failing_while_deletion_measures_it_is_reported_with_a_reason(cassandra, stack):
-    host, port = stack.cassandra.contact
-    url = f"cassandra://{host}:{port}"
+    url = stack.cassandra.url()
     keyspace = f"del_{secrets.token_hex(3)}"
     spec = {
         "backend": "cassandra",

@@ -501,8 +501,7 @@ def test_cassandra_pipes_queue_end_to_end(env, kube, cassandra, stack):
     """A pipes Queue on the real Cassandra: Ready with its keyspace and tables, a table dropped by
     hand comes back, the CLI works through the resource, DeleteIfEmpty waits for the drain."""
     cluster, _, _ = env
-    host, port = stack.cassandra.contact
-    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    cluster.secret("events-db", {"url": stack.cassandra.url()})
     keyspace = f"e2e_{secrets.token_hex(4)}"
     cluster.create(pipes_queue("events-q", keyspace, pipes={"maxPushesPerPipe": 50}))
     cluster.wait_condition("events-q", "Ready", "True", timeout=90)

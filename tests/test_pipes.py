@@ -238,8 +238,7 @@ def test_replication_follows_the_spec():
 
 @pytest.fixture(scope="module")
 def cass_url(cassandra, stack) -> Iterator[str]:
-    host, port = stack.cassandra.contact
-    yield f"cassandra://{host}:{port}"
+    yield stack.cassandra.url()
     cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)  # many queues' tables
 
 

@@ -51,8 +51,7 @@ KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
 
 @pytest.fixture(scope="module")
 def cass_url(cassandra, stack) -> Iterator[str]:
-    host, port = stack.cassandra.contact
-    yield f"cassandra://{host}:{port}"
+    yield stack.cassandra.url()
     cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)
 
 

@@ -72,7 +72,6 @@ def test_postgres_queues_of_one_schema_come_and_go_together(own_postgres, round_
 
 
 def test_cassandra_queues_of_one_keyspace_come_and_go_together(cassandra, stack):
-    host, port = stack.cassandra.contact
     keyspace = f"shared_{secrets.token_hex(3)}"
     spec = {
         "backend": "cassandra",
@@ -80,7 +79,7 @@ def test_cassandra_queues_of_one_keyspace_come_and_go_together(cassandra, stack)
         "connection": {"secretRef": {"name": "s"}, "schema": keyspace},
     }
     try:
-        round_trip(spec, f"cassandra://{host}:{port}")
+        round_trip(spec, stack.cassandra.url())
         assert not list(cassandra.execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
                                           (keyspace,)))  # fmt: skip
     finally:

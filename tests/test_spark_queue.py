@@ -40,8 +40,7 @@ PER_TRIGGER = 5_000
 @pytest.fixture(scope="module")
 def queues(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     cluster = operator_namespace(kube, postgres, "dbq-sparkq")
-    host, port = stack.cassandra.contact
-    cassandra_url = f"cassandra://{host}:{port}"
+    cassandra_url = stack.cassandra.url()
     cluster.secret("events-db", {"url": cassandra_url})
     schema, keyspace = f"sq_{secrets.token_hex(3)}", f"sq_{secrets.token_hex(3)}"
     for name in ("stream-ring", "write-ring"):

@@ -28,8 +28,7 @@ ARCHIVED = ("ring-a", "pipes-c")  # with spec.archive
 @pytest.fixture(scope="module")
 def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     cluster = operator_namespace(kube, postgres, "dbq-spark")
-    host, port = stack.cassandra.contact
-    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    cluster.secret("events-db", {"url": stack.cassandra.url()})
     schema, keyspace = f"spark_{secrets.token_hex(3)}", f"spark_{secrets.token_hex(3)}"
     every_5s = {"stats": {"interval": "5s"}}
     archive = {"archive": {"enabled": True}}
@@ -42,7 +41,7 @@ def fleet(kube, postgres, cassandra, stack, spark, tmp_path_factory):
     operator.start()
     for name in WORKLOAD:
         cluster.wait_condition(name, "Ready", "True", timeout=90)
-    urls = {"ring-a": postgres.url, "ring-b": postgres.url, "pipes-c": f"cassandra://{host}:{port}"}
+    urls = {"ring-a": postgres.url, "ring-b": postgres.url, "pipes-c": stack.cassandra.url()}
     for name, (pushed, popped) in WORKLOAD.items():
         where = keyspace if name == "pipes-c" else schema
         with connect(urls[name], name.replace("-", "_"), schema=where) as q:
@@ -159,10 +158,9 @@ def test_a_bad_option_is_refused_by_name(fleet, spark):
 def test_dbq_drains_at_most_limit_messages_each_once(fleet, spark, stack, postgres):
     """Last in this module: it empties the queues the tests above measured."""
     cluster, kube, schema, keyspace, *_ = fleet
-    host, port = stack.cassandra.contact
     with connect(postgres.url, "ring_b", schema=schema) as q:
         q.push_many([b"r%d" % i for i in range(1000)])  # after the workload's 5
-    with connect(f"cassandra://{host}:{port}", "pipes_c", schema=keyspace) as q:
+    with connect(stack.cassandra.url(), "pipes_c", schema=keyspace) as q:
         q.push_many([b"p%d" % i for i in range(300)])  # after the workload's 15
 
     def drain(name: str, limit: int, partitions: int) -> list:

@@ -169,8 +169,7 @@ KEYSPACE = "tls_pipes"
 
 @pytest.fixture(scope="module")
 def cass_url(cassandra: Any, stack: Any) -> Iterator[str]:
-    host, port = stack.cassandra.contact
-    yield f"cassandra://{host}:{port}"
+    yield stack.cassandra.url()
     cassandra.execute(f'DROP KEYSPACE IF EXISTS "{KEYSPACE}"', timeout=120)
 
 
@@ -178,7 +177,9 @@ def cassandra_tls_of(session: Any) -> list[bool]:
     """Whether each of this session's connections to the node is encrypted, as the node sees them
     (`system_views.clients`, matched by the connections' local ports)."""
     cluster = session.cluster
-    ports = {pool._connection._socket.getsockname()[1] for pool in session._pools.values() if pool._connection}
+    ports = {
+        pool._connection._socket.getsockname()[1] for pool in session._pools.values() if pool._connection
+    }
     ports.add(cluster.control_connection._connection._socket.getsockname()[1])
     rows = session.execute("SELECT port, ssl_enabled FROM system_views.clients")
     return [bool(enabled) for port, enabled in rows if port in ports]

@@ -266,8 +266,8 @@ def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscript
     """The same resources on Cassandra: the operator records the rules in the keyspace, a
     publisher routes by them, the status counts, and a Subscription removed stops its copies."""
     cluster, _, _ = env
-    host, port = stack.cassandra.contact
-    cluster.secret("events-db", {"url": f"cassandra://{host}:{port}"})
+    host, _ = stack.cassandra.contact
+    cluster.secret("events-db", {"url": stack.cassandra.url()})
     keyspace = f"tc_{secrets.token_hex(4)}"
     topics, subs = cluster.of("topics"), cluster.of("subscriptions")
     for name in ("eu-events", "all-events"):
@@ -296,7 +296,7 @@ def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscript
     status = wait_for(counted, 60, "the topic's counts")
     assert {r["subscription"]: r["routed"] for r in status["routes"]} == {"eu": 2, "all": 3}
     assert (status["unrouted"], status["subscriptions"]) == (0, 2) and host in status["endpoint"]
-    with connect(f"cassandra://{host}:{port}", "eu_events", schema=keyspace) as q:
+    with connect(stack.cassandra.url(), "eu_events", schema=keyspace) as q:
         got = []  # two publishers, two pipes: a take reads one pipe
         while batch := q.pop_many(10, timeout=1):
             got += [m.body for m in batch]
@@ -311,7 +311,7 @@ def test_a_topic_on_cassandra_routes_into_pipes_queues_and_follows_its_subscript
     subs.delete("all")
     topics.delete("events")
     wait_for(lambda: not topics.exists("events") or None, 60, "the topic deleted")
-    with connect(f"cassandra://{host}:{port}", "all_events", schema=keyspace) as q:
+    with connect(stack.cassandra.url(), "all_events", schema=keyspace) as q:
         while q.pop_many(10, timeout=1):  # a Queue is deleted once empty (deletionPolicy DeleteIfEmpty)
             pass
     for name in ("eu-events", "all-events"):

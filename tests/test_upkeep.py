@@ -265,8 +265,7 @@ def paced(count: int, per_second: float, action: Any, stop: threading.Event) -> 
 def target(request, postgres, cassandra, stack) -> tuple[str, str, str]:
     if request.param == "postgres":
         return "postgres", postgres.url, "upkeep"
-    host, port = stack.cassandra.contact
-    return "cassandra", f"cassandra://{host}:{port}", f"upkeep_{secrets.token_hex(3)}"
+    return "cassandra", stack.cassandra.url(), f"upkeep_{secrets.token_hex(3)}"
 
 
 def test_published_totals_are_exact_and_rates_match_the_workload(target):
@@ -365,8 +364,7 @@ def test_ring_cleanup_repairs_orphans_and_expired_leases_once(postgres):
 def test_pipes_cleanup_rolls_back_leases_and_finishes_stalled_pipes(cassandra, stack, monkeypatch):
     monkeypatch.setattr(pipes_tuning, "FINISH_GRACE_S", 1.0)
     monkeypatch.setattr(pipes_tuning, "PIPE_LEASE_S", 1.5)
-    host, port = stack.cassandra.contact
-    url, keyspace, name = f"cassandra://{host}:{port}", f"upkeep_{secrets.token_hex(3)}", "stalled"
+    url, keyspace, name = stack.cassandra.url(), f"upkeep_{secrets.token_hex(3)}", "stalled"
     spec = spec_for("cassandra", keyspace, pipes={"maxPushTime": "1s"})
     backend = open_backend(spec, name, from_url(url))
     backend.apply()

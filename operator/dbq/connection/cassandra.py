@@ -130,8 +130,14 @@ def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
         text = text.replace(settings.password, "***")
     errors: Any = getattr(e, "errors", None) or {}
     if isinstance(e, DriverAuthFailed) or any(isinstance(v, DriverAuthFailed) for v in errors.values()):
+        if not settings.username:
+            return AuthenticationFailed(
+                f"{settings.endpoint}: Cassandra asks for a login and none was given: put the user and"
+                " password in the url (cassandra://USER:PASSWORD@host:9042) or the Secret's username and password"
+            )
         return AuthenticationFailed(
-            f"{settings.endpoint}: authentication failed for user {settings.username!r}"
+            f"{settings.endpoint}: authentication failed for user {settings.username!r} (a wrong password,"
+            " or a role that is gone or may not log in)"
         )
     if (tls := refusal(text)) is not None:
         return DatabaseUnreachable(f"{settings.endpoint}: {tls}")

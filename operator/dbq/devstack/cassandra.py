@@ -1,13 +1,23 @@
 """Cassandra on loopback, run from the Maven Central jars that stack/bootstrap.sh resolves with
 `mvn dependency:copy-dependencies`: one node (`cassandra`, 127.0.0.1) for most tests, and a
 three-node cluster (`cassandra3`, 127.0.0.2-4, its own cluster name) for replication and fault
-tests. Every node listens on its own address with the same ports."""
+tests. Every node listens on its own address with the same ports.
+
+Nobody gets in without a password: each cluster runs Cassandra's PasswordAuthenticator and
+CassandraAuthorizer, and at its first start the stack makes a superuser of its own, `dbq`, with a
+generated password (kept in the state directory), and takes login and superuser from Cassandra's
+default `cassandra` role. `url()` is the superuser's: what an operator's Secret holds. TLS is
+offered on the CQL port (optional: plain clients still connect)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dbq.devstack.base import ManagedProcess, Paths, StackError, port_open, wait_until
 from dbq.devstack.tls import StackTls
@@ -65,13 +75,100 @@ def _java() -> str:
     return found
 
 
+class CassandraAuth:
+    """A cluster's superuser: the stack's own (`dbq`, its password generated at the first start)
+    in place of Cassandra's default one (cassandra/cassandra, left without login)."""
+
+    USER = "dbq"
+    DEFAULT = ("cassandra", "cassandra")
+
+    def __init__(self, folder: Path) -> None:
+        self.password_file = folder / "superuser-password"
+
+    @property
+    def password(self) -> str:
+        if not self.password_file.exists():
+            self.password_file.parent.mkdir(parents=True, exist_ok=True)
+            self.password_file.touch(mode=0o600)
+            self.password_file.write_text(secrets.token_hex(16))
+        return self.password_file.read_text().strip()
+
+    def provider(self) -> Any:
+        from cassandra.auth import PlainTextAuthProvider
+
+        return PlainTextAuthProvider(self.USER, self.password)
+
+    def answers(self, address: str) -> bool:
+        """Whether a CQL query answers on `address` as the superuser or, before it is made, as
+        the default one."""
+        return any(
+            _query(address, user, password) for user, password in ((self.USER, self.password), self.DEFAULT)
+        )
+
+    def ensure(self, address: str, replicas: int) -> None:
+        """Make the superuser once the cluster answers (its roles on `replicas` nodes), and take
+        login from the default one."""
+        if _query(address, self.USER, self.password):
+            return
+        cql = [
+            f"ALTER KEYSPACE system_auth WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {replicas}}}",
+            f"CREATE ROLE IF NOT EXISTS {self.USER} WITH SUPERUSER = true AND LOGIN = true AND PASSWORD = '{self.password}'",
+        ]
+        # Tried a few times: on a new cluster the default role lives on one node until a read
+        # at quorum repairs it onto the others, and such a read may ask two nodes without it.
+        if not _tries(lambda: _query(address, *self.DEFAULT, cql)):
+            raise StackError(f"Cassandra at {address} took neither the stack's superuser nor the default one")
+        disable = ["ALTER ROLE cassandra WITH SUPERUSER = false AND LOGIN = false"]
+        if not _tries(lambda: _query(address, self.USER, self.password, disable)):
+            raise StackError(f"Cassandra at {address}: the superuser {self.USER} made cannot log in")
+
+
+def _tries(attempt: Callable[[], bool], times: int = 10) -> bool:
+    for _ in range(times - 1):
+        if attempt():
+            return True
+        time.sleep(1)
+    return attempt()
+
+
+def _query(address: str, user: str, password: str, cql: list[str] | None = None) -> bool:
+    """Run `cql` (by default a read of the node's version) as `user` on `address` alone; whether
+    it answered."""
+    from cassandra import AuthenticationFailed
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    if not port_open(address, CQL_PORT):
+        return False
+    only_this = ExecutionProfile(
+        load_balancing_policy=WhiteListRoundRobinPolicy([address]), request_timeout=60
+    )
+    cluster = Cluster([address], port=CQL_PORT, connect_timeout=3, protocol_version=4,
+                      auth_provider=PlainTextAuthProvider(user, password),
+                      execution_profiles={EXEC_PROFILE_DEFAULT: only_this})  # fmt: skip
+    try:
+        session = cluster.connect()
+        for statement in cql or ["SELECT release_version FROM system.local"]:
+            session.execute(statement)
+        return True
+    except (NoHostAvailable, OSError, AuthenticationFailed):
+        return False
+    finally:
+        cluster.shutdown()
+
+
 class CassandraNode:
-    """One node: `name` is its state directory, `address` the loopback address it listens on."""
+    """One node: `name` is its state directory, `address` the loopback address it listens on,
+    `auth` its cluster's superuser (its own, for a node alone)."""
 
     def __init__(
         self, paths: Paths, name: str = "cassandra", address: str = "127.0.0.1", *,
         cluster: str = "dbq-local", seed: str = "127.0.0.1", heap: str = "768m", ring_delay_ms: int = 100,
+        auth: CassandraAuth | None = None,
     ) -> None:  # fmt: skip
+        self.auth = auth or CassandraAuth(paths.state / name)
+        self.alone = auth is None
         self.name = name
         self.address = address
         self.cluster = cluster
@@ -92,6 +189,10 @@ class CassandraNode:
     @property
     def contact(self) -> tuple[str, int]:
         return (self.address, CQL_PORT)
+
+    def url(self, options: str = "") -> str:
+        """The superuser's url (`options`: a query string, without `?`)."""
+        return _url(self.auth, self.address, options)
 
     def _write_config(self) -> Path:
         d = self.dir
@@ -124,8 +225,9 @@ storage_port: {STORAGE_PORT}
 native_transport_port: {CQL_PORT}
 start_native_transport: true
 endpoint_snitch: SimpleSnitch
-authenticator: AllowAllAuthenticator
-authorizer: AllowAllAuthorizer
+authenticator: PasswordAuthenticator
+authorizer: CassandraAuthorizer
+role_manager: CassandraRoleManager
 client_encryption_options:
   enabled: true
   optional: true
@@ -188,6 +290,8 @@ auto_snapshot: false
             log=self.proc.log,
             alive=self.proc.running,
         )
+        if self.alone:
+            self.auth.ensure(self.address, replicas=1)
 
     def stop(self) -> None:
         self.proc.stop(grace=30)
@@ -197,21 +301,7 @@ auto_snapshot: false
 
     def _cql_answers(self) -> bool:
         """Ready means a CQL query answers through cassandra-driver, not just an open port."""
-        if not port_open(*self.contact):
-            return False
-        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
-        from cassandra.policies import WhiteListRoundRobinPolicy
-
-        only_this = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([self.address]))
-        cluster = Cluster([self.address], port=CQL_PORT, connect_timeout=3, protocol_version=4,
-                          execution_profiles={EXEC_PROFILE_DEFAULT: only_this})  # fmt: skip
-        try:
-            session = cluster.connect()
-            return session.execute("SELECT release_version FROM system.local").one() is not None
-        except (NoHostAvailable, OSError):
-            return False
-        finally:
-            cluster.shutdown()
+        return self.auth.answers(self.address)
 
     def describe(self) -> str:
         return f"CQL {self.address}:{CQL_PORT} (Cassandra {CASSANDRA_VERSION})"
@@ -228,6 +318,7 @@ class CassandraCluster:
 
     def __init__(self, paths: Paths) -> None:
         addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+        self.auth = CassandraAuth(paths.state / "cassandra3-1")
         self.nodes = [
             CassandraNode(
                 paths,
@@ -237,6 +328,7 @@ class CassandraCluster:
                 seed=addresses[0],
                 heap="512m",
                 ring_delay_ms=10_000,
+                auth=self.auth,
             )
             for i, address in enumerate(addresses)
         ]
@@ -250,9 +342,14 @@ class CassandraCluster:
     def contact(self) -> tuple[str, int]:
         return (self.nodes[0].address, CQL_PORT)
 
+    def url(self, options: str = "") -> str:
+        """The superuser's url, naming the three nodes."""
+        return _url(self.auth, self.hosts, options)
+
     def start(self) -> None:
         for node in self.nodes:
             node.start()
+        self.auth.ensure(self.nodes[0].address, replicas=len(self.nodes))
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
@@ -263,3 +360,7 @@ class CassandraCluster:
 
     def describe(self) -> str:
         return f"CQL {self.hosts} port {CQL_PORT} (3 nodes, Cassandra {CASSANDRA_VERSION})"
+
+
+def _url(auth: CassandraAuth, hosts: str, options: str) -> str:
+    return f"cassandra://{auth.USER}:{auth.password}@{hosts}:{CQL_PORT}" + (f"?{options}" if options else "")
