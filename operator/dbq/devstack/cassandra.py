@@ -304,7 +304,10 @@ auto_snapshot: false
         return self.auth.answers(self.address)
 
     def describe(self) -> str:
-        return f"CQL {self.address}:{CQL_PORT} (Cassandra {CASSANDRA_VERSION})"
+        return (
+            f"CQL {self.address}:{CQL_PORT} (Cassandra {CASSANDRA_VERSION}), superuser {self.auth.USER}"
+            f" (password in {self.auth.password_file}), TLS offered"
+        )
 
 
 Cassandra = CassandraNode  # the one-node component: `cassandra`, on 127.0.0.1
@@ -359,7 +362,10 @@ class CassandraCluster:
         return all(n.ready() for n in self.nodes)
 
     def describe(self) -> str:
-        return f"CQL {self.hosts} port {CQL_PORT} (3 nodes, Cassandra {CASSANDRA_VERSION})"
+        return (
+            f"CQL {self.hosts} port {CQL_PORT} (3 nodes, Cassandra {CASSANDRA_VERSION}), superuser"
+            f" {self.auth.USER} (password in {self.auth.password_file})"
+        )
 
 
 def _url(auth: CassandraAuth, hosts: str, options: str) -> str:
