@@ -99,48 +99,51 @@ class CassandraAuth:
         return PlainTextAuthProvider(self.USER, self.password)
 
     def answers(self, address: str) -> bool:
-        """Whether a CQL query answers on `address` as the superuser or, before it is made, as
-        the default one."""
-        return any(
-            _query(address, user, password) for user, password in ((self.USER, self.password), self.DEFAULT)
-        )
+        """Whether the node at `address` answers CQL: a query as the superuser runs, or the node
+        refuses the login (the superuser not made yet: a node of a new cluster makes its default
+        role only once every node it knows is up)."""
+        return _query(address, self.USER, self.password) != DOWN
 
     def ensure(self, address: str, replicas: int) -> None:
-        """Make the superuser once the cluster answers (its roles on `replicas` nodes), and take
-        login from the default one."""
-        if _query(address, self.USER, self.password):
+        """Make the superuser (its roles on `replicas` nodes), and take login from the default
+        one; waits up to a minute for the cluster to make its default role."""
+        if _query(address, self.USER, self.password) == ANSWERED:
             return
         cql = [
             f"ALTER KEYSPACE system_auth WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {replicas}}}",
             f"CREATE ROLE IF NOT EXISTS {self.USER} WITH SUPERUSER = true AND LOGIN = true AND PASSWORD = '{self.password}'",
         ]
-        # Tried a few times: on a new cluster the default role lives on one node until a read
-        # at quorum repairs it onto the others, and such a read may ask two nodes without it.
-        if not _tries(lambda: _query(address, *self.DEFAULT, cql)):
+        # Tried again: the default role may not be made yet, and on a new cluster it lives on one
+        # node until a read at quorum repairs it onto others (a read that may ask two without it).
+        if not _tries(lambda: _query(address, *self.DEFAULT, cql) == ANSWERED):
             raise StackError(f"Cassandra at {address} took neither the stack's superuser nor the default one")
         disable = ["ALTER ROLE cassandra WITH SUPERUSER = false AND LOGIN = false"]
-        if not _tries(lambda: _query(address, self.USER, self.password, disable)):
+        if not _tries(lambda: _query(address, self.USER, self.password, disable) == ANSWERED):
             raise StackError(f"Cassandra at {address}: the superuser {self.USER} made cannot log in")
 
 
-def _tries(attempt: Callable[[], bool], times: int = 10) -> bool:
-    for _ in range(times - 1):
+ANSWERED, REFUSED, DOWN = "answered", "refused", "down"
+
+
+def _tries(attempt: Callable[[], bool], seconds: int = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         if attempt():
             return True
         time.sleep(1)
     return attempt()
 
 
-def _query(address: str, user: str, password: str, cql: list[str] | None = None) -> bool:
-    """Run `cql` (by default a read of the node's version) as `user` on `address` alone; whether
-    it answered."""
-    from cassandra import AuthenticationFailed
+def _query(address: str, user: str, password: str, cql: list[str] | None = None) -> str:
+    """Run `cql` (by default a read of the node's version) as `user` on `address` alone: ANSWERED,
+    REFUSED (the login, or a statement) or DOWN."""
+    from cassandra import AuthenticationFailed, DriverException
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import WhiteListRoundRobinPolicy
 
     if not port_open(address, CQL_PORT):
-        return False
+        return DOWN
     only_this = ExecutionProfile(
         load_balancing_policy=WhiteListRoundRobinPolicy([address]), request_timeout=60
     )
@@ -151,9 +154,14 @@ def _query(address: str, user: str, password: str, cql: list[str] | None = None)
         session = cluster.connect()
         for statement in cql or ["SELECT release_version FROM system.local"]:
             session.execute(statement)
-        return True
-    except (NoHostAvailable, OSError, AuthenticationFailed):
-        return False
+        return ANSWERED
+    except NoHostAvailable as e:
+        refused = any(isinstance(v, AuthenticationFailed) for v in e.errors.values())
+        return REFUSED if refused else DOWN
+    except DriverException:
+        return REFUSED
+    except OSError:
+        return DOWN
     finally:
         cluster.shutdown()
 
@@ -297,10 +305,13 @@ auto_snapshot: false
         self.proc.stop(grace=30)
 
     def ready(self) -> bool:
-        return self.proc.pid() is not None and self._cql_answers()
+        """A CQL query answers as the superuser, through cassandra-driver (not just an open port)."""
+        return (
+            self.proc.pid() is not None
+            and _query(self.address, self.auth.USER, self.auth.password) == ANSWERED
+        )
 
     def _cql_answers(self) -> bool:
-        """Ready means a CQL query answers through cassandra-driver, not just an open port."""
         return self.auth.answers(self.address)
 
     def describe(self) -> str:
