@@ -18,6 +18,7 @@ from tests.manifests import queue
 from tests.operator_harness import Operator, operator_namespace
 
 WORKLOAD_S = 30.0
+GROW_MOST = 1000  # pushes to grow-q at the most (its ring holds 1024): about 4 minutes
 PUSH_PER_S, POP_PER_S, PREFILL = 4, 10, 1000  # the ring holds 1024
 
 
@@ -48,8 +49,11 @@ def fleet(kube, postgres, spark, tmp_path_factory):
     operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("health") / "operator.log")
     operator.start()
     queues: dict[str, Queue] = {}
-    done = threading.Event()  # the paced pops go on until the test is done, the pushes stop
+    # The paced pops and pushes go on until the module is done, so that the health job's window
+    # holds no idle tail however long the job takes to start (CI once saw a slope of 3.1 for 4).
+    done = threading.Event()
     drainer: threading.Thread | None = None
+    grower: threading.Thread | None = None
     try:  # whatever fails here, the operator stops (it would go on writing the queues' status)
         for name in ("grow-q", "drain-q", "old-q"):
             cluster.wait_condition(name, "Ready", "True", timeout=90)
@@ -60,12 +64,14 @@ def fleet(kube, postgres, spark, tmp_path_factory):
         time.sleep(20)
         queues["drain-q"].push_many([b"d"] * PREFILL)
         drainer = paced(PREFILL, POP_PER_S, lambda: queues["drain-q"].pop_many(1), done)
-        paced(int(WORKLOAD_S * PUSH_PER_S), PUSH_PER_S, lambda: queues["grow-q"].push(b"g")).join()
+        grower = paced(GROW_MOST, PUSH_PER_S, lambda: queues["grow-q"].push(b"g"), done)
+        time.sleep(WORKLOAD_S)
         yield cluster, kube
     finally:
         done.set()
-        if drainer is not None:
-            drainer.join()
+        for thread in (drainer, grower):
+            if thread is not None:
+                thread.join()
         for q in queues.values():
             q.close()
         cluster.force_delete_all(120)

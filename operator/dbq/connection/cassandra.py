@@ -71,12 +71,19 @@ def open_session(settings: ConnectionSettings) -> tuple[Cluster, Session]:
         attempt += 1
 
 
-def _transient(e: Exception) -> bool:
+def host_errors(e: Exception) -> list[Any]:
+    """The per-host errors a NoHostAvailable carries (a dict by host, or a list when a session's
+    pools could not connect)."""
     errors: Any = getattr(e, "errors", None) or {}
+    return list(errors.values()) if isinstance(errors, dict) else list(errors)
+
+
+def _transient(e: Exception) -> bool:
+    errors = host_errors(e)
     return (
         isinstance(e, NoHostAvailable)
         and bool(errors)
-        and all(isinstance(v, TRANSIENT_CONNECT_ERRORS) for v in errors.values())
+        and all(isinstance(v, TRANSIENT_CONNECT_ERRORS) for v in errors)
     )
 
 
@@ -128,8 +135,7 @@ def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
     text = str(e)
     if settings.password:
         text = text.replace(settings.password, "***")
-    errors: Any = getattr(e, "errors", None) or {}
-    if isinstance(e, DriverAuthFailed) or any(isinstance(v, DriverAuthFailed) for v in errors.values()):
+    if isinstance(e, DriverAuthFailed) or any(isinstance(v, DriverAuthFailed) for v in host_errors(e)):
         if not settings.username:
             return AuthenticationFailed(
                 f"{settings.endpoint}: Cassandra asks for a login and none was given: put the user and"

@@ -142,6 +142,8 @@ def _query(address: str, user: str, password: str, cql: list[str] | None = None)
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import WhiteListRoundRobinPolicy
 
+    from dbq.connection.cassandra import host_errors
+
     if not port_open(address, CQL_PORT):
         return DOWN
     only_this = ExecutionProfile(
@@ -156,7 +158,7 @@ def _query(address: str, user: str, password: str, cql: list[str] | None = None)
             session.execute(statement)
         return ANSWERED
     except NoHostAvailable as e:
-        refused = any(isinstance(v, AuthenticationFailed) for v in e.errors.values())
+        refused = any(isinstance(v, AuthenticationFailed) for v in host_errors(e))
         return REFUSED if refused else DOWN
     except DriverException:
         return REFUSED

@@ -15,7 +15,7 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statem
 
 from dbq.client.pipes import tuning
 from dbq.connection import ConnectionSettings
-from dbq.connection.cassandra import translate
+from dbq.connection.cassandra import host_errors, translate
 from dbq.contract.pipes import PipesStatements
 from dbq.errors import QueueError
 from dbq.names import QueueNames
@@ -31,11 +31,9 @@ BUSY_RETRIES = 12  # a request refused unsent is tried again this often, for abo
 def busy(e: Exception) -> bool:
     """Whether the driver refused a request before sending it, every connection's socket full
     (large bodies in flight on them): safe to send again, whatever the statement."""
-    errors: dict[Any, Exception] = getattr(e, "errors", None) or {}
+    errors = host_errors(e)
     return (
-        isinstance(e, NoHostAvailable)
-        and bool(errors)
-        and all(isinstance(v, ConnectionBusy) for v in errors.values())
+        isinstance(e, NoHostAvailable) and bool(errors) and all(isinstance(v, ConnectionBusy) for v in errors)
     )
 
 
