@@ -19,8 +19,6 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from cryptography import x509
-
 from dbq.errors import InvalidConnection
 
 CA_KEY = "ca"  # the Secret key that holds the CA's certificate(s), PEM
@@ -29,7 +27,14 @@ VERIFY = "verify-full"
 
 def check_ca(pem: str, where: str = f"Secret key {CA_KEY!r}") -> str:
     """`pem` when it holds at least one certificate valid now; else InvalidConnection naming
-    `where` and the fix."""
+    `where` and the fix. (Needs `cryptography`: the kube and operator extras bring it; a client
+    given a url never calls this.)"""
+    try:
+        from cryptography import x509
+    except ImportError:
+        raise InvalidConnection(
+            f"{where}: checking a CA needs the `cryptography` package: install dbq-operator[kube]"
+        ) from None
     try:
         certs = x509.load_pem_x509_certificates(pem.encode())
     except ValueError:
