@@ -78,13 +78,14 @@ def host_errors(e: Exception) -> list[Any]:
     return list(errors.values()) if isinstance(errors, dict) else list(errors)
 
 
-def _transient(e: Exception) -> bool:
+def only_failed_with(e: Exception, kinds: type[Exception] | tuple[type[Exception], ...]) -> bool:
+    """Whether `e` is a NoHostAvailable whose every host failed with one of `kinds`."""
     errors = host_errors(e)
-    return (
-        isinstance(e, NoHostAvailable)
-        and bool(errors)
-        and all(isinstance(v, TRANSIENT_CONNECT_ERRORS) for v in errors)
-    )
+    return isinstance(e, NoHostAvailable) and bool(errors) and all(isinstance(v, kinds) for v in errors)
+
+
+def _transient(e: Exception) -> bool:
+    return only_failed_with(e, TRANSIENT_CONNECT_ERRORS)
 
 
 def _cluster(settings: ConnectionSettings) -> Cluster:

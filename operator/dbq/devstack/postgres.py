@@ -12,10 +12,9 @@ import pwd
 import secrets
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-from dbq.devstack.base import Paths, StackError, log_tail, pid_alive, port_open
+from dbq.devstack.base import Paths, StackError, log_tail, pid_alive, port_open, wait_until
 from dbq.devstack.tls import StackTls
 
 PG_PORT = int(os.environ.get("DBQ_PG_PORT", "15432"))
@@ -198,32 +197,24 @@ class Postgres:
                     shutil.chown(copy, "postgres", "postgres")
                 copied = True
         wanted = {"ssl": "on", "ssl_cert_file": str(self.server_cert), "ssl_key_file": str(self.server_key)}
-        with pyodbc.connect(self.odbc(), autocommit=True) as admin:
-            cur = admin.cursor()
-            names = ", ".join(f"'{name}'" for name in wanted)
-            now = dict(
-                cur.execute(f"SELECT name, setting FROM pg_settings WHERE name IN ({names})").fetchall()
-            )
-            if now == wanted and not copied:
-                return
-            for name, value in wanted.items():
-                cur.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-            cur.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # the postmaster rereads its files a moment later
+        names = ", ".join(f"'{name}'" for name in wanted)
+
+        def settings() -> dict[str, str]:  # on a new session: the postmaster's, after a reload
             with pyodbc.connect(self.odbc(), autocommit=True) as admin:
-                cur = admin.cursor()
-                if (
-                    dict(
-                        cur.execute(
-                            f"SELECT name, setting FROM pg_settings WHERE name IN ({names})"
-                        ).fetchall()
-                    )
-                    == wanted
-                ):
-                    return
-            time.sleep(0.1)
-        raise StackError(f"PostgreSQL did not turn TLS on:\n{log_tail(self.log)}")
+                rows = admin.cursor().execute(
+                    f"SELECT name, setting FROM pg_settings WHERE name IN ({names})"
+                )
+                return dict(rows.fetchall())
+
+        if settings() == wanted and not copied:
+            return
+        with pyodbc.connect(self.odbc(), autocommit=True) as admin:
+            for name, value in wanted.items():
+                admin.cursor().execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            admin.cursor().execute("SELECT pg_reload_conf()")
+        # The postmaster rereads its files a moment later.
+        wait_until(lambda: settings() == wanted, timeout=10, what="PostgreSQL's TLS", log=self.log,
+                   alive=lambda: self.pid() is not None)  # fmt: skip
 
     def stop(self) -> None:
         if self.pid() is None:

@@ -9,13 +9,13 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cassandra.cluster import NoHostAvailable, ResponseFuture, ResultSet, Session
+from cassandra.cluster import ResponseFuture, ResultSet, Session
 from cassandra.connection import ConnectionBusy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statement
 
 from dbq.client.pipes import tuning
 from dbq.connection import ConnectionSettings
-from dbq.connection.cassandra import host_errors, translate
+from dbq.connection.cassandra import only_failed_with, translate
 from dbq.contract.pipes import PipesStatements
 from dbq.errors import QueueError
 from dbq.names import QueueNames
@@ -31,10 +31,7 @@ BUSY_RETRIES = 12  # a request refused unsent is tried again this often, for abo
 def busy(e: Exception) -> bool:
     """Whether the driver refused a request before sending it, every connection's socket full
     (large bodies in flight on them): safe to send again, whatever the statement."""
-    errors = host_errors(e)
-    return (
-        isinstance(e, NoHostAvailable) and bool(errors) and all(isinstance(v, ConnectionBusy) for v in errors)
-    )
+    return only_failed_with(e, ConnectionBusy)
 
 
 class PipesSession:
