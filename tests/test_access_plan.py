@@ -19,6 +19,7 @@ from tests.manifests import pipes_queue, queue
 ROOT = Path(__file__).resolve().parents[1]
 SHOP = ConnectionSettings("postgres", "db", 5432, "shop", "dbq_operator", "secret")
 OTHER = ConnectionSettings("postgres", "db", 5432, "other", "dbq_operator", "secret")
+EVENTS = ConnectionSettings("cassandra", "cass", 9042, "", "dbq", "secret")
 
 
 def topic(name: str) -> dict[str, Any]:
@@ -26,11 +27,19 @@ def topic(name: str) -> dict[str, Any]:
             "connection": {"secretRef": {"name": "orders-db"}, "schema": "shopq"}}}  # fmt: skip
 
 
-QUEUES = {"orders": queue("orders"), "events-q": pipes_queue("events-q", "ks"), "far": queue("far")}
+QUEUES = {
+    "orders": queue("orders"),
+    "events-q": pipes_queue("events-q", "ks"),
+    "kept": pipes_queue("kept", "ks", deadLetter={"queue": "keeper", "maxAttempts": 3}),
+    "keeper": pipes_queue("keeper", "ks2"),
+    "far": queue("far"),
+}
 TOPICS = {"news": topic("news")}
 
 
 def settings_of(spec: Any, _namespace: str) -> ConnectionSettings:
+    if spec.backend == "cassandra":
+        return EVENTS
     return OTHER if spec.connection.secret_ref.name == "far-db" else SHOP
 
 
@@ -61,13 +70,26 @@ def test_a_plan_names_one_group_role_per_right_of_each_queue_and_topic():
     ]
 
 
+def test_a_pipes_plan_gives_each_group_the_tables_its_right_reads_and_writes():
+    p = plan(queues=[{"name": "kept", "rights": ["send", "receive", "peek"]}])
+    assert p.admin == EVENTS
+    send, receive, peek = (g.tables for g in p.grants)
+    assert ("MODIFY", "<table ks.kept_waiting>") in send and ("SELECT", "<table ks.kept_waiting>") not in send
+    assert ("SELECT", "<table ks.dbq_queues>") in send and ("MODIFY", "<table ks.dbq_queues>") not in send
+    # A receiver buries dead letters in the keeper's table, not in the queue's own.
+    assert ("MODIFY", "<table ks2.keeper_dead>") in receive and not any("kept_dead" in t for _, t in receive)
+    assert {p for p, _ in peek} == {"SELECT"} and ("SELECT", "<table ks.kept_content>") in peek
+    assert plan(queues=[{"name": "orders", "rights": ["send"]}]).grants[0].tables == frozenset()
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
         ({"queues": [{"name": "ghost", "rights": ["send"]}]}, "spec.queues[0].name: there is no Queue ghost in namespace shop"),
         ({"queues": [{"name": "news", "rights": ["send"]}]}, "spec.queues[0].name: news is a Topic: list it under spec.topics"),
         ({"topics": [{"name": "orders", "rights": ["publish"]}]}, "spec.topics[0].name: orders is a Queue: list it under spec.queues"),
-        ({"queues": [{"name": "events-q", "rights": ["send"]}]}, "spec.queues[0].name: Queue events-q is a pipes queue on cassandra"),
+        ({"queues": [{"name": "orders", "rights": ["send"]}, {"name": "events-q", "rights": ["send"]}]},
+         "spec.queues[1].name: events-q is on cass:9042 and orders on db:5432/shop"),
         ({"queues": [{"name": "orders", "rights": ["send"]}, {"name": "far", "rights": ["peek"]}]},
          "spec.queues[1].name: far is on db:5432/other and orders on db:5432/shop: one QueueUser is one login on one database"),
     ],

@@ -192,6 +192,21 @@ class PermissionDenied(DbqError):
         self.queue = queue
         self.right = right
 
+    @classmethod
+    def lacking(
+        cls, endpoint: str, username: str, queue: str, right: str, said: str = ""
+    ) -> PermissionDenied:
+        """The refusal of a call that needs `right` ('' when any right would do) on `queue`;
+        `said`: the database's own words, when they add what was refused."""
+        needs = f"the {right} right" if right else "any right"
+        return cls(
+            f"{endpoint}: user {username!r} lacks {needs} on {queue}: give it to its QueueUser"
+            " (spec.queues[].rights, or spec.topics[].rights), or connect as one that has it"
+            + (f" ({said})" if said else ""),
+            queue,
+            right,
+        )
+
 
 class InvalidQueueUser(DbqError):
     """A QueueUser names something it cannot have: a Queue or Topic that is not in its namespace,

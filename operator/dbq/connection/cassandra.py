@@ -15,7 +15,14 @@ import time
 from typing import Any
 
 from cassandra import AuthenticationFailed as DriverAuthFailed
-from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, ReadFailure, ReadTimeout
+from cassandra import (
+    ConsistencyLevel,
+    DriverException,
+    OperationTimedOut,
+    ReadFailure,
+    ReadTimeout,
+    Unauthorized,
+)
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -23,7 +30,14 @@ from cassandra.query import tuple_factory
 
 from dbq.connection import ConnectionSettings
 from dbq.connection.tls import refusal, ssl_context
-from dbq.errors import AuthenticationFailed, DatabaseError, DatabaseUnreachable, DbqError, InvalidSpec
+from dbq.errors import (
+    AuthenticationFailed,
+    DatabaseError,
+    DatabaseUnreachable,
+    DbqError,
+    InvalidSpec,
+    PermissionDenied,
+)
 
 CONNECT_TIMEOUT_S = 5.0
 # The control connection reads the whole schema when it connects (token awareness needs it); the
@@ -130,7 +144,8 @@ def _verified_name(settings: ConnectionSettings, tls: ssl.SSLContext | None) -> 
 
 def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
     """A condition reason for a driver error; driver messages carry no credentials, but the
-    password is masked anyway in case one echoes it."""
+    password is masked anyway in case one echoes it. A refusal (Unauthorized) is PermissionDenied
+    quoting Cassandra's words (the permission and table); the pipes client names the right."""
     if isinstance(e, DbqError):
         return e
     text = str(e)
@@ -146,6 +161,9 @@ def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
             f"{settings.endpoint}: authentication failed for user {settings.username!r} (a wrong password,"
             " or a role that is gone or may not log in)"
         )
+    if isinstance(e, Unauthorized) or any(isinstance(v, Unauthorized) for v in host_errors(e)):
+        said = text[text.find("User ") :][:300] if "User " in text else text[:300]
+        return PermissionDenied(f"{settings.endpoint}: {said}")
     if (tls := refusal(text)) is not None:
         return DatabaseUnreachable(f"{settings.endpoint}: {tls}")
     if isinstance(e, NoHostAvailable | OSError):

@@ -107,13 +107,7 @@ def translate(
     if queue and (
         state in PERMISSION_STATES or "permission denied" in text or "permission was denied" in text
     ):
-        needs = f"the {right} right" if right else "any right"
-        return PermissionDenied(
-            f"{settings.endpoint}: user {settings.username!r} lacks {needs} on {queue}: give it to its"
-            " QueueUser (spec.queues[].rights, or spec.topics[].rights), or connect as one that has it",
-            queue,
-            right,
-        )
+        return PermissionDenied.lacking(settings.endpoint, settings.username, queue, right)
     if queue and state in UNDEFINED_OBJECT_STATES | {UNDEFINED_FUNCTION}:
         return QueueNotFound(f"{settings.endpoint}: {queue} is not provisioned ({text[:200]})")
     if "Can't open lib" in text:

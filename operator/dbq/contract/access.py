@@ -1,7 +1,8 @@
 """Who may do what: the rights a QueueUser is given on a queue or topic, and which routine each
-right lets a login call. Provisioning grants by it (one NOLOGIN group role per right, holding
-EXECUTE on exactly these routines); the client names the missing right from it when the
-database refuses a call.
+right lets a login call (ring) or which tables it may read and write (pipes, on Cassandra).
+Provisioning grants by it (one group role per right, holding EXECUTE on exactly these routines,
+or SELECT and MODIFY on exactly these tables); the client names the missing right from it when
+the database refuses a call.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dbq.api.access import QUEUE_RIGHTS, TOPIC_RIGHTS, Right
 
 __all__ = [
     "EVERY_RIGHT",
+    "PIPES_TABLES",
     "QUEUE_RIGHTS",
     "RING_RIGHTS",
     "TOPIC_RIGHTS",
@@ -32,6 +34,23 @@ RING_RIGHTS: dict[Right, tuple[str, ...]] = {
 EVERY_RIGHT = ("describe",)
 # A topic's publish routines.
 TOPIC_ROUTINES = ("publish", "publish_many")
+
+# The pipes design's tables each right reads (SELECT) and writes (MODIFY), by `QueueNames`
+# property; "dead" is the dead table of the queue that keeps this queue's dead letters
+# (spec.deadLetter.queue), "own_dead" the queue's own. Cassandra grants per table: a lightweight
+# transaction needs both on its table, so whoever takes a lease writes the pipes' state; "meta"
+# and "history" are shared by every queue of the keyspace.
+_MESSAGES = ("pipes", "pipe_state", "waiting", "pending", "content")
+PIPES_TABLES: dict[Right, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    Right.SEND: (("meta",), (*_MESSAGES, "delayed")),
+    Right.RECEIVE: (("meta", *_MESSAGES, "staged"), (*_MESSAGES, "staged", "delayed", "archive", "dead")),
+    Right.PEEK: (("meta", "pipes", "pipe_state", "waiting", "content"), ()),
+    Right.MONITOR: (("meta", "history", "pipes", "pipe_state", "waiting", "pending", "delayed", "dead"), ()),
+    Right.MANAGE: (
+        ("meta", *_MESSAGES, "delayed", "archive", "dead", "own_dead"),
+        ("meta", *_MESSAGES, "delayed", "archive", "dead", "own_dead"),
+    ),
+}
 
 RIGHT_OF_VERB: dict[str, Right] = {verb: right for right, verbs in RING_RIGHTS.items() for verb in verbs}
 

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import pyodbc
-
 from dbq.api.access import QUEUE_USER_PLURAL, ROTATE_ANNOTATION, secret_name
 from dbq.api.models import PLURAL
 from dbq.api.topics import TOPIC_PLURAL
+from dbq.backends.cassandra.access import CassandraLogins
 from dbq.backends.postgres.access import PgLogins, ensure_helper
 from dbq.backends.sqlserver.access import MsLogins
 from dbq.connection import ConnectionSettings, odbc
+from dbq.connection.cassandra import open_session
 from dbq.connection.tls import CA_KEY
 from dbq.controller import conditions as cond
 from dbq.controller.access_plan import AccessPlan, granted, parse_queue_user, plan_access
@@ -35,13 +36,33 @@ Resource = Mapping[str, Any]
 Poster = Callable[[Resource, Event], None]
 
 
-def logins_on(cur: pyodbc.Cursor, admin: ConnectionSettings) -> PgLogins | MsLogins:
+@contextmanager
+def logins_on(admin: ConnectionSettings) -> Iterator[PgLogins | MsLogins | CassandraLogins]:
     """The logins of the database `admin` reaches: PostgreSQL's through the role helper (checked
-    first), SQL Server's contained users."""
-    if admin.backend == "sqlserver":
-        return MsLogins(cur)
-    ensure_helper(cur, admin.database, admin.username)
-    return PgLogins(cur)
+    first), SQL Server's contained users, Cassandra's roles. On PostgreSQL and SQL Server what
+    is done commits as one transaction when the block ends, and is rolled back if it raises."""
+    if admin.backend == "cassandra":
+        cluster, session = open_session(admin)
+        try:
+            yield CassandraLogins(session, admin)
+        finally:
+            cluster.shutdown()
+        return
+    conn = odbc.connect(admin)
+    try:
+        conn.autocommit = False
+        cur = conn.cursor()
+        if admin.backend == "sqlserver":
+            yield MsLogins(cur)
+        else:
+            ensure_helper(cur, admin.database, admin.username)
+            yield PgLogins(cur)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -58,7 +79,7 @@ def user_secret(plan: AccessPlan, password: str) -> dict[str, str]:
     a = plan.admin
     options = a.options | ({"driver": a.driver} if a.driver else {})
     query = f"?{urlencode(options)}" if options else ""
-    scheme = "mssql" if a.backend == "sqlserver" else "postgresql"
+    scheme = {"sqlserver": "mssql", "cassandra": "cassandra"}.get(a.backend, "postgresql")
     credentials = f"{quote(plan.login, safe='')}:{quote(password, safe='')}"
     url = f"{scheme}://{credentials}@{a.host}:{a.port}/{quote(a.database)}"
     entities: dict[str, dict[str, dict[str, Any]]] = {"queues": {}, "topics": {}}
@@ -127,10 +148,10 @@ class QueueUserSync:
         namespace, name = meta["namespace"], meta["name"]
         secret = secret_name(name)
         rotation = str((meta.get("annotations") or {}).get(ROTATE_ANNOTATION, ""))
-        conn = odbc.connect(plan.admin)
-        try:
-            conn.autocommit = False
-            logins = logins_on(conn.cursor(), plan.admin)
+        with logins_on(plan.admin) as logins:
+            if isinstance(logins, CassandraLogins):  # a pipes queue's groups are made on demand
+                for g in plan.grants:
+                    logins.ensure_group(g.group, g.tables)
             exists = logins.exists(plan.login)
             secret_missing = self.read_secret(namespace, secret) is None
             rotate = not exists or secret_missing or rotation != (status.get("rotation") or "")
@@ -142,12 +163,6 @@ class QueueUserSync:
                 logins.grant(plan.login, group)
             for group in sorted(held - plan.groups):
                 logins.revoke(plan.login, group)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            conn.close()
         now = cond.now_iso()
         if password is not None:
             self.kube.write_secret(namespace, secret, user_secret(plan, password), owner=resource)
@@ -174,15 +189,16 @@ class QueueUserSync:
             "rotation": rotation,
         }
 
-    def delete(self, resource: Resource) -> int | None:
-        """Drop the login (its sessions ended first): how many sessions were ended; None when no
-        Queue or Topic it names is left to reach its database by (nothing to drop it with)."""
+    def delete(self, resource: Resource) -> str | None:
+        """Drop the login: what became of its open sessions (PostgreSQL and SQL Server end them
+        first); None when no Queue or Topic it names is left to reach its database by (nothing
+        to drop it with)."""
         try:
             plan = self._plan(resource, existing_only=True)
         except DbqError:
             return None
-        conn = odbc.connect(plan.admin)
-        try:
-            return logins_on(conn.cursor(), plan.admin).drop(plan.login)
-        finally:
-            conn.close()
+        with logins_on(plan.admin) as logins:
+            ended = logins.drop(plan.login)
+        if plan.admin.backend == "cassandra":
+            return "Cassandra ends no connection: each is refused at its next request once the node's role caches expire"
+        return f"{ended} open session(s) ended"

@@ -50,10 +50,10 @@ def check_queue_user(body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, QUEUE_USER_PLURAL)
 def delete_queue_user(body: kopf.Body, **_: Any) -> None:
     leadership.fence()
-    ended = users().delete(body)
-    if ended is None:
+    sessions = users().delete(body)
+    if sessions is None:
         kopf.warn(body, reason="LoginNotDropped", message="no Queue or Topic it names is left to reach its"
                   " database: a DBA drops its login (status.login) by hand")  # fmt: skip
         return
     kopf.info(body, reason="Deleted", message=f"dropped login {body.get('status', {}).get('login')}"
-              f" ({ended} open session(s) ended)")  # fmt: skip
+              f" ({sessions})")  # fmt: skip

@@ -2,8 +2,9 @@
 a pure function, unit-tested without a database or an API server.
 
 The login is `dbq.names.login_role(namespace, name)`; it should be a member of exactly the group
-role of each (queue or topic, right) its spec gives, all on one database, reached with the
-Secret of the first Queue or Topic it names (the operator's credentials).
+role of each (queue or topic, right) its spec gives, all on one database (or Cassandra cluster),
+reached with the Secret of the first Queue or Topic it names (the operator's credentials). A
+pipes queue's groups are made with the login, holding the table permissions each right needs.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pydantic import ValidationError
 from dbq.api.access import QueueUserSpec
 from dbq.api.models import queue_name
 from dbq.api.topics import TopicSpec, topic_name
+from dbq.backends.cassandra.access import Permission, table_permissions
 from dbq.connection import ConnectionSettings
 from dbq.contract.access import Right
 from dbq.errors import InvalidQueueUser, InvalidSpec
-from dbq.names import group_role, login_role
-from dbq.resource import parse_spec, validation_message
+from dbq.names import QueueNames, group_role, login_role
+from dbq.resource import dead_letter_keeper, parse_spec, validation_message
 
 Resource = Mapping[str, Any]
 # The connection a Queue's or Topic's spec names (its Secret, read).
@@ -38,6 +40,9 @@ class Grant:
     group: str
     schema: str
     entity: str  # the queue's or topic's name in the database
+    # Pipes (Cassandra): the table permissions the group holds; ring groups hold EXECUTE on
+    # routines, granted when the queue is provisioned.
+    tables: frozenset[Permission] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -76,19 +81,28 @@ def plan_access(
         field = f"spec.queues[{i}].name"
         found = _found(field, grant.name, "Queue", queues, "Topic", topics, namespace)
         queue_spec = parse_spec(found.get("spec") or {})
-        if str(queue_spec.design) != "ring":
+        if str(queue_spec.design) == "servicebroker":
             raise InvalidQueueUser(
-                f"{field}: Queue {grant.name} is a {queue_spec.design} queue on {queue_spec.backend}: QueueUsers"
-                " give rights on ring queues (PostgreSQL, SQL Server); Cassandra's roles come with its"
-                " authentication, and Service Broker queues' roles are made but not given to QueueUsers yet"
+                f"{field}: Queue {grant.name} is a Service Broker queue: QueueUsers give rights on ring"
+                " queues (PostgreSQL, SQL Server) and pipes queues (Cassandra); Service Broker queues' roles"
+                " are made but not given to QueueUsers yet"
             )
         settings = settings_of(queue_spec, namespace)
         admin, first = _same_database(admin, first, settings, field, grant.name)
         entity = queue_name(grant.name, queue_spec)
         schema = queue_spec.connection.schema_
+        pipes = str(queue_spec.design) == "pipes"
+        keeper = (
+            dead_letter_keeper(grant.name, namespace, queue_spec, lambda _, n: _as_dict(queues.get(n)))
+            if pipes
+            else None
+        )
         for right in dict.fromkeys(grant.rights):
             group = group_role(settings.database, schema, entity, right)
-            grants.append(Grant("queue", grant.name, Right(right), group, schema, entity))
+            tables = (
+                table_permissions(QueueNames(schema, entity), keeper, Right(right)) if pipes else frozenset()
+            )
+            grants.append(Grant("queue", grant.name, Right(right), group, schema, entity, tables))
     for i, topic_grant in enumerate(spec.topics):
         field = f"spec.topics[{i}].name"
         found = _found(field, topic_grant.name, "Topic", topics, "Queue", queues, namespace)
@@ -107,6 +121,10 @@ def plan_access(
         grants.append(Grant("topic", topic_grant.name, Right.PUBLISH, group, schema, entity))
     assert admin is not None  # the spec names at least one queue or topic
     return AccessPlan(login_role(namespace, name), admin, tuple(grants), spec.connection_limit)
+
+
+def _as_dict(resource: Resource | None) -> dict[str, Any] | None:
+    return dict(resource) if resource is not None else None
 
 
 def _found(

@@ -12,6 +12,7 @@ from cassandra.cluster import Cluster, Session
 
 from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
 from dbq.backends.cassandra import cql
+from dbq.backends.cassandra.access import CassandraLogins, groups_of
 from dbq.backends.cassandra.plan import (
     PipesAction,
     PipesObserved,
@@ -264,6 +265,9 @@ class CassandraPipes(CassandraSession):
                     self._run(statements.forget_dead_letters, ids[at : at + 100])
         for table in self.names.pipes_tables:
             self._run(self.cql.drop_table(table))
+        CassandraLogins(self.session, self.settings).drop_groups(
+            groups_of(self.settings.database, self.names)
+        )
         if self.names.meta in observed.tables:
             self._run(self.cql.forget, self.names.queue)
             if self.names.history in observed.tables:

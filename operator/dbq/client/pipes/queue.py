@@ -4,12 +4,13 @@ the archive and the dead letters)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from cassandra.cluster import Cluster, Session
 
@@ -30,13 +31,41 @@ from dbq.client.waiting import Deadline, check_bodies, count_arg, seconds_arg, t
 from dbq.connection import ConnectionSettings
 from dbq.connection.cassandra import open_session
 from dbq.contract import headers as header_codec
+from dbq.contract.access import Right
 from dbq.contract.headers import HeaderLimits, Headers, StoredHeaders
 from dbq.contract.pipes import PIPES_SCHEMA_VERSION, PipesStatements
-from dbq.errors import LeaseLost, QueueError, QueueNotFound, QueueUnavailable
+from dbq.errors import LeaseLost, PermissionDenied, QueueError, QueueNotFound, QueueUnavailable
 from dbq.names import QueueNames
 
 if TYPE_CHECKING:
     from dbq.client.consume import ConsumeStats
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def needs(
+    right: Right | None,
+) -> Callable[[Callable[Concatenate[PipesQueue, P], R]], Callable[Concatenate[PipesQueue, P], R]]:
+    """A call Cassandra refuses (a login without the table permissions of `right`) raises
+    PermissionDenied naming the right and the queue; None: any right would do."""
+
+    def wrap(method: Callable[Concatenate[PipesQueue, P], R]) -> Callable[Concatenate[PipesQueue, P], R]:
+        @functools.wraps(method)
+        def call(self: PipesQueue, *args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return method(self, *args, **kwargs)
+            except PermissionDenied as e:
+                if e.queue:
+                    raise
+                s = self.settings
+                raise PermissionDenied.lacking(
+                    s.endpoint, s.username, self.names.qualified, str(right or ""), str(e).partition(": ")[2]
+                ) from None
+
+        return call
+
+    return wrap
 
 
 class PipesQueue:
@@ -116,6 +145,7 @@ class PipesQueue:
             )
             self._acks = ack_coalescer(self.ack_many, tuning.BATCH_MAX_MESSAGES)
 
+    @needs(None)
     def _check_meta(self) -> list[Any]:
         """The queue's metadata row, once it is known to be a pipes queue this client speaks."""
         names = self.names
@@ -176,6 +206,7 @@ class PipesQueue:
     def _check_bodies(self, bodies: Sequence[bytes]) -> None:
         check_bodies(bodies, self.max_body_bytes, self.names.queue, f"{MAX_PIPES_BODY_BYTES} on pipes")
 
+    @needs(Right.SEND)
     def push(
         self,
         body: bytes,
@@ -198,6 +229,7 @@ class PipesQueue:
         )
         return self._pushes(options, (bytes(body), stored))
 
+    @needs(Right.SEND)
     def push_many(
         self,
         bodies: Iterable[bytes],
@@ -239,6 +271,7 @@ class PipesQueue:
         return self.writer.append(batch, expires=[expiry] * len(batch) if expiry else None, headers=stored)
 
     # --- pop / acquire --------------------------------------------------------------------
+    @needs(Right.RECEIVE)
     def pop(self, timeout: float | None = None) -> PipeMessage | None:
         """At-most-once: the message is gone from the queue when this returns."""
         if (pops := self._pops) is not None:
@@ -246,9 +279,11 @@ class PipesQueue:
         got = self._take(1, timeout, None)
         return got[0] if got else None
 
+    @needs(Right.RECEIVE)
     def pop_many(self, n: int, timeout: float | None = None) -> list[PipeMessage]:
         return self._take(n, timeout, None)
 
+    @needs(Right.RECEIVE)
     def acquire(self, timeout: float | None = None, visibility: float | None = None) -> PipeMessage | None:
         """At-least-once: ack() within `visibility` s, or the message is delivered again."""
         seconds = seconds_arg(visibility, "visibility", self.visibility, positive=True)
@@ -258,6 +293,7 @@ class PipesQueue:
         got = self._take(1, timeout, seconds)
         return got[0] if got else None
 
+    @needs(Right.RECEIVE)
     def acquire_many(
         self, n: int, timeout: float | None = None, visibility: float | None = None
     ) -> list[PipeMessage]:
@@ -300,12 +336,14 @@ class PipesQueue:
         with self.leases.client_lease(spare=False):
             return self._take_leased(n, Deadline(0), visibility)
 
+    @needs(Right.PEEK)
     def peek(self, n: int) -> list[PipeMessage]:
         """Up to n waiting messages, oldest pipe first and in push order within a pipe, none
         taken or leased: a snapshot for looking, while pushes and takes go on."""
         return self.reader.peek(count_arg(n, "n"))
 
     # --- ack / nack -----------------------------------------------------------------------
+    @needs(Right.RECEIVE)
     def ack(self, message: PipeMessage) -> None:
         """Acknowledge one leased message (`PipeMessage.ack()`), with the other acks made at once."""
         if self._acks is not None:
@@ -313,6 +351,7 @@ class PipesQueue:
         else:
             self.ack_many([message])
 
+    @needs(Right.RECEIVE)
     def ack_many(self, messages: Iterable[PipeMessage]) -> None:
         """Acknowledge leased messages. Raises LeaseLost naming those whose lease had expired;
         the others are acknowledged."""
@@ -325,12 +364,14 @@ class PipesQueue:
         if lost:
             raise LeaseLost.of_acks(lost, len(batch))
 
+    @needs(Right.RECEIVE)
     def _nack(self, m: PipeMessage, delay: float, error: str | None, *, handled: bool = True) -> bool:
         delay = seconds_arg(delay, "delay", 0.0)
         if error is not None and not isinstance(error, str):
             raise TypeError(f"error is the failure's text, not {type(error).__name__}")
         return self.settler.nack(m, delay, error, handled)
 
+    @needs(Right.RECEIVE)
     def consume(self, handler: Callable[..., object], **options: Any) -> ConsumeStats:
         """Run `handler(message)` for each message, acked when it returns and nacked with
         backoff when it raises, holding at most `credit` messages (`dbq.client.consume`)."""
@@ -339,34 +380,41 @@ class PipesQueue:
         return consume(self, handler, **options)
 
     # --- upkeep, records and statistics -----------------------------------------------------
+    @needs(Right.MANAGE)
     def repair(self) -> PipesRepair:
         """Finish pipes of vanished pushers, roll back expired leases, retire drained pipes
         (`dbq.client.pipes.repairing`)."""
         return self.repairer.repair()
 
+    @needs(Right.MANAGE)
     def archived(self, since: datetime, limit: int = 100) -> list[ArchivedMessage]:
         """Archived messages (spec.archive) acked or popped at or after `since`, oldest first."""
         return self.archive.since(since, limit)
 
+    @needs(Right.MANAGE)
     def dead_letters(self, limit: int = 100, *, held: bool = False) -> list[DeadLetter]:
         """This queue's dead letters, oldest pushed first (at most `limit`), wherever they are
         kept (its own dead table, or spec.deadLetter.queue's). `held`: instead, every dead letter
         this queue's table keeps, its own and other queues' (see DeadLetter.source)."""
         return self.dead.listed(limit, held)
 
+    @needs(Right.MANAGE)
     def redrive(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
         """Dead letters back to delivery with their ids and attempts from zero: `ids`, or the
         oldest `limit`. How many moved."""
         return self.dead.redrive(ids, limit)
 
+    @needs(Right.MANAGE)
     def purge_dead_letters(self, ids: Iterable[uuid.UUID] | None = None, limit: int = 1_000) -> int:
         """Dead letters deleted for good: `ids`, or the oldest `limit`. How many went."""
         return self.dead.purge(ids, limit)
 
+    @needs(Right.MONITOR)
     def history(self, since: datetime, until: datetime) -> list[HistorySample]:
         """The operator's statistics samples of this queue taken in [since, until), oldest first."""
         return measuring.history(self.db, since, until)
 
+    @needs(Right.MONITOR)
     def stats(self) -> PipesStats:
         """Totals, depth, in-flight and oldest age, summed over pipes without any lock."""
         return measuring.stats(self.db, self.leases, self.names.qualified, bool(self.max_attempts))
