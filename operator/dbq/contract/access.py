@@ -11,6 +11,7 @@ from dbq.api.access import QUEUE_RIGHTS, TOPIC_RIGHTS, Right
 
 __all__ = [
     "EVERY_RIGHT",
+    "PIPES_ALSO",
     "PIPES_TABLES",
     "QUEUE_RIGHTS",
     "RING_RIGHTS",
@@ -50,6 +51,19 @@ PIPES_TABLES: dict[Right, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("meta", *_MESSAGES, "delayed", "archive", "dead", "own_dead"),
         ("meta", *_MESSAGES, "delayed", "archive", "dead", "own_dead"),
     ),
+}
+# The calls of other rights that a right's tables on a pipes queue allow too (PipesQueue methods):
+# a receiver puts back what it nacks into a pipe, so it can push, and reads what it takes, so it
+# can peek; a monitor counts waiting rows and dead letters, so it can read them; whoever manages
+# rolls leases back and redrives dead letters, so it can push and take, and reads every table
+# the statistics count. Each still needs its own right on the ring.
+_TAKES = ("pop", "pop_many", "acquire", "acquire_many", "ack", "ack_many", "nack")
+PIPES_ALSO: dict[Right, tuple[str, ...]] = {
+    Right.SEND: (),
+    Right.RECEIVE: ("push", "push_many", "peek"),
+    Right.PEEK: (),
+    Right.MONITOR: ("peek", "dead_letters"),
+    Right.MANAGE: ("push", "push_many", *_TAKES, "peek", "stats"),
 }
 
 RIGHT_OF_VERB: dict[str, Right] = {verb: right for right, verbs in RING_RIGHTS.items() for verb in verbs}
