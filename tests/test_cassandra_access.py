@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from cassandra import Unauthorized
@@ -82,7 +81,9 @@ class Accounts:
         for queue, given in rights.items():
             for right in given:
                 group = group_role("", KEYSPACE, queue, right)
-                self.logins.ensure_group(group, table_permissions(QueueNames(KEYSPACE, queue), None, Right(right)))
+                self.logins.ensure_group(
+                    group, table_permissions(QueueNames(KEYSPACE, queue), None, Right(right))
+                )
                 self.logins.grant(name, group)
         self.made.append(name)
         return name, self.url.replace(f"{self.admin.username}:{self.admin.password}@", f"{name}:{password}@")
@@ -114,7 +115,11 @@ CALLS: dict[str, tuple[Right, str, Callable[[PipesQueue], object]]] = {
     "acquire and nack": (Right.RECEIVE, "nack", lambda q: (m := q.acquire(timeout=0)) and m.nack(error="x")),
     "peek": (Right.PEEK, "peek", lambda q: q.peek(5)),
     "stats": (Right.MONITOR, "stats", lambda q: q.stats()),
-    "history": (Right.MONITOR, "history", lambda q: q.history(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC))),
+    "history": (
+        Right.MONITOR,
+        "history",
+        lambda q: q.history(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC)),
+    ),
     "dead_letters": (Right.MANAGE, "dead_letters", lambda q: q.dead_letters()),
     "redrive": (Right.MANAGE, "redrive", lambda q: q.redrive()),
     "purge": (Right.MANAGE, "purge_dead_letters", lambda q: q.purge_dead_letters()),
