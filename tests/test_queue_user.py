@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 from typing import Any
 
 import psycopg
 import pytest
+from cassandra import Unauthorized
 from kubernetes.client.rest import ApiException
 
 from dbq.client import connect
-from dbq.errors import AuthenticationFailed, PermissionDenied
+from dbq.errors import AuthenticationFailed, DatabaseError, PermissionDenied
 from dbq.names import login_role
+from tests.manifests import pipes_queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
+from tests.test_cassandra_access import CACHES_S
 from tests.test_operator import fresh
 
 pytestmark = [pytest.mark.kube, pytest.mark.postgres]
@@ -247,3 +251,53 @@ def test_applications_on_the_queues_own_secret_are_counted_and_warned_of(env, or
         )
         assert q.pop(timeout=0) is not None
     wait_for(lambda: cluster.get(queue)["status"].get("operatorLoginSessions") == 0, 60, "no session left")
+
+
+@pytest.mark.cassandra
+def test_queue_users_on_a_pipes_queue_get_cassandra_roles_and_lose_them_with_the_queue_user(
+    env, stack, cassandra
+):
+    """A sender pushes and cannot take; a receiver takes and acks and cannot drop a table; a
+    deleted QueueUser's role is gone, and its open connection is refused within the caches' delay."""
+    cluster, operator, _ = env
+    users = cluster.of("queueusers")
+    cluster.secret("events-db", {"url": stack.cassandra.url()})
+    keyspace = f"e2e_{secrets.token_hex(4)}"
+    cluster.create(pipes_queue("events", keyspace))
+    cluster.wait_condition("events", "Ready", "True", timeout=90)
+    users.create(user("events-sender", [{"name": "events", "rights": ["send"]}]))
+    users.create(user("events-worker", [{"name": "events", "rights": ["receive"]}]))
+    for name in ("events-sender", "events-worker"):
+        users.wait_condition(name, "Ready", "True", timeout=60, reason="Granted")
+    sender, worker = secret_data(cluster, "events-sender"), secret_data(cluster, "events-worker")
+    assert sender is not None and worker is not None
+    assert sender["url"].startswith(f"cassandra://{login_role(cluster.ns, 'events-sender')}:")
+    assert sender["password"] not in operator.log_text()
+    with connect(sender["url"], "events", schema=keyspace, smart_batching=False) as q:
+        q.push(b"from the sender")
+        with pytest.raises(PermissionDenied) as refused:
+            q.acquire(timeout=0)
+        assert refused.value.right == "receive"
+    with connect(worker["url"], "events", schema=keyspace, smart_batching=False) as q:
+        m = q.acquire(timeout=5)
+        assert m is not None and m.body == b"from the sender"
+        m.ack()
+        with pytest.raises(Unauthorized):
+            q.session.execute(f'DROP TABLE "{keyspace}"."events_waiting"')
+        roles = {r[0] for r in cassandra.execute("LIST ROLES")}
+        assert login_role(cluster.ns, "events-worker") in roles
+        users.delete("events-worker")
+        wait_for(lambda: login_role(cluster.ns, "events-worker") not in {r[0] for r in cassandra.execute("LIST ROLES")},
+                 30, "the role dropped")  # fmt: skip
+        dropped = time.monotonic()
+
+        def refused_now() -> bool:
+            try:
+                q.pop(timeout=0)
+            except (PermissionDenied, AuthenticationFailed, DatabaseError):
+                return True
+            return False
+
+        wait_for(refused_now, CACHES_S, "the open connection refused")
+        assert time.monotonic() - dropped < CACHES_S
+    assert "Deleted" in {e.reason for e in users.events("events-worker")}
