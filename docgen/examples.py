@@ -1,6 +1,8 @@
 """The docs' runnable examples: every fenced `sh` or `python` block right after a
-`<!-- runnable -->` line (run against the local stack by `tests/test_docs_examples.py`), or after
-`<!-- runnable: spark -->` (Python run with a SparkSession as `spark`, by the Spark tests)."""
+`<!-- runnable -->` line (run against the local stack by `tests/test_docs_examples.py`), after
+`<!-- runnable: spark -->` (Python run with a SparkSession as `spark`, by the Spark tests), or
+after `<!-- runnable: cassandra -->` (run with the Secret `events-cassandra` for the stack's
+Cassandra as well, by `tests/test_queue_user.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-_RUNNABLE = re.compile(r"^<!-- runnable(?:: (spark))? -->\n```(sh|python)\n(.*?)^```$", re.M | re.S)
+_RUNNABLE = re.compile(r"^<!-- runnable(?:: (spark|cassandra))? -->\n```(sh|python)\n(.*?)^```$", re.M | re.S)
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,7 @@ class Example:
     line: int
     language: str  # sh | python
     code: str
-    needs: str  # stack | spark
+    needs: str  # stack | spark | cassandra
 
     def __str__(self) -> str:
         return f"docs/{self.page}:{self.line}"

@@ -200,6 +200,30 @@ def rights() -> str:
     return "\n".join(rows) + "\n"
 
 
+def pipes_rights() -> str:
+    """Each right on a pipes queue: the tables its Cassandra group role reads and writes, and the
+    calls of other rights those whole-table grants allow too."""
+    from dbq.contract.access import PIPES_ALSO, PIPES_TABLES
+    from dbq.names import QueueNames
+
+    names = QueueNames("ks", "queue")
+
+    def table(name: str) -> str:
+        if name in ("dead", "own_dead"):  # the keeper's (spec.deadLetter.queue), and the queue's own
+            return "`<keeper>_dead`" if name == "dead" else "`<queue>_dead`"
+        actual: str = getattr(names, name)
+        return f"`{actual.replace('queue_', '<queue>_', 1)}`"
+
+    def tables(listed: tuple[str, ...]) -> str:
+        return ", ".join(table(t) for t in listed) or "none"
+
+    rows = ["| Right | SELECT on | MODIFY on | Also allows |", "|---|---|---|---|"]
+    for right, (reads, writes) in PIPES_TABLES.items():
+        also = ", ".join(PIPES_ALSO[right]) or "nothing"
+        rows.append(f"| `{right}` | {tables(reads)} | {tables(writes)} | {also} |")
+    return "\n".join(rows) + "\n"
+
+
 def _doc(cls: type) -> str:
     text = inspect.getdoc(cls) or ""
     own = cls.__dict__.get("__doc__")
@@ -268,6 +292,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "queueuser-spec": queue_user_spec,
     "queueuser-status": queue_user_status,
     "rights": rights,
+    "pipes-rights": pipes_rights,
     "reasons": error_reasons,
     "metrics": metrics,
     "helm-values": helm_values,

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,9 +20,11 @@ from kubernetes.client.rest import ApiException
 from dbq.client import connect
 from dbq.errors import AuthenticationFailed, DatabaseError, PermissionDenied
 from dbq.names import login_role
+from docgen.examples import pages_with_examples
 from tests.manifests import pipes_queue
 from tests.operator_harness import Operator, operator_namespace, wait_for
 from tests.test_cassandra_access import CACHES_S
+from tests.test_docs_examples import run
 from tests.test_operator import fresh
 
 pytestmark = [pytest.mark.kube, pytest.mark.postgres]
@@ -301,3 +306,20 @@ def test_queue_users_on_a_pipes_queue_get_cassandra_roles_and_lose_them_with_the
         wait_for(refused_now, CACHES_S, "the open connection refused")
         assert time.monotonic() - dropped < CACHES_S
     assert "Deleted" in {e.reason for e in users.events("events-worker")}
+
+
+@pytest.mark.cassandra
+def test_the_cassandra_security_guide_runs_as_written(env, stack, kube):
+    """The docs' `<!-- runnable: cassandra -->` examples, in this module's namespace, with the
+    Secret `events-cassandra` of manifests/examples/queue-cassandra.yaml (the stack's url and CA)."""
+    cluster, _, _ = env
+    cluster.secret("events-cassandra", {"url": stack.cassandra.url(), "ca": stack.postgres.tls.ca_pem()})
+    examples = [e for page in pages_with_examples("cassandra").values() for e in page]
+    assert examples, "the security guide lost its Cassandra example"
+    shell = {
+        **os.environ,
+        "KUBECONFIG": kube.kubeconfig,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    shown = "".join(run(example, cluster.ns, shell) for example in examples)
+    assert "button 7" in shown and "refused: tracker may only send" in shown

@@ -210,7 +210,8 @@ class PermissionDenied(DbqError):
 
 class InvalidQueueUser(DbqError):
     """A QueueUser names something it cannot have: a Queue or Topic that is not in its namespace,
-    a design without rights (Cassandra, for now), or queues on two databases."""
+    a design without rights (Service Broker, for now), queues on two databases, or a Cassandra
+    cluster without authorization."""
 
     reason = "InvalidQueueUser"
     retry = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ from dbq.resource import SecretReader, settings_for
 
 Resource = Mapping[str, Any]
 Poster = Callable[[Resource, Event], None]
+
+
+# One sync of a QueueUser at a time in this process (its change handler and its drift timer may
+# fire together): two syncs that both set a password would leave the Secret holding the one the
+# database no longer has. Only the leader syncs, so a lock in the process is enough.
+_SYNCING: dict[tuple[str, str], threading.Lock] = {}
+_SYNCING_GUARD = threading.Lock()
+
+
+def _one_at_a_time(namespace: str, name: str) -> threading.Lock:
+    with _SYNCING_GUARD:
+        return _SYNCING.setdefault((namespace, name), threading.Lock())
 
 
 @contextmanager
@@ -130,7 +143,8 @@ class QueueUserSync:
         out = Synced()
         try:
             plan = self._plan(resource)
-            out.status = self._apply(resource, plan, out.events)
+            with _one_at_a_time(namespace, name):
+                out.status = self._apply(resource, plan, out.events)
             ready = (True, "Granted", f"login {plan.login} holds every right its spec gives")
         except DbqError as e:
             out.error = e
@@ -197,7 +211,8 @@ class QueueUserSync:
             plan = self._plan(resource, existing_only=True)
         except DbqError:
             return None
-        with logins_on(plan.admin) as logins:
+        meta = resource["metadata"]
+        with _one_at_a_time(meta["namespace"], meta["name"]), logins_on(plan.admin) as logins:
             ended = logins.drop(plan.login)
         if plan.admin.backend == "cassandra":
             return "Cassandra ends no connection: each is refused at its next request once the node's role caches expire"

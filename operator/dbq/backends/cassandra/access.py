@@ -118,16 +118,19 @@ class CassandraLogins:
     # --- logins (the methods of PgLogins) ---------------------------------------------------
     def set_login(self, login: str, password: str | None, connection_limit: int) -> None:
         """Create the login role, or set its password (None: keep it). Cassandra has no limit
-        of connections per role."""
+        of connections per role. What `LIST ROLES` answers may be as old as the node's roles
+        cache: a role found to exist only when its creation is refused gets the password too."""
         role = pg_quote(check_role(login))
+        if password is None:
+            return
         if not self.exists(login):
-            if password is None:
-                raise ValueError("a new login needs a password")
-            self._run(
-                f"CREATE ROLE IF NOT EXISTS {role} WITH LOGIN = true AND PASSWORD = {literal(password)}"
-            )
-        elif password is not None:
-            self._run(f"ALTER ROLE {role} WITH PASSWORD = {literal(password)} AND LOGIN = true")
+            try:
+                self._run(f"CREATE ROLE {role} WITH LOGIN = true AND PASSWORD = {literal(password)}")
+                return
+            except DatabaseError as e:
+                if "already exists" not in str(e):
+                    raise
+        self._run(f"ALTER ROLE {role} WITH PASSWORD = {literal(password)} AND LOGIN = true")
 
     def _roles_of(self, login: str) -> list[Any] | None:
         """`LIST ROLES OF` the login (itself and the roles granted to it: role, super, login,
@@ -149,10 +152,23 @@ class CassandraLogins:
         return {r[0] for r in self._roles_of(login) or () if r[0] != login and r[0].startswith("dbq_r_")}
 
     def grant(self, login: str, group: str) -> None:
-        self._run(f"GRANT {pg_quote(check_role(group))} TO {pg_quote(check_role(login))}")
+        """Make the login a member of the group (already one: nothing to do; `groups` may have
+        answered from the roles cache)."""
+        self._membership(
+            f"GRANT {pg_quote(check_role(group))} TO {pg_quote(check_role(login))}", "is a member"
+        )
 
     def revoke(self, login: str, group: str) -> None:
-        self._run(f"REVOKE {pg_quote(check_role(group))} FROM {pg_quote(check_role(login))}")
+        self._membership(
+            f"REVOKE {pg_quote(check_role(group))} FROM {pg_quote(check_role(login))}", "is not a member"
+        )
+
+    def _membership(self, statement: str, done: str) -> None:
+        try:
+            self._run(statement)
+        except DatabaseError as e:
+            if done not in str(e):
+                raise
 
     def drop(self, login: str) -> int:
         """Drop the login role. Cassandra cannot end a role's open connections: their next
