@@ -28,7 +28,7 @@ from dbq.contract.ring import RingTarget
 from dbq.contract.topics import Route, TopicNames, TopicTarget
 from dbq.errors import AccessHelperMissing, AuthenticationFailed, PermissionDenied
 from dbq.names import QueueNames, group_role, login_role
-from tests.workers import finish, read_logs, start
+from tests.workers import conserve_through_logins
 
 SCHEMA = "access_q"
 
@@ -225,28 +225,10 @@ def test_send_only_producers_and_receive_only_workers_lose_and_duplicate_nothing
     the producers holding send alone and the workers receive alone; the repairer is the operator."""
     _, producer = accounts.login({"conserve": ("send",)})
     _, worker = accounts.login({"conserve": ("receive",)})
-    n, stop = 4000, tmp_path / "stop"
-    logs = [tmp_path / f"w{i}.log" for i in range(9)]
     with owner(postgres, "conserve") as q:
-        before = q.stats()
-        pushers = [start("push", q, producer, logs[i], "--prefix", f"p{i}", "--count", str(n // 4), "--batch", "40")
-                   for i in range(4)]  # fmt: skip
-        poppers = [start("pop", q, worker, logs[4 + i], "--mode", mode, "--batch", "40", "--stop", str(stop))
-                   for i in range(4)]  # fmt: skip
-        repairer = start("repair", q, postgres.url, logs[8], "--stop", str(stop))
-        finish(pushers)
-        stop.touch()
-        finish([*poppers, repairer])
-        q.repair(orphan_grace=0.0)
-        drained = [m.body.decode() for m in q.pop_many(1000, timeout=0)]
-        seen = read_logs(logs)
-        delivered = seen["G"] if mode == "amo" else seen["A"]
-        delivered.update(drained)
-        assert sum(seen["P"].values()) == n and len(seen["P"]) == n
-        assert delivered == seen["P"]  # nothing lost, nothing twice
-        s = q.stats()
-        assert (s.depth, s.in_flight) == (0, 0)
-        assert s.pushed - before.pushed == n
+        conserve_through_logins(
+            q, producer, worker, postgres.url, tmp_path, mode, lambda: q.repair(orphan_grace=0.0)
+        )
 
 
 def test_the_operator_is_no_superuser_and_cannot_grant_itself_a_predefined_role(postgres, queues):

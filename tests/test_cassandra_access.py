@@ -29,7 +29,7 @@ from dbq.connection.cassandra import open_session
 from dbq.contract.access import PIPES_ALSO, QUEUE_RIGHTS, Right
 from dbq.errors import AuthenticationFailed, DatabaseError, PermissionDenied
 from dbq.names import QueueNames, group_role, login_role
-from tests.workers import finish, read_logs, start
+from tests.workers import conserve_through_logins
 
 pytestmark = pytest.mark.cassandra
 
@@ -203,29 +203,9 @@ def test_send_only_producers_and_receive_only_workers_lose_and_duplicate_nothing
     the producers holding send alone and the workers receive alone; the repairer is the operator."""
     _, producer = accounts.login({"conserve": ("send",)})
     _, worker = accounts.login({"conserve": ("receive",)})
-    n, stop = 4000, tmp_path / "stop"
-    logs = [tmp_path / f"w{i}.log" for i in range(9)]
     admin_url = stack.cassandra.url()
     with client(admin_url, "conserve") as q:
-        before = q.stats()
-        pushers = [start("push", q, producer, logs[i], "--prefix", f"p{i}", "--count", str(n // 4), "--batch", "40")
-                   for i in range(4)]  # fmt: skip
-        poppers = [start("pop", q, worker, logs[4 + i], "--mode", mode, "--batch", "40", "--stop", str(stop))
-                   for i in range(4)]  # fmt: skip
-        repairer = start("repair", q, admin_url, logs[8], "--stop", str(stop))
-        finish(pushers)
-        stop.touch()
-        finish([*poppers, repairer])
-        q.repair()
-        drained = [m.body.decode() for m in q.pop_many(1000, timeout=0)]
-        seen = read_logs(logs)
-        delivered = seen["G"] if mode == "amo" else seen["A"]
-        delivered.update(drained)
-        assert sum(seen["P"].values()) == n and len(seen["P"]) == n
-        assert delivered == seen["P"]  # nothing lost, nothing twice
-        s = q.stats()
-        assert (s.depth, s.in_flight) == (0, 0)
-        assert s.pushed - before.pushed == n
+        conserve_through_logins(q, producer, worker, admin_url, tmp_path, mode, q.repair)
 
 
 def test_a_dropped_login_is_refused_within_the_caches_delay_and_its_groups_go_with_the_queue(

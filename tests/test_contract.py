@@ -38,11 +38,13 @@ from dbq.client import (
     connect,
 )
 from dbq.client.pipes import tuning as pipes_tuning
-from dbq.connection import from_url
+from dbq.connection import from_url, odbc
+from dbq.connection.tls import ca_file
 from dbq.contract.pipes import INLINE_BODY_BYTES
 from dbq.names import QUOTE
 from tests.queue_worker import name_of
 from tests.sqlserver import MSSQL_DSN, on_sqlserver
+from tests.test_tls import cassandra_tls_of
 from tests.workers import finish, read_logs, start
 
 SCHEMA = f"contract_{secrets.token_hex(3)}"
@@ -67,6 +69,8 @@ class Design:
         return p.rolled_back + p.finished_pipes
 
 
+SUITE = "dbq-contract"  # the application name of the suite's PostgreSQL sessions
+
 # spec.messages.maxBytes of the designs' queues: past 1 MiB, so that the largest body differs from it.
 MAX_BODY = (1 << 20) + 7
 
@@ -86,15 +90,20 @@ def _ring(url: str, name: str) -> Design:
     ],
 )
 def design(request) -> Iterator[Design]:
+    """Each design on its server; the stack's PostgreSQL and Cassandra over TLS, verifying the
+    server with the stack's CA (every client, worker process and shell of the suite)."""
+    stack = request.getfixturevalue("stack")
+    verified = f"sslmode=verify-full&sslrootcert={ca_file(stack.postgres.tls.ca_pem())}"
     if request.param == "ring-postgres":
-        yield _ring(request.getfixturevalue("postgres").url, "postgres")
+        url = f"{request.getfixturevalue('postgres').url}?{verified}&application_name={SUITE}"
+        yield _ring(url, "postgres")
     elif request.param == "ring-sqlserver":
         yield _ring(MSSQL_DSN, "sqlserver")
     else:
         request.getfixturevalue("cassandra")
         spec = {"backend": "cassandra", "design": "pipes", "pipes": {"maxPushesPerPipe": 500},
                 "messages": {"maxBytes": MAX_PIPES_BODY_BYTES}}  # fmt: skip
-        url = request.getfixturevalue("stack").cassandra.url()
+        url = stack.cassandra.url(verified)
         yield Design("pipes-cassandra", url, spec, MAX_PIPES_BODY_BYTES, INLINE_BODY_BYTES,
                      1.0 + pipes_tuning.SKEW_S + 0.2, messages=50_000)  # fmt: skip
         # Dozens of queues of eleven tables each: dropping them outlasts the driver's 10 s default.
@@ -800,3 +809,22 @@ def test_a_queue_is_reached_by_its_resource_name_and_a_missing_one_is_named(make
         ValueError, match=r"queue name 'Orders\.EU' is not a safe identifier.*such as 'orders_eu'"
     ):
         connect(design.url, "Orders.EU", schema=SCHEMA)
+
+
+def test_every_connection_of_the_suite_is_encrypted(make_queue, design):
+    """The urls ask for verify-full, so a connection that is not encrypted and verified fails;
+    the servers' own views confirm it for the sessions open now."""
+    q = make_queue()
+    q.push(b"over tls")
+    assert q.pop(timeout=1) is not None
+    if isinstance(q, PipesQueue):
+        sessions = cassandra_tls_of(q.session)
+    else:
+        with odbc.connect(from_url(design.url)) as conn:
+            rows = conn.cursor().execute(
+                "SELECT s.ssl::int FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)"
+                " WHERE a.application_name = ? AND a.datname = current_database() AND a.pid <> pg_backend_pid()",
+                SUITE,
+            )
+            sessions = [bool(r[0]) for r in rows.fetchall()]  # the client's, not this check's
+    assert sessions and all(sessions), sessions

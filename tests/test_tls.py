@@ -163,6 +163,14 @@ def test_a_ca_that_does_not_parse_or_is_out_of_date_is_refused_before_connecting
     assert "Secret key 'ca'" in str(refused.value) and says in str(refused.value)
 
 
+def test_a_ca_for_sql_server_is_refused_with_what_to_do_instead() -> None:
+    """Its ODBC driver takes no CA of a connection's own: the key would be silently unused."""
+    with pytest.raises(InvalidConnection) as refused:
+        from_secret_data(secret("mssql://u:p@db:1433/shop", _certificate(-1, 10)), "sqlserver")
+    assert "Secret key 'ca' is not used for SQL Server" in str(refused.value)
+    assert "encrypt=yes&trustservercertificate=no" in str(refused.value)
+
+
 # --- Cassandra ---------------------------------------------------------------------------------
 KEYSPACE = "tls_pipes"
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,38 @@ def kill(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         p.send_signal(signal.SIGKILL)
         p.wait()
+
+
+def conserve_through_logins(
+    q: Any,
+    producer: str,
+    worker: str,
+    operator: str,
+    tmp_path: Path,
+    mode: str,
+    final_repair: Callable[[], object],
+) -> None:
+    """The contract suite's conservation run (4 pushing processes, 4 taking, a repairer) on the
+    queue of client `q` (the operator's), with the producers on url `producer`, the workers on
+    `worker` and the repairer on `operator`: the multiset delivered equals the multiset pushed."""
+    n, stop = 4000, tmp_path / "stop"
+    logs = [tmp_path / f"w{i}.log" for i in range(9)]
+    before = q.stats()
+    pushers = [start("push", q, producer, logs[i], "--prefix", f"p{i}", "--count", str(n // 4), "--batch", "40")
+               for i in range(4)]  # fmt: skip
+    poppers = [start("pop", q, worker, logs[4 + i], "--mode", mode, "--batch", "40", "--stop", str(stop))
+               for i in range(4)]  # fmt: skip
+    repairer = start("repair", q, operator, logs[8], "--stop", str(stop))
+    finish(pushers)
+    stop.touch()
+    finish([*poppers, repairer])
+    final_repair()
+    drained = [m.body.decode() for m in q.pop_many(1000, timeout=0)]
+    seen = read_logs(logs)
+    delivered = seen["G"] if mode == "amo" else seen["A"]
+    delivered.update(drained)
+    assert sum(seen["P"].values()) == n and len(seen["P"]) == n
+    assert delivered == seen["P"]  # nothing lost, nothing twice
+    s = q.stats()
+    assert (s.depth, s.in_flight) == (0, 0)
+    assert s.pushed - before.pushed == n

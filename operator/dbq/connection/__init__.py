@@ -124,6 +124,12 @@ def from_secret_data(data: dict[str, Any], backend: str, *, encoded: bool = True
         except (ValueError, UnicodeDecodeError):
             raise InvalidConnection(f"Secret key {key!r} is not valid base64 text") from None
     ca = check_ca(values[CA_KEY]) if values.get(CA_KEY) else ""
+    if ca and backend == "sqlserver":
+        raise InvalidConnection(
+            f"Secret key {CA_KEY!r} is not used for SQL Server: its ODBC driver takes no CA of a connection's"
+            " own. Remove the key, put the CA in the trust store of the image dbq runs in, and ask for"
+            " verification in the url (?encrypt=yes&trustservercertificate=no)"
+        )
     if "url" in values:
         return dataclasses.replace(from_url(values["url"], backend), ca=ca)
     missing = [k for k in ("host", "username", "password") if not values.get(k)]

@@ -6,7 +6,8 @@ A Secret with `ca` verifies the server by default: the certificate must chain to
 the host dbq connects to (libpq's `sslmode=verify-full`). A user who says otherwise in the url
 (`sslmode=require`, or `disable` for a plain connection) is followed. Cassandra takes the same
 `sslmode` option: `verify-full`, `verify-ca` and `require` encrypt (without `ca`, against the
-system's trusted CAs); no mode and no `ca`, `disable`, `allow` and `prefer` connect plain.
+url's `sslrootcert` file, as libpq, or else the system's trusted CAs); no mode and no `ca`,
+`disable`, `allow` and `prefer` connect plain.
 """
 
 from __future__ import annotations
@@ -103,7 +104,13 @@ def ssl_context(ca: str, options: dict[str, str]) -> ssl.SSLContext | None:
             f"sslmode {mode!r} is not one dbq knows: use verify-full (the default with `ca`), verify-ca,"
             " require or disable"
         )
-    context = ssl.create_default_context(cadata=ca or None)
+    root = None if ca else next((v for k, v in options.items() if k.lower() == "sslrootcert"), None)
+    try:
+        context = ssl.create_default_context(cadata=ca or None, cafile=root)
+    except OSError as e:
+        raise InvalidConnection(
+            f"sslrootcert {root!r} in the url cannot be read ({e}): name a PEM file that is there"
+        ) from None
     context.check_hostname = mode == VERIFY
     if mode == "require":
         context.verify_mode = ssl.CERT_NONE

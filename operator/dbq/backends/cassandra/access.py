@@ -61,10 +61,9 @@ class CassandraLogins:
         self.session = session
         self.settings = settings
 
-    def _run(self, statement: str, *params: Any) -> list[Any]:
+    def _run(self, statement: str) -> list[Any]:
+        """Run one statement (role statements take no bind markers: names are checked and quoted)."""
         try:
-            if params:
-                return list(self.session.execute(self.session.prepare(statement), params))
             return list(self.session.execute(statement))
         except Exception as e:
             raise self._error(e) from None
@@ -74,9 +73,8 @@ class CassandraLogins:
         causes = [e, *host_errors(e)]
         where = self.settings.endpoint
         if "doesn't exist" in text and "<table" in text:
-            return QueueNotReady(
-                f"{where}: {text[text.find('Resource') :][:200]}: its Queue is being made; retried"
-            )
+            missing = text[text.find("Resource") :].rstrip('"')[:200]
+            return QueueNotReady(f"{where}: {missing}: its Queue is being made; retried")
         if "not supported by AllowAllAuthorizer" in text or "PASSWORD is not supported" in text:
             return InvalidQueueUser(
                 f"{where}: Cassandra runs without authentication or authorization, so a role grants"
@@ -94,8 +92,8 @@ class CassandraLogins:
         return translate(e, self.settings)
 
     # --- groups ---------------------------------------------------------------------------
-    def ensure_group(self, group: str, wanted: frozenset[Permission]) -> bool:
-        """The group exists and holds exactly `wanted`: whether anything had to change."""
+    def ensure_group(self, group: str, wanted: frozenset[Permission]) -> None:
+        """The group exists and holds exactly `wanted` on tables."""
         role = pg_quote(check_role(group))
         self._run(f"CREATE ROLE IF NOT EXISTS {role} WITH LOGIN = false")
         held = {(r[3], r[2]) for r in self._run(f"LIST ALL PERMISSIONS OF {role} NORECURSIVE")}
@@ -104,7 +102,6 @@ class CassandraLogins:
         for permission, resource in sorted(held - wanted):
             if resource.startswith("<table "):
                 self._run(f"REVOKE {permission} ON TABLE {_table(resource)} FROM {role}")
-        return held != wanted
 
     def drop_groups(self, groups: list[str]) -> None:
         """Drop the groups (a queue's, as it goes); an operator that may not manage roles made
