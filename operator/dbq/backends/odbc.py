@@ -4,9 +4,9 @@ schema's advisory lock, the statistics history, and the health check on a new co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pyodbc
 
@@ -14,10 +14,14 @@ from dbq.backends.base import Earlier
 from dbq.client import QueueStats
 from dbq.connection import ConnectionSettings, pool
 from dbq.connection.odbc import connect, translate
+from dbq.errors import DatabaseError
 from dbq.names import QueueNames
 
 if TYPE_CHECKING:
     from dbq.backends.dialects import RingSql
+
+
+T = TypeVar("T")
 
 
 class OdbcBackend:
@@ -109,6 +113,21 @@ class OdbcBackend:
                 conn.autocommit = True
                 if unlock is not None:
                     self._release(conn, unlock, lock)
+
+    @staticmethod
+    def _first_look(look: Callable[[], T]) -> T | None:
+        """What `look` finds without the schema's lock, or None when the schema refused it.
+        PostgreSQL makes a commit visible a moment before it tells other sessions to refresh the
+        role memberships they cached: a schema another handler has just made, and given to its
+        owner role, can be seen and refused in that moment. The look under the lock is never in
+        it (a transaction's locks are released after the refresh is sent), so a refused first
+        look goes there."""
+        try:
+            return look()
+        except DatabaseError as e:
+            if "permission denied for schema" in str(e):
+                return None
+            raise
 
     def _release(self, conn: pyodbc.Connection, unlock: str, lock: str) -> None:
         """A session-owned lock outlives the transaction: release it; if that fails, end the

@@ -172,7 +172,8 @@ class OdbcRing(OdbcBackend):
         the lock, so a plan another operator finished meanwhile is not applied twice; callers
         that only want to know use plan()."""
         sessions = self._shared_login_sessions()
-        if not self.plan(self.observe()):
+        first = self._first_look(self.observe)
+        if first is not None and not self.plan(first):
             return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION, operator_login_sessions=sessions)
         with self._locked_transaction() as cur:
             observed = self.observe()

@@ -82,8 +82,12 @@ class OdbcTopic(OdbcBackend):
         first look takes no lock: rules already in force (what a periodic check finds, mostly)
         cost no transaction and keep their version."""
         names, sql = self.target.names, self._sql(self.target)
-        with self._errors():
-            version, recorded = self._in_force(self.conn.cursor(), sql)
+
+        def in_force() -> tuple[int | None, list[Any]]:
+            with self._errors():
+                return self._in_force(self.conn.cursor(), sql)
+
+        version, recorded = self._first_look(in_force) or (None, [])
         if version is not None:
             self._applied = version, _ordinals(recorded)
             return version
