@@ -14,7 +14,7 @@ from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import LeaseLost, Queue, connect
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
-from dbq.controller.reconcile import dead_letter_users, delete
+from dbq.controller.reconcile import dead_letters_kept_by, delete
 from dbq.errors import DeadLetterQueueNotFound, InvalidSpec
 from dbq.names import QueueNames
 from dbq.resource import dead_letter_keeper, parse_spec
@@ -121,10 +121,15 @@ def test_a_keeper_that_names_a_keeper_is_refused_so_no_chain_or_cycle_forms():
 
 
 def test_a_queue_keeping_others_dead_letters_is_not_dropped_while_they_use_it():
-    users = dead_letter_users("dlq", [
+    queues = [
         queue_doc("a", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("b", deadLetter={"maxAttempts": 1}),
-        queue_doc("c", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("dlq"),
-    ])  # fmt: skip
+        queue_doc("c", deadLetter={"maxAttempts": 1, "queue": "dlq"}), queue_doc("dlq", deadLetter={"queue": "dlq"}),
+    ]  # fmt: skip
+    users = [
+        q["metadata"]["name"]
+        for q in queues
+        if dead_letters_kept_by(q["metadata"]["name"], q["spec"]) == "dlq"
+    ]
     assert users == ["a", "c"]
     spec = {**queue_doc("dlq")["spec"], "deletionPolicy": "Delete"}
     refused = delete("dlq", "shop", spec, 1, {}, lambda ns, n: None, force=True, dead_letter_users=users)

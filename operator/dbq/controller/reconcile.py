@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,14 +262,11 @@ def deletion_blocker(queue: str, depth: Depth) -> str | None:
     )
 
 
-def dead_letter_users(name: str, queues: Sequence[dict[str, Any]]) -> list[str]:
-    """The names of the Queues (of one namespace) whose spec.deadLetter.queue is `name`."""
-    return sorted(
-        q["metadata"]["name"]
-        for q in queues
-        if ((q.get("spec") or {}).get("deadLetter") or {}).get("queue") == name
-        and q["metadata"]["name"] != name
-    )
+def dead_letters_kept_by(name: str, spec: Mapping[str, Any] | None) -> str | None:
+    """The Queue (of the same namespace) whose table keeps the dead letters of Queue `name`:
+    its spec.deadLetter.queue, unless that names itself; None for its own table."""
+    keeper = ((spec or {}).get("deadLetter") or {}).get("queue")
+    return str(keeper) if keeper and keeper != name else None
 
 
 def delete(
