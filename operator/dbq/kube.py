@@ -121,23 +121,31 @@ class Kube:
             )
         return found
 
-    def list_queues(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+    def list_queues(
+        self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
         """The Queues of one namespace, or of every namespace these credentials may list."""
-        return self.list_resources(PLURAL, namespace, label_selector)
+        return self.list_resources(PLURAL, namespace, label_selector, field_selector)
 
-    def list_resources(self, plural: str, namespace: str | None = None, label_selector: str = ""
-                       ) -> list[dict[str, Any]]:  # fmt: skip
+    def list_resources(self, plural: str, namespace: str | None = None, label_selector: str = "",
+                       field_selector: str = "") -> list[dict[str, Any]]:  # fmt: skip
         """dbq's resources of one kind (`plural`: queues, topics, subscriptions), of one namespace
         or of every namespace these credentials may list; none when the kind's CRD is not
-        installed (a cluster that has only Queues)."""
+        installed (a cluster that has only Queues). `field_selector` may name metadata.name and
+        the CRD's selectableFields."""
         try:
             if namespace:
                 found = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, label_selector=label_selector
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    plural,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
                 )
             else:
                 found = self.custom.list_cluster_custom_object(
-                    GROUP, VERSION, plural, label_selector=label_selector
+                    GROUP, VERSION, plural, label_selector=label_selector, field_selector=field_selector
                 )
         except ApiException as e:
             if e.status == 404:

@@ -123,12 +123,15 @@ READY_COLUMN = {
     "type": "string",
     "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
 }
+# The Queues that keep their dead letters in Queue Q's table: a list with the field selector
+# `spec.deadLetter.queue=Q`.
+DEAD_LETTER_QUEUE_FIELD = ".spec.deadLetter.queue"
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
 def _definition(kind: str, plural: str, short_names: list[str], description: str, spec: dict[str, Any],
                 status: dict[str, Any], columns: list[dict[str, str]], root_rules: list[dict[str, str]],
-                categories: tuple[str, ...] = ("all",)) -> dict[str, Any]:  # fmt: skip
+                categories: tuple[str, ...] = ("all",), selectable: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -151,6 +154,8 @@ def _definition(kind: str, plural: str, short_names: list[str], description: str
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [*columns, AGE_COLUMN],
+                    # Fields a list may select on, answered by the API server from its cache.
+                    **({"selectableFields": [{"jsonPath": p} for p in selectable]} if selectable else {}),
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
@@ -187,6 +192,7 @@ def crd() -> dict[str, Any]:
         ROOT_RULES,
         # `kubectl get dbq NAME` names one Queue: the category holds no other kind.
         categories=("all", "dbq"),
+        selectable=(DEAD_LETTER_QUEUE_FIELD,),
     )  # fmt: skip
 
 

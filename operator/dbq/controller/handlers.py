@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import kopf
 
+from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.connection import pool
 from dbq.controller import conditions as cond
@@ -287,24 +288,18 @@ def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Stat
         _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)  # the database is back
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
-def dead_letter_users(
-    *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
-) -> dict[tuple[str | None, str], str] | None:
-    """Queues by the Queue that keeps their dead letters ((namespace, keeper) -> names), kept
-    from the watch: a deletion asks it instead of listing every Queue of the namespace, whose
-    cost grew with the fleet."""
-    keeper = dead_letters_kept_by(name, spec)
-    return {(namespace, keeper): name} if keeper else None
-
-
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-                 patch: kopf.Patch, retry: int, **kwargs: Any) -> None:  # fmt: skip
+                 patch: kopf.Patch, retry: int, **_: Any) -> None:  # fmt: skip
     leadership.fence()
     name, namespace = meta["name"], meta["namespace"]
     _unroute(namespace, name, retry)
-    users = sorted(kwargs["dead_letter_users"].get((namespace, name), []))  # the index above
+    # The API server selects them from its cache: listing every Queue of the namespace made a
+    # deletion's cost grow with the fleet.
+    named = kube().list_queues(namespace, field_selector=f"{DEAD_LETTER_QUEUE_FIELD.lstrip('.')}={name}")
+    users = sorted(
+        q["metadata"]["name"] for q in named if dead_letters_kept_by(q["metadata"]["name"], q["spec"])
+    )
     outcome = delete(name, namespace, dict(spec), meta.get("generation"), dict(status), read_secret,
                      force=annotated(meta, FORCE_DELETE), dead_letter_users=users)  # fmt: skip
     _write(body, status, patch, outcome.status, outcome.events)
