@@ -72,7 +72,7 @@ class QueueUserSpec(Model):
         default=DEFAULT_CONNECTION_LIMIT,
         ge=1,
         le=10_000,
-        description="At most this many sessions of the login at once (PostgreSQL's CONNECTION LIMIT).",
+        description="At most this many sessions of the login at once (PostgreSQL's CONNECTION LIMIT; SQL Server and Cassandra have no such limit).",
     )
 
     @model_validator(mode="after")
