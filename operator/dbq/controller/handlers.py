@@ -298,7 +298,7 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
     # deletion's cost grow with the fleet.
     named = kube().list_queues(namespace, field_selector=f"{DEAD_LETTER_QUEUE_FIELD.lstrip('.')}={name}")
     users = sorted(
-        q["metadata"]["name"] for q in named if dead_letters_kept_by(q["metadata"]["name"], q["spec"])
+        q["metadata"]["name"] for q in named if dead_letters_kept_by(q["metadata"]["name"], q["spec"]) == name
     )
     outcome = delete(name, namespace, dict(spec), meta.get("generation"), dict(status), read_secret,
                      force=annotated(meta, FORCE_DELETE), dead_letter_users=users)  # fmt: skip
