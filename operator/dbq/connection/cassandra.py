@@ -142,10 +142,11 @@ def _verified_name(settings: ConnectionSettings, tls: ssl.SSLContext | None) -> 
     return None
 
 
-def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
+def translate(e: Exception, settings: ConnectionSettings, client: bool = False) -> DbqError:
     """A condition reason for a driver error; driver messages carry no credentials, but the
-    password is masked anyway in case one echoes it. A refusal (Unauthorized) is PermissionDenied
-    quoting Cassandra's words (the permission and table); the pipes client names the right."""
+    password is masked anyway in case one echoes it. For a `client` (an application's login), a
+    refusal (Unauthorized) is PermissionDenied quoting Cassandra's words (the permission and
+    table), and the pipes client names the right; for the operator it is a DatabaseError."""
     if isinstance(e, DbqError):
         return e
     text = str(e)
@@ -161,7 +162,7 @@ def translate(e: Exception, settings: ConnectionSettings) -> DbqError:
             f"{settings.endpoint}: authentication failed for user {settings.username!r} (a wrong password,"
             " or a role that is gone or may not log in)"
         )
-    if isinstance(e, Unauthorized) or any(isinstance(v, Unauthorized) for v in host_errors(e)):
+    if client and (isinstance(e, Unauthorized) or any(isinstance(v, Unauthorized) for v in host_errors(e))):
         said = text[text.find("User ") :][:300] if "User " in text else text[:300]
         return PermissionDenied(f"{settings.endpoint}: {said}")
     if (tls := refusal(text)) is not None:

@@ -52,7 +52,7 @@ class PipesSession:
         return prepared
 
     def error(self, e: Exception) -> QueueError:
-        return translate(e, self.settings)
+        return translate(e, self.settings, client=True)
 
     def _execute(self, statement: Statement | PreparedStatement, params: Any = None) -> ResultSet:
         """Run a statement, again while the driver refuses it unsent (`busy`)."""
