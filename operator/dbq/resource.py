@@ -7,7 +7,7 @@ reports a bad spec or a missing Secret with the same message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,7 +22,7 @@ from dbq.names import QueueNames
 # (namespace, name) -> the Secret's base64 `data`, or None when it does not exist.
 SecretReader = Callable[[str, str], dict[str, Any] | None]
 # (namespace, name) -> the Queue resource (a dict with its `spec`), or None when it does not exist.
-QueueReader = Callable[[str, str], dict[str, Any] | None]
+QueueReader = Callable[[str, str], Mapping[str, Any] | None]
 
 
 def validation_message(e: ValidationError) -> str:

@@ -93,7 +93,7 @@ def plan_access(
         schema = queue_spec.connection.schema_
         pipes = str(queue_spec.design) == "pipes"
         keeper = (
-            dead_letter_keeper(grant.name, namespace, queue_spec, lambda _, n: _as_dict(queues.get(n)))
+            dead_letter_keeper(grant.name, namespace, queue_spec, lambda _, n: queues.get(n))
             if pipes
             else None
         )
@@ -121,10 +121,6 @@ def plan_access(
         grants.append(Grant("topic", topic_grant.name, Right.PUBLISH, group, schema, entity))
     assert admin is not None  # the spec names at least one queue or topic
     return AccessPlan(login_role(namespace, name), admin, tuple(grants), spec.connection_limit)
-
-
-def _as_dict(resource: Resource | None) -> dict[str, Any] | None:
-    return dict(resource) if resource is not None else None
 
 
 def _found(
