@@ -87,13 +87,63 @@ def say(line: str) -> None:
 PROGRAMS = ("postgres", "kube-apiserver", "etcd")  # by the start of their process name
 
 
-def cpu_by_program(operator: int) -> Counter[str]:
-    """CPU time so far of the operator, and of every process of PROGRAMS on the machine."""
-    return Counter({"operator": cpu_seconds(operator)}) + cpu_of_programs(PROGRAMS)
+class PostgresParts(threading.Thread):
+    """PostgreSQL's CPU time by part, from every process of it sampled each 0.5 s (its ended
+    processes' time is counted up to their last sample): "sessions" (client backends, the
+    operator's pooled connections among them), "autovacuum" (launcher and workers) and "other"
+    (postmaster, checkpointer, writers)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.last: dict[int, tuple[str, float]] = {}  # pid: (part, CPU seconds at its last sample)
+        self.done: Counter[str] = Counter()  # CPU seconds of processes no longer alive
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            seen = {}
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    if stat.read_text().split(" (", 1)[1].startswith("postgres)"):
+                        seen[int(stat.parent.name)] = (
+                            self.part(stat.parent),
+                            cpu_seconds(int(stat.parent.name)),
+                        )
+            for pid, (part, used) in self.last.items():
+                if pid not in seen:
+                    self.done[part] += used
+            self.last = seen
+
+    @staticmethod
+    def part(proc: Path) -> str:
+        title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        if not title.startswith("postgres: "):
+            return "other"  # the postmaster
+        first = title.split()[1]
+        return "autovacuum" if first == "autovacuum" else "other" if first in BACKGROUND else "sessions"
+
+    def totals(self) -> Counter[str]:
+        now = Counter(self.done)
+        for part, used in list(self.last.values()):
+            now[part] += used
+        return Counter({f"postgres {k}": v for k, v in now.items()})
+
+
+# The first word of a background process's title ("postgres: checkpointer").
+BACKGROUND = {"checkpointer", "background", "walwriter", "logical", "io", "archiver", "startup"}
+PARTS = ("postgres sessions", "postgres autovacuum", "postgres other")
+
+
+def cpu_by_program(operator: int, parts: PostgresParts) -> Counter[str]:
+    """CPU time so far of the operator, of every process of PROGRAMS on the machine, and of
+    PostgreSQL by part."""
+    return Counter({"operator": cpu_seconds(operator)}) + cpu_of_programs(PROGRAMS) + parts.totals()
 
 
 def cores(since: Counter[str], until: Counter[str], seconds: float) -> str:
-    return ", ".join(f"{k} {(until[k] - since[k]) / seconds:.2f}" for k in ("operator", *PROGRAMS))
+    named = ("operator", *PROGRAMS, *PARTS)
+    return ", ".join(f"{k} {(until[k] - since[k]) / seconds:.2f}" for k in named)
 
 
 def rss_mib(pid: int) -> float:
@@ -279,6 +329,7 @@ def main() -> None:
     op = subprocess.Popen([sys.executable, "-m", "dbq.cli", "run", "-n", ns, "--metrics-port", "0", "--liveness", ""],
                           env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     connections = ConnectionCount(stack.postgres.odbc())
+    pg_parts = PostgresParts()
     readiness = ReadyWatch(custom, ns)
     try:
         time.sleep(3)
@@ -301,12 +352,16 @@ def main() -> None:
             created[name] = time.monotonic()
             custom.create_namespaced_custom_object(G, V, ns, P, queue(name, ns))
 
-        apply_cpu, apply_start, apply_writes = cpu_by_program(op.pid), time.monotonic(), api_writes(stack)
+        apply_cpu, apply_start, apply_writes = (
+            cpu_by_program(op.pid, pg_parts),
+            time.monotonic(),
+            api_writes(stack),
+        )
         with ThreadPoolExecutor(args.appliers) as appliers:  # a GitOps tool applies several at once
             list(appliers.map(create, sorted(names)))
         created_all = time.monotonic()
         ready = readiness.wait(names, 600)
-        apply_cores = cores(apply_cpu, cpu_by_program(op.pid), time.monotonic() - apply_start)
+        apply_cores = cores(apply_cpu, cpu_by_program(op.pid, pg_parts), time.monotonic() - apply_start)
         writes_per_queue = per(apply_writes, api_writes(stack), args.queues)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
@@ -326,12 +381,12 @@ def main() -> None:
         time.sleep(5)
         connections.phase = "steady"
         w0, lines0, t0 = api_writes(stack), log_lines(log.name), time.monotonic()
-        cpu0 = cpu_by_program(op.pid)
+        cpu0 = cpu_by_program(op.pid, pg_parts)
         readiness.counting = True
         time.sleep(args.steady)
         readiness.counting = False
         minutes = (time.monotonic() - t0) / 60
-        steady_cores = cores(cpu0, cpu_by_program(op.pid), minutes * 60)
+        steady_cores = cores(cpu0, cpu_by_program(op.pid, pg_parts), minutes * 60)
         steady_writes = per(w0, api_writes(stack), minutes)
         steady = sum(steady_writes.values())
         log_rate = (log_lines(log.name) - lines0) / minutes

@@ -165,15 +165,14 @@ def test_an_idle_tick_is_known_without_the_database_or_a_thread():
         "connection": {"secretRef": {"name": "db"}, "schema": "s"},
     }
     memory = upkeep.Memory()
-    assert not upkeep.idle_tick(memory, 1, raw, {})  # statistics never measured: due
-    now = time.monotonic()
+    now, wall = time.monotonic(), datetime.now(upkeep.UTC)
     spec = memory.spec(1, raw)
-    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, datetime.now(upkeep.UTC)))
+    assert not upkeep.nothing_due(spec, {}, memory, now, wall)  # statistics never measured: due
+    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, wall))
     status = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
     memory.stats_at = memory.cleanup_at = memory.database.checked_at = now
-    assert upkeep.idle_tick(memory, 1, raw, status)
+    assert upkeep.nothing_due(spec, status, memory, now, wall)
     assert memory.spec(1, {}) is spec  # the same generation is not parsed again
-    assert not upkeep.idle_tick(upkeep.Memory(), 2, {"backend": "oracle"}, status)  # the tick reports it
 
 
 class Calls:
@@ -574,3 +573,49 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
     assert freed.status["maintenance"]["result"] in ("NotNeeded", "Succeeded")
     backend.teardown()
     backend.close()
+
+
+def test_the_queues_of_a_schema_are_measured_and_sampled_together_and_one_broken_queue_errs_alone(postgres):
+    from dbq.backends import odbc_ring
+    from dbq.errors import DbqError
+
+    schema = f"many_{secrets.token_hex(3)}"
+    spec = spec_for("postgres", schema)
+    names = [f"m{i}" for i in range(5)]
+    rings = [open_backend(spec, name, from_url(postgres.url)) for name in names]
+    for ring in rings:
+        ring.apply()
+        ring.close()
+    for i, name in enumerate(names):
+        with connect(postgres.url, name, schema=schema) as q:
+            q.push_many([b"x"] * (i + 1))
+            if i:
+                q.pop_many(i)
+    alone = [ring.measure() for ring in rings]
+    for ring in rings:
+        ring.close()
+    odbc_ring._max_locks[rings[0].settings.odbc()] = 2 * odbc_ring.STATS_RELATIONS  # two queues a statement
+    try:
+        together = odbc_ring.measure_many(rings)
+        assert [upkeep.counters(s) for s in together] == [upkeep.counters(s) for s in alone]  # type: ignore[arg-type]
+        assert all(0 < s.oldest_age_seconds < 60 for s in together)  # type: ignore[union-attr]
+        assert [s.depth for s in alone] == [1, 1, 1, 1, 1] and [s.pushed for s in alone] == [1, 2, 3, 4, 5]
+        odbc_ring.record_samples(rings, alone, purge=[(rings[0], 3600.0), (rings[1], 7200.0)])
+        rings[0].close()
+        with pyodbc.connect(from_url(postgres.url).odbc(), autocommit=True) as db:
+            rows = db.execute(
+                f"SELECT queue, depth, pushed FROM {schema}.dbq_stats_history ORDER BY queue"
+            ).fetchall()
+            assert [tuple(r) for r in rows] == [(n, 1, i + 1) for i, n in enumerate(names)]
+            db.execute(f"DROP FUNCTION {schema}.{rings[2].names.routine('stats')}")
+        measured = odbc_ring.measure_many(rings)
+        rings[0].close()
+        assert isinstance(measured[2], DbqError)
+        assert (
+            [upkeep.counters(s) for s in measured[:2] + measured[3:]]
+            == [  # type: ignore[arg-type]
+                upkeep.counters(s) for s in alone[:2] + alone[3:]
+            ]
+        )
+    finally:
+        odbc_ring._max_locks.clear()

@@ -9,6 +9,7 @@ backend's one connection.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pyodbc
@@ -39,8 +40,8 @@ from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement
-from dbq.errors import QueueNotFound
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement, stats_of_many
+from dbq.errors import DbqError, QueueNotFound
 from dbq.names import QueueNames
 
 # The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
@@ -314,3 +315,77 @@ class OdbcRing(OdbcBackend):
                 ensure_helper(cur, self.settings.database, self.settings.username)
             for statement in self.sql.drop_roles():
                 cur.execute(statement)
+
+
+# Relations a queue's `stats` locks: its eleven counter sequences, its pop sequence, the spill
+# table and its index, the ring and its key (for the oldest message's age).
+STATS_RELATIONS = 16
+# max_locks_per_transaction of each database (by connection string), read once.
+_max_locks: dict[str, int] = {}
+
+
+def measure_many(rings: Sequence[OdbcRing]) -> list[QueueStats | DbqError]:
+    """The statistics of queues of one database, in order: on PostgreSQL one statement reads
+    as many queues as the server's lock table allows one transaction (max_locks_per_transaction
+    over STATS_RELATIONS); elsewhere, or when such a statement fails (a queue dropped behind the
+    operator's back, say), one call each, so one queue's error is its own. One connection at a
+    time: the statements run on the first ring's, which the caller closes."""
+    first = rings[0]
+    if first.sql.MAX_LOCKS is None:  # SQL Server: no statement reads many queues' routines
+        return [_measured(ring) for ring in rings]
+    key = first.settings.odbc()
+    if key not in _max_locks:
+        with first._errors():
+            _max_locks[key] = int(first.conn.cursor().execute(first.sql.MAX_LOCKS).fetchval())
+    chunk = max(1, _max_locks[key] // STATS_RELATIONS)
+    out: list[QueueStats | DbqError] = []
+    for start in range(0, len(rings), chunk):
+        part = rings[start : start + chunk]
+        try:
+            with first._errors():
+                rows = first.conn.cursor().execute(stats_of_many([r.names for r in part])).fetchall()
+        except DbqError:
+            out += [_measured(ring) for ring in part]
+            continue
+        by_index = {int(row[0]): QueueStats.of_row(list(row)[1:]) for row in rows}
+        out += [by_index[i] for i in range(len(part))]
+    return out
+
+
+def _measured(ring: OdbcRing) -> QueueStats | DbqError:
+    """One queue's statistics, or its error; its connection given back at once."""
+    try:
+        return ring.measure()
+    except DbqError as e:
+        return e
+    finally:
+        ring.close()
+
+
+def record_samples(rings: Sequence[OdbcRing], stats: Sequence[QueueStats],
+                   purge: Sequence[tuple[OdbcRing, float]]) -> None:  # fmt: skip
+    """One sample of each ring (rings of one schema) in one statement, and the samples past
+    the retention of the `purge` ones (ring, retention in seconds) removed, one statement per
+    retention; on the first ring's connection."""
+    first = rings[0]
+    values = [
+        v
+        for s in stats
+        for v in (
+            s.depth,
+            s.in_flight,
+            s.pushed,
+            s.popped,
+            s.acquired,
+            s.expired,
+            float(s.oldest_age_seconds),
+        )
+    ]
+    by_retention: dict[int, list[str]] = {}
+    for ring, retention_s in purge:
+        by_retention.setdefault(int(retention_s), []).append(ring.names.queue)
+    with first._errors():
+        cur = first.conn.cursor()
+        cur.execute(first.sql.record_samples([r.names.queue for r in rings]), *values)
+        for retention_s, queues in by_retention.items():
+            cur.execute(first.sql.purge_histories(queues), retention_s)

@@ -8,7 +8,7 @@ its DDL (one method per `RingAction`) and its routine template, a `.sql` file be
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
@@ -93,6 +93,7 @@ class RingSqlBase:
     SERVER_VERSION: str | None = None  # major version and compatibility level, where a floor is checked
     # The compressions of stored bodies the server offers, where it has a choice.
     COMPRESSIONS: str | None = None
+    MAX_LOCKS: str | None = None
     # Objects of the queue not as `secure()` leaves them: a count (None where not looked at).
     OBSERVE_INSECURE: str | None = None
     # Sessions of applications logged in with the operator's login, where the dialect can tell.
@@ -259,12 +260,29 @@ class RingSqlBase:
 
     def record_sample(self) -> str:
         """Append one sample of this queue (parameters: the HISTORY_COLUMNS values)."""
+        return self.record_samples([self.t.names.queue])
+
+    def record_samples(self, queues: Sequence[str]) -> str:
+        """Append one sample of each of `queues`, queues of this schema (parameters: the
+        HISTORY_COLUMNS values of each in turn): one statement for many queues."""
         columns = ", ".join(self.HISTORY_COLUMNS)
         marks = ", ".join("?" for _ in self.HISTORY_COLUMNS)
-        return (
-            f"INSERT INTO {self.history} (queue, at, {columns})"
-            f" VALUES ({self.literal(self.t.names.queue)}, {self.NOW}, {marks})"
-        )
+        rows = ", ".join(f"({self.literal(queue)}, {self.NOW}, {marks})" for queue in queues)
+        return f"INSERT INTO {self.history} (queue, at, {columns}) VALUES {rows}"
+
+    def purge_history(self) -> str:
+        """Drop this queue's samples older than the retention (parameter: seconds)."""
+        return self.purge_histories([self.t.names.queue])
+
+    def purge_histories(self, queues: Sequence[str]) -> str:
+        """Drop the samples of `queues` older than the retention (parameter: seconds)."""
+        raise NotImplementedError
+
+    def history_of(self, queues: Sequence[str]) -> str:
+        """The condition that selects the samples of `queues`, queues of this schema."""
+        if len(queues) == 1:
+            return f"queue = {self.literal(queues[0])}"
+        return f"queue IN ({', '.join(self.literal(queue) for queue in queues)})"
 
     def _queue_tables_list(self) -> str:
         """The queue's tables as a list of string literals (for catalog queries)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -133,6 +133,16 @@ def call_statement(backend: str, names: QueueNames, verb: str) -> str:
     if verb in SET_RETURNING:
         return f"SELECT * FROM {routine}({args})"
     return f"SELECT {routine}({args})"  # one value: a plain call skips the function scan
+
+
+def stats_of_many(queues: Sequence[QueueNames]) -> str:
+    """PostgreSQL: the statistics of many queues in one statement, each row led by the queue's
+    index in `queues` (as `stats`' row: no parameter)."""
+    quote = QUOTE["postgres"]
+    return " UNION ALL ".join(
+        f"SELECT {i}, s.* FROM {quote(names.schema)}.{quote(names.routine('stats'))}() s"
+        for i, names in enumerate(queues)
+    )
 
 
 def recorded_query(backend: str, names: QueueNames) -> str:

@@ -10,15 +10,20 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
 
 from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD
+from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
+from dbq.backends.base import QueueBackend
+from dbq.backends.odbc_ring import OdbcRing, measure_many, record_samples
+from dbq.client import QueueStats
 from dbq.connection import pool
 from dbq.controller import conditions as cond
-from dbq.controller import leadership, metrics, upkeep
+from dbq.controller import fleet, leadership, metrics, upkeep
 from dbq.controller.reconcile import (
     FORCE_DELETE,
     Event,
@@ -36,7 +41,7 @@ from dbq.kube import Kube
 from dbq.settings import OperatorSettings
 
 FINALIZER = "dbq.dev/finalizer"
-PAUSED = "dbq.dev/paused"
+PAUSED = fleet.PAUSED
 SETTINGS = OperatorSettings.from_env()
 log = logging.getLogger("dbq")
 _kube: Kube | None = None
@@ -203,31 +208,148 @@ def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status
 
 # kopf's sync handlers, at most DBQ_WORKERS at once.
 _handlers = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-handler")
-_memory: dict[tuple[str, str], upkeep.Memory] = {}
-# Per namespace and Secret (one database): what the queues of that database share.
-_databases: dict[tuple[str, str], upkeep.DatabaseMemory] = {}
-# Ticks with something due, at most DBQ_WORKERS at once.
+# Every Queue the watch saw, for the upkeep scheduler.
+FLEET = fleet.Fleet()
+# Groups of queues with upkeep due, at most DBQ_WORKERS at once.
 _ticks = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-upkeep")
-# Maintenance runs of every queue, at most two at once, beside the timers' handlers.
+# Maintenance runs of every queue, at most two at once, beside the upkeep.
 _maintenance = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dbq-maintenance")
+_scheduler: list[asyncio.Task[None]] = []
+# The context kopf runs a Queue's handlers in (its Event poster among them): the scheduler's
+# workers run in copies of it, so kopf.event() works there as in a handler.
+_handler_context: list[contextvars.Context] = []
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.upkeep_tick_s, initial_delay=SETTINGS.upkeep_tick_s)
-async def upkeep_tick(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-                      patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
-    """Statistics, cleanup and maintenance, each when its schedule from the spec is due. A tick
-    with nothing due ends here, in the event loop; the others run on a pool of DBQ_WORKERS
-    threads, and touch the Secret and the database only for what is due."""
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def saw_queue(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """Every Queue the watch sees feeds the upkeep scheduler: after a restart, the first listing
+    rebuilds it."""
+    if not _handler_context:
+        _handler_context.append(contextvars.copy_context())
+    if type == "DELETED":
+        FLEET.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+    else:
+        FLEET.saw(dict(body))
+
+
+@kopf.on.startup()
+async def start_upkeep(**_: Any) -> None:
+    _scheduler.append(asyncio.create_task(_schedule_upkeep(), name="dbq-upkeep-scheduler"))
+
+
+@kopf.on.cleanup()
+async def stop_upkeep(**_: Any) -> None:
+    for task in _scheduler:
+        task.cancel()
+    _scheduler.clear()
+
+
+async def _schedule_upkeep() -> None:
+    """Statistics, cleanup and maintenance of every provisioned Queue, each when its schedule
+    from the spec is due: every DBQ_UPKEEP_TICK seconds, the groups with something due go to a
+    pool of DBQ_WORKERS threads (a group still running is left to the next tick). Deciding
+    what is due touches neither the Secret nor the database."""
+    loop = asyncio.get_running_loop()
+    busy: set[tuple[str, ...]] = set()
+    while True:
+        await asyncio.sleep(SETTINGS.upkeep_tick_s)
+        leadership.fence()
+        groups = await loop.run_in_executor(_ticks, functools.partial(FLEET.due, busy=frozenset(busy)))
+        for group in groups:
+            busy.add(group.key)
+            context = _handler_context[0].copy() if _handler_context else contextvars.copy_context()
+            work = functools.partial(context.run, _upkeep_group, group)
+            done = loop.run_in_executor(_ticks, work)
+            done.add_done_callback(functools.partial(_ended, busy, group.key))
+
+
+def _ended(busy: set[tuple[str, ...]], key: tuple[str, ...], done: asyncio.Future[None]) -> None:
+    busy.discard(key)
+    if not done.cancelled() and done.exception() is not None:
+        log.error("upkeep of %s failed", "/".join(key), exc_info=done.exception())
+
+
+def _upkeep_group(group: fleet.Group) -> None:
+    """The upkeep of a group of queues, one after the other on one connection at a time; the
+    statistics of a batched group measured together first."""
+    now, wall = time.monotonic(), datetime.now(UTC)
+    measured = _measure_together(group.queues, now, wall) if group.batched else {}
+    for entry in group.queues:
+        _upkeep(entry, measured.get((entry.namespace, entry.name)), now, wall)
+
+
+def _measure_together(
+    entries: list[fleet.Tracked], now: float, wall: datetime
+) -> dict[tuple[str, str], QueueStats]:
+    """The statistics of the queues (PostgreSQL rings of one schema) whose statistics are due,
+    measured and recorded together; those whose own upkeep must measure them (an error, or a
+    queue whose backend cannot be made) are left out."""
+    due: list[tuple[fleet.Tracked, OdbcRing]] = []
+    for entry in entries:
+        try:
+            if upkeep.what_is_due(entry.spec(), entry.status, entry.memory, now, wall).stats:
+                due.append((entry, cast(OdbcRing, entry.backend(read_secret))))
+        except DbqError:
+            continue  # its own upkeep reports it
+    if not due:
+        return {}
+    rings = [ring for _, ring in due]
+    try:
+        results = measure_many(rings)
+        ok = [(entry, ring, stats) for (entry, ring), stats in zip(due, results, strict=True)
+              if isinstance(stats, QueueStats)]  # fmt: skip
+        if ok:
+            purge = [(ring, seconds(entry.spec().stats.retention)) for entry, ring, _ in ok
+                     if upkeep.history_due(entry.memory, now)]  # fmt: skip
+            record_samples([ring for _, ring, _ in ok], [stats for _, _, stats in ok], purge)
+    except DbqError as e:
+        log.info("statistics of %d queues measured one by one: %s", len(rings), e)
+        return {}
+    finally:
+        rings[0].close()
+    return {(entry.namespace, entry.name): stats for entry, _, stats in ok}
+
+
+def _upkeep(entry: fleet.Tracked, measured: QueueStats | None, now: float, wall: datetime) -> None:
+    namespace, name, status = entry.namespace, entry.name, entry.status
+    opened: list[QueueBackend] = []
+
+    def backend() -> QueueBackend:
+        if not opened:
+            opened.append(entry.backend(read_secret))
+        return opened[0]
+
+    try:
+        done = upkeep.run_upkeep(namespace, name, entry.spec(), status, backend, entry.memory, now=now, wall=wall,
+                                 background=_maintenance, measured=measured)  # fmt: skip
+    except DbqError as e:  # Ready=False at once, one Warning when that changes
+        entry.memory.database.failed_at = time.monotonic()  # the database's other queues check too
+        forget_credentials()
+        failed = not_ready(status.get("conditions"), e, entry.generation)
+        if failed.events:
+            log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)
+        metrics.set_ready(namespace, name, False)
+        _write_now(entry, failed.status, failed.events)
+        return
+    finally:
+        for opened_backend in opened:
+            opened_backend.close()
+    _write_now(entry, done.status, done.events)
+    if done.checked and not cond.is_true(status.get("conditions"), cond.READY):  # the database is back
+        patch, body = kopf.Patch(), kopf.Body(cast(Any, entry.body))
+        _reconcile(body, body.meta, body.spec, body.status, patch, retry=0, drift_check=True)
+        _write_now(entry, dict(patch.status or {}), [])
+
+
+def _write_now(entry: fleet.Tracked, changes: Mapping[str, Any], events: list[Event]) -> None:
+    """Status changes and Events of a queue's upkeep, written at once (no kopf handler runs)."""
     leadership.fence()
-    if annotated(meta, PAUSED) or not cond.is_true(status.get("conditions"), cond.PROVISIONED):
-        return
-    memory = _memory_of(meta, spec)
-    if upkeep.idle_tick(memory, meta.get("generation"), dict(spec), dict(status)):
-        return
-    log.debug("upkeep tick of queue %s/%s", meta["namespace"], meta["name"])
-    # In the handler's context, as kopf runs sync handlers: kopf.event() finds its queue there.
-    work = functools.partial(contextvars.copy_context().run, _upkeep, body, meta, spec, status, patch, memory)
-    await asyncio.get_running_loop().run_in_executor(_ticks, work)
+    changed = status_changes(entry.status, dict(changes))
+    if changed:
+        kube().patch_queue_status(entry.namespace, entry.name, changed)
+        FLEET.wrote(entry.namespace, entry.name, changed)
+    for event in events:
+        post_event(entry.body, event)
 
 
 def _run_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], memory: upkeep.Memory,
@@ -243,9 +365,9 @@ def _run_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], memory
 def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outcome: Outcome) -> None:
     """The first statistics, cleanup and schedule of a queue just provisioned (or of one this
     operator has not measured yet), written with Ready in one status patch: an API write less per
-    queue, and its figures show at once. On failure the upkeep timer tries again. A queue created
-    empty has its first cleanup one interval later: there is nothing to repair yet."""
-    memory = _memory_of(meta, spec)
+    queue, and its figures show at once. On failure the upkeep scheduler tries again. A queue
+    created empty has its first cleanup one interval later: there is nothing to repair yet."""
+    memory = FLEET.tracked(meta["namespace"], meta["name"], spec).memory
     if memory.stats_at:
         return
     if outcome.created:
@@ -253,39 +375,12 @@ def _first_upkeep(meta: kopf.Meta, spec: kopf.Spec, status: dict[str, Any], outc
     try:
         done = _run_upkeep(meta, spec, status, memory, health_check=False)
     except DbqError as e:
-        log.info("queue %s/%s: its first upkeep is left to the timer: %s", meta["namespace"], meta["name"], e)
+        log.info(
+            "queue %s/%s: its first upkeep is left to the scheduler: %s", meta["namespace"], meta["name"], e
+        )
         return
     outcome.status.update(done.status)
     outcome.events += done.events
-
-
-def _memory_of(meta: kopf.Meta, spec: kopf.Spec) -> upkeep.Memory:
-    """The queue's memory; the queues of one Secret (one database) share a DatabaseMemory."""
-    memory = _memory.get((meta["namespace"], meta["name"]))
-    if memory is None:
-        secret = str(((spec.get("connection") or {}).get("secretRef") or {}).get("name"))
-        database = _databases.setdefault((meta["namespace"], secret), upkeep.DatabaseMemory())
-        memory = _memory.setdefault((meta["namespace"], meta["name"]), upkeep.Memory(database=database))
-    return memory
-
-
-def _upkeep(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch,
-            memory: upkeep.Memory) -> None:  # fmt: skip
-    name, namespace = meta["name"], meta["namespace"]
-    try:
-        done = _run_upkeep(meta, spec, dict(status), memory)
-    except DbqError as e:  # Ready=False at once, one Warning when that changes
-        memory.database.failed_at = time.monotonic()  # the database's other queues check too
-        forget_credentials()
-        failed = not_ready(status.get("conditions"), e, meta.get("generation"))
-        if failed.events:
-            log.warning("queue %s/%s is not ready: %s: %s", namespace, name, e.reason, e)
-        metrics.set_ready(namespace, name, False)
-        _write(body, status, patch, failed.status, failed.events)
-        return
-    _write(body, status, patch, done.status, done.events)
-    if done.checked and not cond.is_true(status.get("conditions"), cond.READY):
-        _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)  # the database is back
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -307,7 +402,7 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
         delay = min(60.0, backoff(retry)) if outcome.status else backoff(retry)
         raise kopf.TemporaryError(str(outcome.error), delay=delay)
     metrics.forget(namespace, name)
-    _memory.pop((namespace, name), None)
+    FLEET.forget(namespace, name)
 
 
 def _unroute(namespace: str, queue: str, retry: int) -> None:

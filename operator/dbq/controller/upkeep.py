@@ -91,6 +91,11 @@ class Memory:
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
     samples_cover: float = 0.0  # -inf: since the queue was created
     history_purged_at: float = 0.0
+    # The queue at rest: its last statistics, when its counters last moved (or were first
+    # seen), and when the last cleanup since then ran, if it found nothing to do.
+    last_stats: QueueStats | None = None
+    moved_at: float = 0.0
+    found_nothing_at: float = 0.0
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -120,6 +125,25 @@ class Memory:
                 return Earlier(now - at, pushed, taken)
         return None
 
+    def saw_stats(self, stats: QueueStats, now: float) -> None:
+        """Statistics just measured: a change of any counter ends the queue's rest."""
+        if self.last_stats is None or counters(self.last_stats) != counters(stats):
+            self.moved_at, self.found_nothing_at = now, 0.0
+        self.last_stats = stats
+
+    def at_rest(self, stalled_after_s: float) -> bool:
+        """Whether a cleanup now would find nothing: the queue holds no message (none ready,
+        leased, delayed or archived, so no lease or time to live can end and nothing ages into
+        a repair), and a cleanup that found nothing ran at least `stalled_after_s` after its
+        counters last moved (so a hole or orphan left by that last move was old enough to be
+        repaired then). A move ends it (`saw_stats`)."""
+        s = self.last_stats
+        return (
+            s is not None
+            and not (s.depth or s.in_flight or s.delayed or s.archived)
+            and self.found_nothing_at >= self.moved_at + stalled_after_s
+        )
+
     def remember_sample(self, stats: QueueStats, now: float, window_s: float) -> None:
         """A sample recorded in the history table; those older than the window are let go."""
         self.samples.append((now, stats.pushed, stats.taken))
@@ -138,6 +162,17 @@ class Upkeep:
 
 def due(last: float, interval_s: float, now: float) -> bool:
     return last == 0.0 or now - last >= interval_s
+
+
+def counters(stats: QueueStats) -> tuple[int, ...]:
+    """What moves when anything happens to a queue (the oldest message's age moves by itself)."""
+    return (stats.depth, stats.in_flight, stats.pushed, stats.popped, stats.acquired, stats.expired,
+            stats.dead, stats.delayed, stats.archived)  # fmt: skip
+
+
+def history_due(memory: Memory, now: float) -> bool:
+    """Whether the queue's samples past the retention are to be removed with this sample."""
+    return due(memory.history_purged_at, HISTORY_PURGE_S, now)
 
 
 def rates(stats: QueueStats, earlier: Earlier | None) -> tuple[float, float] | None:
@@ -228,20 +263,18 @@ class Due:
 def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> Due:
     maintenance, window = maintenance_due(spec, status, wall)
     stats = due(memory.stats_at, seconds(spec.stats.interval), now)
-    cleanup = due(memory.cleanup_at, seconds(spec.cleanup.interval), now)
+    # A queue at rest is cleaned up on the heartbeat only: an idle fleet costs no repair calls.
+    resting = memory.at_rest(seconds(spec.timeouts.stalled_after))
+    cleanup = due(memory.cleanup_at, STATS_HEARTBEAT_S if resting else seconds(spec.cleanup.interval), now)
     return Due(stats, cleanup, memory.database.check_due(now), maintenance, window)
 
 
-def idle_tick(memory: Memory, generation: int | None, raw: dict[str, Any], status: dict[str, Any]) -> bool:
+def nothing_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> bool:
     """Whether a tick has nothing to do: nothing due, no window to plan, no finished
     maintenance to report. Decided without the database, the Secret or a thread."""
-    try:
-        spec = memory.spec(generation, raw)
-    except DbqError:
-        return False  # the tick reports it
     if memory.maintenance is not None and memory.maintenance.done():
         return False
-    todo = what_is_due(spec, status, memory, time.monotonic(), datetime.now(UTC))
+    todo = what_is_due(spec, status, memory, now, wall)
     return not todo.touches_database and todo.maintenance == "wait"
 
 
@@ -290,6 +323,7 @@ def run_upkeep(
     wall: datetime | None = None,
     background: Executor | None = None,
     health_check: bool = True,
+    measured: QueueStats | None = None,
 ) -> Upkeep:
     """Measure, clean up and maintain the queue when each is due. `backend` opens (or returns)
     the queue's backend, and is called only when something due needs the database. DbqError from
@@ -301,7 +335,11 @@ def run_upkeep(
 
     Without `health_check` the database's health check waits for the next tick that finds it due
     (the first upkeep, run with provisioning: a check then would put the next one a whole tick
-    past HEALTH_INTERVAL_S)."""
+    past HEALTH_INTERVAL_S).
+
+    With `measured`, the caller measured the queue's statistics and recorded the sample (and
+    purged the history when `history_due` says so) with those of other queues of its database
+    (`dbq.controller.fleet`): the backend is not asked for them again."""
     now = time.monotonic() if now is None else now
     wall = datetime.now(UTC) if wall is None else wall
     todo = what_is_due(spec, status, memory, now, wall)
@@ -332,22 +370,24 @@ def run_upkeep(
     if status.get("schedule") != schedule:
         out.status["schedule"] = schedule
     if todo.stats:
-        stats = backend().measure()
+        stats = backend().measure() if measured is None else measured
         window = rate_window_s(spec)
         earlier = (
             memory.sample_since(window, now)
             if memory.remembers(window, now)
             else backend().sample_since(window)
         )
-        purge = due(memory.history_purged_at, HISTORY_PURGE_S, now)
-        backend().record_sample(stats, seconds(spec.stats.retention), purge=purge)
+        purge = history_due(memory, now)
+        if measured is None:
+            backend().record_sample(stats, seconds(spec.stats.retention), purge=purge)
+        memory.saw_stats(stats, now)
         memory.remember_sample(stats, now, window)
         if purge:
             memory.history_purged_at = now
         memory.stats_at = now
-        measured = rates(stats, earlier)
-        new = stats_status(stats, measured, wall)
-        metrics.set_stats(namespace, name, stats, measured)
+        flow = rates(stats, earlier)
+        new = stats_status(stats, flow, wall)
+        metrics.set_stats(namespace, name, stats, flow)
         if worth_writing(status.get("stats"), new, memory.stats_written_at, now):
             out.status["stats"] = new
             memory.stats_written_at = now
@@ -359,6 +399,7 @@ def run_upkeep(
     if todo.cleanup:
         counts = backend().cleanup(seconds(spec.timeouts.stalled_after))
         memory.cleanup_at = now
+        memory.found_nothing_at = 0.0 if any(counts.values()) else now
         metrics.count_cleanup(namespace, name, counts)
         repaired = {k: v for k, v in counts.items() if k in REPAIRS and v}
         previous = status.get("cleanup") or {}

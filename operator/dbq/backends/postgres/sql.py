@@ -14,6 +14,8 @@ whose pop position was lost; the gap table remembers positions that will never b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dbq.api.models import Compression
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
@@ -288,9 +290,9 @@ END $$""",
   PRIMARY KEY (queue, at))"""
         ]
 
-    def purge_history(self) -> str:
-        """Drop this queue's samples older than the retention (parameter: seconds)."""
-        return f"DELETE FROM {self.history} WHERE queue = {literal(self.t.names.queue)} AND at < now() - make_interval(secs => ?)"
+    def purge_histories(self, queues: Sequence[str]) -> str:
+        """Drop the samples of `queues` older than the retention (parameter: seconds)."""
+        return f"DELETE FROM {self.history} WHERE {self.history_of(queues)} AND at < now() - make_interval(secs => ?)"
 
     def sample_since(self) -> str:
         """The oldest sample at most `window` s old (parameter: window seconds): its age in
@@ -449,6 +451,9 @@ END $$"""
     COMPRESSIONS: str | None = (
         "SELECT array_to_string(enumvals, ',') || ',none' FROM pg_settings WHERE name = 'default_toast_compression'"
     )
+    # How many locks one transaction may hold on average (a statement measuring many queues
+    # stays within it).
+    MAX_LOCKS: str | None = "SELECT current_setting('max_locks_per_transaction')::int"
     OBSERVE_RELATIONS = (
         "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = ? AND c.relname = ANY (string_to_array(?, ','))"

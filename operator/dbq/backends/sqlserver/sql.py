@@ -14,6 +14,8 @@ validated integers; values are bound parameters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.backends.sqlserver import server
 from dbq.contract.access import RING_RIGHTS, Right
@@ -313,10 +315,10 @@ CREATE TABLE {self.history} (
   PRIMARY KEY CLUSTERED (queue, at))"""
         ]
 
-    def purge_history(self) -> str:
-        """Drop this queue's samples older than the retention (parameter: seconds)."""
+    def purge_histories(self, queues: Sequence[str]) -> str:
+        """Drop the samples of `queues` older than the retention (parameter: seconds)."""
         return (
-            f"DELETE FROM {self.history} WHERE queue = {literal(self.t.names.queue)}"
+            f"DELETE FROM {self.history} WHERE {self.history_of(queues)}"
             " AND at < DATEADD(second, -CAST(? AS int), SYSUTCDATETIME())"
         )
 
