@@ -153,12 +153,17 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def queue(name: str, ns: str) -> dict[str, Any]:
+def queue(name: str, ns: str, schema: str, size: int) -> dict[str, Any]:
     return {
         "apiVersion": f"{G}/{V}", "kind": "Queue", "metadata": {"name": name, "namespace": ns},
-        "spec": {"backend": "postgres", "design": "ring", "ring": {"size": 64}, "deletionPolicy": "Delete",
-                 "connection": {"secretRef": {"name": "bench-db"}, "schema": f"bench_{name.replace('-', '_')}"}},
+        "spec": {"backend": "postgres", "design": "ring", "ring": {"size": size}, "deletionPolicy": "Delete",
+                 "connection": {"secretRef": {"name": "bench-db"}, "schema": schema}},
     }  # fmt: skip
+
+
+def schema_of(name: str, index: int, schemas: int) -> str:
+    """A schema per queue (--schemas 0), or the queues spread over that many schemas."""
+    return f"bench_{name.replace('-', '_')}" if schemas <= 0 else f"bench_s{index % schemas:03d}"
 
 
 class ReadyWatch:
@@ -252,13 +257,19 @@ class ConnectionCount:
 
 
 def maintenance_gaps(
-    custom: client.CustomObjectsApi, odbc: str, ns: str, names: list[str], hold_s: float, exclude: set[int]
+    custom: client.CustomObjectsApi,
+    odbc: str,
+    ns: str,
+    schemas: dict[str, str],
+    hold_s: float,
+    exclude: set[int],
 ) -> tuple[list[float], float, float]:
-    """Holds q-000's maintenance for `hold_s` s; the gaps (s) between consecutive stats samples
-    of every queue in that time, q-000's longest gap, and how long the VACUUM waited."""
+    """Holds the first queue's maintenance for `hold_s` s; the gaps (s) between consecutive
+    stats samples of every queue (by name: its schema) in that time, the first queue's longest
+    gap, and how long the VACUUM waited."""
+    names = sorted(schemas)
     victim = names[0]
-    schema = f"bench_{victim.replace('-', '_')}"
-    ring = f'"{schema}"."{victim.replace("-", "_")}_ring"'
+    ring = f'"{schemas[victim]}"."{victim.replace("-", "_")}_ring"'
     admin = pyodbc.connect(odbc, autocommit=True)
     admin.execute(f"ALTER TABLE {ring} SET (autovacuum_enabled = false)")
     for _ in range(3):
@@ -287,11 +298,15 @@ def maintenance_gaps(
     ended = float(admin.execute("SELECT extract(epoch FROM clock_timestamp())").fetchval())
     gaps: list[float] = []
     victim_gap = 0.0
+    samples: dict[str, list[float]] = {name.replace("-", "_"): [] for name in names}
+    for schema in set(schemas.values()):
+        for queue_name, at in admin.execute(
+            f'SELECT queue, extract(epoch FROM at) FROM "{schema}".dbq_stats_history WHERE at >= to_timestamp(?)'
+            " - interval '30 seconds' AND at <= to_timestamp(?) ORDER BY at", started, ended).fetchall():  # fmt: skip
+            if queue_name in samples:
+                samples[queue_name].append(float(at))
     for name in names:
-        queue_schema = f"bench_{name.replace('-', '_')}"
-        ats = [float(r[0]) for r in admin.execute(
-            f'SELECT extract(epoch FROM at) FROM "{queue_schema}".dbq_stats_history WHERE at >= to_timestamp(?)'
-            " - interval '30 seconds' AND at <= to_timestamp(?) ORDER BY at", started, ended).fetchall()]  # fmt: skip
+        ats = samples[name.replace("-", "_")]
         inside = [b - a for a, b in itertools.pairwise(ats) if b >= started]
         inside.append(ended - ats[-1] if ats else ended - started)  # the wait since the last one
         gaps += inside
@@ -308,6 +323,14 @@ def main() -> None:
     ap.add_argument("--appliers", type=int, default=8, help="threads creating the queues")
     ap.add_argument("--steady", type=float, default=90, help="seconds of steady state to count API writes")
     ap.add_argument("--maintenance", type=float, default=60, help="seconds one queue's maintenance is held")
+    ap.add_argument("--schemas", type=int, default=0, help="schemas the queues share (0: one each)")
+    ap.add_argument("--ring-size", type=int, default=64)
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=5,
+        help="seconds between all Ready and the steady window (a new queue rests after stalledAfter, 5m)",
+    )
     args = ap.parse_args()
 
     stack = Stack()
@@ -341,16 +364,21 @@ def main() -> None:
         for i in range(args.singles):
             name = f"single-{i}"
             start = time.monotonic()
-            custom.create_namespaced_custom_object(G, V, ns, P, queue(name, ns))
+            custom.create_namespaced_custom_object(
+                G, V, ns, P, queue(name, ns, f"bench_{name.replace('-', '_')}", args.ring_size)
+            )
             singles.append(readiness.wait({name}, 60)[name] - start)
 
         names = {f"q-{i:03d}" for i in range(args.queues)}
+        schemas = {name: schema_of(name, i, args.schemas) for i, name in enumerate(sorted(names))}
         connections.phase = "apply"
         created: dict[str, float] = {}
 
         def create(name: str) -> None:
             created[name] = time.monotonic()
-            custom.create_namespaced_custom_object(G, V, ns, P, queue(name, ns))
+            custom.create_namespaced_custom_object(
+                G, V, ns, P, queue(name, ns, schemas[name], args.ring_size)
+            )
 
         apply_cpu, apply_start, apply_writes = (
             cpu_by_program(op.pid, pg_parts),
@@ -378,7 +406,7 @@ def main() -> None:
         say(f"API writes until all were Ready, per queue: {sum(writes_per_queue.values()):.2f}; by request: "
             + ", ".join(f"{k} {v:.2f}" for k, v in writes_per_queue.items()))  # fmt: skip
 
-        time.sleep(5)
+        time.sleep(args.settle)
         connections.phase = "steady"
         w0, lines0, t0 = api_writes(stack), log_lines(log.name), time.monotonic()
         cpu0 = cpu_by_program(op.pid, pg_parts)
@@ -402,7 +430,7 @@ def main() -> None:
         say(f"CPU at steady state, cores: {steady_cores}")
         connections.phase = "maintenance"
         gaps, victim_gap, held = maintenance_gaps(
-            custom, stack.postgres.odbc(), ns, sorted(names), args.maintenance, connections.exclude
+            custom, stack.postgres.odbc(), ns, schemas, args.maintenance, connections.exclude
         )
         say(f"stats samples while one queue's maintenance waited {held:.0f} s: gap p50 {pct(gaps, .5):.1f}s"
             f"  p95 {pct(gaps, .95):.1f}s  max {max(gaps):.1f}s (interval 15 s; target p95 <= 30 s);"

@@ -58,8 +58,17 @@ def test_queues_not_provisioned_paused_or_being_deleted_are_left_alone():
     queues.saw(body("paused", annotations={"dbq.dev/paused": "True"}))
     queues.saw(body("going", deletionTimestamp="2026-11-29T11:00:00Z"))
     queues.saw(body("kept"))
+    # Just paused: a check of its own says so in its status (kopf sees no change of a dbq.dev/
+    # annotation), then it is left alone.
+    assert keys(queues.due(NOW, WALL)) == {("ns", "db", "s1"): ["kept"], ("ns", "paused"): ["paused"]}
+    queues.wrote("ns", "paused", {"conditions": [*PROVISIONED, {"type": cond.PAUSED, "status": "True"}]})
     assert keys(queues.due(NOW, WALL)) == {("ns", "db", "s1"): ["kept"]}
     queues.forget("ns", "kept")
+    queues.saw(body("paused"))  # resumed: its check drops the condition
+    resumed = queues.tracked("ns", "paused")
+    queues.wrote("ns", "paused", {"conditions": [*PROVISIONED, {"type": cond.PAUSED, "status": "True"}]})
+    assert keys(queues.due(NOW, WALL)) == {("ns", "paused"): ["paused"]} and resumed.memory.drift_at == 0.0
+    queues.forget("ns", "paused")
     assert queues.due(NOW, WALL) == []
 
 

@@ -21,6 +21,7 @@ class RingSql(Protocol):
     OBSERVE_RELATIONS: str
     OBSERVE_ROUTINES: str
     SERVER_VERSION: str | None  # major version and compatibility level, where there is a floor
+    CATALOG_DIGEST: str | None  # a digest of a schema's catalog rows, where one can be read
     MAX_LOCKS: str | None  # how many locks one transaction may take on average, where that is bounded
     COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
     OBSERVE_INSECURE: str | None  # objects not as secure() leaves them, where the dialect looks

@@ -389,3 +389,12 @@ def record_samples(rings: Sequence[OdbcRing], stats: Sequence[QueueStats],
         cur.execute(first.sql.record_samples([r.names.queue for r in rings]), *values)
         for retention_s, queues in by_retention.items():
             cur.execute(first.sql.purge_histories(queues), retention_s)
+
+
+def catalog_digest(ring: OdbcRing) -> str | None:
+    """A digest of the catalog of the ring's schema (every queue's objects in it), equal as long
+    as nothing in it changed; None where the database offers none (SQL Server)."""
+    if ring.sql.CATALOG_DIGEST is None:
+        return None
+    with ring._errors():
+        return str(ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 5).fetchval())

@@ -94,6 +94,7 @@ class RingSqlBase:
     # The compressions of stored bodies the server offers, where it has a choice.
     COMPRESSIONS: str | None = None
     MAX_LOCKS: str | None = None
+    CATALOG_DIGEST: str | None = None
     # Objects of the queue not as `secure()` leaves them: a count (None where not looked at).
     OBSERVE_INSECURE: str | None = None
     # Sessions of applications logged in with the operator's login, where the dialect can tell.

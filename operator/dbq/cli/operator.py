@@ -31,16 +31,15 @@ def limit_malloc_arenas() -> bool:
 
 
 class RoutineSuccessAtDebug(logging.Filter):
-    """kopf logs every timer run that succeeded at INFO: with the upkeep tick every 5 s that is
-    about 240 lines a minute for 20 idle queues. Routine success belongs at DEBUG; state changes
-    (created, updated, deleted, failed) stay at INFO."""
+    """kopf logs every timer run and every watch event handled that succeeded at INFO: a line
+    per Queue per drift check, and per status write. Routine success belongs at DEBUG; state
+    changes (created, updated, deleted, failed) stay at INFO."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if (
-            record.levelno == logging.INFO
-            and message.startswith("Timer ")
-            and message.endswith(" succeeded.")
+        if record.levelno == logging.INFO and (
+            (message.startswith("Timer ") and message.endswith(" succeeded."))
+            or message == "Handler 'saw_queue' succeeded."
         ):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger().isEnabledFor(logging.DEBUG)

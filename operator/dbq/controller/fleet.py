@@ -57,12 +57,24 @@ class Tracked:
     def spec(self) -> QueueSpec:
         return self.memory.spec(self.generation, self.spec_raw)
 
+    @property
+    def paused(self) -> bool:
+        annotations = (self.body.get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(PAUSED, "")).lower() == "true"
+
+    def provisioned(self) -> bool:
+        """Provisioned and not being deleted."""
+        deleting = (self.body.get("metadata") or {}).get("deletionTimestamp")
+        return cond.is_true(self.status.get("conditions"), cond.PROVISIONED) and not deleting
+
     def kept_up(self) -> bool:
         """Whether upkeep is the operator's to do: provisioned, not paused, not being deleted."""
-        metadata = self.body.get("metadata") or {}
-        paused = str((metadata.get("annotations") or {}).get(PAUSED, "")).lower() == "true"
-        provisioned = cond.is_true(self.status.get("conditions"), cond.PROVISIONED)
-        return provisioned and not paused and not metadata.get("deletionTimestamp")
+        return self.provisioned() and not self.paused
+
+    def pause_changed(self) -> bool:
+        """Paused or resumed (the annotation) since its status said so: a drift check says it."""
+        said = cond.condition(self.status.get("conditions"), cond.PAUSED) is not None
+        return self.provisioned() and self.paused != said
 
     def backend(self, read_secret: SecretReader) -> QueueBackend:
         """The Queue's backend object: the Secret is read (its reader caches it) and the
@@ -105,6 +117,10 @@ class Fleet:
     # Per namespace and Secret (one database): what the Queues of that database share.
     _databases: dict[tuple[str, str], upkeep.DatabaseMemory] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    drift_interval_s: float | None = None  # objects compared with the spec this often (None: never)
+    # Per batched group: the digest of its schema's catalog when a drift check last found every
+    # queue of it whole, and when that was.
+    whole: dict[tuple[str, ...], tuple[str, float]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -153,6 +169,14 @@ class Fleet:
             entries = list(self._queues.values())
         groups: dict[tuple[str, ...], Group] = {}
         for entry in entries:
+            if entry.pause_changed():  # a drift check of its own, now
+                entry.memory.drift_at = 0.0
+                if (entry.namespace, entry.name) not in busy:
+                    groups.setdefault(
+                        (entry.namespace, entry.name), Group((entry.namespace, entry.name), [], False)
+                    )
+                    groups[(entry.namespace, entry.name)].queues.append(entry)
+                continue
             if not entry.kept_up():
                 continue
             key: tuple[str, ...]
@@ -161,7 +185,7 @@ class Fleet:
             except DbqError:
                 key, batched = (entry.namespace, entry.name), False  # its upkeep reports it
             else:
-                if upkeep.nothing_due(spec, entry.status, entry.memory, now, wall):
+                if upkeep.nothing_due(spec, entry.status, entry.memory, now, wall, self.drift_interval_s):
                     continue
                 key, batched = group_key(entry.namespace, entry.name, spec)
             if key not in busy:

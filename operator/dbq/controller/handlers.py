@@ -19,7 +19,7 @@ from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.backends.base import QueueBackend
-from dbq.backends.odbc_ring import OdbcRing, measure_many, record_samples
+from dbq.backends.odbc_ring import OdbcRing, catalog_digest, measure_many, record_samples
 from dbq.client import QueueStats
 from dbq.connection import pool
 from dbq.controller import conditions as cond
@@ -36,6 +36,7 @@ from dbq.controller.reconcile import (
     status_changes,
 )
 from dbq.controller.topics import TopicSync
+from dbq.controller.upkeep import due
 from dbq.errors import DbqError, QueueNotFound
 from dbq.kube import Kube
 from dbq.settings import OperatorSettings
@@ -149,7 +150,8 @@ def _write(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch, change
 
 
 def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-               patch: kopf.Patch, retry: int, drift_check: bool = False) -> None:  # fmt: skip
+               patch: kopf.Patch, retry: int, drift_check: bool = False) -> Outcome | None:  # fmt: skip
+    """The queue reconciled and its status written; its Outcome (None when it is paused)."""
     if annotated(meta, PAUSED):
         conditions = cond.set_condition(
             status.get("conditions"), cond.PAUSED, True, "Paused",
@@ -158,7 +160,7 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
         _write(
             body, status, patch, {"conditions": conditions, "observedGeneration": meta.get("generation")}, []
         )
-        return
+        return None
     current = dict(status)
     first = None if drift_check else cond.reconciling(status.get("conditions"), meta.get("generation"))
     if first is not None:  # written now, not when the handler ends: GitOps tools wait on it
@@ -170,13 +172,16 @@ def _reconcile(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.S
         read_queue=read_queue, drift_check=drift_check,
     )  # fmt: skip
     outcome.status["conditions"] = cond.drop_condition(outcome.status.get("conditions"), cond.PAUSED)
+    if outcome.ok:  # its objects match the spec now: the next drift check is an interval away
+        FLEET.tracked(meta["namespace"], meta["name"], spec).memory.drift_at = time.monotonic()
     if outcome.ok and not drift_check:
         _first_upkeep(meta, spec, {**current, **outcome.status}, outcome)
     _write(body, current, patch, outcome.status, outcome.events)
     if outcome.error is not None:
         forget_credentials()
-    if outcome.error is not None and not drift_check:  # the drift timer comes back by itself
+    if outcome.error is not None and not drift_check:  # the drift check comes back by itself
         raise kopf.TemporaryError(str(outcome.error), delay=backoff(retry))
+    return outcome
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -188,28 +193,13 @@ def apply_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.
     _reconcile(body, meta, spec, status, patch, retry)
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    PLURAL,
-    interval=SETTINGS.drift_interval_s,
-    initial_delay=SETTINGS.drift_interval_s,
-    idle=5,
-)
-def drift(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-          patch: kopf.Patch, **_: Any) -> None:  # fmt: skip
-    """Re-create objects dropped behind our back; writes status only when something changed.
-    Queues not provisioned yet are left to the create/resume handlers."""
-    leadership.fence()
-    if not cond.is_true(status.get("conditions"), cond.PROVISIONED):
-        return
-    _reconcile(body, meta, spec, status, patch, retry=0, drift_check=True)
-
-
 # kopf's sync handlers, at most DBQ_WORKERS at once.
 _handlers = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-handler")
 # Every Queue the watch saw, for the upkeep scheduler.
-FLEET = fleet.Fleet()
+FLEET = fleet.Fleet(drift_interval_s=SETTINGS.drift_interval_s)
+# A drift check of every queue of a schema whose catalog digest did not change at least this
+# often: the digest does not see rows (a ring's slots deleted, say).
+FULL_DRIFT_CHECK_S = 3600.0
 # Groups of queues with upkeep due, at most DBQ_WORKERS at once.
 _ticks = ThreadPoolExecutor(max_workers=SETTINGS.workers, thread_name_prefix="dbq-upkeep")
 # Maintenance runs of every queue, at most two at once, beside the upkeep.
@@ -275,7 +265,48 @@ def _upkeep_group(group: fleet.Group) -> None:
     now, wall = time.monotonic(), datetime.now(UTC)
     measured = _measure_together(group.queues, now, wall) if group.batched else {}
     for entry in group.queues:
-        _upkeep(entry, measured.get((entry.namespace, entry.name)), now, wall)
+        if entry.kept_up():
+            _upkeep(entry, measured.get((entry.namespace, entry.name)), now, wall)
+    drifting = [entry for entry in group.queues if due(entry.memory.drift_at, SETTINGS.drift_interval_s, now)]
+    if drifting:
+        _check_drift(group, drifting, now)
+
+
+def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -> None:
+    """Objects dropped or changed behind the operator's back made again; status written only
+    when something changed. The queues of a batched group are compared one by one only when
+    their schema's catalog digest changed since a check found them all whole (or once an hour)."""
+    digest = None
+    if group.batched:
+        try:
+            ring = cast(OdbcRing, entries[0].backend(read_secret))
+            try:
+                digest = catalog_digest(ring)
+            finally:
+                ring.close()
+        except DbqError:
+            digest = None  # each check reports the error
+        whole = FLEET.whole.get(group.key)
+        if (
+            digest is not None
+            and whole is not None
+            and whole[0] == digest
+            and now - whole[1] < FULL_DRIFT_CHECK_S
+        ):
+            for entry in entries:
+                entry.memory.drift_at = now
+            return
+    clean = True
+    for entry in entries:
+        if not (entry.kept_up() or entry.pause_changed()):
+            continue
+        patch, body = kopf.Patch(), kopf.Body(cast(Any, entry.body))
+        outcome = _reconcile(body, body.meta, body.spec, body.status, patch, retry=0, drift_check=True)
+        _write_now(entry, dict(patch.status or {}), [])
+        entry.memory.drift_at = now
+        clean = clean and outcome is not None and outcome.ok and not outcome.steps
+    if digest is not None and clean and len(entries) == len(group.queues):
+        FLEET.whole[group.key] = (digest, now)
 
 
 def _measure_together(
@@ -336,9 +367,7 @@ def _upkeep(entry: fleet.Tracked, measured: QueueStats | None, now: float, wall:
             opened_backend.close()
     _write_now(entry, done.status, done.events)
     if done.checked and not cond.is_true(status.get("conditions"), cond.READY):  # the database is back
-        patch, body = kopf.Patch(), kopf.Body(cast(Any, entry.body))
-        _reconcile(body, body.meta, body.spec, body.status, patch, retry=0, drift_check=True)
-        _write_now(entry, dict(patch.status or {}), [])
+        _check_drift(fleet.Group((namespace, name), [entry], False), [entry], now)
 
 
 def _write_now(entry: fleet.Tracked, changes: Mapping[str, Any], events: list[Event]) -> None:

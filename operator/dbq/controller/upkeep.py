@@ -91,6 +91,7 @@ class Memory:
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
     samples_cover: float = 0.0  # -inf: since the queue was created
     history_purged_at: float = 0.0
+    drift_at: float = 0.0  # when its objects were last compared with the spec (or provisioned)
     # The queue at rest: its last statistics, when its counters last moved (or were first
     # seen), and when the last cleanup since then ran, if it found nothing to do.
     last_stats: QueueStats | None = None
@@ -254,27 +255,31 @@ class Due:
     health: bool  # the database was not asked anew for a while, or a tick failed since
     maintenance: Task
     window: datetime  # the planned maintenance window
+    drift: bool = False  # its objects are to be compared with the spec
 
     @property
     def touches_database(self) -> bool:
-        return self.stats or self.cleanup or self.health or self.maintenance == "run"
+        return self.stats or self.cleanup or self.health or self.drift or self.maintenance == "run"
 
 
-def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> Due:
+def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime,
+                drift_interval_s: float | None = None) -> Due:  # fmt: skip
     maintenance, window = maintenance_due(spec, status, wall)
     stats = due(memory.stats_at, seconds(spec.stats.interval), now)
     # A queue at rest is cleaned up on the heartbeat only: an idle fleet costs no repair calls.
     resting = memory.at_rest(seconds(spec.timeouts.stalled_after))
     cleanup = due(memory.cleanup_at, STATS_HEARTBEAT_S if resting else seconds(spec.cleanup.interval), now)
-    return Due(stats, cleanup, memory.database.check_due(now), maintenance, window)
+    drift = drift_interval_s is not None and due(memory.drift_at, drift_interval_s, now)
+    return Due(stats, cleanup, memory.database.check_due(now), maintenance, window, drift)
 
 
-def nothing_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime) -> bool:
+def nothing_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime,
+                drift_interval_s: float | None = None) -> bool:  # fmt: skip
     """Whether a tick has nothing to do: nothing due, no window to plan, no finished
     maintenance to report. Decided without the database, the Secret or a thread."""
     if memory.maintenance is not None and memory.maintenance.done():
         return False
-    todo = what_is_due(spec, status, memory, now, wall)
+    todo = what_is_due(spec, status, memory, now, wall, drift_interval_s)
     return not todo.touches_database and todo.maintenance == "wait"
 
 
