@@ -349,8 +349,7 @@ def main() -> None:
     )
     log = open(stack.paths.state / "bench-operator.log", "wb")  # noqa: SIM115
     env = {**os.environ, "KUBECONFIG": str(stack.kube.kubeconfig)}
-    op = subprocess.Popen([sys.executable, "-m", "dbq.cli", "run", "-n", ns, "--metrics-port", "0", "--liveness", ""],
-                          env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    op = operator(ns, env, log)
     connections = ConnectionCount(stack.postgres.odbc())
     pg_parts = PostgresParts()
     readiness = ReadyWatch(custom, ns)
@@ -438,17 +437,20 @@ def main() -> None:
         say("most connections of the operator to the database: " + ", ".join(
             f"{phase} {n}" for phase, n in connections.most.items()))  # fmt: skip
     finally:
-        for item in custom.list_namespaced_custom_object(G, V, ns, P)["items"]:
-            with contextlib.suppress(ApiException):
-                custom.delete_namespaced_custom_object(G, V, ns, P, item["metadata"]["name"])
         connections.phase = "delete"
-        started, deadline = time.monotonic(), time.monotonic() + 300
-        while (
-            left := len(custom.list_namespaced_custom_object(G, V, ns, P)["items"])
-        ) and time.monotonic() < deadline:
+        started = time.monotonic()
+        with ThreadPoolExecutor(args.appliers) as deleters:
+            list(deleters.map(lambda item: delete(custom, ns, item["metadata"]["name"]),
+                              custom.list_namespaced_custom_object(G, V, ns, P)["items"]))  # fmt: skip
+        if args.sigterm_after is not None:
+            op = stop_and_succeed(op, args.sigterm_after, started, custom, ns, env, log)
+        deadline = time.monotonic() + 300
+        while (left := count_queues(custom, ns)) and time.monotonic() < deadline:
             time.sleep(2)
-        say(f"deleted the queues in {time.monotonic() - started:.0f} s ({left} left);"
+        say(f"deleted the queues in {time.monotonic() - started:.0f} s from the first delete ({left} left);"
             f" connections while deleting {connections.most.get('delete', 0)}")  # fmt: skip
+        if args.sigterm_after is not None:
+            say(leftovers(stack.postgres.odbc(), core, ns))
         op.send_signal(signal.SIGTERM)
         try:
             op.wait(timeout=60)
@@ -456,6 +458,53 @@ def main() -> None:
             say("the operator did not stop within 60 s of SIGTERM: killed")
             op.kill()
         connections.stop.set()
+
+
+def delete(custom: client.CustomObjectsApi, ns: str, name: str) -> None:
+    with contextlib.suppress(ApiException):
+        custom.delete_namespaced_custom_object(G, V, ns, P, name)
+
+
+def count_queues(custom: client.CustomObjectsApi, ns: str) -> int:
+    return len(custom.list_namespaced_custom_object(G, V, ns, P)["items"])
+
+
+def operator(ns: str, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "dbq.cli", "run", "-n", ns, "--metrics-port", "0", "--liveness", ""],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def stop_and_succeed(op: subprocess.Popen[bytes], after: float, started: float, custom: client.CustomObjectsApi,
+                     ns: str, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:  # fmt: skip
+    """SIGTERM to the operator `after` seconds into the deletion; how long it took to exit, with
+    how many deletions pending; then a successor, which finishes them."""
+    time.sleep(max(0.0, started + after - time.monotonic()))
+    pending = count_queues(custom, ns)
+    stopping = time.monotonic()
+    op.send_signal(signal.SIGTERM)
+    try:
+        op.wait(timeout=120)
+        say(f"SIGTERM with {pending} deletions pending: the operator exited in {time.monotonic() - stopping:.1f} s"
+            f" (code {op.returncode}); {count_queues(custom, ns)} Queues left for its successor")  # fmt: skip
+    except subprocess.TimeoutExpired:
+        say(f"SIGTERM with {pending} deletions pending: the operator did not exit within 120 s: killed")
+        op.kill()
+        op.wait()
+    return operator(ns, env, log)
+
+
+def leftovers(odbc: str, core: client.CoreV1Api, ns: str) -> str:
+    """What the deletions left in the database (bench schemas and queue roles) and which queue
+    had a Deleted Event more than once."""
+    with pyodbc.connect(odbc, autocommit=True) as db:
+        schemas = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench\\_%'").fetchval()
+        roles = db.execute("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'dbq\\_%bench\\_%'").fetchval()
+    deleted: Counter[str] = Counter()
+    for event in core.list_namespaced_event(ns, field_selector="reason=Deleted").items:
+        deleted[event.involved_object.name] += event.count or 1
+    twice = [name for name, n in deleted.items() if n > 1]
+    return (f"left behind: {schemas} bench schemas, {roles} bench roles; Deleted Events for {len(deleted)} Queues,"
+            f" {len(twice)} of them more than once {sorted(twice)[:5]}")  # fmt: skip
 
 
 if __name__ == "__main__":

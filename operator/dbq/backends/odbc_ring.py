@@ -397,4 +397,4 @@ def catalog_digest(ring: OdbcRing) -> str | None:
     if ring.sql.CATALOG_DIGEST is None:
         return None
     with ring._errors():
-        return str(ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 5).fetchval())
+        return str(ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 4).fetchval())

@@ -118,9 +118,8 @@ class Fleet:
     _databases: dict[tuple[str, str], upkeep.DatabaseMemory] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     drift_interval_s: float | None = None  # objects compared with the spec this often (None: never)
-    # Per batched group: the digest of its schema's catalog when a drift check last found every
-    # queue of it whole, and when that was.
-    whole: dict[tuple[str, ...], tuple[str, float]] = field(default_factory=dict)
+    # Per batched group: the digest of its schema's catalog last read, and when.
+    digests: dict[tuple[str, ...], tuple[str, float]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._queues)

@@ -274,39 +274,47 @@ def _upkeep_group(group: fleet.Group) -> None:
 
 def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -> None:
     """Objects dropped or changed behind the operator's back made again; status written only
-    when something changed. The queues of a batched group are compared one by one only when
-    their schema's catalog digest changed since a check found them all whole (or once an hour)."""
-    digest = None
-    if group.batched:
-        try:
-            ring = cast(OdbcRing, entries[0].backend(read_secret))
-            try:
-                digest = catalog_digest(ring)
-            finally:
-                ring.close()
-        except DbqError:
-            digest = None  # each check reports the error
-        whole = FLEET.whole.get(group.key)
+    when something changed. A queue of a batched group is compared with its spec only when its
+    schema's catalog digest changed since a check found it whole (and hourly)."""
+    digest = _digest(group, entries[0], now) if group.batched else None
+    for entry in entries:
+        if not (entry.kept_up() or entry.pause_changed()):
+            continue
+        whole = entry.memory.whole
         if (
             digest is not None
             and whole is not None
             and whole[0] == digest
             and now - whole[1] < FULL_DRIFT_CHECK_S
         ):
-            for entry in entries:
-                entry.memory.drift_at = now
-            return
-    clean = True
-    for entry in entries:
-        if not (entry.kept_up() or entry.pause_changed()):
+            entry.memory.drift_at = now
             continue
         patch, body = kopf.Patch(), kopf.Body(cast(Any, entry.body))
         outcome = _reconcile(body, body.meta, body.spec, body.status, patch, retry=0, drift_check=True)
         _write_now(entry, dict(patch.status or {}), [])
         entry.memory.drift_at = now
-        clean = clean and outcome is not None and outcome.ok and not outcome.steps
-    if digest is not None and clean and len(entries) == len(group.queues):
-        FLEET.whole[group.key] = (digest, now)
+        clean = digest is not None and outcome is not None and outcome.ok and not outcome.steps
+        entry.memory.whole = (digest, now) if clean and digest is not None else None
+
+
+def _digest(group: fleet.Group, entry: fleet.Tracked, now: float) -> str | None:
+    """The catalog digest of the group's schema, read at most every half drift interval (the
+    queues of a schema come due at different ticks); None when it cannot be read (each check
+    then reports its own error)."""
+    kept = FLEET.digests.get(group.key)
+    if kept is not None and now - kept[1] < SETTINGS.drift_interval_s / 2:
+        return kept[0]
+    try:
+        ring = cast(OdbcRing, entry.backend(read_secret))
+        try:
+            digest = catalog_digest(ring)
+        finally:
+            ring.close()
+    except DbqError:
+        return None
+    if digest is not None:
+        FLEET.digests[group.key] = (digest, now)
+    return digest
 
 
 def _measure_together(

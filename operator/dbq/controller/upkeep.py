@@ -92,6 +92,8 @@ class Memory:
     samples_cover: float = 0.0  # -inf: since the queue was created
     history_purged_at: float = 0.0
     drift_at: float = 0.0  # when its objects were last compared with the spec (or provisioned)
+    # The digest of its schema's catalog when a drift check last found it whole, and when.
+    whole: tuple[str, float] | None = None
     # The queue at rest: its last statistics, when its counters last moved (or were first
     # seen), and when the last cleanup since then ran, if it found nothing to do.
     last_stats: QueueStats | None = None
