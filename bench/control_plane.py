@@ -326,6 +326,12 @@ def main() -> None:
     ap.add_argument("--schemas", type=int, default=0, help="schemas the queues share (0: one each)")
     ap.add_argument("--ring-size", type=int, default=64)
     ap.add_argument(
+        "--sigterm-after",
+        type=float,
+        default=None,
+        help="SIGTERM the operator this many seconds into the deletion, then start a successor",
+    )
+    ap.add_argument(
         "--settle",
         type=float,
         default=5,
