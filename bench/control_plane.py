@@ -504,7 +504,9 @@ def leftovers(odbc: str, core: client.CoreV1Api, ns: str) -> str:
     had a Deleted Event more than once."""
     with pyodbc.connect(odbc, autocommit=True) as db:
         schemas = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench\\_%'").fetchval()
-        roles = db.execute("SELECT count(*) FROM pg_roles WHERE rolname ~ '^dbq_o_bench_(s|q_|single_)[0-9]'").fetchval()
+        roles = db.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname ~ '^dbq_o_bench_(s|q_|single_)[0-9]'"
+        ).fetchval()
     deleted: Counter[str] = Counter()
     for event in core.list_namespaced_event(ns, field_selector="reason=Deleted").items:
         deleted[event.involved_object.name] += event.count or 1

@@ -323,19 +323,19 @@ def _measure_together(
     """The statistics of the queues (PostgreSQL rings of one schema) whose statistics are due,
     measured and recorded together; those whose own upkeep must measure them (an error, or a
     queue whose backend cannot be made) are left out."""
-    due: list[tuple[fleet.Tracked, OdbcRing]] = []
+    measuring: list[tuple[fleet.Tracked, OdbcRing]] = []
     for entry in entries:
         try:
             if upkeep.what_is_due(entry.spec(), entry.status, entry.memory, now, wall).stats:
-                due.append((entry, cast(OdbcRing, entry.backend(read_secret))))
+                measuring.append((entry, cast(OdbcRing, entry.backend(read_secret))))
         except DbqError:
             continue  # its own upkeep reports it
-    if not due:
+    if not measuring:
         return {}
-    rings = [ring for _, ring in due]
+    rings = [ring for _, ring in measuring]
     try:
         results = measure_many(rings)
-        ok = [(entry, ring, stats) for (entry, ring), stats in zip(due, results, strict=True)
+        ok = [(entry, ring, stats) for (entry, ring), stats in zip(measuring, results, strict=True)
               if isinstance(stats, QueueStats)]  # fmt: skip
         if ok:
             purge = [(ring, seconds(entry.spec().stats.retention)) for entry, ring, _ in ok
