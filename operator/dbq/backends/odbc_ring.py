@@ -392,9 +392,12 @@ def record_samples(rings: Sequence[OdbcRing], stats: Sequence[QueueStats],
 
 
 def catalog_digest(ring: OdbcRing) -> str | None:
-    """A digest of the catalog of the ring's schema (every queue's objects in it), equal as long
-    as nothing in it changed; None where the database offers none (SQL Server)."""
+    """A digest of what a drift check of the ring's schema reads that can change behind the
+    operator's back: the schema's catalog (every queue's objects in it) and the number of
+    sessions applications hold on the operator's login (the check reports it). Equal as long
+    as neither changed; None where the database offers no catalog digest (SQL Server)."""
     if ring.sql.CATALOG_DIGEST is None:
         return None
     with ring._errors():
-        return str(ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 4).fetchval())
+        catalog = ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 4).fetchval()
+    return f"{catalog}/{ring._shared_login_sessions()}"

@@ -351,6 +351,7 @@ def _measure_together(
 
 def _upkeep(entry: fleet.Tracked, measured: QueueStats | None, now: float, wall: datetime) -> None:
     namespace, name, status = entry.namespace, entry.name, entry.status
+    log.debug("upkeep tick of queue %s/%s", namespace, name)
     opened: list[QueueBackend] = []
 
     def backend() -> QueueBackend:
