@@ -170,11 +170,9 @@ class Fleet:
         for entry in entries:
             if entry.pause_changed():  # a drift check of its own, now
                 entry.memory.drift_at = 0.0
-                if (entry.namespace, entry.name) not in busy:
-                    groups.setdefault(
-                        (entry.namespace, entry.name), Group((entry.namespace, entry.name), [], False)
-                    )
-                    groups[(entry.namespace, entry.name)].queues.append(entry)
+                alone = (entry.namespace, entry.name)
+                if alone not in busy:
+                    groups.setdefault(alone, Group(alone, [], False)).queues.append(entry)
                 continue
             if not entry.kept_up():
                 continue
