@@ -121,9 +121,6 @@ class Fleet:
     # Per batched group: the digest of its schema's catalog last read, and when.
     digests: dict[tuple[str, ...], tuple[str, float]] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self._queues)
-
     def tracked(self, namespace: str, name: str, spec: Mapping[str, Any] | None = None) -> Tracked:
         """The Queue's entry, made on first use (by a handler, before the watch fed it)."""
         with self._lock:
