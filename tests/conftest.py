@@ -6,8 +6,9 @@ Components the run started are stopped at its end; ones already running are left
 
 `make test` runs the modules on two pytest-xdist workers (`-n 2`): each module runs whole on one
 worker (GROUPS keeps some together); the modules that stop or restart a component every other
-test needs (marked `serial`) run after, alone. Components are started once, under a lock, by
-whichever worker first needs them, and stopped by the controlling process when all are done.
+test needs, or are too heavy to share two cores (marked `serial`), run after, alone. Components
+are started once, under a lock, by whichever worker first needs them, and stopped by the
+controlling process when all are done.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_sp
 # Modules that run together, on one worker: both use the single-node cluster, and one stops it.
 GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster", "test_gitops_helm": "cluster"}
 # The longest modules first, so that neither worker is left with a long one at the end.
-LONGEST = ("test_helm_cluster", "test_cluster", "test_spark_queue", "test_cassandra_cluster", "test_operator",
+LONGEST = ("test_helm_cluster", "test_cluster", "test_spark_queue", "test_operator",
            "test_contract", "test_upkeep", "test_pipes", "test_spark_health", "test_spark_status",
            "test_ring_client")  # fmt: skip
 

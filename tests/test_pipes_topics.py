@@ -4,16 +4,11 @@ it routed and could not route; follows its recorded rules, one set per message."
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +39,7 @@ from tests.test_topics import (
     publish_and_check_routing,
     run_threads,
 )
-from tests.topic_publisher import body_of
+from tests.topic_publisher import body_of, run_until_killed
 
 KEYSPACE = f"dbq_ptopics_{uuid.uuid4().hex[:6]}"
 
@@ -340,15 +335,9 @@ def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queu
     for run in range(8):
         log = tmp_path / f"publisher-{run}.log"
         logs.append(log)
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("topic_publisher.py")), cass_url, KEYSPACE,
-             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(1 + run % 2 * 7),
-             "--large", str(large), "--pipes-ending", str(ending)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )  # fmt: skip
-        time.sleep(rng.uniform(2.0, 3.5))  # it connects, then publishes
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        options = ["--prefix", f"r{run}", "--batch", str(1 + run % 2 * 7), "--large", str(large),
+                   "--pipes-ending", str(ending)]  # fmt: skip
+        run_until_killed((cass_url, KEYSPACE, topic.names.topic), log, options, rng, most_s=1.5)
     logged = [line.split(" ", 1)[1] for log in logs if log.exists() for line in log.read_text().splitlines()]
     assert len(logged) > (20 if large else 50)
     time.sleep(ending + 1.0)  # past the marks of chunks stored for batches never written

@@ -5,16 +5,11 @@ without mixing old and new rules in one message."""
 
 from __future__ import annotations
 
-import os
 import random
 import secrets
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,6 +26,7 @@ from dbq.contract.topics import Route, TopicNames, TopicTarget
 from dbq.errors import InvalidSpec
 from dbq.names import QueueNames
 from tests.test_ring_client import SCHEMA, queues
+from tests.topic_publisher import run_until_killed
 
 
 def flt(*headers: dict[str, Any], subject: list[dict[str, Any]] | None = None) -> Filter:
@@ -545,14 +541,8 @@ def test_publishers_killed_mid_publish_leave_each_message_in_every_matching_queu
     for run in range(12):
         log = tmp_path / f"publisher-{run}.log"
         logs.append(log)
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("topic_publisher.py")), postgres.url, SCHEMA,
-             topic.names.topic, str(log), "--prefix", f"r{run}", "--batch", str(batch)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )  # fmt: skip
-        time.sleep(rng.uniform(0.3, 1.2))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        where = (postgres.url, SCHEMA, topic.names.topic)
+        run_until_killed(where, log, ["--prefix", f"r{run}", "--batch", str(batch)], rng, most_s=0.9)
     logged = [line.split(" ", 1)[1] for log in logs if log.exists() for line in log.read_text().splitlines()]
     assert len(logged) > 50
     got = [[m.body.decode() for m in drain(q)] for q in queues]

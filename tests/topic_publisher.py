@@ -6,7 +6,13 @@ reverse). With `--large N`, every fourth body is N bytes: its name, then filler.
 from __future__ import annotations
 
 import argparse
+import os
+import random
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from dbq.client import connect_topic
 
@@ -43,6 +49,24 @@ def main() -> None:
                 topic.publish_many(bodies, headers=[{"n": n + i} for i in range(a.batch)])
             log.write("".join(f"P {name}\n" for name in names))
             n += a.batch
+
+
+def run_until_killed(
+    where: tuple[str, str, str], log: Path, options: list[str], rng: random.Random, most_s: float
+) -> None:
+    """Start a publisher to `where` (url, schema, topic) that logs to `log` and kill it with SIGKILL a random time (up to `most_s`)
+    after its first publish returned: on a loaded machine its start-up alone can take seconds."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *where, str(log), *options],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.stat().st_size) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the publisher exited with {proc.returncode} before its first publish"
+    time.sleep(rng.uniform(0.0, most_s))
+    proc.send_signal(signal.SIGKILL)  # a process this test started
+    proc.wait()
 
 
 if __name__ == "__main__":
