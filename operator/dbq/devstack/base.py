@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KEEPER = Path(__file__).with_name("keeper.py")
+# A component's log past this size when it starts is moved to <log>.old (replacing the one
+# before): logs of a stack that runs for months stay bounded.
+LOG_KEEP_BYTES = 64 << 20
 # The single-node cluster's bridge address: the pods' gateway and the node's address, where the
 # kubelet serves (the API server reaches it there for logs and exec; a loopback node address is
 # refused), and where pods reach the stack's databases.
@@ -114,6 +117,8 @@ class ManagedProcess:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.kept:
             argv = [sys.executable, str(KEEPER), "--", *argv]
+        if self.log.exists() and self.log.stat().st_size > LOG_KEEP_BYTES:
+            self.log.replace(self.log.with_name(self.log.name + ".old"))
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(
                 list(argv),
