@@ -186,8 +186,9 @@ def rights() -> str:
 
     rows = ["| Right | Routines (`<queue>_<verb>`) | Client calls |", "|---|---|---|"]
     calls = {
-        "send": "push, push_many, defer (push with a delay)",
-        "receive": "pop, pop_many, acquire, acquire_many, ack, ack_many, nack, extend, consume; waiting by LISTEN",
+        "send": "push, push_many, defer (push with a delay); in SQL send, send_batch",
+        "receive": "pop, pop_many, acquire, acquire_many, ack, ack_many, nack, extend, consume; waiting by"
+        " LISTEN; in SQL read",
         "peek": "peek",
         "monitor": "stats, history; `dbq-stats`, the fleet-health job",
         "manage": "dead_letters, redrive, purge_dead_letters, archived, scavenge_archive, repair; `dbq-archive`",

@@ -10,6 +10,7 @@
 #           helm, kubeconform, helm-unittest, kstatus, CoreDNS (stack/build-tools.sh)
 #           Flux's source-, kustomize- and helm-controller and their CRDs (stack/build-flux.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
+#   npm:    node-postgres for the row-contract worker       (tests/node/package-lock.json)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,6 +68,17 @@ if [[ ! -f $lib/cassandra-all-$CASSANDRA_VERSION.jar ]]; then
   rm -rf "$lib"; mv "$lib.tmp" "$lib"
 fi
 echo "jars in $lib ($(ls "$lib" | wc -l))"
+
+step "node-postgres (npm): the row-contract worker's driver"
+node_dir=$cache/node
+want=$(sha256sum "$repo/tests/node/package-lock.json" | cut -c1-16)
+if [[ ! -f $node_dir/.dbq-stamp || $(cat "$node_dir/.dbq-stamp") != "$want" ]]; then
+  rm -rf "$node_dir"; mkdir -p "$node_dir"
+  cp "$repo/tests/node/package.json" "$repo/tests/node/package-lock.json" "$node_dir/"
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" > "$node_dir/.dbq-stamp"
+fi
+echo "node modules in $node_dir/node_modules"
 
 step "done"
 echo "virtualenv: $venv   (source $venv/bin/activate)"

@@ -10,11 +10,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyodbc
 
 from dbq.devstack import Paths, Stack
+
+# node-postgres, installed by stack/bootstrap.sh (tests/node/package-lock.json): node finds it here.
+NODE_MODULES = Path(os.environ.get("DBQ_CACHE", Path.home() / ".cache" / "dbq")) / "node" / "node_modules"
 
 
 @contextmanager

@@ -58,14 +58,15 @@ class Accounts:
         self.logins = PgLogins(self.conn.cursor())
         self.made: list[str] = []
 
-    def login(self, rights: dict[str, tuple[str, ...]]) -> tuple[str, str]:
-        """A new login holding `rights` (entity -> rights; a topic as `topic:NAME`): its name and url."""
+    def login(self, rights: dict[str, tuple[str, ...]], schema: str = SCHEMA) -> tuple[str, str]:
+        """A new login holding `rights` (entity -> rights; a topic as `topic:NAME`) on entities of
+        `schema`: its name and url."""
         name = login_role("access-test", secrets.token_hex(4))
         password = secrets.token_urlsafe(24)
         self.logins.set_login(name, password, 20)
         for entity, given in rights.items():
             for right in given:
-                self.logins.grant(name, group_role(self.postgres.name, SCHEMA, entity, right))
+                self.logins.grant(name, group_role(self.postgres.name, schema, entity, right))
         self.made.append(name)
         settings = from_url(self.postgres.url)
         return name, f"postgresql://{name}:{password}@{settings.host}:{settings.port}/{settings.database}"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from docgen.examples import Example, in_namespace, pages_with_examples
-from tests.local import scratch_database
+from tests.local import NODE_MODULES, scratch_database
 from tests.operator_harness import ROOT, Operator, operator_namespace, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.postgres]
@@ -39,7 +39,8 @@ def reader(stack, kube, tmp_path_factory):
         operator = Operator(kube, cluster.ns, tmp_path_factory.mktemp("operator") / "operator.log")
         operator.start()
         venv_bin = str(Path(sys.executable).parent)
-        env = {**os.environ, "KUBECONFIG": kube.kubeconfig, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+        env = {**os.environ, "KUBECONFIG": kube.kubeconfig, "PATH": f"{venv_bin}:{os.environ['PATH']}",
+               "NODE_PATH": str(NODE_MODULES)}  # fmt: skip  # what `npm install pg` gives a reader
         try:
             yield cluster.ns, env, cluster
         finally:

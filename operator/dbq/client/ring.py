@@ -32,6 +32,7 @@ from dbq.contract.headers import HeaderLimits, Headers, HeaderValue, StoredHeade
 from dbq.contract.ring import (
     CALL_ARGS,
     HEADER_ENCODING,
+    HOLE_GRACE_S,
     MESSAGE,
     NOT_WRITTEN,
     RING_SCHEMA_VERSION,
@@ -60,9 +61,6 @@ from dbq.names import QueueNames
 if TYPE_CHECKING:
     from dbq.client.consume import ConsumeStats
 
-# A drawn position whose message is still not written after this long belongs to a pusher that
-# died between drawing and writing: the popper gives it up (release) and draws again.
-DEFAULT_HOLE_GRACE_S = 2.0
 SMART_BATCH_LIMIT = 500  # at most this many waiting calls share one round trip
 # Idle connections past pool_size are kept while the load may come back for them: closed once
 # unused this long. Closing them at once made threads that take turns (waiting in a shared round
@@ -206,7 +204,7 @@ class Queue:
         push_timeout: float = 5.0,
         pop_timeout: float = 1.0,
         ttl: float = 0.0,
-        hole_grace: float = DEFAULT_HOLE_GRACE_S,
+        hole_grace: float = HOLE_GRACE_S,
         smart_batching: bool = True,
         connection: Connection | None = None,
         notify: bool = True,

@@ -26,8 +26,19 @@ __all__ = [
 # every right; the routines not named here (place, body_of, oldest_age, the header helpers) are
 # called only by the others, as their owner, and granted to no one.
 RING_RIGHTS: dict[Right, tuple[str, ...]] = {
-    Right.SEND: ("push", "push_many", "defer"),
-    Right.RECEIVE: ("take", "pop", "pop_many", "release", "ack", "ack_many", "nack", "extend", "wait"),
+    Right.SEND: ("push", "push_many", "defer", "send", "send_batch"),
+    Right.RECEIVE: (
+        "take",
+        "pop",
+        "pop_many",
+        "release",
+        "ack",
+        "ack_many",
+        "nack",
+        "extend",
+        "wait",
+        "read",
+    ),
     Right.PEEK: ("peek",),
     Right.MONITOR: ("stats", "history"),
     Right.MANAGE: ("redrive", "purge_dead", "dead_letters", "archived", "repair", "void_holes", "scavenge"),

@@ -22,7 +22,7 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 20
+RING_SCHEMA_VERSION = 21
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -50,10 +50,25 @@ CALL_ARGS = {
     "history": "CAST(? AS timestamptz), CAST(? AS timestamptz)",
     "dead_letters": "?, ?",
     "archived": "CAST(? AS timestamptz), ?",
+    # PostgreSQL only (version 21 on): the row contract, for workers in any language
+    "read": "?, ?, ?",
+    "send": "?, CAST(? AS jsonb), ?, ?",
+    "send_batch": "?, CAST(? AS jsonb[]), ?, ?",
 }
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
 SET_RETURNING = frozenset(
-    {"repair", "void_holes", "stats", "describe", "peek", "history", "dead_letters", "archived"}
+    {
+        "repair",
+        "void_holes",
+        "stats",
+        "describe",
+        "peek",
+        "history",
+        "dead_letters",
+        "archived",
+        "read",
+        "send_batch",
+    }
 )
 
 # take, pop and pop_many answer with packed records, so a call returns one value whatever it
@@ -69,6 +84,10 @@ HEADER_ENCODING = {"postgres": "utf-8", "sqlserver": "utf-16-le"}
 # Record statuses: a message; the queue is empty; position `id` was drawn but its message is not
 # written yet (call take(id) until it arrives, or release it); the position is gone (draw again).
 MESSAGE, EMPTY, NOT_WRITTEN, GONE = 0, 1, 2, 3
+# A drawn position whose message is still not written after this long belongs to a pusher that
+# died between drawing and writing: the popper gives it up (release) and draws again. The
+# client's default; the row contract's read waits as long inside the database.
+HOLE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)

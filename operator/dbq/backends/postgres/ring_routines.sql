@@ -916,6 +916,238 @@ BEGIN
   PERFORM nextval('{n_scavenged}') FROM generate_series(1, o_scavenged);
 END $fn$
 --;;
+-- The row contract, for a worker in any language: one statement a call, answers as rows, no
+-- status codes. read waits inside for a drawn position whose push has not committed yet (up to
+-- {hole_grace_ms} ms in all, or a quarter of the lease if shorter; then gives it up as release
+-- does), and for the first message up to p_wait_ms; send raises an error where push answers -1,
+-- and send_batch when the ring took none of its bodies.
+CREATE OR REPLACE FUNCTION {fn_read}(p_qty int, p_visibility_ms bigint, p_wait_ms bigint DEFAULT 0)
+RETURNS TABLE (msg_id bigint, lease bigint, attempts int, enqueued_at timestamptz, visible_at timestamptz,
+  headers jsonb, body bytea)
+LANGUAGE plpgsql {definer} AS $fn$
+#variable_conflict use_column
+DECLARE
+  v_until timestamptz := clock_timestamp() + greatest(p_wait_ms, 0) * interval '1 millisecond';
+  v_now timestamptz; v_lease_end timestamptz; v_due bigint[]; v_pos bigint[]; v_left bigint[]; v_gone bigint[];
+  v_bigs bigint[]; v_k int; v_got int; v_n int; v_p bigint; v_rec bytea; v_h int; v_since timestamptz;
+  v_leased boolean := p_visibility_ms > 0;
+  v_grace interval := CASE WHEN p_visibility_ms > 0 THEN least({hole_grace_ms}, greatest(p_visibility_ms / 4, 1))
+    ELSE {hole_grace_ms} END * interval '1 millisecond';
+BEGIN
+  IF p_qty IS NULL OR p_qty < 1 THEN
+    RAISE EXCEPTION 'dbq: read from queue {queue}: qty must be at least 1, not %', p_qty USING ERRCODE = '22023';
+  END IF;
+  IF p_visibility_ms IS NULL OR p_visibility_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: read from queue {queue}: visibility_ms must be 0 (at most once) or a lease in milliseconds, not %',
+      p_visibility_ms USING ERRCODE = '22023';
+  END IF;
+  IF p_wait_ms IS NULL OR p_wait_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: read from queue {queue}: wait_ms must be 0 or more, not %', p_wait_ms USING ERRCODE = '22023';
+  END IF;
+  LOOP
+    v_now := clock_timestamp();
+    v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
+    v_got := 0;
+    -- 1. Redeliveries due (nacked, lease expired, rescued orphans, delayed), the longest due first.
+    SELECT array_agg(s.msg_id ORDER BY s.visible_at) INTO v_due FROM (
+      SELECT s.msg_id, s.visible_at FROM {spill} s WHERE s.state = 1 AND s.visible_at <= v_now
+      ORDER BY s.visible_at LIMIT p_qty FOR UPDATE SKIP LOCKED) s;
+    IF v_due IS NOT NULL THEN
+      WITH gone AS (  -- expired while waiting: dropped
+        DELETE FROM {spill} s USING unnest(v_due) d(id) WHERE s.msg_id = d.id AND s.expires_at <= v_now
+        RETURNING s.msg_id, s.body IS NULL AS big)
+      SELECT array_agg(g.msg_id), array_agg(g.msg_id) FILTER (WHERE g.big) INTO v_gone, v_bigs FROM gone g;
+      IF v_gone IS NOT NULL THEN
+        PERFORM nextval('{n_expired}') FROM unnest(v_gone);
+        DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
+      END IF;
+      IF v_leased THEN
+        RETURN QUERY
+        WITH t AS (
+          UPDATE {spill} s SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
+            attempts = s.attempts + 1, visible_at = v_lease_end
+          FROM unnest(v_due) d(id) WHERE s.msg_id = d.id AND s.state = 1
+          RETURNING s.msg_id, s.lease, s.attempts, s.pushed_at, s.headers, coalesce(s.body,
+            (SELECT c.body FROM {content} c WHERE c.bucket = s.msg_id % {buckets} AND c.msg_id = s.msg_id)) AS body)
+        SELECT t.msg_id, t.lease, t.attempts, t.pushed_at, v_lease_end, t.headers::jsonb, t.body
+        FROM t JOIN unnest(v_due) WITH ORDINALITY d(id, i) ON d.id = t.msg_id ORDER BY d.i;
+      ELSE
+        RETURN QUERY
+        WITH t AS (
+          DELETE FROM {spill} s USING unnest(v_due) d(id) WHERE s.msg_id = d.id
+          RETURNING s.msg_id, s.attempts, s.pushed_at, s.headers, s.body IS NULL AS big, coalesce(s.body,
+            (SELECT c.body FROM {content} c WHERE c.bucket = s.msg_id % {buckets} AND c.msg_id = s.msg_id)) AS body),
+        c AS (DELETE FROM {content} c USING t WHERE t.big AND c.bucket = t.msg_id % {buckets} AND c.msg_id = t.msg_id)
+        -- if archive
+        , a AS (INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+          SELECT t.msg_id, t.attempts, t.pushed_at, clock_timestamp(), t.body, t.headers FROM t)
+        -- end if
+        SELECT t.msg_id, NULL::bigint, t.attempts, t.pushed_at, NULL::timestamptz, t.headers::jsonb, t.body
+        FROM t JOIN unnest(v_due) WITH ORDINALITY d(id, i) ON d.id = t.msg_id ORDER BY d.i;
+      END IF;
+      GET DIAGNOSTICS v_got = ROW_COUNT;
+    END IF;
+    -- 2. The ring, in push order: positions drawn only while a push is ahead (as pop_many
+    -- draws them), their slots claimed by one statement that answers the rows.
+    v_k := least(p_qty - v_got, greatest({last_pushed} - {last_popped}, 0));
+    IF v_k > 0 THEN
+      SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
+        SELECT nextval('{pop_seq}') AS p FROM generate_series(1, v_k) g
+        WHERE {last_pushed} > {last_popped}) d;  -- volatile: looked at again for each row
+    ELSE
+      v_pos := NULL;
+    END IF;
+    IF v_pos IS NOT NULL THEN
+      IF v_leased THEN
+        RETURN QUERY
+        WITH t AS (
+          UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
+            attempts = r.attempts + 1, visible_at = v_lease_end
+          FROM unnest(v_pos) p(pos)
+          WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.headers, coalesce(r.body,
+            (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
+        SELECT t.msg_id, t.lease, t.attempts, t.pushed_at, v_lease_end, t.headers::jsonb, t.body FROM t ORDER BY t.msg_id;
+      ELSE
+        RETURN QUERY
+        WITH t AS (
+          UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
+          WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          RETURNING r.msg_id, r.attempts, r.pushed_at, r.headers, r.body IS NULL AS big, coalesce(r.body,
+            (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body),
+        c AS (DELETE FROM {content} c USING t WHERE t.big AND c.bucket = t.msg_id % {buckets} AND c.msg_id = t.msg_id)
+        -- if archive
+        , a AS (INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+          SELECT t.msg_id, t.attempts, t.pushed_at, clock_timestamp(), t.body, t.headers FROM t)
+        -- end if
+        SELECT t.msg_id, NULL::bigint, t.attempts, t.pushed_at, NULL::timestamptz, t.headers::jsonb, t.body
+        FROM t ORDER BY t.msg_id;
+      END IF;
+      GET DIAGNOSTICS v_n = ROW_COUNT;
+      v_got := v_got + v_n;
+      -- Positions not claimed above (expired, gone, or still being written) go through take, which
+      -- settles each; one being written is waited for here.
+      IF v_n < cardinality(v_pos) THEN
+        SELECT array_agg(p.pos ORDER BY p.pos) INTO v_left FROM unnest(v_pos) p(pos)
+        WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos
+          AND r.state = CASE WHEN v_leased THEN 2 ELSE 0 END);
+      ELSE
+        v_left := NULL;
+      END IF;
+    ELSIF v_got = 0 THEN
+      -- Nothing new. A position whose popper gave up may have received its message since.
+      SELECT array_agg(g.pos) INTO v_left FROM (
+        SELECT g.pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+        WHERE g.reason = 'skipped' AND r.state = 1 LIMIT p_qty FOR UPDATE OF g SKIP LOCKED) g;
+      DELETE FROM {gap} g USING unnest(v_left) l(pos) WHERE g.pos = l.pos;
+    ELSE
+      v_left := NULL;
+    END IF;
+    -- One grace for them all, shortened for a short lease: the leases of the rows above run.
+    v_since := clock_timestamp();
+    FOREACH v_p IN ARRAY coalesce(v_left, '{}') LOOP
+      LOOP
+        v_rec := {fn_take}(v_p, p_visibility_ms, false);
+        EXIT WHEN get_byte(v_rec, 0) <> 2;  -- taken (0) or gone (3)
+        IF clock_timestamp() - v_since > v_grace THEN
+          PERFORM {fn_release}(v_p::text);  -- its pusher is taken for dead: whoever finds it later delivers it
+          EXIT;
+        END IF;
+        PERFORM pg_sleep(0.0005);
+      END LOOP;
+      CONTINUE WHEN get_byte(v_rec, 0) <> 0;
+      v_h := (get_byte(v_rec, 21) << 24) | (get_byte(v_rec, 22) << 16) | (get_byte(v_rec, 23) << 8) | get_byte(v_rec, 24);
+      RETURN QUERY
+      SELECT r.msg_id, CASE WHEN v_leased THEN r.lease END, r.attempts, r.pushed_at,
+        CASE WHEN v_leased THEN r.visible_at END,
+        CASE WHEN v_h > 0 THEN convert_from(substring(v_rec FROM 30 FOR v_h), 'UTF8')::jsonb END,
+        substring(v_rec FROM 30 + v_h)
+      FROM {ring} r WHERE r.slot = v_p % {size} AND r.msg_id = v_p;
+      v_got := v_got + 1;
+    END LOOP;
+    IF v_got > 0 THEN
+      -- Counted once, at the end, as pop_many counts (a rollback does not undo a sequence).
+      PERFORM CASE WHEN v_leased THEN nextval('{n_acquired}') ELSE nextval('{n_popped}') END
+      FROM generate_series(1, v_got);
+      -- if archive
+      PERFORM nextval('{n_archived}') FROM generate_series(1, v_got) WHERE NOT v_leased;
+      -- end if
+      RETURN;
+    END IF;
+    EXIT WHEN clock_timestamp() >= v_until;
+    PERFORM pg_sleep(least(0.05, extract(epoch FROM v_until - clock_timestamp())));
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_send}(p_body bytea, p_headers jsonb DEFAULT NULL, p_delay_ms bigint DEFAULT 0,
+  p_ttl_ms bigint DEFAULT 0)
+RETURNS bigint LANGUAGE plpgsql {definer} AS $fn$
+DECLARE v_id bigint;
+BEGIN
+  PERFORM {fn_check_send}(1, p_delay_ms, p_ttl_ms, p_body IS NULL);
+  IF p_delay_ms > 0 THEN
+    RETURN {fn_defer}(p_body, octet_length(p_body)::text, p_ttl_ms, p_delay_ms,
+      CASE WHEN p_headers IS NOT NULL THEN jsonb_build_array(p_headers)::text END)::bigint;
+  END IF;
+  -- push draws a position only while the ring has room, so a refusal leaves no hole; a position
+  -- it drew and had to give up (a slot an earlier lap still held) is void, and it is tried again.
+  FOR v_try IN 1..5 LOOP
+    v_id := {fn_push}(p_body, p_ttl_ms, p_headers::text);
+    EXIT WHEN v_id > 0 OR {last_pushed} - {last_popped} >= {size};
+  END LOOP;
+  IF v_id < 0 THEN PERFORM {fn_check_send}(-1, 0, 0, false); END IF;
+  RETURN v_id;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_send_batch}(p_bodies bytea[], p_headers jsonb[] DEFAULT NULL,
+  p_delay_ms bigint DEFAULT 0, p_ttl_ms bigint DEFAULT 0)
+RETURNS TABLE (msg_id bigint) LANGUAGE plpgsql {definer} AS $fn$
+DECLARE v_n int := coalesce(cardinality(p_bodies), 0); v_bodies bytea; v_lengths text; v_headers text; v_ids bigint[];
+BEGIN
+  PERFORM {fn_check_send}(v_n, p_delay_ms, p_ttl_ms, array_position(p_bodies, NULL) IS NOT NULL);
+  IF p_headers IS NOT NULL AND cardinality(p_headers) <> v_n THEN
+    RAISE EXCEPTION 'dbq: send_batch to queue {queue} got % headers for % bodies: give one (or NULL) per body',
+      cardinality(p_headers), v_n USING ERRCODE = '22023';
+  END IF;
+  IF v_n = 0 THEN RETURN; END IF;
+  SELECT string_agg(b, ''::bytea ORDER BY i), string_agg(octet_length(b)::text, ',' ORDER BY i)
+  INTO v_bodies, v_lengths FROM unnest(p_bodies) WITH ORDINALITY x(b, i);
+  v_headers := CASE WHEN p_headers IS NOT NULL THEN array_to_json(p_headers)::text END;
+  IF p_delay_ms > 0 THEN
+    v_ids := string_to_array({fn_defer}(v_bodies, v_lengths, p_ttl_ms, p_delay_ms, v_headers), ',')::bigint[];
+  ELSE
+    v_ids := string_to_array({fn_push_many}(v_bodies, v_lengths, p_ttl_ms, v_headers), ',')::bigint[];
+    -- What the ring took stays sent (an error now would leave its positions as holes): a body
+    -- it did not take answers NULL, to be sent again. Refused outright only when none was taken.
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_ids) i WHERE i > 0) THEN
+      PERFORM {fn_check_send}(-v_n, 0, 0, false);
+    END IF;
+  END IF;
+  RETURN QUERY SELECT CASE WHEN i > 0 THEN i END FROM unnest(v_ids) WITH ORDINALITY u(i, o) ORDER BY o;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_check_send}(p_n int, p_delay_ms bigint, p_ttl_ms bigint, p_null boolean)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- send's and send_batch's refusals, each naming the argument and the fix (p_n < 0: the ring
+  -- took none of -p_n messages).
+  IF p_n < 0 THEN
+    RAISE EXCEPTION 'dbq: queue {queue} is full: its ring holds {size} messages (spec.ring.size); none of % was sent',
+      -p_n USING ERRCODE = '53400', HINT = 'consume faster, send later, or give the Queue a larger spec.ring.size';
+  END IF;
+  IF p_null THEN
+    RAISE EXCEPTION 'dbq: send to queue {queue}: a body must not be NULL (send an empty bytea instead)'
+      USING ERRCODE = '22004';
+  END IF;
+  IF p_delay_ms IS NULL OR p_delay_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: send to queue {queue}: delay_ms must be 0 or more, not %', p_delay_ms USING ERRCODE = '22023';
+  END IF;
+  IF p_ttl_ms IS NULL OR p_ttl_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: send to queue {queue}: ttl_ms must be 0 (no expiry) or more, not %', p_ttl_ms
+      USING ERRCODE = '22023';
+  END IF;
+END $fn$
+--;;
 -- What a login may read of the queue goes through routines too, so no login needs a grant on
 -- a table: the metadata a client reads when it connects, the waiting messages (peek), the
 -- statistics history, dead letters and the archive; and a consumer's wait mark.

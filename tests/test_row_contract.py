@@ -1,0 +1,272 @@
+"""The row contract (PostgreSQL): read, send and send_batch answer rows and raise errors, for a
+worker in any language. Called as such a worker would: psycopg (and node-postgres) on a login
+holding only the send or receive right, never the operator's."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from dbq.backends.odbc_ring import OdbcRing
+from dbq.client import Queue, connect
+from dbq.connection import from_url
+from dbq.contract.ring import HOLE_GRACE_S, RingTarget
+from dbq.names import QueueNames
+from tests.local import NODE_MODULES
+from tests.test_access import Accounts
+from tests.workers import read_logs
+
+SCHEMA = "rows_q"
+WORKER = Path(__file__).with_name("node") / "row_worker.cjs"
+
+
+class RowQueue:
+    """A ring queue made by the operator's login, and a worker's connection to it (send and
+    receive rights, nothing else)."""
+
+    def __init__(self, postgres: Any, accounts: Accounts, size: int = 1000, **options: Any) -> None:
+        self.name = f"q_{secrets.token_hex(4)}"
+        self.backend = OdbcRing(
+            from_url(postgres.url), RingTarget(QueueNames(SCHEMA, self.name), size, 64, **options)
+        )
+        self.backend.apply()
+        _, self.url = accounts.login({self.name: ("send", "receive")}, schema=SCHEMA)
+        self.db = psycopg.connect(self.url, autocommit=True)
+        self.admin = connect(postgres.url, self.name, schema=SCHEMA, smart_batching=False)
+        assert isinstance(self.admin, Queue)
+
+    def fn(self, verb: str) -> str:
+        return f'"{SCHEMA}"."{self.name}_{verb}"'
+
+    def send(
+        self, body: bytes, headers: dict[str, Any] | None = None, delay_ms: int = 0, ttl_ms: int = 0
+    ) -> int:
+        row = self.db.execute(
+            f"SELECT {self.fn('send')}(%s, %s::jsonb, %s, %s)",
+            (body, None if headers is None else json.dumps(headers), delay_ms, ttl_ms),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def send_batch(
+        self, bodies: list[bytes], headers: list[dict[str, Any] | None] | None = None
+    ) -> list[int]:
+        encoded = None if headers is None else [None if h is None else json.dumps(h) for h in headers]
+        rows = self.db.execute(f"SELECT * FROM {self.fn('send_batch')}(%s, %s::jsonb[])", (bodies, encoded))
+        return [r[0] for r in rows.fetchall()]
+
+    def read(self, qty: int, visibility_ms: int = 0, wait_ms: int = 0) -> list[dict[str, Any]]:
+        cur = self.db.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(
+            f"SELECT * FROM {self.fn('read')}(%s, %s, %s)", (qty, visibility_ms, wait_ms)
+        ).fetchall()
+
+    def close(self) -> None:
+        self.db.close()
+        self.admin.close()
+        self.backend.teardown()
+        self.backend.close()
+
+
+@pytest.fixture(scope="module")
+def accounts(postgres) -> Iterator[Accounts]:
+    made = Accounts(postgres)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def make(postgres, accounts) -> Iterator[Any]:
+    made: list[RowQueue] = []
+
+    def new(**options: Any) -> RowQueue:
+        made.append(RowQueue(postgres, accounts, **options))
+        return made[-1]
+
+    yield new
+    for q in made:
+        q.close()
+
+
+def test_rows_carry_id_lease_attempts_times_headers_and_body_in_both_modes(make):
+    q = make()
+    before = time.time()
+    first = q.send(b"one", {"trace": "t-1", "n": 1})
+    ids = q.send_batch([b"two", b"three"], [{"n": 2}, None])
+    assert ids == [first + 1, first + 2]
+    leased = q.read(2, visibility_ms=30_000)
+    assert [r["body"] for r in leased] == [b"one", b"two"]
+    one = leased[0]
+    assert one["msg_id"] == first and one["lease"] > 0 and one["attempts"] == 1
+    assert one["headers"] == {"trace": "t-1", "n": 1}
+    assert before - 1 < one["enqueued_at"].timestamp() <= time.time()
+    assert 29 < one["visible_at"].timestamp() - time.time() <= 30
+    popped = q.read(5)  # at most once: no lease, no visibility; the rest of the queue
+    assert [(r["msg_id"], r["body"], r["lease"], r["visible_at"], r["headers"]) for r in popped] == [
+        (first + 2, b"three", None, None, None)
+    ]
+    assert q.read(5) == []  # empty: no rows, no status
+    assert q.db.execute(f"SELECT {q.fn('ack')}(%s, %s)", (one["msg_id"], one["lease"])).fetchone() == (1,)
+    s = q.admin.stats()
+    assert (s.pushed, s.acquired, s.popped, s.in_flight, s.depth) == (3, 2, 2, 1, 0)  # popped counts the ack
+
+
+def test_nacked_and_delayed_messages_come_back_as_rows_with_their_attempts(make):
+    q = make()
+    q.send(b"later", {"k": "v"}, delay_ms=300)
+    q.send(b"now")
+    got = q.read(10, visibility_ms=10_000)
+    assert [r["body"] for r in got] == [b"now"]
+    q.db.execute(f"SELECT {q.fn('nack')}(%s, %s, 0, 'try again')", (got[0]["msg_id"], got[0]["lease"]))
+    again = q.read(10, visibility_ms=10_000)
+    assert [(r["body"], r["attempts"]) for r in again] == [(b"now", 2)]
+    time.sleep(0.35)
+    due = q.read(10)
+    assert [(r["body"], r["headers"], r["attempts"]) for r in due] == [(b"later", {"k": "v"}, 0)]
+
+
+def test_a_body_past_a_slot_and_the_archive_go_through_rows(make):
+    q = make(archive=True)
+    large = os.urandom(200_000)
+    q.send_batch([large, b"small"])
+    assert [r["body"] for r in q.read(1)] == [large]
+    assert [r["body"] for r in q.read(1, visibility_ms=5_000)] == [b"small"]
+    assert q.admin.stats().archived == 1
+    assert [m.body for m in q.admin.archived(datetime.now(UTC) - timedelta(minutes=1))] == [large]
+
+
+def test_read_waits_for_the_first_message_up_to_wait_ms(make):
+    q = make()
+    started = time.monotonic()
+    assert q.read(1, wait_ms=300) == []
+    assert 0.28 < time.monotonic() - started < 2
+    threading.Timer(0.3, lambda: q.admin.push(b"arrives")).start()
+    started = time.monotonic()
+    got = q.read(1, wait_ms=10_000)
+    assert [r["body"] for r in got] == [b"arrives"] and time.monotonic() - started < 3
+
+
+def test_a_position_whose_push_is_still_open_is_waited_for_inside_read(make, postgres):
+    """A push drew the next position and has not committed: read waits for it there (no status
+    code for the caller); one never committed is given up after the hole grace, and delivered to
+    whoever reads once it arrives."""
+    q = make()
+    pusher = psycopg.connect(q.url)  # a transaction left open
+    pusher.execute(f"SELECT {q.fn('send')}(%s)", (b"slow",))
+    threading.Timer(0.4, pusher.commit).start()
+    got = q.read(1, wait_ms=0)
+    assert [r["body"] for r in got] == [b"slow"]
+    pusher.execute(f"SELECT {q.fn('send')}(%s)", (b"abandoned",))  # open until after the grace
+    started = time.monotonic()
+    assert q.read(1) == []
+    assert HOLE_GRACE_S <= time.monotonic() - started < HOLE_GRACE_S + 2
+    pusher.commit()
+    assert [r["body"] for r in q.read(1)] == [b"abandoned"]  # the skipped position, found again
+    pusher.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "state", "message"),
+    [
+        ("read", (0, 0, 0), "22023", "qty must be at least 1, not 0"),
+        (
+            "read",
+            (1, -5, 0),
+            "22023",
+            "visibility_ms must be 0 (at most once) or a lease in milliseconds, not -5",
+        ),
+        ("read", (1, 0, -1), "22023", "wait_ms must be 0 or more, not -1"),
+        ("send", (None, None, 0, 0), "22004", "a body must not be NULL"),
+        ("send", (b"x", None, -1, 0), "22023", "delay_ms must be 0 or more, not -1"),
+        ("send", (b"x", '["not", "an object"]', 0, 0), "22023", "headers"),
+        ("send_batch", ([b"a", b"b"], ['{"a": 1}'], 0, 0), "22023", "got 1 headers for 2 bodies"),
+        ("send_batch", ([b"a", None], None, 0, 0), "22004", "a body must not be NULL"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument_and_changes_nothing(make, call, args, state, message):
+    q = make()
+    casts = {"read": "%s, %s, %s", "send": "%s, %s::jsonb, %s, %s", "send_batch": "%s, %s::jsonb[], %s, %s"}
+    with pytest.raises(psycopg.Error) as refused:
+        q.db.execute(f"SELECT * FROM {q.fn(call)}({casts[call]})", args)
+    assert refused.value.sqlstate == state and message in str(refused.value)
+    s = q.admin.stats()
+    assert (s.pushed, s.depth, s.popped, s.acquired) == (0, 0, 0, 0)
+
+
+def test_a_full_ring_refuses_send_naming_spec_ring_size_and_a_batch_gets_null_for_what_it_did_not_take(make):
+    q = make(size=4)
+    ids = q.send_batch([b"1", b"2", b"3"])
+    taken = q.send_batch([b"4", b"5"])
+    assert taken == [ids[-1] + 1, None]  # the ring took one; "5" is to be sent again
+    for send in (lambda: q.send(b"5"), lambda: q.send_batch([b"5", b"6"])):
+        with pytest.raises(psycopg.Error) as refused:
+            send()
+        assert refused.value.sqlstate == "53400"
+        assert f"queue {q.name} is full: its ring holds 4 messages (spec.ring.size)" in str(refused.value)
+    assert "none of 2 was sent" in str(refused.value)
+    assert [r["body"] for r in q.read(10)] == [b"1", b"2", b"3", b"4"]
+    s = q.admin.stats()
+    assert (s.pushed, s.popped, s.depth) == (4, 4, 0)  # nothing refused was counted
+
+
+def test_the_row_routines_are_granted_by_right_and_inherited_by_no_one(make, accounts):
+    q = make()
+    _, monitor = accounts.login({q.name: ("monitor",)}, schema=SCHEMA)
+    with psycopg.connect(monitor, autocommit=True) as db:
+        for statement in (f"SELECT {q.fn('send')}('x')", f"SELECT * FROM {q.fn('read')}(1, 0)"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.execute(statement)
+    rows = q.db.execute(
+        "SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname = ANY(%s)",
+        (SCHEMA, [f"{q.name}_{v}" for v in ("read", "send", "send_batch", "check_send")]),
+    ).fetchall()
+    assert sorted(rows) == sorted(
+        (f"{q.name}_{v}", False) for v in ("read", "send", "send_batch", "check_send")
+    )
+
+
+@pytest.mark.parametrize("mode", ["amo", "leased"])
+def test_node_workers_on_the_row_contract_lose_and_duplicate_nothing(make, tmp_path, mode):
+    """4 producers and 4 workers in Node (node-postgres from npm), each one statement a call, on
+    a ring that laps 8 times (a producer meeting a full ring sends again); in leased mode every
+    tenth message is nacked once and comes back."""
+    q = make(size=500)
+    stop, n = tmp_path / "stop", 4000
+    logs = [tmp_path / f"w{i}.log" for i in range(8)]
+    env = {**os.environ, "NODE_PATH": str(NODE_MODULES)}
+
+    def node(*args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["node", str(WORKER), *args], env=env, stderr=subprocess.PIPE)
+
+    senders = [
+        node("send", q.url, SCHEMA, q.name, str(logs[i]), str(n // 4), "25", f"p{i}") for i in range(4)
+    ]
+    readers = [
+        node("read", q.url, SCHEMA, q.name, str(logs[4 + i]), mode, "20", str(stop), "10") for i in range(4)
+    ]
+    for p in senders:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode() if p.stderr else ""
+    stop.touch()
+    for p in readers:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode() if p.stderr else ""
+    seen = read_logs(logs)
+    assert len(seen["P"]) == n and sum(seen["P"].values()) == n
+    delivered = seen["A"] if mode == "leased" else seen["G"]
+    assert delivered == seen["P"]  # each once: nothing lost, nothing twice
+    if mode == "leased":
+        assert len(seen["N"]) == n // 10 and not seen["L"]
+        assert all(seen["G"][b] == 2 for b in seen["N"])  # a nacked message came back once
+    s = q.admin.stats()
+    assert (s.depth, s.in_flight) == (0, 0)
