@@ -17,6 +17,11 @@ the checkpointer (counted by bench/server_cost.py) are left out. Lines take turn
                       draw them
   dbq                 push_many(100) then pop_many(100), through the client (psycopg)
   dbq leased          push_many(100), acquire_many(100), ack_many
+  rows                the row contract, as a worker in another language calls it: send_batch(100)
+                      then read(100) at most once; parameters and rows in binary, as Go's pgx
+                      sends and reads them
+  rows, text array    the same with the bodies' array sent as text, as node-postgres sends it
+  rows leased         send_batch(100), read(100) with a lease, ack_many of what it read
 
     ~/.cache/dbq/venv/bin/python -m bench.batch_cost --rounds 7
 """
@@ -143,6 +148,39 @@ def dbq_leased(q: Queue) -> Callable[[], int]:
     return cycle
 
 
+def rows(cur: psycopg.Cursor, marker: str = "%b") -> Callable[[], int]:
+    fn = f"{SCHEMA}.{QUEUE}"
+
+    def cycle() -> int:
+        cur.execute(
+            f"SELECT * FROM {fn}_send_batch({marker})", ([os.urandom(BODY_BYTES) for _ in range(BATCH)],)
+        )
+        cur.execute(f"SELECT * FROM {fn}_read(%s, 0)", (BATCH,), binary=True)
+        return len(cur.fetchall())
+
+    return cycle
+
+
+def rows_text_array(cur: psycopg.Cursor) -> Callable[[], int]:
+    return rows(cur, "%t")
+
+
+def rows_leased(cur: psycopg.Cursor) -> Callable[[], int]:
+    fn = f"{SCHEMA}.{QUEUE}"
+
+    def cycle() -> int:
+        cur.execute(f"SELECT * FROM {fn}_send_batch(%b)", ([os.urandom(BODY_BYTES) for _ in range(BATCH)],))
+        taken = cur.execute(
+            f"SELECT msg_id, lease FROM {fn}_read(%s, 60000)", (BATCH,), binary=True
+        ).fetchall()
+        if taken:
+            ids, leases = ",".join(str(r[0]) for r in taken), ",".join(str(r[1]) for r in taken)
+            cur.execute(f"SELECT {fn}_ack_many(%s, %s)", (ids, leases))
+        return len(taken)
+
+    return cycle
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
@@ -167,7 +205,8 @@ def main() -> None:
 
         lines: dict[str, tuple[Callable[[], int], int]] = {}
         for name, make in (("hand-built", hand_built), ("hand-built leased", hand_built_leased),
-                           ("ring statements", ring_statements), ("positions+counts", positions_and_counts)):  # fmt: skip
+                           ("ring statements", ring_statements), ("positions+counts", positions_and_counts),
+                           ("rows", rows), ("rows, text array", rows_text_array), ("rows leased", rows_leased)):  # fmt: skip
             cur, pid = session()
             lines[name] = (make(cur), pid)
         for name, make_q in (("dbq", dbq), ("dbq leased", dbq_leased)):
@@ -197,6 +236,8 @@ def main() -> None:
     print(f"  dbq / hand-built {median['dbq'] / median['hand-built']:.2f} x;"
           f" dbq leased / hand-built leased {median['dbq leased'] / median['hand-built leased']:.2f} x;"
           f" ring statements / hand-built {median['ring statements'] / median['hand-built']:.2f} x")  # fmt: skip
+    print(f"  rows / dbq {median['rows'] / median['dbq']:.2f} x;"
+          f" rows leased / dbq leased {median['rows leased'] / median['dbq leased']:.2f} x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -192,6 +192,8 @@ def test_a_position_whose_push_is_still_open_is_waited_for_inside_read(make, pos
         ("send", (b"x", '["not", "an object"]', 0, 0), "22023", "headers"),
         ("send_batch", ([b"a", b"b"], ['{"a": 1}'], 0, 0), "22023", "got 1 headers for 2 bodies"),
         ("send_batch", ([b"a", None], None, 0, 0), "22004", "a body must not be NULL"),
+        ("send_batch", ([b"a"], ["[1]"], 0, 0), "22023", "headers must be a JSON object"),
+        ("send_batch", ([b"a"], [json.dumps({"k": "v" * 2000})], 0, 0), "22001", "spec.messages.headerBytes"),
     ],
 )
 def test_bad_input_is_refused_naming_the_argument_and_changes_nothing(make, call, args, state, message):

@@ -181,34 +181,41 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
 LANGUAGE plpgsql {definer} AS $fn$
-DECLARE
-  v_bodies bytea[]; v_slots bytea[]; v_n int; v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_headers text[] := {fn_split_headers}(p_headers);
-  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_total bigint; v_i int;
-  v_wake boolean;
+DECLARE v_bodies bytea[]; v_total bigint;
 BEGIN
   -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
   -- parameters any driver binds, and no encoding to undo.
-  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(n), max(e)
-  INTO v_bodies, v_big, v_total
+  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(e)
+  INTO v_bodies, v_total
   FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
         FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
-  v_n := coalesce(cardinality(v_bodies), 0);
   IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
     RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
       coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
   END IF;
+  o_ids := array_to_string({fn_push_array}(coalesce(v_bodies, '{}'), {fn_split_headers}(p_headers), p_ttl_ms), ',');
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_push_array}(p_bodies bytea[], p_headers text[], p_ttl_ms bigint)
+RETURNS bigint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+  v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
+  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
+BEGIN
+  -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
+  -- the ring did not take.
+  SELECT max(octet_length(b)) INTO v_big FROM unnest(p_bodies) b;
   IF v_big > {max_body_bytes} THEN
     RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
   END IF;
-  v_slots := v_bodies;
+  v_slots := p_bodies;
   IF v_big > {max_bytes} THEN  -- bodies past a slot wait in {content}: their slots get NULL
     SELECT array_agg(CASE WHEN octet_length(b) > {max_bytes} THEN NULL ELSE b END ORDER BY i) INTO v_slots
-    FROM unnest(v_bodies) WITH ORDINALITY AS x(b, i);
+    FROM unnest(p_bodies) WITH ORDINALITY AS x(b, i);
   END IF;
-  IF v_headers IS NOT NULL AND cardinality(v_headers) <> v_n THEN
-    RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(v_headers), v_n
+  IF p_headers IS NOT NULL AND cardinality(p_headers) <> v_n THEN
+    RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
   SELECT {last_pushed}, {last_popped}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now)
@@ -224,7 +231,7 @@ BEGIN
       UPDATE {ring} r SET msg_id = u.id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-      FROM unnest(v_ids, v_slots[1:v_k], v_headers[1:v_k]) AS u(id, body, headers)
+      FROM unnest(v_ids, v_slots[1:v_k], p_headers[1:v_k]) AS u(id, body, headers)
       WHERE r.slot = u.id % {size} AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
@@ -233,7 +240,7 @@ BEGIN
       v_out := v_ids;
     ELSE FOR v_i IN 1..v_k LOOP
       IF v_ids[v_i] = ANY (coalesce(v_placed, '{}'))
-         OR {fn_place}(v_ids[v_i], v_slots[v_i], p_ttl_ms, v_now, v_headers[v_i]) THEN
+         OR {fn_place}(v_ids[v_i], v_slots[v_i], p_ttl_ms, v_now, p_headers[v_i]) THEN
         v_out := v_out || v_ids[v_i];
       ELSE
         v_out := v_out || -1::bigint;
@@ -242,14 +249,14 @@ BEGIN
     PERFORM nextval('{n_pushed}') FROM unnest(v_out) i WHERE i > 0;
     IF v_big > {max_bytes} THEN
       INSERT INTO {content} (bucket, msg_id, body)
-      SELECT u.id % {buckets}, u.id, u.body FROM unnest(v_out, v_bodies[1:v_k]) AS u(id, body)
+      SELECT u.id % {buckets}, u.id, u.body FROM unnest(v_out, p_bodies[1:v_k]) AS u(id, body)
       WHERE u.id > 0 AND octet_length(u.body) > {max_bytes};
     END IF;
   END IF;
   FOR v_i IN (v_k + 1)..v_n LOOP
     v_out := v_out || -1::bigint;
   END LOOP;
-  o_ids := array_to_string(v_out, ',');
+  RETURN v_out;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
@@ -1102,7 +1109,8 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_send_batch}(p_bodies bytea[], p_headers jsonb[] DEFAULT NULL,
   p_delay_ms bigint DEFAULT 0, p_ttl_ms bigint DEFAULT 0)
 RETURNS TABLE (msg_id bigint) LANGUAGE plpgsql {definer} AS $fn$
-DECLARE v_n int := coalesce(cardinality(p_bodies), 0); v_bodies bytea; v_lengths text; v_headers text; v_ids bigint[];
+DECLARE v_n int := coalesce(cardinality(p_bodies), 0); v_bodies bytea; v_lengths text; v_texts text[];
+  v_ids bigint[];
 BEGIN
   PERFORM {fn_check_send}(v_n, p_delay_ms, p_ttl_ms, array_position(p_bodies, NULL) IS NOT NULL);
   IF p_headers IS NOT NULL AND cardinality(p_headers) <> v_n THEN
@@ -1110,13 +1118,19 @@ BEGIN
       cardinality(p_headers), v_n USING ERRCODE = '22023';
   END IF;
   IF v_n = 0 THEN RETURN; END IF;
-  SELECT string_agg(b, ''::bytea ORDER BY i), string_agg(octet_length(b)::text, ',' ORDER BY i)
-  INTO v_bodies, v_lengths FROM unnest(p_bodies) WITH ORDINALITY x(b, i);
-  v_headers := CASE WHEN p_headers IS NOT NULL THEN array_to_json(p_headers)::text END;
-  IF p_delay_ms > 0 THEN
-    v_ids := string_to_array({fn_defer}(v_bodies, v_lengths, p_ttl_ms, p_delay_ms, v_headers), ',')::bigint[];
+  IF p_delay_ms > 0 THEN  -- defer takes the bodies end to end, as push_many does
+    SELECT string_agg(b, ''::bytea ORDER BY i), string_agg(octet_length(b)::text, ',' ORDER BY i)
+    INTO v_bodies, v_lengths FROM unnest(p_bodies) WITH ORDINALITY x(b, i);
+    v_ids := string_to_array({fn_defer}(v_bodies, v_lengths, p_ttl_ms, p_delay_ms,
+      CASE WHEN p_headers IS NOT NULL THEN array_to_json(p_headers)::text END), ',')::bigint[];
   ELSE
-    v_ids := string_to_array({fn_push_many}(v_bodies, v_lengths, p_ttl_ms, v_headers), ',')::bigint[];
+    IF p_headers IS NOT NULL THEN  -- each an object (or NULL) of at most {header_bytes} bytes
+      SELECT array_agg(CASE WHEN t IS NULL OR t = 'null' THEN NULL ELSE h::text END ORDER BY i) INTO v_texts
+      FROM unnest(p_headers) WITH ORDINALITY AS x(h, i), jsonb_typeof(h) AS t
+      WHERE t IS NULL OR t = 'null' OR (octet_length(h::text) <= {header_bytes} AND t = 'object')
+        OR {fn_check_headers}(octet_length(h::text), t) IS NULL;
+    END IF;
+    v_ids := {fn_push_array}(p_bodies, v_texts, p_ttl_ms);
     -- What the ring took stays sent (an error now would leave its positions as holes): a body
     -- it did not take answers NULL, to be sent again. Refused outright only when none was taken.
     IF NOT EXISTS (SELECT 1 FROM unnest(v_ids) i WHERE i > 0) THEN

@@ -45,11 +45,13 @@ class PgRing(RingSqlBase):
         "history",
         "dead_letters",
         "archived",
-        # the row contract (version 21 on); check_send is its refusals
+        # the row contract (version 21 on); check_send is its refusals, push_array the batch
+        # push that push_many and send_batch share
         "read",
         "send",
         "send_batch",
         "check_send",
+        "push_array",
     )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
