@@ -1,6 +1,7 @@
-"""The row contract (PostgreSQL): read, send and send_batch answer rows and raise errors, for a
-worker in any language. Called as such a worker would: psycopg (and node-postgres) on a login
-holding only the send or receive right, never the operator's."""
+"""The row contract: read, send and send_batch answer rows and raise errors, for a worker in any
+language. On PostgreSQL called as such a worker would: psycopg (and node-postgres) on a login
+holding only the send or receive right, never the operator's. The T-SQL twin runs when
+DBQ_MSSQL_DSN names a SQL Server (none can run here)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
-from dbq.connection import from_url
+from dbq.connection import from_url, odbc
 from dbq.contract.ring import HOLE_GRACE_S, RingTarget
 from dbq.names import QueueNames
 from tests.local import NODE_MODULES
+from tests.sqlserver import MSSQL_DSN
 from tests.test_access import Accounts
 from tests.workers import read_logs
 
@@ -272,3 +274,29 @@ def test_node_workers_on_the_row_contract_lose_and_duplicate_nothing(make, tmp_p
         assert all(seen["G"][b] == 2 for b in seen["N"])  # a nacked message came back once
     s = q.admin.stats()
     assert (s.depth, s.in_flight) == (0, 0)
+
+
+@pytest.mark.skipif(not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here")
+def test_the_row_procedures_on_sqlserver_answer_rows_in_both_modes():
+    """The T-SQL twin: send, send_batch (bodies end to end with their lengths), read, ack."""
+    names = QueueNames(SCHEMA, f"q_{secrets.token_hex(4)}")
+    backend = OdbcRing(from_url(MSSQL_DSN), RingTarget(names, 100, 64))
+    backend.apply()
+    conn = odbc.connect(from_url(MSSQL_DSN))
+    conn.autocommit = True
+    fn = f"[{SCHEMA}].[{names.queue}_"
+    try:
+        first = conn.execute(f"EXEC {fn}send] ?, ?", b"one", '{"n": 1}').fetchone()[0]
+        ids = [r[0] for r in conn.execute(f"EXEC {fn}send_batch] ?, ?", b"twothree", "3,5").fetchall()]
+        assert ids == [first + 1, first + 2]
+        leased = conn.execute(f"EXEC {fn}read] ?, ?", 2, 30_000).fetchall()
+        assert [(bytes(r.body), r.attempts) for r in leased] == [(b"one", 1), (b"two", 1)]
+        assert json.loads(leased[0].headers) == {"n": 1} and leased[0].lease > 0
+        assert conn.execute(f"EXEC {fn}ack] ?, ?", leased[0].msg_id, leased[0].lease).fetchone()[0] == 1
+        popped = conn.execute(f"EXEC {fn}read] ?, ?", 5, 0).fetchall()
+        assert [(bytes(r.body), r.lease) for r in popped] == [(b"three", None)]
+        assert conn.execute(f"EXEC {fn}read] ?, ?, ?", 5, 0, 200).fetchall() == []
+    finally:
+        conn.close()
+        backend.teardown()
+        backend.close()

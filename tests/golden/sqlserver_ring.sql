@@ -386,28 +386,32 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_claim] @pos bigint, @lease_ms bigint, @count bit, @status int OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT,
+  @pushed_at datetime2(3) = NULL OUTPUT, @visible datetime2(3) = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
-  -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest).
+  -- take() with OUTPUT parameters, for the procedures that call it (INSERT ... EXEC cannot nest);
+  -- read also takes when the message was pushed and, leased, when its lease ends.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @msg bigint, @state tinyint, @exp datetime2(3),
     @round int = 0, @n bigint, @got int, @big bit,
     @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
-  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
+  SELECT @status = 2, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL, @pushed_at = NULL,
+    @visible = NULL;
   -- A few rounds: a message committed after the update looked is taken on the next round, and
   -- a position a pusher has drawn (usually written within a millisecond) is waited for briefly.
   WHILE @round < 10 BEGIN
     SET @round += 1;
     IF @lease_ms <= 0 BEGIN
-      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers
+      UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers,
+        @pushed_at = pushed_at
       WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
-        visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)), @body = body,
-        @headers = headers
+        @visible = visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)),
+        @body = body, @headers = headers, @pushed_at = pushed_at
       WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END;
@@ -460,14 +464,16 @@ AS BEGIN
 END
 
 CREATE OR ALTER PROCEDURE [shopq].[orders_next] @lease_ms bigint, @count bit, @status int OUTPUT, @id bigint OUTPUT,
-  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT
+  @body varbinary(max) OUTPUT, @lease bigint OUTPUT, @attempts int OUTPUT, @headers nvarchar(max) OUTPUT,
+  @pushed_at datetime2(3) = NULL OUTPUT, @visible datetime2(3) = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS BEGIN
-  -- pop() with OUTPUT parameters, for pop_many.
+  -- pop() with OUTPUT parameters, for pop_many and read.
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @exp datetime2(3), @pos bigint, @ahead bigint, @i int = 0,
     @n bigint, @look bit, @big bit, @remove bit = CASE WHEN @lease_ms <= 0 THEN 1 ELSE 0 END;
-  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL;
+  SELECT @status = 1, @body = NULL, @lease = NULL, @attempts = NULL, @headers = NULL, @pushed_at = NULL,
+    @visible = NULL;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
   -- One pop in 8 looks there first while the ring has messages, and every pop when
   -- it has none: looking costs a statement most pops can skip, and none waits for ever.
@@ -487,7 +493,7 @@ AS BEGIN
       CONTINUE;
     END;
     IF @lease_ms <= 0 BEGIN
-      SELECT @body = body, @attempts = attempts, @headers = headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
+      SELECT @body = body, @attempts = attempts, @headers = headers, @pushed_at = pushed_at FROM [shopq].[orders_spill] WHERE msg_id = @id;
       IF @big = 1 EXEC [shopq].[orders_body_of] @id, @remove, @body OUTPUT;
       INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
       SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM [shopq].[orders_spill] WHERE msg_id = @id;
@@ -497,7 +503,8 @@ AS BEGIN
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE [shopq].[orders_spill] SET state = 2, lease = @lease, @attempts = attempts = attempts + 1, @body = body,
-        @headers = headers, visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
+        @headers = headers, @pushed_at = pushed_at,
+        @visible = visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()))
       WHERE msg_id = @id;
       IF @big = 1 EXEC [shopq].[orders_body_of] @id, @remove, @body OUTPUT;
       IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
@@ -520,7 +527,7 @@ AS BEGIN
       IF @pos IS NOT NULL BEGIN
         DELETE FROM [shopq].[orders_gap] WHERE pos = @pos;
         EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
-          @headers OUTPUT;
+          @headers OUTPUT, @pushed_at OUTPUT, @visible OUTPUT;
         IF @status = 0 BEGIN SET @id = @pos; RETURN; END;
       END;
       SELECT @status = 1, @id = NULL;
@@ -528,7 +535,7 @@ AS BEGIN
     END;
     SET @pos = NEXT VALUE FOR [shopq].[orders_pop_seq];
     EXEC [shopq].[orders_claim] @pos, @lease_ms, @count, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
-      @headers OUTPUT;
+      @headers OUTPUT, @pushed_at OUTPUT, @visible OUTPUT;
     SET @id = @pos;
     IF @status <> 3 RETURN;
     -- A run of positions that will never be written (delayed messages push void ones): the
@@ -1045,6 +1052,110 @@ AS BEGIN
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_scavenged]; SET @c -= 1; END;
 END
 
+-- The row contract (see the PostgreSQL routines): answers as rows, refusals as errors. Headers
+-- are JSON text; send_batch takes its bodies end to end with their lengths, as push_many does
+-- (T-SQL has no arrays a driver binds). read takes message by message through next.
+CREATE OR ALTER PROCEDURE [shopq].[orders_read] @qty int, @visibility_ms bigint, @wait_ms bigint = 0
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @rows TABLE (i int IDENTITY PRIMARY KEY, msg_id bigint, lease bigint, attempts int,
+    enqueued_at datetime2(3), visible_at datetime2(3), headers nvarchar(max), body varbinary(max));
+  DECLARE @status int, @id bigint, @body varbinary(max), @lease bigint, @attempts int, @headers nvarchar(max),
+    @pushed_at datetime2(3), @visible datetime2(3), @since datetime2(3), @until datetime2(3), @got int = 0,
+    @grace bigint;
+  IF @qty IS NULL OR @qty < 1
+    THROW 50002, N'dbq: read from queue orders: qty must be at least 1', 1;
+  IF @visibility_ms IS NULL OR @visibility_ms < 0
+    THROW 50002, N'dbq: read from queue orders: visibility_ms must be 0 (at most once) or a lease in milliseconds', 1;
+  IF @wait_ms IS NULL OR @wait_ms < 0
+    THROW 50002, N'dbq: read from queue orders: wait_ms must be 0 or more', 1;
+  -- A position whose push has not committed yet is waited for, up to 2000 ms in all
+  -- (a quarter of a shorter lease), then given up as release does.
+  SET @grace = CASE WHEN @visibility_ms > 0 AND @visibility_ms / 4 < 2000
+                    THEN @visibility_ms / 4 ELSE 2000 END;
+  SET @until = DATEADD(millisecond, @wait_ms % 1000, DATEADD(second, @wait_ms / 1000, SYSUTCDATETIME()));
+  WHILE 1 = 1 BEGIN
+    SET @since = SYSUTCDATETIME();
+    WHILE @got < @qty BEGIN
+      EXEC [shopq].[orders_next] @visibility_ms, 1, @status OUTPUT, @id OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+        @headers OUTPUT, @pushed_at OUTPUT, @visible OUTPUT;
+      WHILE @status = 2 AND DATEDIFF(millisecond, @since, SYSUTCDATETIME()) < @grace BEGIN
+        WAITFOR DELAY '00:00:00.001';
+        EXEC [shopq].[orders_claim] @id, @visibility_ms, 1, @status OUTPUT, @body OUTPUT, @lease OUTPUT, @attempts OUTPUT,
+          @headers OUTPUT, @pushed_at OUTPUT, @visible OUTPUT;
+      END;
+      IF @status = 2
+        INSERT INTO [shopq].[orders_gap] (pos, reason) SELECT @id, 'skipped' WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] WHERE pos = @id);
+      IF @status = 1 BREAK;
+      IF @status = 0 BEGIN
+        INSERT INTO @rows (msg_id, lease, attempts, enqueued_at, visible_at, headers, body)
+        VALUES (@id, @lease, @attempts, @pushed_at, @visible, @headers, @body);
+        SET @got += 1;
+      END;
+    END;
+    IF @got > 0 OR SYSUTCDATETIME() >= @until BREAK;
+    WAITFOR DELAY '00:00:00.050';
+  END;
+  SELECT msg_id, lease, attempts, enqueued_at, visible_at, headers, body FROM @rows ORDER BY i;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_send] @body varbinary(max), @headers nvarchar(max) = NULL, @delay_ms bigint = 0,
+  @ttl_ms bigint = 0
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @one TABLE (o_id bigint);
+  DECLARE @deferred TABLE (o_ids nvarchar(max));
+  DECLARE @id bigint = -1, @try int = 0, @length nvarchar(20) = CAST(DATALENGTH(@body) AS nvarchar(20)),
+    @wrapped nvarchar(max) = N'[' + @headers + N']';
+  IF @body IS NULL
+    THROW 50006, N'dbq: send to queue orders: a body must not be NULL (send an empty varbinary instead)', 1;
+  IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
+    THROW 50002, N'dbq: send to queue orders: delay_ms and ttl_ms must be 0 or more', 1;
+  IF @delay_ms > 0 BEGIN
+    INSERT INTO @deferred EXEC [shopq].[orders_defer] @body, @length, @ttl_ms, @delay_ms, @wrapped;
+    SELECT CAST(o_ids AS bigint) AS msg_id FROM @deferred;
+    RETURN;
+  END;
+  -- push draws a position only while the ring has room; a position it had to give up (a slot an
+  -- earlier lap still held) is void, and it is tried again.
+  WHILE @try < 5 AND @id < 0 BEGIN
+    SET @try += 1;
+    DELETE FROM @one;
+    INSERT INTO @one EXEC [shopq].[orders_push] @body, @ttl_ms, @headers;
+    SET @id = (SELECT o_id FROM @one);
+    IF @id < 0 AND (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
+                    FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
+      BREAK;
+  END;
+  IF @id < 0
+    THROW 50007, N'dbq: queue orders is full: its ring holds 1000 messages (spec.ring.size)', 1;
+  SELECT @id AS msg_id;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_send_batch] @bodies varbinary(max), @lengths nvarchar(max),
+  @headers nvarchar(max) = NULL, @delay_ms bigint = 0, @ttl_ms bigint = 0
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON;
+  DECLARE @answer TABLE (o_ids nvarchar(max));
+  DECLARE @ids nvarchar(max);
+  IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
+    THROW 50002, N'dbq: send_batch to queue orders: delay_ms and ttl_ms must be 0 or more', 1;
+  IF @delay_ms > 0
+    INSERT INTO @answer EXEC [shopq].[orders_defer] @bodies, @lengths, @ttl_ms, @delay_ms, @headers;
+  ELSE
+    INSERT INTO @answer EXEC [shopq].[orders_push_many] @bodies, @lengths, @ttl_ms, @headers;
+  SET @ids = (SELECT o_ids FROM @answer);
+  -- What the ring took stays sent; a body it did not take answers NULL, to be sent again.
+  -- Refused outright only when none was taken.
+  IF @ids <> N'' AND NOT EXISTS (SELECT 1 FROM OPENJSON(N'[' + @ids + N']') WHERE CAST(value AS bigint) > 0)
+    THROW 50007, N'dbq: queue orders is full: its ring holds 1000 messages (spec.ring.size); none of the batch was sent', 1;
+  SELECT CASE WHEN CAST(j.value AS bigint) > 0 THEN CAST(j.value AS bigint) END AS msg_id
+  FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']') j ORDER BY CAST(j.[key] AS int);
+END
+
 -- step record_version
 
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_attempts') IS NULL
@@ -1097,6 +1208,10 @@ GRANT EXECUTE ON OBJECT::[shopq].[orders_push_many] TO [dbq_r_orders_16adecff_se
 
 GRANT EXECUTE ON OBJECT::[shopq].[orders_defer] TO [dbq_r_orders_16adecff_send]
 
+GRANT EXECUTE ON OBJECT::[shopq].[orders_send] TO [dbq_r_orders_16adecff_send]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_send_batch] TO [dbq_r_orders_16adecff_send]
+
 GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_send]
 
 GRANT EXECUTE ON OBJECT::[shopq].[orders_take] TO [dbq_r_orders_16adecff_receive]
@@ -1114,6 +1229,8 @@ GRANT EXECUTE ON OBJECT::[shopq].[orders_ack_many] TO [dbq_r_orders_16adecff_rec
 GRANT EXECUTE ON OBJECT::[shopq].[orders_nack] TO [dbq_r_orders_16adecff_receive]
 
 GRANT EXECUTE ON OBJECT::[shopq].[orders_extend] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_read] TO [dbq_r_orders_16adecff_receive]
 
 GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_receive]
 
@@ -1192,6 +1309,12 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_purge_dead]
 DROP PROCEDURE IF EXISTS [shopq].[orders_scavenge]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_body_of]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_read]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_send]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_send_batch]
 
 DROP TABLE IF EXISTS [shopq].[orders_ring]
 

@@ -13,7 +13,7 @@ from importlib import resources
 
 from dbq.backends.ring_plan import RingAction, RingStep
 from dbq.contract.access import QUEUE_RIGHTS
-from dbq.contract.ring import CONTENT_BUCKETS, RingTarget, notify_channel
+from dbq.contract.ring import CONTENT_BUCKETS, HOLE_GRACE_S, RingTarget, notify_channel
 from dbq.names import COUNTERS, QueueNames, group_role, owner_role, qualified_literal
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
@@ -252,6 +252,7 @@ class RingSqlBase:
             "spill_share": SPILL_SHARE,
             "head_look": HEAD_LOOK,
             "channel": f"'{notify_channel(self.t.names)}'",
+            "hole_grace_ms": int(HOLE_GRACE_S * 1000),  # read's wait for a position being written
             **{f"n_{c}": seq for c, seq in self.count.items()},
             **{f"fn_{verb}": name for verb, name in self.fn.items()},
         }

@@ -20,7 +20,7 @@ from dbq.api.models import Compression
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS
-from dbq.contract.ring import HOLE_GRACE_S, RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
 from dbq.names import check_identifier, check_role, qualified_literal
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
@@ -93,7 +93,6 @@ class PgRing(RingSqlBase):
                 "history": self.history,
                 "own_dead": self.own_dead,
                 "queue_literal": literal(self.t.names.queue),
-                "hole_grace_ms": int(HOLE_GRACE_S * 1000),
             }
         )
 

@@ -64,7 +64,8 @@ class MsRing(RingSqlBase):
     # procedures call each other through OUTPUT parameters).
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
                                  "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats",
-                                 "defer", "extend", "redrive", "purge_dead", "scavenge", "body_of")  # fmt: skip
+                                 "defer", "extend", "redrive", "purge_dead", "scavenge", "body_of",
+                                 "read", "send", "send_batch")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
