@@ -6,14 +6,16 @@ WAL's rate measured over the same window. Designs:
 - `table`: the hand-built table of bench.message_size (INSERT, DELETE ... SKIP LOCKED; the body
   TOASTed, deleted with its row, vacuumed later);
 - `ring`: the dbq ring (the body in its content table, the slot holding its id), with
-  `compression: none`, as random bodies want;
+  `compression: none`, as random bodies want, through the Python client (packed records);
+- `rows`: the same ring through its row contract (`send`, `read(1, 0)`), as a worker in another
+  language calls it: the body answered as a column of the row, not packed into a record;
 - `generations`: a pointer table and 8 content tables, each taking the bodies of one range of
   ids in turn; a popper deletes the pointer only, and a janitor TRUNCATEs a content table once
   no pointer into its range is left (no delete of the body, no vacuum, and its pages are never
   written to the table's file when the TRUNCATE comes first);
 - `chunks`: as `generations`, with each body cut into 8000-byte rows of its own (no TOAST).
 
-Only `table` and `ring` are products; the other two are sketches in SQL, here to measure whether
+Only `table`, `ring` and `rows` are products; the other two are sketches in SQL, here to measure whether
 the storage is what bounds a large body.
 
     ~/.cache/dbq/venv/bin/python -m bench.large_body_storage --rounds 2
@@ -182,9 +184,9 @@ class Machine:
 def measure(design: str, size: int, url: str, odbc: str, seconds: float) -> float:
     """Delivered messages/s of one design (4 + 4). The ring stores its bodies uncompressed, as the
     sketches do (spec.messages.compression none: random bodies do not compress)."""
-    if design in ("table", "ring"):
+    if design in ("table", "ring", "rows"):
         return measure_product(
-            design, size, url, odbc, seconds, 4, "random", "none" if design == "ring" else ""
+            design, size, url, odbc, seconds, 4, "random", "" if design == "table" else "none"
         )
     prepare_sketch(url, design, size)
     args = [("push", url, size)] * 4 + [("pop", url, size)] * 4 + [("janitor", url, size)]
@@ -198,9 +200,10 @@ def main() -> None:
     p.add_argument(
         "--sizes", default="64 KiB,1 MiB", help="body sizes, comma-separated, of: " + ", ".join(SIZES)
     )
+    p.add_argument("--designs", default="table,ring,rows,generations,chunks", help="designs, comma-separated")
     a = p.parse_args()
     pg, url, odbc = bench_database()
-    designs = ("table", "ring", "generations", "chunks")
+    designs = tuple(a.designs.split(","))
     sizes = {label: SIZES[label] for label in a.sizes.split(",")}
     rates: dict[tuple[str, str], list[float]] = {}
     print(
