@@ -50,25 +50,12 @@ CALL_ARGS = {
     "history": "CAST(? AS timestamptz), CAST(? AS timestamptz)",
     "dead_letters": "?, ?",
     "archived": "CAST(? AS timestamptz), ?",
-    # PostgreSQL only (version 21 on): the row contract, for workers in any language
-    "read": "?, ?, ?",
-    "send": "?, CAST(? AS jsonb), ?, ?",
-    "send_batch": "?, CAST(? AS jsonb[]), ?, ?",
 }
+# The row contract (read, send, send_batch: version 21 on) is for workers in other languages; the
+# Python client calls the packed routines above (docs/developers/any-language.md).
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
 SET_RETURNING = frozenset(
-    {
-        "repair",
-        "void_holes",
-        "stats",
-        "describe",
-        "peek",
-        "history",
-        "dead_letters",
-        "archived",
-        "read",
-        "send_batch",
-    }
+    {"repair", "void_holes", "stats", "describe", "peek", "history", "dead_letters", "archived"}
 )
 
 # take, pop and pop_many answer with packed records, so a call returns one value whatever it
