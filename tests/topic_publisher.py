@@ -54,8 +54,9 @@ def main() -> None:
 def run_until_killed(
     where: tuple[str, str, str], log: Path, options: list[str], rng: random.Random, most_s: float
 ) -> None:
-    """Start a publisher to `where` (url, schema, topic) that logs to `log` and kill it with SIGKILL a random time (up to `most_s`)
-    after its first publish returned: on a loaded machine its start-up alone can take seconds."""
+    """Start a publisher to `where` (url, schema, topic) that logs to `log`, and kill it with
+    SIGKILL a random time (up to `most_s`) after its first publish returned: on a loaded machine
+    its start-up alone can take seconds."""
     proc = subprocess.Popen(
         [sys.executable, __file__, *where, str(log), *options],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
