@@ -343,10 +343,10 @@ def test_headers_travel_with_their_message_through_every_path(make_queue, design
     assert got == {b"t%d" % i: {"i": i} for i in range(8)}
     q.push(b"leased", headers=trace)
     assert [m.headers for m in q.peek(5)] == [trace]
-    m = q.acquire(visibility=30)
+    m = q.acquire(timeout=10, visibility=30)  # a loaded machine: the default 1 s wait ran out in CI
     assert m is not None and m.headers == trace
     assert m.nack() is False  # attempt 1 of 2: delivered again, headers and all
-    m = q.acquire(visibility=30)
+    m = q.acquire(timeout=10, visibility=30)
     assert m is not None and m.headers == trace and m.attempts == 2
     assert m.nack(error="handler failed") is True  # attempt 2 of 2: dead-lettered
     [dead] = q.dead_letters()

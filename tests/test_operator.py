@@ -586,9 +586,10 @@ def test_statistics_and_cleanup_are_published_on_schedule(env, kube):
         "the orphan repaired by the scheduled cleanup",
     )  # fmt: skip
     assert repaired == 1
-    assert any(
-        e.reason == "Repaired" and "orphans 1" in (e.message or "") for e in cluster.events("upkeep-q")
-    )
+    wait_for(  # kopf posts Events from its own queue, after the status patch may have landed
+        lambda: any(e.reason == "Repaired" and "orphans 1" in (e.message or "") for e in cluster.events("upkeep-q")),
+        15, "the Repaired Event",
+    )  # fmt: skip
     stats = wait_for(lambda: (s := published()) and s["depth"] == 30 and s, 20, "depth still 30")
     with connect(postgres.url, "upkeep_q", schema=schema) as q:
         assert len(q.pop_many(100, timeout=0.5)) + len(q.pop_many(100, timeout=0.5)) == 30  # none lost
