@@ -188,7 +188,7 @@ def rights() -> str:
     calls = {
         "send": "push, push_many, defer (push with a delay); in SQL send, send_batch",
         "receive": "pop, pop_many, acquire, acquire_many, ack, ack_many, nack, extend, consume; waiting by"
-        " LISTEN; in SQL read",
+        " LISTEN; in SQL read, and delete, archive, set_vt by id",
         "peek": "peek",
         "monitor": "stats, history; `dbq-stats`, the fleet-health job",
         "manage": "dead_letters, redrive, purge_dead_letters, archived, scavenge_archive, repair; `dbq-archive`",

@@ -561,7 +561,7 @@ def test_pushes_with_a_ttl_or_a_delay_share_round_trips_with_the_same_options(ma
     q = make_queue(size=1024, message_bytes=16, pop_timeout=0)
 
     def pusher(t: int) -> list[int]:
-        options = {"ttl": 60.0} if t % 2 else {"delay": 0.6}
+        options = {"ttl": 60.0} if t % 2 else {"delay": 3.0}  # 640 pushes from 32 threads took 0.6 s in CI
         return [q.push(b"t%02d-%02d" % (t, i), **options) for i in range(20)]
 
     with ThreadPoolExecutor(32) as pool:
@@ -570,7 +570,7 @@ def test_pushes_with_a_ttl_or_a_delay_share_round_trips_with_the_same_options(ma
     assert q._pushes is not None and q._pushes.round_trips < 640 / 2  # shared
     now = q.pop_many(1000)
     assert sorted(m.id for m in now) == sorted(i for t, part in enumerate(ids) if t % 2 for i in part)
-    time.sleep(0.7)
+    time.sleep(3.1)
     later = q.pop_many(1000, timeout=1)
     assert sorted(m.id for m in later) == sorted(i for t, part in enumerate(ids) if not t % 2 for i in part)
 

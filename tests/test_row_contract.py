@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyodbc
 import pytest
 
 from dbq.backends.odbc_ring import OdbcRing
@@ -73,6 +75,12 @@ class RowQueue:
         return cur.execute(
             f"SELECT * FROM {self.fn('read')}(%s, %s, %s)", (qty, visibility_ms, wait_ms)
         ).fetchall()
+
+    def by_id(self, verb: str, ids: list[int] | None, *more: Any) -> list[dict[str, Any]]:
+        """delete, archive or set_vt on these ids: the rows they answer."""
+        marks = ", %s" * len(more)
+        cur = self.db.cursor(row_factory=psycopg.rows.dict_row)
+        return cur.execute(f"SELECT * FROM {self.fn(verb)}(%s::bigint[]{marks})", (ids, *more)).fetchall()
 
     def close(self) -> None:
         self.db.close()
@@ -137,6 +145,14 @@ def test_nacked_and_delayed_messages_come_back_as_rows_with_their_attempts(make)
     assert [(r["body"], r["headers"], r["attempts"]) for r in due] == [(b"later", {"k": "v"}, 0)]
 
 
+def test_a_run_of_positions_that_will_never_be_written_does_not_hide_the_message_after_it(make):
+    q = make()
+    for i in range(12):  # each leaves a void position
+        q.send(b"d%d" % i, delay_ms=60_000)
+    q.send(b"ready")
+    assert [r["body"] for r in q.read(5)] == [b"ready"]  # not an empty answer after 5 void positions
+
+
 def test_a_body_past_a_slot_and_the_archive_go_through_rows(make):
     q = make(archive=True)
     large = os.urandom(200_000)
@@ -145,6 +161,100 @@ def test_a_body_past_a_slot_and_the_archive_go_through_rows(make):
     assert [r["body"] for r in q.read(1, visibility_ms=5_000)] == [b"small"]
     assert q.admin.stats().archived == 1
     assert [m.body for m in q.admin.archived(datetime.now(UTC) - timedelta(minutes=1))] == [large]
+
+
+def test_delete_and_set_vt_find_messages_by_id_with_no_lease_whatever_their_state(make):
+    """Ready, delayed and leased messages alike, found by id; a lease held on one is lost; an id
+    never sent, or ended already, is left out of the answer; the totals stay exact."""
+    q = make()
+    a, b, c, d, e = q.send_batch([b"a", b"b", b"c", b"d", b"e"])
+    f = q.send(b"f", delay_ms=60_000)
+    [leased] = q.read(1, visibility_ms=30_000)
+    assert leased["msg_id"] == a
+    assert q.by_id("delete", [b, a, f, f + 1000, b]) == [{"msg_id": b}, {"msg_id": a}, {"msg_id": f}]
+    assert q.db.execute(f"SELECT {q.fn('ack')}(%s, %s)", (a, leased["lease"])).fetchone() == (
+        0,
+    )  # lease lost
+    s = q.admin.stats()
+    assert (s.depth, s.in_flight, s.delayed, s.popped) == (3, 0, 0, 3)
+    [later] = q.by_id("set_vt", [c], 60_000)
+    assert (later["msg_id"], later["body"], later["lease"], later["attempts"]) == (c, b"c", None, 0)
+    assert 59 < later["visible_at"].timestamp() - time.time() <= 60
+    assert [r["body"] for r in q.read(10, visibility_ms=30_000)] == [b"d", b"e"]  # c waits
+    assert (q.admin.stats().delayed, q.admin.stats().in_flight) == (1, 2)
+    moved = q.by_id("set_vt", [c, d], 0)  # c due at once; d's lease ends, ready again
+    assert [(r["msg_id"], r["attempts"]) for r in moved] == [(c, 0), (d, 1)]
+    again = q.read(10, visibility_ms=30_000)
+    assert sorted((r["body"], r["attempts"]) for r in again) == [(b"c", 1), (b"d", 2)]
+    assert q.by_id("delete", [c, d, e]) == [{"msg_id": c}, {"msg_id": d}, {"msg_id": e}]
+    s = q.admin.stats()
+    assert (s.depth, s.in_flight, s.delayed, s.pushed, s.popped) == (0, 0, 0, 6, 6)
+    assert q.by_id("delete", []) == [] and q.by_id("delete", None) == [] and q.by_id("set_vt", [a], 0) == []
+
+
+def test_archive_by_id_keeps_the_message_and_a_queue_without_an_archive_refuses_it(make):
+    q = make(archive=True)
+    large = os.urandom(200_000)  # its body in the content table: archived and removed with it
+    one, two = q.send_batch([large, b"small"])
+    q.send(b"delayed", delay_ms=60_000)
+    assert q.by_id("archive", [one, two + 1]) == [{"msg_id": one}, {"msg_id": two + 1}]
+    assert q.by_id("delete", [two]) == [{"msg_id": two}]  # spec.archive keeps whatever ends
+    kept = q.admin.archived(datetime.now(UTC) - timedelta(minutes=1))
+    assert sorted(m.body for m in kept) == sorted([large, b"small", b"delayed"])
+    assert q.admin.stats().archived == 3 and q.admin.stats().depth == 0
+    with q.admin._cursor() as cur:
+        assert cur.execute(f'SELECT count(*) FROM "{SCHEMA}"."{q.name}_content"').fetchval() == 0
+    plain = make()
+    kept_id = plain.send(b"stays")
+    with pytest.raises(psycopg.Error) as refused:
+        plain.by_id("archive", [kept_id])
+    assert refused.value.sqlstate == "55000"
+    assert f"queue {plain.name} keeps no archive" in str(refused.value) and "spec.archive.enabled" in str(
+        refused.value
+    )
+    assert [r["body"] for r in plain.read(1)] == [b"stays"]  # nothing changed
+    with pytest.raises(psycopg.Error) as refused:
+        plain.by_id("set_vt", [kept_id], -1)
+    assert refused.value.sqlstate == "22023" and "visibility_ms must be 0 or more, not -1" in str(
+        refused.value
+    )
+
+
+def test_deletes_by_id_racing_leased_readers_end_each_message_once(make):
+    """3 workers read leased and ack while another deletes random ids: every message ends once,
+    by an ack that succeeded or by a delete that answered its id, never both."""
+    q = make(size=4000)
+    ids = [i for chunk in range(4) for i in q.send_batch([b"m%d" % (chunk * 500 + k) for k in range(500)])]
+    acked: list[int] = []
+    deleted: list[int] = []
+    url = q.url
+
+    def work() -> None:
+        with psycopg.connect(url, autocommit=True) as db:
+            while rows := db.execute(f"SELECT msg_id, lease FROM {q.fn('read')}(10, 30000)").fetchall():
+                for msg_id, lease in rows:
+                    if db.execute(f"SELECT {q.fn('ack')}(%s, %s)", (msg_id, lease)).fetchone() == (1,):
+                        acked.append(msg_id)
+
+    def delete() -> None:
+        rng = random.Random(7)
+        with psycopg.connect(url, autocommit=True) as db:
+            for _ in range(100):
+                chosen = rng.sample(ids, 20)
+                got = db.execute(f"SELECT * FROM {q.fn('delete')}(%s::bigint[])", (chosen,)).fetchall()
+                deleted.extend(r[0] for r in got)
+
+    threads = [threading.Thread(target=work) for _ in range(3)] + [threading.Thread(target=delete)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert (
+        not set(acked) & set(deleted) and len(acked) == len(set(acked)) and len(deleted) == len(set(deleted))
+    )
+    assert sorted(acked + deleted) == sorted(ids) and deleted  # the race was run
+    s = q.admin.stats()
+    assert (s.depth, s.in_flight, s.popped) == (0, 0, 2000)
 
 
 def test_read_waits_for_the_first_message_up_to_wait_ms(make):
@@ -277,7 +387,8 @@ def test_node_workers_on_the_row_contract_lose_and_duplicate_nothing(make, tmp_p
 
 @pytest.mark.skipif(not MSSQL_DSN, reason="DBQ_MSSQL_DSN is not set: SQL Server cannot run here")
 def test_the_row_procedures_on_sqlserver_answer_rows_in_both_modes():
-    """The T-SQL twin: send, send_batch (bodies end to end with their lengths), read, ack."""
+    """The T-SQL twin: send, send_batch (bodies end to end with their lengths), read, ack; set_vt,
+    delete and archive by id."""
     names = QueueNames(SCHEMA, f"q_{secrets.token_hex(4)}")
     backend = OdbcRing(from_url(MSSQL_DSN), RingTarget(names, 100, 64))
     backend.apply()
@@ -295,6 +406,15 @@ def test_the_row_procedures_on_sqlserver_answer_rows_in_both_modes():
         popped = conn.execute(f"EXEC {fn}read] ?, ?", 5, 0).fetchall()
         assert [(bytes(r.body), r.lease) for r in popped] == [(b"three", None)]
         assert conn.execute(f"EXEC {fn}read] ?, ?, ?", 5, 0, 200).fetchall() == []
+        # by id, with no lease: the leased "two" and a new "four" (ids comma-separated)
+        four = conn.execute(f"EXEC {fn}send] ?", b"four").fetchone()[0]
+        hidden = conn.execute(f"EXEC {fn}set_vt] ?, ?", f"{four},{four + 99}", 60_000).fetchall()
+        assert [(r.msg_id, bytes(r.body), r.lease) for r in hidden] == [(four, b"four", None)]
+        assert conn.execute(f"EXEC {fn}read] ?, ?", 5, 0).fetchall() == []  # four waits
+        gone = conn.execute(f"EXEC {fn}delete] ?", f"{four},{leased[1].msg_id},{four + 99}").fetchall()
+        assert [r.msg_id for r in gone] == [four, leased[1].msg_id]
+        with pytest.raises(pyodbc.Error, match="keeps no archive"):
+            conn.execute(f"EXEC {fn}archive] ?", str(first)).fetchall()
     finally:
         conn.close()
         backend.teardown()

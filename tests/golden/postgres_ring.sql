@@ -1235,6 +1235,9 @@ BEGIN
       PERFORM nextval('"shopq"."orders_n_archived"') FROM generate_series(1, v_got) WHERE NOT v_leased;
       RETURN;
     END IF;
+    -- Every position drawn was gone (void, as a delayed message leaves one, or deleted by id)
+    -- while pushes are still ahead: draw on at once, as pop does.
+    CONTINUE WHEN v_pos IS NOT NULL AND coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
     EXIT WHEN clock_timestamp() >= v_until;
     PERFORM pg_sleep(least(0.05, extract(epoch FROM v_until - clock_timestamp())));
   END LOOP;
@@ -1314,6 +1317,95 @@ BEGIN
     RAISE EXCEPTION 'dbq: send to queue orders: ttl_ms must be 0 (no expiry) or more, not %', p_ttl_ms
       USING ERRCODE = '22023';
   END IF;
+END $fn$
+
+-- By id, with no lease asked (version 22 on): what a worker that keeps ids, not leases, calls
+-- (PGMQ's delete, archive and set_vt). A message is found by its id without a scan: in its ring
+-- slot (id % 1000) or by the spill table's key. Ready, delayed or leased alike; a lease held
+-- on it is lost. An id not there (never sent, or ended already) is left out of the answer.
+CREATE OR REPLACE FUNCTION "shopq"."orders_delete"(p_ids bigint[])
+RETURNS TABLE (msg_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+#variable_conflict use_column
+DECLARE v_id bigint; v_state smallint; v_big boolean;
+BEGIN
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
+  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
+    SELECT r.state, r.body IS NULL INTO v_state, v_big FROM "shopq"."orders_ring" r
+    WHERE r.slot = v_id % 1000 AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    IF FOUND THEN
+      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), coalesce(r.body, "shopq"."orders_body_of"(v_id, false)),
+        r.headers
+      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
+      UPDATE "shopq"."orders_ring" r SET state = 0 WHERE r.slot = v_id % 1000;
+    ELSE
+      WITH gone AS (DELETE FROM "shopq"."orders_spill" s WHERE s.msg_id = v_id RETURNING s.*),
+      kept AS (
+        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(),
+          coalesce(g.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = v_id % 8 AND c.msg_id = v_id)),
+          g.headers
+        FROM gone g)
+      SELECT g.state, g.body IS NULL INTO v_state, v_big FROM gone g;
+      CONTINUE WHEN NOT FOUND;
+    END IF;
+    IF v_big THEN DELETE FROM "shopq"."orders_content" c WHERE c.bucket = v_id % 8 AND c.msg_id = v_id; END IF;
+    PERFORM nextval('"shopq"."orders_n_popped"');
+    IF v_state = 2 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- its lease ended
+    PERFORM nextval('"shopq"."orders_n_archived"');
+    msg_id := v_id;
+    RETURN NEXT;
+  END LOOP;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_archive"(p_ids bigint[])
+RETURNS TABLE (msg_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+BEGIN
+  -- delete, for a queue that keeps an archive; refused for one that does not, where nothing would
+  -- ever remove the copies.
+  RETURN QUERY SELECT d.msg_id FROM "shopq"."orders_delete"(p_ids) d;
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_set_vt"(p_ids bigint[], p_visibility_ms bigint)
+RETURNS TABLE (msg_id bigint, lease bigint, attempts int, enqueued_at timestamptz, visible_at timestamptz,
+  headers jsonb, body bytea)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+#variable_conflict use_column
+DECLARE v_id bigint; v_state smallint; v_visible timestamptz;
+BEGIN
+  -- Each message visible again p_visibility_ms from now, and not before, whatever it was; its
+  -- attempts stay. One that must wait leaves ring order for the spill table, as a nacked one does
+  -- (a ready one asked for 0 ms stays where it is). Answers the messages as read does, with no lease.
+  IF p_visibility_ms IS NULL OR p_visibility_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: set_vt on queue orders: visibility_ms must be 0 or more, not %', p_visibility_ms
+      USING ERRCODE = '22023';
+  END IF;
+  v_visible := clock_timestamp() + p_visibility_ms * interval '1 millisecond';
+  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
+    SELECT r.state INTO v_state FROM "shopq"."orders_ring" r
+    WHERE r.slot = v_id % 1000 AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    IF FOUND AND v_state = 1 AND p_visibility_ms = 0 THEN
+      RETURN QUERY SELECT r.msg_id, NULL::bigint, r.attempts, r.pushed_at, v_visible, r.headers::jsonb,
+        coalesce(r.body, "shopq"."orders_body_of"(v_id, false))
+      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
+      CONTINUE;
+    ELSIF FOUND THEN
+      INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+      SELECT r.msg_id, 1, 0, r.attempts, r.pushed_at, v_visible, r.expires_at, r.body, r.headers
+      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
+      UPDATE "shopq"."orders_ring" r SET state = 0 WHERE r.slot = v_id % 1000;
+    ELSE
+      SELECT s.state INTO v_state FROM "shopq"."orders_spill" s WHERE s.msg_id = v_id FOR UPDATE;
+      CONTINUE WHEN NOT FOUND;
+      UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0, visible_at = v_visible WHERE s.msg_id = v_id;
+    END IF;
+    IF v_state = 2 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- its lease ended
+    RETURN QUERY SELECT s.msg_id, NULL::bigint, s.attempts, s.pushed_at, s.visible_at, s.headers::jsonb,
+      coalesce(s.body, "shopq"."orders_body_of"(v_id, false))
+    FROM "shopq"."orders_spill" s WHERE s.msg_id = v_id;
+  END LOOP;
 END $fn$
 
 -- What a login may read of the queue goes through routines too, so no login needs a grant on
@@ -1405,7 +1497,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 21, 1000, 300,
+VALUES ('orders', 'ring', 22, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
@@ -1541,19 +1633,25 @@ ALTER ROUTINE "shopq"."orders_check_send" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER ROUTINE "shopq"."orders_push_array" OWNER TO "dbq_o_shopq_7bf52350"
 
+ALTER ROUTINE "shopq"."orders_delete" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_archive" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_set_vt" OWNER TO "dbq_o_shopq_7bf52350"
+
 REVOKE ALL ON SCHEMA "shopq" FROM PUBLIC
 
 REVOKE ALL ON TABLE "shopq"."dbq_queues", "shopq"."dbq_stats_history", "shopq"."orders_ring", "shopq"."orders_spill", "shopq"."orders_gap", "shopq"."orders_staged", "shopq"."orders_dead", "shopq"."orders_waiters", "shopq"."orders_archive", "shopq"."orders_content" FROM PUBLIC
 
 REVOKE ALL ON SEQUENCE "shopq"."orders_push_seq", "shopq"."orders_pop_seq", "shopq"."orders_n_pushed", "shopq"."orders_n_popped", "shopq"."orders_n_acquired", "shopq"."orders_n_expired", "shopq"."orders_n_settled", "shopq"."orders_n_dead", "shopq"."orders_n_redriven", "shopq"."orders_n_purged", "shopq"."orders_n_archived", "shopq"."orders_n_scavenged" FROM PUBLIC
 
-REVOKE ALL ON ROUTINE "shopq"."orders_place", "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_stats", "shopq"."orders_defer", "shopq"."orders_extend", "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_scavenge", "shopq"."orders_oldest_age", "shopq"."orders_check_headers", "shopq"."orders_split_headers", "shopq"."orders_headers_of_dead", "shopq"."orders_body_of", "shopq"."orders_describe", "shopq"."orders_wait", "shopq"."orders_peek", "shopq"."orders_history", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_read", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_check_send", "shopq"."orders_push_array" FROM PUBLIC
+REVOKE ALL ON ROUTINE "shopq"."orders_place", "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_stats", "shopq"."orders_defer", "shopq"."orders_extend", "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_scavenge", "shopq"."orders_oldest_age", "shopq"."orders_check_headers", "shopq"."orders_split_headers", "shopq"."orders_headers_of_dead", "shopq"."orders_body_of", "shopq"."orders_describe", "shopq"."orders_wait", "shopq"."orders_peek", "shopq"."orders_history", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_read", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_check_send", "shopq"."orders_push_array", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt" FROM PUBLIC
 
 GRANT USAGE ON SCHEMA "shopq" TO "dbq_r_orders_16adecff_send", "dbq_r_orders_16adecff_receive", "dbq_r_orders_16adecff_peek", "dbq_r_orders_16adecff_monitor", "dbq_r_orders_16adecff_manage"
 
 GRANT EXECUTE ON ROUTINE "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_defer", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_send"
 
-GRANT EXECUTE ON ROUTINE "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_extend", "shopq"."orders_wait", "shopq"."orders_read", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_receive"
+GRANT EXECUTE ON ROUTINE "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_extend", "shopq"."orders_wait", "shopq"."orders_read", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_receive"
 
 GRANT EXECUTE ON ROUTINE "shopq"."orders_peek", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_peek"
 
@@ -1630,6 +1728,12 @@ DROP FUNCTION IF EXISTS "shopq"."orders_send_batch"
 DROP FUNCTION IF EXISTS "shopq"."orders_check_send"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_push_array"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_delete"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_archive"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_set_vt"
 
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 

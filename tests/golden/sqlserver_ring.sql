@@ -1156,6 +1156,93 @@ AS BEGIN
   FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']') j ORDER BY CAST(j.[key] AS int);
 END
 
+-- By id, with no lease asked (version 22 on), the ids comma-separated as ack_many takes them: a
+-- message is found by its slot (id % 1000) or the spill table's key, ready, delayed or leased
+-- alike; a lease held on it is lost. An id not there is left out of the answer.
+CREATE OR ALTER PROCEDURE [shopq].[orders_delete] @ids nvarchar(max)
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
+  DECLARE @n bigint, @c bigint;
+  DECLARE @a TABLE (i int PRIMARY KEY, id bigint);
+  DECLARE @gone TABLE (msg_id bigint PRIMARY KEY, state smallint, attempts int, pushed_at datetime2(3),
+    body varbinary(max), headers nvarchar(max));
+  INSERT INTO @a (i, id) SELECT CAST([key] AS int), CAST(value AS bigint) FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']');
+  BEGIN TRANSACTION;
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
+  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state IN (1, 2);
+  DELETE s OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
+  FROM [shopq].[orders_spill] s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
+  WHERE NOT EXISTS (SELECT 1 FROM @gone g WHERE g.msg_id = a.id);
+  INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT g.msg_id, g.attempts, g.pushed_at, SYSUTCDATETIME(), ISNULL(g.body, c.body), g.headers FROM @gone g
+  LEFT JOIN [shopq].[orders_content] c ON g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id;
+  DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK) JOIN @gone g ON g.body IS NULL AND c.bucket = g.msg_id % 8
+    AND c.msg_id = g.msg_id;
+  COMMIT TRANSACTION;
+  SELECT @c = COUNT(*) FROM @gone;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_popped]; SET @c -= 1; END;
+  SELECT @c = COUNT(*) FROM @gone;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_archived]; SET @c -= 1; END;
+  SELECT @c = COUNT(*) FROM @gone WHERE state = 2;  -- their leases ended
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;
+  SELECT g.msg_id FROM @gone g JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = g.msg_id ORDER BY a.i;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_archive] @ids nvarchar(max)
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON;
+  -- delete, for a queue that keeps an archive; refused for one that does not, where nothing would
+  -- ever remove the copies.
+  EXEC [shopq].[orders_delete] @ids;
+END
+
+CREATE OR ALTER PROCEDURE [shopq].[orders_set_vt] @ids nvarchar(max), @visibility_ms bigint
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Each message visible again @visibility_ms from now, and not before; its attempts stay. One
+  -- that must wait leaves ring order for the spill table, as a nacked one does (a ready one asked
+  -- for 0 ms stays where it is). Answers the messages as read does, with no lease.
+  IF @visibility_ms IS NULL OR @visibility_ms < 0
+    THROW 50002, N'dbq: set_vt on queue orders: visibility_ms must be 0 or more', 1;
+  DECLARE @visible datetime2(3) = DATEADD(millisecond, @visibility_ms % 1000, DATEADD(second, @visibility_ms / 1000, SYSUTCDATETIME()));
+  DECLARE @n bigint, @c bigint;
+  DECLARE @a TABLE (i int PRIMARY KEY, id bigint);
+  DECLARE @moved TABLE (msg_id bigint PRIMARY KEY, state smallint, attempts int, pushed_at datetime2(3),
+    expires_at datetime2(3), body varbinary(max), headers nvarchar(max));
+  DECLARE @kept TABLE (msg_id bigint PRIMARY KEY, state smallint);
+  INSERT INTO @a (i, id) SELECT CAST([key] AS int), CAST(value AS bigint) FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']');
+  BEGIN TRANSACTION;
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body,
+    deleted.headers INTO @moved
+  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % 1000 AND r.msg_id = a.id
+  WHERE r.state = 2 OR (r.state = 1 AND @visibility_ms > 0);
+  INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT msg_id, 1, 0, attempts, pushed_at, @visible, expires_at, body, headers FROM @moved;
+  UPDATE s WITH (ROWLOCK) SET state = 1, lease = 0, visible_at = @visible
+  OUTPUT deleted.msg_id, deleted.state INTO @kept
+  FROM [shopq].[orders_spill] s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
+  WHERE NOT EXISTS (SELECT 1 FROM @moved m WHERE m.msg_id = a.id);
+  COMMIT TRANSACTION;
+  SELECT @c = (SELECT COUNT(*) FROM @moved WHERE state = 2) + (SELECT COUNT(*) FROM @kept WHERE state = 2);
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_settled]; SET @c -= 1; END;  -- their leases ended
+  SELECT x.msg_id, CAST(NULL AS bigint) AS lease, x.attempts, x.pushed_at AS enqueued_at, x.visible_at, x.headers,
+    ISNULL(x.body, c.body) AS body
+  FROM (SELECT s.msg_id, s.attempts, s.pushed_at, s.visible_at, s.headers, s.body FROM [shopq].[orders_spill] s
+        WHERE s.msg_id IN (SELECT msg_id FROM @moved UNION SELECT msg_id FROM @kept)
+        UNION ALL
+        SELECT r.msg_id, r.attempts, r.pushed_at, @visible, r.headers, r.body FROM [shopq].[orders_ring] r
+        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = d.id % 1000 AND r.msg_id = d.id
+        WHERE r.state = 1 AND @visibility_ms = 0) x
+  LEFT JOIN [shopq].[orders_content] c ON x.body IS NULL AND c.bucket = x.msg_id % 8 AND c.msg_id = x.msg_id
+  JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = x.msg_id ORDER BY a.i;
+END
+
 -- step record_version
 
 IF COL_LENGTH(N'[shopq].[dbq_queues]', 'max_attempts') IS NULL
@@ -1178,12 +1265,12 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 21, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 22, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers, max_body_bytes)
-  VALUES (s.queue, N'ring', 21, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 22, 1000, 300, 5, 1, N'',
     1024, 32, 1048576);
 
 -- step secure
@@ -1231,6 +1318,12 @@ GRANT EXECUTE ON OBJECT::[shopq].[orders_nack] TO [dbq_r_orders_16adecff_receive
 GRANT EXECUTE ON OBJECT::[shopq].[orders_extend] TO [dbq_r_orders_16adecff_receive]
 
 GRANT EXECUTE ON OBJECT::[shopq].[orders_read] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_delete] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_archive] TO [dbq_r_orders_16adecff_receive]
+
+GRANT EXECUTE ON OBJECT::[shopq].[orders_set_vt] TO [dbq_r_orders_16adecff_receive]
 
 GRANT SELECT ON OBJECT::[shopq].[dbq_queues] TO [dbq_r_orders_16adecff_receive]
 
@@ -1315,6 +1408,12 @@ DROP PROCEDURE IF EXISTS [shopq].[orders_read]
 DROP PROCEDURE IF EXISTS [shopq].[orders_send]
 
 DROP PROCEDURE IF EXISTS [shopq].[orders_send_batch]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_delete]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_archive]
+
+DROP PROCEDURE IF EXISTS [shopq].[orders_set_vt]
 
 DROP TABLE IF EXISTS [shopq].[orders_ring]
 

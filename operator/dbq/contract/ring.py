@@ -22,7 +22,7 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 21
+RING_SCHEMA_VERSION = 22
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -51,8 +51,9 @@ CALL_ARGS = {
     "dead_letters": "?, ?",
     "archived": "CAST(? AS timestamptz), ?",
 }
-# The row contract (read, send, send_batch: version 21 on) is for workers in other languages; the
-# Python client calls the packed routines above (docs/developers/any-language.md).
+# The row contract (read, send, send_batch: version 21 on; delete, archive, set_vt by id: 22 on)
+# is for workers in other languages; the Python client calls the packed routines above
+# (docs/developers/any-language.md).
 # PostgreSQL routines that answer with a row of several columns (the others with one value).
 SET_RETURNING = frozenset(
     {"repair", "void_holes", "stats", "describe", "peek", "history", "dead_letters", "archived"}

@@ -1081,6 +1081,9 @@ BEGIN
       -- end if
       RETURN;
     END IF;
+    -- Every position drawn was gone (void, as a delayed message leaves one, or deleted by id)
+    -- while pushes are still ahead: draw on at once, as pop does.
+    CONTINUE WHEN v_pos IS NOT NULL AND {last_pushed} > {last_popped};
     EXIT WHEN clock_timestamp() >= v_until;
     PERFORM pg_sleep(least(0.05, extract(epoch FROM v_until - clock_timestamp())));
   END LOOP;
@@ -1160,6 +1163,108 @@ BEGIN
     RAISE EXCEPTION 'dbq: send to queue {queue}: ttl_ms must be 0 (no expiry) or more, not %', p_ttl_ms
       USING ERRCODE = '22023';
   END IF;
+END $fn$
+--;;
+-- By id, with no lease asked (version 22 on): what a worker that keeps ids, not leases, calls
+-- (PGMQ's delete, archive and set_vt). A message is found by its id without a scan: in its ring
+-- slot (id % {size}) or by the spill table's key. Ready, delayed or leased alike; a lease held
+-- on it is lost. An id not there (never sent, or ended already) is left out of the answer.
+CREATE OR REPLACE FUNCTION {fn_delete}(p_ids bigint[])
+RETURNS TABLE (msg_id bigint)
+LANGUAGE plpgsql {definer} AS $fn$
+#variable_conflict use_column
+DECLARE v_id bigint; v_state smallint; v_big boolean;
+BEGIN
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
+  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
+    SELECT r.state, r.body IS NULL INTO v_state, v_big FROM {ring} r
+    WHERE r.slot = v_id % {size} AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    IF FOUND THEN
+      -- if archive
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), coalesce(r.body, {fn_body_of}(v_id, false)),
+        r.headers
+      FROM {ring} r WHERE r.slot = v_id % {size};
+      -- end if
+      UPDATE {ring} r SET state = 0 WHERE r.slot = v_id % {size};
+    ELSE
+      -- if archive
+      WITH gone AS (DELETE FROM {spill} s WHERE s.msg_id = v_id RETURNING s.*),
+      kept AS (
+        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+        SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(),
+          coalesce(g.body, (SELECT c.body FROM {content} c WHERE c.bucket = v_id % {buckets} AND c.msg_id = v_id)),
+          g.headers
+        FROM gone g)
+      SELECT g.state, g.body IS NULL INTO v_state, v_big FROM gone g;
+      -- else
+      DELETE FROM {spill} s WHERE s.msg_id = v_id RETURNING s.state, s.body IS NULL INTO v_state, v_big;
+      -- end if
+      CONTINUE WHEN NOT FOUND;
+    END IF;
+    IF v_big THEN DELETE FROM {content} c WHERE c.bucket = v_id % {buckets} AND c.msg_id = v_id; END IF;
+    PERFORM nextval('{n_popped}');
+    IF v_state = 2 THEN PERFORM nextval('{n_settled}'); END IF;  -- its lease ended
+    -- if archive
+    PERFORM nextval('{n_archived}');
+    -- end if
+    msg_id := v_id;
+    RETURN NEXT;
+  END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_archive}(p_ids bigint[])
+RETURNS TABLE (msg_id bigint)
+LANGUAGE plpgsql {definer} AS $fn$
+BEGIN
+  -- delete, for a queue that keeps an archive; refused for one that does not, where nothing would
+  -- ever remove the copies.
+  -- if archive
+  RETURN QUERY SELECT d.msg_id FROM {fn_delete}(p_ids) d;
+  -- else
+  RAISE EXCEPTION 'dbq: queue {queue} keeps no archive: nothing archived' USING ERRCODE = '55000',
+    HINT = 'set spec.archive.enabled: true on the Queue (and a retention), or delete the messages instead';
+  -- end if
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_set_vt}(p_ids bigint[], p_visibility_ms bigint)
+RETURNS TABLE (msg_id bigint, lease bigint, attempts int, enqueued_at timestamptz, visible_at timestamptz,
+  headers jsonb, body bytea)
+LANGUAGE plpgsql {definer} AS $fn$
+#variable_conflict use_column
+DECLARE v_id bigint; v_state smallint; v_visible timestamptz;
+BEGIN
+  -- Each message visible again p_visibility_ms from now, and not before, whatever it was; its
+  -- attempts stay. One that must wait leaves ring order for the spill table, as a nacked one does
+  -- (a ready one asked for 0 ms stays where it is). Answers the messages as read does, with no lease.
+  IF p_visibility_ms IS NULL OR p_visibility_ms < 0 THEN
+    RAISE EXCEPTION 'dbq: set_vt on queue {queue}: visibility_ms must be 0 or more, not %', p_visibility_ms
+      USING ERRCODE = '22023';
+  END IF;
+  v_visible := clock_timestamp() + p_visibility_ms * interval '1 millisecond';
+  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
+    SELECT r.state INTO v_state FROM {ring} r
+    WHERE r.slot = v_id % {size} AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    IF FOUND AND v_state = 1 AND p_visibility_ms = 0 THEN
+      RETURN QUERY SELECT r.msg_id, NULL::bigint, r.attempts, r.pushed_at, v_visible, r.headers::jsonb,
+        coalesce(r.body, {fn_body_of}(v_id, false))
+      FROM {ring} r WHERE r.slot = v_id % {size};
+      CONTINUE;
+    ELSIF FOUND THEN
+      INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+      SELECT r.msg_id, 1, 0, r.attempts, r.pushed_at, v_visible, r.expires_at, r.body, r.headers
+      FROM {ring} r WHERE r.slot = v_id % {size};
+      UPDATE {ring} r SET state = 0 WHERE r.slot = v_id % {size};
+    ELSE
+      SELECT s.state INTO v_state FROM {spill} s WHERE s.msg_id = v_id FOR UPDATE;
+      CONTINUE WHEN NOT FOUND;
+      UPDATE {spill} s SET state = 1, lease = 0, visible_at = v_visible WHERE s.msg_id = v_id;
+    END IF;
+    IF v_state = 2 THEN PERFORM nextval('{n_settled}'); END IF;  -- its lease ended
+    RETURN QUERY SELECT s.msg_id, NULL::bigint, s.attempts, s.pushed_at, s.visible_at, s.headers::jsonb,
+      coalesce(s.body, {fn_body_of}(v_id, false))
+    FROM {spill} s WHERE s.msg_id = v_id;
+  END LOOP;
 END $fn$
 --;;
 -- What a login may read of the queue goes through routines too, so no login needs a grant on

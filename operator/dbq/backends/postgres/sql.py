@@ -52,6 +52,10 @@ class PgRing(RingSqlBase):
         "send_batch",
         "check_send",
         "push_array",
+        # by id, with no lease asked (version 22 on)
+        "delete",
+        "archive",
+        "set_vt",
     )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"

@@ -975,3 +975,98 @@ AS BEGIN
   SELECT CASE WHEN CAST(j.value AS bigint) > 0 THEN CAST(j.value AS bigint) END AS msg_id
   FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']') j ORDER BY CAST(j.[key] AS int);
 END
+--;;
+-- By id, with no lease asked (version 22 on), the ids comma-separated as ack_many takes them: a
+-- message is found by its slot (id % {size}) or the spill table's key, ready, delayed or leased
+-- alike; a lease held on it is lost. An id not there is left out of the answer.
+CREATE OR ALTER PROCEDURE {fn_delete} @ids nvarchar(max)
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
+  DECLARE @n bigint, @c bigint;
+  DECLARE @a TABLE (i int PRIMARY KEY, id bigint);
+  DECLARE @gone TABLE (msg_id bigint PRIMARY KEY, state smallint, attempts int, pushed_at datetime2(3),
+    body varbinary(max), headers nvarchar(max));
+  INSERT INTO @a (i, id) SELECT CAST([key] AS int), CAST(value AS bigint) FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']');
+  BEGIN TRANSACTION;
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
+  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state IN (1, 2);
+  DELETE s OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
+  FROM {spill} s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
+  WHERE NOT EXISTS (SELECT 1 FROM @gone g WHERE g.msg_id = a.id);
+  -- if archive
+  INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+  SELECT g.msg_id, g.attempts, g.pushed_at, SYSUTCDATETIME(), ISNULL(g.body, c.body), g.headers FROM @gone g
+  LEFT JOIN {content} c ON g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id;
+  -- end if
+  DELETE c FROM {content} c WITH (ROWLOCK) JOIN @gone g ON g.body IS NULL AND c.bucket = g.msg_id % {buckets}
+    AND c.msg_id = g.msg_id;
+  COMMIT TRANSACTION;
+  SELECT @c = COUNT(*) FROM @gone;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_popped}; SET @c -= 1; END;
+  -- if archive
+  SELECT @c = COUNT(*) FROM @gone;
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_archived}; SET @c -= 1; END;
+  -- end if
+  SELECT @c = COUNT(*) FROM @gone WHERE state = 2;  -- their leases ended
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;
+  SELECT g.msg_id FROM @gone g JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = g.msg_id ORDER BY a.i;
+END
+--;;
+CREATE OR ALTER PROCEDURE {fn_archive} @ids nvarchar(max)
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON;
+  -- delete, for a queue that keeps an archive; refused for one that does not, where nothing would
+  -- ever remove the copies.
+  -- if archive
+  EXEC {fn_delete} @ids;
+  -- else
+  THROW 50008, N'dbq: queue {queue} keeps no archive: nothing archived; set spec.archive.enabled: true on the Queue (and a retention), or delete the messages instead', 1;
+  -- end if
+END
+--;;
+CREATE OR ALTER PROCEDURE {fn_set_vt} @ids nvarchar(max), @visibility_ms bigint
+WITH EXECUTE AS OWNER
+AS BEGIN
+  SET NOCOUNT ON; SET XACT_ABORT ON;
+  -- Each message visible again @visibility_ms from now, and not before; its attempts stay. One
+  -- that must wait leaves ring order for the spill table, as a nacked one does (a ready one asked
+  -- for 0 ms stays where it is). Answers the messages as read does, with no lease.
+  IF @visibility_ms IS NULL OR @visibility_ms < 0
+    THROW 50002, N'dbq: set_vt on queue {queue}: visibility_ms must be 0 or more', 1;
+  DECLARE @visible datetime2(3) = DATEADD(millisecond, @visibility_ms % 1000, DATEADD(second, @visibility_ms / 1000, SYSUTCDATETIME()));
+  DECLARE @n bigint, @c bigint;
+  DECLARE @a TABLE (i int PRIMARY KEY, id bigint);
+  DECLARE @moved TABLE (msg_id bigint PRIMARY KEY, state smallint, attempts int, pushed_at datetime2(3),
+    expires_at datetime2(3), body varbinary(max), headers nvarchar(max));
+  DECLARE @kept TABLE (msg_id bigint PRIMARY KEY, state smallint);
+  INSERT INTO @a (i, id) SELECT CAST([key] AS int), CAST(value AS bigint) FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']');
+  BEGIN TRANSACTION;
+  UPDATE r WITH (ROWLOCK) SET state = 0
+  OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body,
+    deleted.headers INTO @moved
+  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % {size} AND r.msg_id = a.id
+  WHERE r.state = 2 OR (r.state = 1 AND @visibility_ms > 0);
+  INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  SELECT msg_id, 1, 0, attempts, pushed_at, @visible, expires_at, body, headers FROM @moved;
+  UPDATE s WITH (ROWLOCK) SET state = 1, lease = 0, visible_at = @visible
+  OUTPUT deleted.msg_id, deleted.state INTO @kept
+  FROM {spill} s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
+  WHERE NOT EXISTS (SELECT 1 FROM @moved m WHERE m.msg_id = a.id);
+  COMMIT TRANSACTION;
+  SELECT @c = (SELECT COUNT(*) FROM @moved WHERE state = 2) + (SELECT COUNT(*) FROM @kept WHERE state = 2);
+  WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_settled}; SET @c -= 1; END;  -- their leases ended
+  SELECT x.msg_id, CAST(NULL AS bigint) AS lease, x.attempts, x.pushed_at AS enqueued_at, x.visible_at, x.headers,
+    ISNULL(x.body, c.body) AS body
+  FROM (SELECT s.msg_id, s.attempts, s.pushed_at, s.visible_at, s.headers, s.body FROM {spill} s
+        WHERE s.msg_id IN (SELECT msg_id FROM @moved UNION SELECT msg_id FROM @kept)
+        UNION ALL
+        SELECT r.msg_id, r.attempts, r.pushed_at, @visible, r.headers, r.body FROM {ring} r
+        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = d.id % {size} AND r.msg_id = d.id
+        WHERE r.state = 1 AND @visibility_ms = 0) x
+  LEFT JOIN {content} c ON x.body IS NULL AND c.bucket = x.msg_id % {buckets} AND c.msg_id = x.msg_id
+  JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = x.msg_id ORDER BY a.i;
+END

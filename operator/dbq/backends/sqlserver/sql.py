@@ -65,7 +65,7 @@ class MsRing(RingSqlBase):
     ROUTINES: tuple[str, ...] = ("place", "claim", "next", "push", "push_many", "take", "pop", "pop_many",
                                  "release", "ack", "ack_many", "nack", "repair", "void_holes", "stats",
                                  "defer", "extend", "redrive", "purge_dead", "scavenge", "body_of",
-                                 "read", "send", "send_batch")  # fmt: skip
+                                 "read", "send", "send_batch", "delete", "archive", "set_vt")  # fmt: skip
     ROUTINE_KIND = "PROCEDURE"
     NOW = "SYSUTCDATETIME()"
 
