@@ -1327,36 +1327,44 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_delete"(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 #variable_conflict use_column
-DECLARE v_id bigint; v_state smallint; v_big boolean;
+DECLARE v_ids bigint[] := coalesce(p_ids, '{}'::bigint[]); v_ring bigint[]; v_spill bigint[]; v_leased bigint;
 BEGIN
-  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
-  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
-    SELECT r.state, r.body IS NULL INTO v_state, v_big FROM "shopq"."orders_ring" r
-    WHERE r.slot = v_id % 1000 AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
-    IF FOUND THEN
-      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), coalesce(r.body, "shopq"."orders_body_of"(v_id, false)),
-        r.headers
-      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
-      UPDATE "shopq"."orders_ring" r SET state = 0 WHERE r.slot = v_id % 1000;
-    ELSE
-      WITH gone AS (DELETE FROM "shopq"."orders_spill" s WHERE s.msg_id = v_id RETURNING s.*),
-      kept AS (
-        INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(),
-          coalesce(g.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = v_id % 8 AND c.msg_id = v_id)),
-          g.headers
-        FROM gone g)
-      SELECT g.state, g.body IS NULL INTO v_state, v_big FROM gone g;
-      CONTINUE WHEN NOT FOUND;
-    END IF;
-    IF v_big THEN DELETE FROM "shopq"."orders_content" c WHERE c.bucket = v_id % 8 AND c.msg_id = v_id; END IF;
-    PERFORM nextval('"shopq"."orders_n_popped"');
-    IF v_state = 2 THEN PERFORM nextval('"shopq"."orders_n_settled"'); END IF;  -- its lease ended
-    PERFORM nextval('"shopq"."orders_n_archived"');
-    msg_id := v_id;
-    RETURN NEXT;
-  END LOOP;
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive. A
+  -- batch in two statements, the ring's then the spill table's (a message a nack moves there
+  -- meanwhile is seen by the second); a body in "shopq"."orders_content" leaves with its message.
+  WITH locked AS (
+    SELECT r.slot, r.state AS was FROM "shopq"."orders_ring" r JOIN (SELECT DISTINCT unnest(v_ids) AS id) d
+      ON r.slot = d.id % 1000 AND r.msg_id = d.id
+    WHERE r.state IN (1, 2) FOR UPDATE OF r),
+  gone AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM locked l WHERE r.slot = l.slot
+    RETURNING r.msg_id, l.was, r.attempts, r.pushed_at, r.body, r.headers),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id
+    RETURNING c.msg_id, c.body)
+  , kept AS (
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+  SELECT array_agg(g.msg_id), count(*) FILTER (WHERE g.was = 2) INTO v_ring, v_leased FROM gone g;
+  WITH gone AS (
+    DELETE FROM "shopq"."orders_spill" s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
+    RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id
+    RETURNING c.msg_id, c.body)
+  , kept AS (
+    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+  SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  v_ids := v_ring || v_spill;
+  PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_ids);
+  PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, v_leased);  -- the leases it ended
+  PERFORM nextval('"shopq"."orders_n_archived"') FROM unnest(v_ids);
+  RETURN QUERY SELECT d.id FROM (
+    SELECT u.id, min(u.i) AS i FROM unnest(p_ids) WITH ORDINALITY u(id, i) GROUP BY u.id) d
+  WHERE d.id = ANY (v_ids) ORDER BY d.i;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_archive"(p_ids bigint[])

@@ -1173,44 +1173,50 @@ CREATE OR REPLACE FUNCTION {fn_delete}(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
 LANGUAGE plpgsql {definer} AS $fn$
 #variable_conflict use_column
-DECLARE v_id bigint; v_state smallint; v_big boolean;
+DECLARE v_ids bigint[] := coalesce(p_ids, '{}'::bigint[]); v_ring bigint[]; v_spill bigint[]; v_leased bigint;
 BEGIN
-  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive.
-  FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
-    SELECT r.state, r.body IS NULL INTO v_state, v_big FROM {ring} r
-    WHERE r.slot = v_id % {size} AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
-    IF FOUND THEN
-      -- if archive
-      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-      SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(), coalesce(r.body, {fn_body_of}(v_id, false)),
-        r.headers
-      FROM {ring} r WHERE r.slot = v_id % {size};
-      -- end if
-      UPDATE {ring} r SET state = 0 WHERE r.slot = v_id % {size};
-    ELSE
-      -- if archive
-      WITH gone AS (DELETE FROM {spill} s WHERE s.msg_id = v_id RETURNING s.*),
-      kept AS (
-        INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(),
-          coalesce(g.body, (SELECT c.body FROM {content} c WHERE c.bucket = v_id % {buckets} AND c.msg_id = v_id)),
-          g.headers
-        FROM gone g)
-      SELECT g.state, g.body IS NULL INTO v_state, v_big FROM gone g;
-      -- else
-      DELETE FROM {spill} s WHERE s.msg_id = v_id RETURNING s.state, s.body IS NULL INTO v_state, v_big;
-      -- end if
-      CONTINUE WHEN NOT FOUND;
-    END IF;
-    IF v_big THEN DELETE FROM {content} c WHERE c.bucket = v_id % {buckets} AND c.msg_id = v_id; END IF;
-    PERFORM nextval('{n_popped}');
-    IF v_state = 2 THEN PERFORM nextval('{n_settled}'); END IF;  -- its lease ended
-    -- if archive
-    PERFORM nextval('{n_archived}');
-    -- end if
-    msg_id := v_id;
-    RETURN NEXT;
-  END LOOP;
+  -- Ends each message as ack does: counted as popped, kept in the archive with spec.archive. A
+  -- batch in two statements, the ring's then the spill table's (a message a nack moves there
+  -- meanwhile is seen by the second); a body in {content} leaves with its message.
+  WITH locked AS (
+    SELECT r.slot, r.state AS was FROM {ring} r JOIN (SELECT DISTINCT unnest(v_ids) AS id) d
+      ON r.slot = d.id % {size} AND r.msg_id = d.id
+    WHERE r.state IN (1, 2) FOR UPDATE OF r),
+  gone AS (
+    UPDATE {ring} r SET state = 0 FROM locked l WHERE r.slot = l.slot
+    RETURNING r.msg_id, l.was, r.attempts, r.pushed_at, r.body, r.headers),
+  unkept AS (
+    DELETE FROM {content} c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id
+    RETURNING c.msg_id, c.body)
+  -- if archive
+  , kept AS (
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+  -- end if
+  SELECT array_agg(g.msg_id), count(*) FILTER (WHERE g.was = 2) INTO v_ring, v_leased FROM gone g;
+  WITH gone AS (
+    DELETE FROM {spill} s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
+    RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
+  unkept AS (
+    DELETE FROM {content} c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id
+    RETURNING c.msg_id, c.body)
+  -- if archive
+  , kept AS (
+    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+  -- end if
+  SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  v_ids := v_ring || v_spill;
+  PERFORM nextval('{n_popped}') FROM unnest(v_ids);
+  PERFORM nextval('{n_settled}') FROM generate_series(1, v_leased);  -- the leases it ended
+  -- if archive
+  PERFORM nextval('{n_archived}') FROM unnest(v_ids);
+  -- end if
+  RETURN QUERY SELECT d.id FROM (
+    SELECT u.id, min(u.i) AS i FROM unnest(p_ids) WITH ORDINALITY u(id, i) GROUP BY u.id) d
+  WHERE d.id = ANY (v_ids) ORDER BY d.i;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_archive}(p_ids bigint[])
