@@ -114,7 +114,9 @@ def route(name: str, q: PipesQueue, f: Filter) -> Route:
 
 def drain(q: PipesQueue) -> list[Any]:
     got = []
-    while batch := q.pop_many(100, timeout=0.3):  # a pipe at a time: wait for the next one's lease
+    # A pipe at a time: wait for the next one's lease. On a loaded machine a pipe stayed out of
+    # reach past a 0.3 s wait in CI, so the last, empty, take waits 2 s.
+    while batch := q.pop_many(100, timeout=2):
         got += batch
     return got
 
