@@ -32,9 +32,9 @@ import argparse
 import os
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import psycopg
+from bench.cpu import backend_ns
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.client import Queue, connect
@@ -50,11 +50,6 @@ SIZE = 100_000
 SCHEMA, QUEUE = "bench", "cost"
 TABLE = f"{SCHEMA}.hand_built"
 SCRATCH_SEQUENCES = ("scratch_a", "scratch_b", "scratch_c", "scratch_d")  # drawn as a message's 4
-
-
-def backend_ns(pid: int) -> int:
-    """CPU time a PostgreSQL backend has used so far, in nanoseconds."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def bodies() -> bytes:

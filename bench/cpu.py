@@ -15,6 +15,11 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     return sum(int(f) for f in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
+def backend_ns(pid: int) -> int:
+    """CPU time a process (a PostgreSQL backend, say) has used so far, in nanoseconds."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
 def cpu_of_programs(programs: Iterable[str]) -> Counter[str]:
     """CPU time so far of every process whose name starts with one of `programs`, with the
     children that ended (a postmaster counts its finished sessions), by program."""

@@ -27,9 +27,9 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psycopg
+from bench.cpu import backend_ns
 from pgmq.install import get_embedded_install_sql, get_embedded_sql_version, install_pgmq_sql
 from psycopg.types.json import Jsonb
 
@@ -53,11 +53,6 @@ def message(i: int) -> dict[str, object]:
 
 def body(i: int) -> bytes:
     return json.dumps(message(i)).encode()
-
-
-def backend_ns(pid: int) -> int:
-    """CPU time a PostgreSQL backend has used so far, in nanoseconds."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 Cycle = Callable[[psycopg.Cursor, int], int]
