@@ -27,8 +27,8 @@ for pkg in postgresql unixodbc odbc-postgresql tdsodbc openjdk-17-jre-headless o
     containerd containernetworking-plugins iptables chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
 if ((${#need[@]})); then
-  sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 else
@@ -37,6 +37,13 @@ fi
 # FreeTDS speaks SQL Server's protocol: the driver dbq uses for SQL Server when Microsoft's is absent.
 odbcinst -q -d -n FreeTDS >/dev/null 2>&1 \
   || printf '[FreeTDS]\nDescription=FreeTDS ODBC driver for SQL Server\nDriver=libtdsodbc.so\n' | odbcinst -i -d -r >/dev/null
+# dbq's stand-in for the pgmq extension (stack/postgres/pgmq.control): PGMQ's clients create it when
+# they start. Copied into each installed PostgreSQL's extension directory when it differs.
+for ext in /usr/share/postgresql/*/extension; do
+  for f in pgmq.control pgmq--1.13.0.sql; do
+    cmp -s "$here/postgres/$f" "$ext/$f" || $sudo install -m 644 "$here/postgres/$f" "$ext/$f"
+  done
+done
 
 step "Python virtualenv"
 venv=$cache/venv

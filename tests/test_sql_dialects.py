@@ -37,7 +37,9 @@ TARGET = RingTarget(
     compression="lz4",
     database="shop",
 )
-ALL_STEPS = list(RingAction)
+# PGMQ's API: PostgreSQL's alone; the facade's SQL is its own file (tests/test_pgmq_facade.py).
+PGMQ_STEPS = {RingAction.PUBLISH_PGMQ, RingAction.UNPUBLISH_PGMQ}
+ALL_STEPS = [a for a in RingAction if a not in PGMQ_STEPS]
 CALLS = [
     "push",
     "push_many",
@@ -138,12 +140,14 @@ def test_every_step_the_planner_can_emit_exists_in_both_dialects():
         RingAction.INDEX_SPILL,
         RingAction.ADD_HEADERS,
         RingAction.ALLOW_CONTENT,
+        RingAction.UNPUBLISH_PGMQ,
     }
-    emitted = {s.action for s in plan_ring(TARGET, Observed())} | upgrades_only
+    pgmq_target = replace(TARGET, pgmq_name="shop_orders")
+    emitted = {s.action for s in plan_ring(pgmq_target, Observed())} | upgrades_only
     assert emitted == set(RingAction)
-    for ring in (PgRing(TARGET), MsRing(TARGET)):
+    for ring in (PgRing(pgmq_target), MsRing(TARGET)):
         for action in RingAction:
-            if isinstance(ring, MsRing) and action == RingAction.SET_COMPRESSION:
+            if isinstance(ring, MsRing) and action in (RingAction.SET_COMPRESSION, *PGMQ_STEPS):
                 continue  # PostgreSQL's alone: refused at admission on SQL Server, never planned there
             assert ring.render(RingStep(action, "test")), (
                 f"{type(ring).__name__} renders nothing for {action}"

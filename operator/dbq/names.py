@@ -93,6 +93,11 @@ class QueueNames:
     def pop_seq(self) -> str:
         return self._("pop_seq")
 
+    @property
+    def swept_seq(self) -> str:
+        """When read last swept expired leases back (ms since the epoch; version 23 on)."""
+        return self._("swept")
+
     def routine(self, verb: str) -> str:
         return self._(verb)
 
@@ -208,7 +213,7 @@ class QueueNames:
 
     @property
     def sequences(self) -> tuple[str, ...]:
-        return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS))
+        return (self.push_seq, self.pop_seq, *(self.counter(c) for c in COUNTERS), self.swept_seq)
 
 
 # --- quoting, per dialect -----------------------------------------------------------------------

@@ -66,6 +66,8 @@ CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_archived" AS bigint MINVALUE 1 S
 
 CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_n_scavenged" AS bigint MINVALUE 1 START 1 CACHE 1
 
+CREATE SEQUENCE IF NOT EXISTS "shopq"."orders_swept" AS bigint MINVALUE 1 START 1 CACHE 1
+
 -- step reset_positions
 
 SELECT setval('"shopq"."orders_pop_seq"', greatest((SELECT last_value FROM "shopq"."orders_push_seq"), (SELECT last_value FROM "shopq"."orders_pop_seq")), true)
@@ -805,15 +807,12 @@ BEGIN
   o_ok := 1;
 END $fn$
 
-CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
-  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
-  OUT o_dead bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
+CREATE OR REPLACE FUNCTION "shopq"."orders_expire_leases"(OUT o_expired bigint, OUT o_dead bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_n bigint; v_dead bigint;
 BEGIN
-  v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
-  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
-  -- run looks again, and repair never waits on a client or deadlocks with one.
+  -- Called by repair (the operator's cleanup) and by read at most once a second (version 23 on),
+  -- so an expired lease comes back without the operator, as PGMQ's visibility timeout does.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
   -- 5 times (when that is > 0) go to the dead letters instead.
   WITH due AS (
@@ -834,7 +833,7 @@ BEGIN
     INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
     WHERE NOT (5 > 0 AND m.attempts >= 5) RETURNING msg_id)
-  SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired_leases, o_dead;
+  SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired, o_dead;
   WITH due AS (
     SELECT msg_id FROM "shopq"."orders_spill" WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED),
   gone AS (
@@ -853,10 +852,22 @@ BEGIN
     UPDATE "shopq"."orders_spill" s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT (5 > 0 AND s.attempts >= 5) RETURNING 1)
   SELECT (SELECT count(*) FROM ready) + (SELECT count(*) FROM gone), (SELECT count(*) FROM gone) INTO v_n, v_dead;
-  o_expired_leases := o_expired_leases + v_n;
+  o_expired := o_expired + v_n;
   o_dead := o_dead + v_dead;
-  PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, o_expired_leases);
+  PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, o_expired);
   PERFORM nextval('"shopq"."orders_n_dead"') FROM generate_series(1, o_dead);
+END $fn$
+
+CREATE OR REPLACE FUNCTION "shopq"."orders_repair"(p_orphan_grace_ms bigint,
+  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
+  OUT o_dead bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
+BEGIN
+  v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
+  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
+  -- run looks again, and repair never waits on a client or deadlocks with one.
+  SELECT e.o_expired, e.o_dead INTO o_expired_leases, o_dead FROM "shopq"."orders_expire_leases"() e;
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH due AS (
@@ -1097,7 +1108,7 @@ DECLARE
   v_until timestamptz := clock_timestamp() + greatest(p_wait_ms, 0) * interval '1 millisecond';
   v_now timestamptz; v_lease_end timestamptz; v_due bigint[]; v_pos bigint[]; v_left bigint[]; v_gone bigint[];
   v_bigs bigint[]; v_k int; v_got int; v_n int; v_p bigint; v_rec bytea; v_h int; v_since timestamptz;
-  v_leased boolean := p_visibility_ms > 0;
+  v_ms bigint; v_leased boolean := p_visibility_ms > 0;
   v_grace interval := CASE WHEN p_visibility_ms > 0 THEN least(2000, greatest(p_visibility_ms / 4, 1))
     ELSE 2000 END * interval '1 millisecond';
 BEGIN
@@ -1115,6 +1126,14 @@ BEGIN
     v_now := clock_timestamp();
     v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
     v_got := 0;
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
+    -- once a second a queue, by the one reader that takes the sweep's lock ("shopq"."orders_swept" holds the
+    -- last sweep's time in ms; setval is not transactional, so no row is locked for it).
+    v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
+    IF coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 AND pg_try_advisory_xact_lock('"shopq"."orders_swept"'::regclass::oid::bigint | (1::bigint << 40)) AND coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 THEN
+      PERFORM setval('"shopq"."orders_swept"', v_ms);
+      PERFORM "shopq"."orders_expire_leases"();
+    END IF;
     -- 1. Redeliveries due (nacked, lease expired, rescued orphans, delayed), the longest due first.
     SELECT array_agg(s.msg_id ORDER BY s.visible_at) INTO v_due FROM (
       SELECT s.msg_id, s.visible_at FROM "shopq"."orders_spill" s WHERE s.state = 1 AND s.visible_at <= v_now
@@ -1287,6 +1306,10 @@ BEGIN
       WHERE t IS NULL OR t = 'null' OR (octet_length(h::text) <= 1024 AND t = 'object')
         OR "shopq"."orders_check_headers"(octet_length(h::text), t) IS NULL;
     END IF;
+    -- A batch the ring visibly has no room for is refused whole, before any of it is written.
+    IF coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) + v_n > 1000 THEN
+      PERFORM "shopq"."orders_check_send"(-v_n, 0, 0, false);
+    END IF;
     v_ids := "shopq"."orders_push_array"(p_bodies, v_texts, p_ttl_ms);
     -- What the ring took stays sent (an error now would leave its positions as holes): a body
     -- it did not take answers NULL, to be sent again. Refused outright only when none was taken.
@@ -1416,6 +1439,35 @@ BEGIN
   END LOOP;
 END $fn$
 
+CREATE OR REPLACE FUNCTION "shopq"."orders_purge"(OUT o_purged bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
+DECLARE v_popped bigint := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0); v_leased bigint; v_n bigint;
+BEGIN
+  -- Every message ended at once, ready, delayed or leased (a lease held is lost), as PGMQ's
+  -- purge_queue does (version 23 on); counted as popped, none archived. A ring position not
+  -- drawn yet becomes void, so the reader that draws it moves on. A push that commits after
+  -- this is kept.
+  WITH locked AS (
+    SELECT r.slot, r.state AS was FROM "shopq"."orders_ring" r WHERE r.state IN (1, 2) FOR UPDATE),
+  gone AS (
+    UPDATE "shopq"."orders_ring" r SET state = 0 FROM locked l WHERE r.slot = l.slot
+    RETURNING r.msg_id, l.was, r.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.big AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id),
+  voided AS (
+    INSERT INTO "shopq"."orders_gap" (pos, reason) SELECT g.msg_id, 'void' FROM gone g WHERE g.msg_id > v_popped
+    ON CONFLICT (pos) DO NOTHING)
+  SELECT count(*), count(*) FILTER (WHERE g.was = 2) INTO o_purged, v_leased FROM gone g;
+  WITH gone AS (
+    DELETE FROM "shopq"."orders_spill" s RETURNING s.msg_id, s.state AS was, s.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.big AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id)
+  SELECT count(*), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_n, v_leased FROM gone g;
+  o_purged := o_purged + v_n;
+  PERFORM nextval('"shopq"."orders_n_popped"') FROM generate_series(1, o_purged);
+  PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, v_leased);
+END $fn$
+
 -- What a login may read of the queue goes through routines too, so no login needs a grant on
 -- a table: the metadata a client reads when it connects, the waiting messages (peek), the
 -- statistics history, dead letters and the archive; and a consumer's wait mark.
@@ -1505,7 +1557,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 22, 1000, 300,
+VALUES ('orders', 'ring', 23, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
@@ -1572,6 +1624,8 @@ ALTER SEQUENCE "shopq"."orders_n_purged" OWNER TO "dbq_o_shopq_7bf52350"
 ALTER SEQUENCE "shopq"."orders_n_archived" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER SEQUENCE "shopq"."orders_n_scavenged" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER SEQUENCE "shopq"."orders_swept" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER ROUTINE "shopq"."orders_place" OWNER TO "dbq_o_shopq_7bf52350"
 
@@ -1647,19 +1701,23 @@ ALTER ROUTINE "shopq"."orders_archive" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER ROUTINE "shopq"."orders_set_vt" OWNER TO "dbq_o_shopq_7bf52350"
 
+ALTER ROUTINE "shopq"."orders_expire_leases" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER ROUTINE "shopq"."orders_purge" OWNER TO "dbq_o_shopq_7bf52350"
+
 REVOKE ALL ON SCHEMA "shopq" FROM PUBLIC
 
 REVOKE ALL ON TABLE "shopq"."dbq_queues", "shopq"."dbq_stats_history", "shopq"."orders_ring", "shopq"."orders_spill", "shopq"."orders_gap", "shopq"."orders_staged", "shopq"."orders_dead", "shopq"."orders_waiters", "shopq"."orders_archive", "shopq"."orders_content" FROM PUBLIC
 
-REVOKE ALL ON SEQUENCE "shopq"."orders_push_seq", "shopq"."orders_pop_seq", "shopq"."orders_n_pushed", "shopq"."orders_n_popped", "shopq"."orders_n_acquired", "shopq"."orders_n_expired", "shopq"."orders_n_settled", "shopq"."orders_n_dead", "shopq"."orders_n_redriven", "shopq"."orders_n_purged", "shopq"."orders_n_archived", "shopq"."orders_n_scavenged" FROM PUBLIC
+REVOKE ALL ON SEQUENCE "shopq"."orders_push_seq", "shopq"."orders_pop_seq", "shopq"."orders_n_pushed", "shopq"."orders_n_popped", "shopq"."orders_n_acquired", "shopq"."orders_n_expired", "shopq"."orders_n_settled", "shopq"."orders_n_dead", "shopq"."orders_n_redriven", "shopq"."orders_n_purged", "shopq"."orders_n_archived", "shopq"."orders_n_scavenged", "shopq"."orders_swept" FROM PUBLIC
 
-REVOKE ALL ON ROUTINE "shopq"."orders_place", "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_stats", "shopq"."orders_defer", "shopq"."orders_extend", "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_scavenge", "shopq"."orders_oldest_age", "shopq"."orders_check_headers", "shopq"."orders_split_headers", "shopq"."orders_headers_of_dead", "shopq"."orders_body_of", "shopq"."orders_describe", "shopq"."orders_wait", "shopq"."orders_peek", "shopq"."orders_history", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_read", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_check_send", "shopq"."orders_push_array", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt" FROM PUBLIC
+REVOKE ALL ON ROUTINE "shopq"."orders_place", "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_stats", "shopq"."orders_defer", "shopq"."orders_extend", "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_scavenge", "shopq"."orders_oldest_age", "shopq"."orders_check_headers", "shopq"."orders_split_headers", "shopq"."orders_headers_of_dead", "shopq"."orders_body_of", "shopq"."orders_describe", "shopq"."orders_wait", "shopq"."orders_peek", "shopq"."orders_history", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_read", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_check_send", "shopq"."orders_push_array", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt", "shopq"."orders_expire_leases", "shopq"."orders_purge" FROM PUBLIC
 
 GRANT USAGE ON SCHEMA "shopq" TO "dbq_r_orders_16adecff_send", "dbq_r_orders_16adecff_receive", "dbq_r_orders_16adecff_peek", "dbq_r_orders_16adecff_monitor", "dbq_r_orders_16adecff_manage"
 
 GRANT EXECUTE ON ROUTINE "shopq"."orders_push", "shopq"."orders_push_many", "shopq"."orders_defer", "shopq"."orders_send", "shopq"."orders_send_batch", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_send"
 
-GRANT EXECUTE ON ROUTINE "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_extend", "shopq"."orders_wait", "shopq"."orders_read", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_receive"
+GRANT EXECUTE ON ROUTINE "shopq"."orders_take", "shopq"."orders_pop", "shopq"."orders_pop_many", "shopq"."orders_release", "shopq"."orders_ack", "shopq"."orders_ack_many", "shopq"."orders_nack", "shopq"."orders_extend", "shopq"."orders_wait", "shopq"."orders_read", "shopq"."orders_delete", "shopq"."orders_archive", "shopq"."orders_set_vt", "shopq"."orders_purge", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_receive"
 
 GRANT EXECUTE ON ROUTINE "shopq"."orders_peek", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_peek"
 
@@ -1668,6 +1726,17 @@ GRANT EXECUTE ON ROUTINE "shopq"."orders_stats", "shopq"."orders_history", "shop
 GRANT EXECUTE ON ROUTINE "shopq"."orders_redrive", "shopq"."orders_purge_dead", "shopq"."orders_dead_letters", "shopq"."orders_archived", "shopq"."orders_repair", "shopq"."orders_void_holes", "shopq"."orders_scavenge", "shopq"."orders_describe" TO "dbq_r_orders_16adecff_manage"
 
 -- teardown
+
+DO $$ DECLARE v_role text; BEGIN
+  IF to_regclass('pgmq.dbq_queues') IS NULL THEN RETURN; END IF;
+  DELETE FROM pgmq.dbq_queues WHERE schema_name = 'shopq'
+    AND queue = 'orders';
+  FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ('dbq_r_orders_16adecff_send', 'dbq_r_orders_16adecff_receive', 'dbq_r_orders_16adecff_peek', 'dbq_r_orders_16adecff_monitor', 'dbq_r_orders_16adecff_manage') LOOP
+    EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM %I', v_role);
+    EXECUTE format('REVOKE ALL ON TABLE pgmq.dbq_queues FROM %I', v_role);
+    EXECUTE format('REVOKE ALL ON SCHEMA pgmq FROM %I', v_role);
+  END LOOP;
+END $$
 
 DROP FUNCTION IF EXISTS "shopq"."orders_place"
 
@@ -1743,6 +1812,10 @@ DROP FUNCTION IF EXISTS "shopq"."orders_archive"
 
 DROP FUNCTION IF EXISTS "shopq"."orders_set_vt"
 
+DROP FUNCTION IF EXISTS "shopq"."orders_expire_leases"
+
+DROP FUNCTION IF EXISTS "shopq"."orders_purge"
+
 DROP TABLE IF EXISTS "shopq"."orders_ring"
 
 DROP TABLE IF EXISTS "shopq"."orders_spill"
@@ -1782,6 +1855,8 @@ DROP SEQUENCE IF EXISTS "shopq"."orders_n_purged"
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_archived"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_n_scavenged"
+
+DROP SEQUENCE IF EXISTS "shopq"."orders_swept"
 
 DELETE FROM "shopq"."dbq_queues" WHERE queue = 'orders'
 

@@ -82,6 +82,9 @@ CREATE SEQUENCE [shopq].[orders_n_archived] AS bigint START WITH 1 INCREMENT BY 
 IF OBJECT_ID(N'[shopq].[orders_n_scavenged]', N'SO') IS NULL
 CREATE SEQUENCE [shopq].[orders_n_scavenged] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
 
+IF OBJECT_ID(N'[shopq].[orders_swept]', N'SO') IS NULL
+CREATE SEQUENCE [shopq].[orders_swept] AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 CACHE 1000
+
 -- step reset_positions
 
 DECLARE @level bigint = (SELECT MAX(CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END) + 1
@@ -1265,12 +1268,12 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 22, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 23, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers, max_body_bytes)
-  VALUES (s.queue, N'ring', 22, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 23, 1000, 300, 5, 1, N'',
     1024, 32, 1048576);
 
 -- step secure
@@ -1454,6 +1457,8 @@ DROP SEQUENCE IF EXISTS [shopq].[orders_n_purged]
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_archived]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_n_scavenged]
+
+DROP SEQUENCE IF EXISTS [shopq].[orders_swept]
 
 DELETE FROM [shopq].[dbq_queues] WHERE queue = N'orders'
 

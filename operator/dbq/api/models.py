@@ -334,6 +334,14 @@ class Archive(Model):
     )
 
 
+class Pgmq(Model):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,46}$")] = Field(
+        description="The name PGMQ's clients use for this queue (pgmq.send('NAME', ...)): lower-case letters,"
+        " digits and underscores, at most 47, unique in the database. The operator installs PGMQ 1.13's API"
+        " (schema pgmq) in the database and maps this name to the queue; see the Coming from PGMQ page."
+    )
+
+
 class Timeouts(Model):
     visibility: Duration("1s", "12h") = Field(  # type: ignore[valid-type]
         default="30s",
@@ -445,6 +453,10 @@ class QueueSpec(Model):
         default_factory=Archive,
         description="Ring and pipes queues: keep acked and popped messages for a while.",
     )
+    pgmq: Pgmq | None = Field(
+        default=None,
+        description="PostgreSQL ring queues: also reachable through PGMQ's API (schema pgmq), under this name.",
+    )
     timeouts: Timeouts = Field(
         default_factory=Timeouts, description="Defaults of the clients' waits and leases."
     )
@@ -470,6 +482,8 @@ class QueueSpec(Model):
             raise ValueError(ARCHIVE_HINT)
         if self.messages.compression is not None and self.backend != "postgres":
             raise ValueError(COMPRESSION_HINT)
+        if self.pgmq is not None and (self.backend != "postgres" or self.design != "ring"):
+            raise ValueError(PGMQ_HINT)
         if self.design == "pipes":
             body = self.messages.max_bytes or DEFAULT_MAX_BODY_BYTES
             if body > MAX_PIPES_BODY_BYTES or self.messages.header_bytes > MAX_PIPES_HEADER_BYTES:
@@ -501,6 +515,10 @@ def section_error(section: str, design: str) -> str:
 DEAD_LETTER_HINT = (
     "spec.deadLetter: a servicebroker queue keeps no dead letters (Service Broker disables a queue on"
     " poison messages instead, see spec.serviceBroker.poisonMessageHandling); remove it"
+)
+PGMQ_HINT = (
+    "spec.pgmq: PGMQ's API is offered on PostgreSQL ring queues only: remove spec.pgmq, or use backend postgres"
+    " with design ring"
 )
 ARCHIVE_HINT = (
     "spec.archive.enabled: a servicebroker queue has no archive (Service Broker keeps messages with the"

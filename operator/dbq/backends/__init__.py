@@ -30,6 +30,7 @@ def open_backend(
             header_bytes=spec.messages.header_bytes, max_headers=spec.messages.max_headers,
             max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
             compression=str(spec.messages.compression or ""),
+            pgmq_name=spec.pgmq.name if spec.pgmq else "",
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

@@ -26,6 +26,7 @@ class RingSql(Protocol):
     COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
     OBSERVE_INSECURE: str | None  # objects not as secure() leaves them, where the dialect looks
     SHARED_LOGIN_SESSIONS: str | None  # applications on the operator's login, where it can tell
+    PGMQ: bool  # whether PGMQ's API is offered (spec.pgmq)
     BACKEND: str
     ring: str
     meta: str

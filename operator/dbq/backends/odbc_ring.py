@@ -25,6 +25,7 @@ from dbq.backends.maintenance import (
     plan_maintenance,
 )
 from dbq.backends.odbc import OdbcBackend
+from dbq.backends.postgres import pgmq
 from dbq.backends.postgres.access import ensure_helper
 from dbq.backends.ring_plan import (
     Observed,
@@ -71,8 +72,9 @@ class OdbcRing(OdbcBackend):
                 self._resolve_compression(cur.execute(self.sql.COMPRESSIONS).fetchval())
             schema = self.names.schema
             keeper_version = self._keeper_version(cur)
+            facade_version, pgmq_name = self._pgmq(cur) if self.sql.PGMQ else (0, "")
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
-                return Observed(keeper_version=keeper_version)
+                return Observed(keeper_version=keeper_version, facade_version=facade_version)
             n = self.names
             rels = relations(cur, self.sql, schema, [n.meta, n.history, *n.tables, *n.sequences])
             tables = frozenset(name for name, kind in rels.items() if kind in ("r", "p"))
@@ -112,7 +114,17 @@ class OdbcRing(OdbcBackend):
                 ring_rows=int(ring_rows),
                 recorded=recorded,
                 keeper_version=keeper_version,
+                facade_version=facade_version,
+                pgmq_name=pgmq_name,
             )
+
+    def _pgmq(self, cur: pyodbc.Cursor) -> tuple[int, str]:
+        """The database's PGMQ facade version (0: none) and the PGMQ name mapped to this queue."""
+        if cur.execute(pgmq.OBSERVE_FACADE).fetchval() != 2:
+            return 0, ""
+        version = int(cur.execute(pgmq.OBSERVE_VERSION).fetchval())
+        name = cur.execute(pgmq.OBSERVE_NAME, self.names.schema, self.names.queue).fetchval()
+        return version, name or ""
 
     def _resolve_compression(self, offered: str | None) -> None:
         """The target with spec.messages.compression resolved against what the server offers

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import PGMQ_FACADE_VERSION, RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, InvalidSpec
 
 # Versions 8 and 9 keyed a dead-letter table by msg_id alone; since 10 it is (source, msg_id), so
@@ -55,6 +55,8 @@ class RingAction(StrEnum):
     CREATE_ROUTINES = "create_routines"
     RECORD_VERSION = "record_version"
     SECURE = "secure"
+    PUBLISH_PGMQ = "publish_pgmq"
+    UNPUBLISH_PGMQ = "unpublish_pgmq"
 
 
 DONE = {
@@ -75,6 +77,8 @@ DONE = {
     RingAction.CREATE_ROUTINES: "created the routines",
     RingAction.RECORD_VERSION: "recorded the schema version and settings",
     RingAction.SECURE: "gave every object to the schema's owner role and each right's routines to its group role",
+    RingAction.PUBLISH_PGMQ: "installed PGMQ's API (schema pgmq) and mapped spec.pgmq.name to the queue",
+    RingAction.UNPUBLISH_PGMQ: "removed the queue from PGMQ's API (schema pgmq)",
 }
 
 
@@ -133,6 +137,10 @@ class Observed:
     # Every object belongs to the owner role and no routine is granted beyond its right (a
     # dialect that does not look says True).
     secured: bool = True
+    # The database's PGMQ facade: its version (0: not installed) and the PGMQ queue name it maps
+    # to this queue ('' for none).
+    facade_version: int = 0
+    pgmq_name: str = ""
 
 
 def choose_compression(wanted: str, offered: frozenset[str]) -> str:
@@ -277,4 +285,29 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             RingAction.SECURE,
             f"{made[0]} made objects" if made else "an object or a grant is not as dbq gives it",
         )
+    steps += plan_pgmq(target, observed, secure=bool(made) or not observed.secured)
     return steps
+
+
+def plan_pgmq(target: RingTarget, observed: Observed, secure: bool) -> list[RingStep]:
+    """PGMQ's API for spec.pgmq: the facade installed at this version, the name mapped to the
+    queue, and its group roles granted the facade's functions (again whenever SECURE runs)."""
+    wanted = target.pgmq_name
+    if not wanted:
+        if observed.pgmq_name:
+            return [
+                RingStep(
+                    RingAction.UNPUBLISH_PGMQ,
+                    f"PGMQ name {observed.pgmq_name} maps to the queue, spec.pgmq is absent",
+                )
+            ]
+        return []
+    if observed.facade_version != PGMQ_FACADE_VERSION:
+        why = f"PGMQ facade is at version {observed.facade_version or 'none'}, dbq's is {PGMQ_FACADE_VERSION}"
+    elif observed.pgmq_name != wanted:
+        why = f"PGMQ name {wanted} does not map to the queue yet"
+    elif secure:
+        why = "grants were given again"
+    else:
+        return []
+    return [RingStep(RingAction.PUBLISH_PGMQ, why)]

@@ -14,6 +14,7 @@ from importlib import resources
 from dbq.backends.ring_plan import RingAction, RingStep
 from dbq.contract.access import QUEUE_RIGHTS
 from dbq.contract.ring import CONTENT_BUCKETS, HOLE_GRACE_S, RingTarget, notify_channel
+from dbq.errors import InvalidSpec
 from dbq.names import COUNTERS, QueueNames, group_role, owner_role, qualified_literal
 
 # Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table. One
@@ -99,6 +100,8 @@ class RingSqlBase:
     OBSERVE_INSECURE: str | None = None
     # Sessions of applications logged in with the operator's login, where the dialect can tell.
     SHARED_LOGIN_SESSIONS: str | None = None
+    # Whether the dialect offers PGMQ's API (spec.pgmq): the plan observes the facade.
+    PGMQ = False
 
     def __init__(
         self, target: RingTarget, quote: Callable[[str], str], literal: Callable[[str], str]
@@ -123,6 +126,7 @@ class RingSqlBase:
         self.push_seq = f"{s}.{quote(n.push_seq)}"
         self.pop_seq = f"{s}.{quote(n.pop_seq)}"
         self.count = {c: f"{s}.{quote(n.counter(c))}" for c in COUNTERS}
+        self.swept_seq = f"{s}.{quote(n.swept_seq)}"
         self.fn = {verb: f"{s}.{quote(n.routine(verb))}" for verb in self.ROUTINES}
         self.size = int(target.size)
         self.message_bytes = int(target.message_bytes)
@@ -136,7 +140,7 @@ class RingSqlBase:
 
     @property
     def sequences(self) -> tuple[str, ...]:
-        return (self.push_seq, self.pop_seq, *self.count.values())
+        return (self.push_seq, self.pop_seq, *self.count.values(), self.swept_seq)
 
     # --- provisioning: one method per planning step -------------------------------------------
     def batches(self, statements: list[str]) -> list[str]:
@@ -164,6 +168,8 @@ class RingSqlBase:
             RingAction.CREATE_ROUTINES: self.create_routines,
             RingAction.RECORD_VERSION: self.record_version,
             RingAction.SECURE: self.secure,
+            RingAction.PUBLISH_PGMQ: self.publish_pgmq,
+            RingAction.UNPUBLISH_PGMQ: self.unpublish_pgmq,
         }
         return statements[step.action]()
 
@@ -226,6 +232,12 @@ class RingSqlBase:
         """After drop(): the queue's roles, where the dialect makes roles of its own."""
         raise NotImplementedError
 
+    def publish_pgmq(self) -> list[str]:
+        raise InvalidSpec("spec.pgmq: PGMQ's API is offered on PostgreSQL ring queues only: remove spec.pgmq")
+
+    def unpublish_pgmq(self) -> list[str]:
+        return []
+
     def create_routines(self) -> list[str]:
         template = load_template(self.TEMPLATE_PACKAGE, self.TEMPLATE_FILE)
         return render_template(template, self.template_values(), {"archive": self.t.archive})
@@ -242,6 +254,7 @@ class RingSqlBase:
             "max_attempts": int(self.t.max_attempts),
             "push_seq": self.push_seq,
             "pop_seq": self.pop_seq,
+            "swept_seq": self.swept_seq,
             "size": self.size,
             "max_bytes": min(self.message_bytes, self.max_body_bytes),  # the largest body a slot holds
             "header_bytes": self.header_bytes,

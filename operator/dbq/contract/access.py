@@ -24,7 +24,7 @@ __all__ = [
 # The ring's routines (PostgreSQL; SQL Server's procedures of the same verbs) by the right that
 # may call them. `describe` (version, sizes and limits, read when a client connects) goes with
 # every right; the routines not named here (place, body_of, oldest_age, the header helpers,
-# check_send, push_array) are called only by the others, as their owner, and granted to no one.
+# check_send, push_array, expire_leases) are called only by the others, as their owner, and granted to no one.
 RING_RIGHTS: dict[Right, tuple[str, ...]] = {
     Right.SEND: ("push", "push_many", "defer", "send", "send_batch"),
     Right.RECEIVE: (
@@ -41,6 +41,7 @@ RING_RIGHTS: dict[Right, tuple[str, ...]] = {
         "delete",
         "archive",
         "set_vt",
+        "purge",
     ),
     Right.PEEK: ("peek",),
     Right.MONITOR: ("stats", "history"),

@@ -22,7 +22,10 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 22
+RING_SCHEMA_VERSION = 23
+# Version of the PGMQ facade (schema pgmq, `dbq/backends/postgres/pgmq_facade.sql`), installed
+# once per database: bump it when the facade changes, and provisioning installs it again.
+PGMQ_FACADE_VERSION = 1
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -101,6 +104,8 @@ class RingTarget:
     # The database the queue lives in: its roles' names are derived from it (roles are the
     # server's, not the database's; `dbq.names.owner_role`). The backend sets it from its connection.
     database: str = ""
+    # spec.pgmq.name: the PGMQ queue name the database's PGMQ facade maps to this queue ('' for none)
+    pgmq_name: str = ""
 
     @property
     def dead_letter_queue(self) -> str:

@@ -645,15 +645,12 @@ BEGIN
   o_ok := 1;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
-  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
-  OUT o_dead bigint)
-LANGUAGE plpgsql {definer} AS $fn$
-DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint; v_dead bigint;
+CREATE OR REPLACE FUNCTION {fn_expire_leases}(OUT o_expired bigint, OUT o_dead bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_n bigint; v_dead bigint;
 BEGIN
-  v_popped := {last_popped};
-  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
-  -- run looks again, and repair never waits on a client or deadlocks with one.
+  -- Called by repair (the operator's cleanup) and by read at most once a second (version 23 on),
+  -- so an expired lease comes back without the operator, as PGMQ's visibility timeout does.
   -- Leases past their visibility timeout: ready again, out of ring order; those acquired
   -- {max_attempts} times (when that is > 0) go to the dead letters instead.
   WITH due AS (
@@ -674,7 +671,7 @@ BEGIN
     INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
     SELECT m.msg_id, 1, 0, m.attempts, m.pushed_at, v_now, m.expires_at, m.body, m.headers FROM moved m
     WHERE NOT ({max_attempts} > 0 AND m.attempts >= {max_attempts}) RETURNING msg_id)
-  SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired_leases, o_dead;
+  SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM dead) INTO o_expired, o_dead;
   WITH due AS (
     SELECT msg_id FROM {spill} WHERE state = 2 AND visible_at < v_now ORDER BY msg_id FOR UPDATE SKIP LOCKED),
   gone AS (
@@ -693,10 +690,22 @@ BEGIN
     UPDATE {spill} s SET state = 1, lease = 0 FROM due
     WHERE s.msg_id = due.msg_id AND NOT ({max_attempts} > 0 AND s.attempts >= {max_attempts}) RETURNING 1)
   SELECT (SELECT count(*) FROM ready) + (SELECT count(*) FROM gone), (SELECT count(*) FROM gone) INTO v_n, v_dead;
-  o_expired_leases := o_expired_leases + v_n;
+  o_expired := o_expired + v_n;
   o_dead := o_dead + v_dead;
-  PERFORM nextval('{n_settled}') FROM generate_series(1, o_expired_leases);
+  PERFORM nextval('{n_settled}') FROM generate_series(1, o_expired);
   PERFORM nextval('{n_dead}') FROM generate_series(1, o_dead);
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_repair}(p_orphan_grace_ms bigint,
+  OUT o_expired_leases bigint, OUT o_orphans bigint, OUT o_expired bigint, OUT o_gaps_purged bigint,
+  OUT o_dead bigint)
+LANGUAGE plpgsql {definer} AS $fn$
+DECLARE v_now timestamptz := clock_timestamp(); v_popped bigint; v_n bigint;
+BEGIN
+  v_popped := {last_popped};
+  -- Rows a client is changing right now are skipped (SKIP LOCKED): they are in use, the next
+  -- run looks again, and repair never waits on a client or deadlocks with one.
+  SELECT e.o_expired, e.o_dead INTO o_expired_leases, o_dead FROM {fn_expire_leases}() e;
   -- Orphans: ready messages whose pop position was drawn but never claimed (the popper died
   -- mid-call or gave up waiting). Their position is spent, so they leave ring order.
   WITH due AS (
@@ -937,7 +946,7 @@ DECLARE
   v_until timestamptz := clock_timestamp() + greatest(p_wait_ms, 0) * interval '1 millisecond';
   v_now timestamptz; v_lease_end timestamptz; v_due bigint[]; v_pos bigint[]; v_left bigint[]; v_gone bigint[];
   v_bigs bigint[]; v_k int; v_got int; v_n int; v_p bigint; v_rec bytea; v_h int; v_since timestamptz;
-  v_leased boolean := p_visibility_ms > 0;
+  v_ms bigint; v_leased boolean := p_visibility_ms > 0;
   v_grace interval := CASE WHEN p_visibility_ms > 0 THEN least({hole_grace_ms}, greatest(p_visibility_ms / 4, 1))
     ELSE {hole_grace_ms} END * interval '1 millisecond';
 BEGIN
@@ -955,6 +964,14 @@ BEGIN
     v_now := clock_timestamp();
     v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
     v_got := 0;
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
+    -- once a second a queue, by the one reader that takes the sweep's lock ({swept_seq} holds the
+    -- last sweep's time in ms; setval is not transactional, so no row is locked for it).
+    v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
+    IF {last_swept} < v_ms - 1000 AND pg_try_advisory_xact_lock({sweep_lock}) AND {last_swept} < v_ms - 1000 THEN
+      PERFORM setval('{swept_seq}', v_ms);
+      PERFORM {fn_expire_leases}();
+    END IF;
     -- 1. Redeliveries due (nacked, lease expired, rescued orphans, delayed), the longest due first.
     SELECT array_agg(s.msg_id ORDER BY s.visible_at) INTO v_due FROM (
       SELECT s.msg_id, s.visible_at FROM {spill} s WHERE s.state = 1 AND s.visible_at <= v_now
@@ -1133,6 +1150,10 @@ BEGIN
       WHERE t IS NULL OR t = 'null' OR (octet_length(h::text) <= {header_bytes} AND t = 'object')
         OR {fn_check_headers}(octet_length(h::text), t) IS NULL;
     END IF;
+    -- A batch the ring visibly has no room for is refused whole, before any of it is written.
+    IF {last_pushed} - {last_popped} + v_n > {size} THEN
+      PERFORM {fn_check_send}(-v_n, 0, 0, false);
+    END IF;
     v_ids := {fn_push_array}(p_bodies, v_texts, p_ttl_ms);
     -- What the ring took stays sent (an error now would leave its positions as holes): a body
     -- it did not take answers NULL, to be sent again. Refused outright only when none was taken.
@@ -1271,6 +1292,35 @@ BEGIN
       coalesce(s.body, {fn_body_of}(v_id, false))
     FROM {spill} s WHERE s.msg_id = v_id;
   END LOOP;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_purge}(OUT o_purged bigint)
+LANGUAGE plpgsql {definer} AS $fn$
+DECLARE v_popped bigint := {last_popped}; v_leased bigint; v_n bigint;
+BEGIN
+  -- Every message ended at once, ready, delayed or leased (a lease held is lost), as PGMQ's
+  -- purge_queue does (version 23 on); counted as popped, none archived. A ring position not
+  -- drawn yet becomes void, so the reader that draws it moves on. A push that commits after
+  -- this is kept.
+  WITH locked AS (
+    SELECT r.slot, r.state AS was FROM {ring} r WHERE r.state IN (1, 2) FOR UPDATE),
+  gone AS (
+    UPDATE {ring} r SET state = 0 FROM locked l WHERE r.slot = l.slot
+    RETURNING r.msg_id, l.was, r.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM {content} c USING gone g WHERE g.big AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id),
+  voided AS (
+    INSERT INTO {gap} (pos, reason) SELECT g.msg_id, 'void' FROM gone g WHERE g.msg_id > v_popped
+    ON CONFLICT (pos) DO NOTHING)
+  SELECT count(*), count(*) FILTER (WHERE g.was = 2) INTO o_purged, v_leased FROM gone g;
+  WITH gone AS (
+    DELETE FROM {spill} s RETURNING s.msg_id, s.state AS was, s.body IS NULL AS big),
+  unkept AS (
+    DELETE FROM {content} c USING gone g WHERE g.big AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id)
+  SELECT count(*), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_n, v_leased FROM gone g;
+  o_purged := o_purged + v_n;
+  PERFORM nextval('{n_popped}') FROM generate_series(1, o_purged);
+  PERFORM nextval('{n_settled}') FROM generate_series(1, v_leased);
 END $fn$
 --;;
 -- What a login may read of the queue goes through routines too, so no login needs a grant on

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dbq.api.models import Compression
+from dbq.backends.postgres import pgmq
 from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS
@@ -56,10 +57,14 @@ class PgRing(RingSqlBase):
         "delete",
         "archive",
         "set_vt",
+        # PGMQ's semantics (version 23 on): read sweeps expired leases back; purge ends every message
+        "expire_leases",
+        "purge",
     )
     TEMPLATE_PACKAGE = __package__ or "dbq.backends.postgres"
     TEMPLATE_FILE = "ring_routines.sql"
     BACKEND = "postgres"
+    PGMQ = True
 
     def __init__(self, target: RingTarget) -> None:
         super().__init__(target, quote, literal)
@@ -88,6 +93,10 @@ class PgRing(RingSqlBase):
                 # SELECT from both sequences, which pops pay for each position they draw.
                 "last_pushed": f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)",
                 "last_popped": f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)",
+                "last_swept": f"coalesce(pg_sequence_last_value({_regclass(self.swept_seq)}), 0)",
+                # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
+                # of the hashtext() keys (32 bits) dbq's other advisory locks use.
+                "sweep_lock": f"{_regclass(self.swept_seq)}::oid::bigint | (1::bigint << 40)",
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
                 "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),
                 # The routines a login calls run as the owner role, finding nothing but
@@ -403,6 +412,17 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
             out.append(f"GRANT USAGE ON SCHEMA {quote(keeper.schema)} TO {owner}")
             out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {self.dead} TO {owner}")
         return out
+
+    def publish_pgmq(self) -> list[str]:
+        n = self.t.names
+        return pgmq.publish(n.schema, n.queue, self.t.pgmq_name, self.groups.values())
+
+    def unpublish_pgmq(self) -> list[str]:
+        return pgmq.unpublish(self.t.names.schema, self.t.names.queue, self.groups.values())
+
+    def drop(self) -> list[str]:
+        # PGMQ's name for the queue and the facade's grants to its roles go first.
+        return self.unpublish_pgmq() + super().drop()
 
     def drop_roles(self) -> list[str]:
         """After drop(): the queue's group roles (their grants on routines went with them), and the

@@ -1,0 +1,2 @@
+-- dbq's stand-in for the pgmq extension holds no object: the dbq operator installs and upgrades
+-- schema pgmq (dbq/backends/postgres/pgmq_facade.sql) for Queues with spec.pgmq.
