@@ -135,9 +135,9 @@ def main() -> None:
         }
         clients["pgmq"].create_queue(QUEUE)
         pids = {side: pid_of(c) for side, c in clients.items()}
-        rate = {(side, line): [] for side in clients for line in LINES}  # type: dict[tuple[str, str], list[float]]
-        cpu = {(side, line): [] for side in clients for line in LINES}  # type: dict[tuple[str, str], list[float]]
-        for side, client in clients.items():
+        rate: dict[tuple[str, str], list[float]] = {(side, line): [] for side in clients for line in LINES}
+        cpu: dict[tuple[str, str], list[float]] = {(side, line): [] for side in clients for line in LINES}
+        for client in clients.values():
             for cycle in LINES.values():
                 for i in range(10):  # plans made, caches warm
                     cycle(client, i)
