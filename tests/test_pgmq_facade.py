@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -362,6 +363,52 @@ def test_a_database_holding_a_real_pgmq_is_refused_naming_spec_pgmq(real_pgmq):
     assert "spec.pgmq: this database holds a real PGMQ" in str(refused.value)
     ring.teardown()
     ring.close()
+
+
+# --- moving from a running PGMQ -------------------------------------------------------------
+def test_a_running_pgmq_moves_to_dbq_by_connection_string_and_drain_with_nothing_lost_or_doubled(
+    maker, real_pgmq
+):
+    q = maker(size=4096)
+    old = PGMQueue(conn_string=real_pgmq.admin_url, init_extension=False, pool_size=2)
+    old.create_queue(q.name)
+    old.send_batch(q.name, [{"n": n} for n in range(500)], headers=[{"n": str(n)} for n in range(500)])
+    in_flight = old.read(q.name, vt=4, qty=20)  # an old consumer's batch, in flight
+    new = PGMQueue(conn_string=q.url, pool_size=2)  # the producers' new connection string
+    new.send_batch(q.name, [{"n": n} for n in range(500, 600)])
+    drain = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dbq")), "pgmq", "drain", "--queue", q.name, "--batch", "64", "--wait", "20"],
+        env={**os.environ, "DBQ_PGMQ_FROM": real_pgmq.admin_url, "DBQ_PGMQ_TO": q.url},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for m in in_flight[:10]:  # the old consumer finishes half its batch; the rest comes back at its vt
+        assert old.delete(q.name, m.msg_id)
+    out, err = drain.communicate(timeout=120)
+    assert drain.returncode == 0, err
+    assert f"moved 490 messages from PGMQ queue {q.name} to dbq queue {q.name}; 0 left" in out
+    received: list[Message] = []
+    while batch := new.pop(q.name, 1000):
+        received += batch
+    numbers = [m.message["n"] for m in received]
+    done_by_the_old_consumer = {m.message["n"] for m in in_flight[:10]}
+    assert sorted(numbers) == sorted(set(range(600)) - done_by_the_old_consumer)  # none lost, none twice
+    moved = [m for m in received if m.message["n"] < 500]
+    assert all(m.headers["n"] == str(m.message["n"]) and m.headers["pgmq-msg-id"] for m in moved)
+    assert counts(old, q.name) == (0, 0, 500)
+    old.close()
+    new.close()
+
+
+def test_drain_refuses_bad_arguments_naming_them_and_moves_nothing(real_pgmq, maker):
+    q = maker()
+    dbq = str(Path(sys.executable).with_name("dbq"))
+    base = [dbq, "pgmq", "drain", "--from", real_pgmq.admin_url, "--to", q.url, "--queue", q.name]
+    for extra, named in ((["--batch", "0"], "--batch"), (["--visibility", "0"], "--visibility")):
+        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and named in done.stderr and real_pgmq.admin_url not in done.stderr
+    done = subprocess.run(base[:-1] + ["no_such_queue"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "drain of PGMQ queue no_such_queue stopped" in done.stderr
+    assert "postgresql://" not in done.stderr + done.stdout  # no URL, and so no password, echoed
 
 
 # --- operation sequences hypothesis draws, on both ------------------------------------------------

@@ -5,6 +5,7 @@
 - `data`: `dbq push`, `dbq pop`, `dbq stats` on a queue;
 - `publish`: `dbq publish` to a topic;
 - `access`: `dbq access install-sql`, what a DBA runs for the operator's login;
+- `pgmq`: `dbq pgmq drain`, a real PGMQ queue's messages moved into a dbq queue;
 - `dev`: `dbq dev up|down|status`, the local stack;
 - `spark`: `dbq spark health`, the fleet-health Spark job.
 """
@@ -69,7 +70,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    for module in ("operator", "apply", "data", "publish", "access", "dev", "spark"):
+    for module in ("operator", "apply", "data", "publish", "access", "pgmq", "dev", "spark"):
         try:
             group = importlib.import_module(f"dbq.cli.{module}")
         except ModuleNotFoundError as e:

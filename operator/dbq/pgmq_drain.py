@@ -1,0 +1,82 @@
+"""Moving a real PGMQ queue's messages into a dbq queue, through PGMQ's API on both sides
+(`dbq pgmq drain`; docs/developers/pgmq.md, "Moving from a running PGMQ").
+
+Each batch is read from PGMQ with a lease (vt), sent to dbq in one call, then deleted from PGMQ.
+A message is never lost: until its delete it stays in PGMQ, where it comes back when the lease
+runs out. Should the drain stop between the send and the delete (killed, a connection lost),
+that batch is sent again by the next run: each moved message carries its PGMQ id in the header
+`pgmq-msg-id`, so a consumer that must not see one twice can tell.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+READ = "SELECT msg_id, enqueued_at, message, headers FROM pgmq.read(%s, %s, %s)"
+SEND = "SELECT * FROM pgmq.send_batch(%s, %s::jsonb[], %s::jsonb[])"
+DELETE = "SELECT * FROM pgmq.delete(%s, %s::bigint[])"
+LEFT = "SELECT queue_length FROM pgmq.metrics(%s)"
+
+
+@dataclass(frozen=True)
+class Drained:
+    moved: int  # messages sent to dbq and deleted from PGMQ
+    left: int  # messages still in PGMQ (in flight, or delayed) when the drain stopped
+
+
+def moved_headers(msg_id: int, enqueued_at: Any, headers: Any) -> dict[str, Any]:
+    """A PGMQ message's headers as dbq keeps them: PGMQ's own (an object, or under `pgmq-headers`
+    when they are not one), its id and when it was first sent."""
+    kept = headers if isinstance(headers, dict) else ({} if headers is None else {"pgmq-headers": headers})
+    return {**kept, "pgmq-msg-id": str(msg_id), "pgmq-enqueued-at": enqueued_at.isoformat()}
+
+
+def drain(
+    source_url: str,
+    queue: str,
+    target_url: str,
+    target_queue: str,
+    batch: int = 100,
+    visibility_s: int = 30,
+    wait_s: float = 60.0,
+    progress: Callable[[int], None] = lambda moved: None,
+) -> Drained:
+    """Move every message of PGMQ queue `queue` (at `source_url`) to dbq's queue of PGMQ name
+    `target_queue` (at `target_url`). Messages in flight in PGMQ (read by its consumers and not yet
+    deleted) either end there or come back: the drain waits up to `wait_s` seconds from the last
+    message it moved for them, then stops, telling how many are left."""
+    if batch < 1 or batch > 10_000:
+        raise ValueError(f"--batch must be between 1 and 10000, not {batch}")
+    if visibility_s < 1:
+        raise ValueError(f"--visibility must be at least 1 second, not {visibility_s}")
+    moved, last_moved = 0, time.monotonic()
+    with (
+        psycopg.connect(source_url, autocommit=True) as source,
+        psycopg.connect(target_url, autocommit=True) as target,
+    ):
+        while True:
+            rows = source.execute(READ, (queue, visibility_s, batch)).fetchall()
+            if rows:
+                target.execute(
+                    SEND,
+                    (
+                        target_queue,
+                        [Jsonb(r[2]) for r in rows],
+                        [Jsonb(moved_headers(r[0], r[1], r[3])) for r in rows],
+                    ),
+                )
+                source.execute(DELETE, (queue, [r[0] for r in rows]))
+                moved += len(rows)
+                last_moved = time.monotonic()
+                progress(moved)
+                continue
+            left = int(source.execute(LEFT, (queue,)).fetchone()[0])  # type: ignore[index]
+            if left == 0 or time.monotonic() - last_moved >= wait_s:
+                return Drained(moved, left)
+            time.sleep(min(1.0, wait_s))
