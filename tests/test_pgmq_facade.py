@@ -404,9 +404,9 @@ def test_drain_refuses_bad_arguments_naming_them_and_moves_nothing(real_pgmq, ma
     dbq = str(Path(sys.executable).with_name("dbq"))
     base = [dbq, "pgmq", "drain", "--from", real_pgmq.admin_url, "--to", q.url, "--queue", q.name]
     for extra, named in ((["--batch", "0"], "--batch"), (["--visibility", "0"], "--visibility")):
-        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and named in done.stderr and real_pgmq.admin_url not in done.stderr
-    done = subprocess.run(base[:-1] + ["no_such_queue"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*base[:-1], "no_such_queue"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "drain of PGMQ queue no_such_queue stopped" in done.stderr
     assert "postgresql://" not in done.stderr + done.stdout  # no URL, and so no password, echoed
 
