@@ -317,6 +317,7 @@ def test_facade_errors_name_the_queue_and_the_fix_and_touch_no_other_queue(maker
         assert e.sqlstate == "0A000" and "spec.pgmq.name: brand_new" in (e.diag.message_hint or "")
         assert refused("SELECT pgmq.drop_queue(%s)", q.name).sqlstate == "0A000"
         assert refused("SELECT pgmq.send_topic('a.b', '{}')").sqlstate == "0A000"
+        assert refused("SELECT * FROM pgmq.read_grouped_rr(%s, 30, 1)", q.name).sqlstate == "0A000"
         db.execute("SELECT pgmq.send_batch(%s, ARRAY['1', '2', '3']::jsonb[])", (q.name,))
         e = refused("SELECT pgmq.send_batch(%s, ARRAY['4', '5']::jsonb[])", q.name)
         assert e.sqlstate == "53400" and "spec.ring.size" in str(e)

@@ -258,23 +258,24 @@ BEGIN
 END $fn$
 --;;
 -- --- by id ------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgmq.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+CREATE OR REPLACE FUNCTION pgmq._dbq_end(queue_name text, verb text, msg_ids bigint[]) RETURNS SETOF bigint
 LANGUAGE plpgsql AS $fn$
 BEGIN
-  RETURN QUERY EXECUTE format('SELECT msg_id FROM %s($1)', pgmq._dbq_routine(queue_name, 'delete')) USING msg_ids;
+  -- delete or archive by id: the ids of the messages it ended
+  RETURN QUERY EXECUTE format('SELECT msg_id FROM %s($1)', pgmq._dbq_routine(queue_name, verb)) USING msg_ids;
 END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_end(queue_name, 'delete', msg_ids) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name text, msg_id bigint) RETURNS boolean
-LANGUAGE sql AS $fn$ SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id])) $fn$
+LANGUAGE sql AS $fn$ SELECT EXISTS (SELECT 1 FROM pgmq._dbq_end(queue_name, 'delete', ARRAY[msg_id])) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $fn$
-BEGIN
-  RETURN QUERY EXECUTE format('SELECT msg_id FROM %s($1)', pgmq._dbq_routine(queue_name, 'archive')) USING msg_ids;
-END $fn$
+LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_end(queue_name, 'archive', msg_ids) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name text, msg_id bigint) RETURNS boolean
-LANGUAGE sql AS $fn$ SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id])) $fn$
+LANGUAGE sql AS $fn$ SELECT EXISTS (SELECT 1 FROM pgmq._dbq_end(queue_name, 'archive', ARRAY[msg_id])) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt timestamptz)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
@@ -404,44 +405,32 @@ BEGIN
 END $fn$
 --;;
 -- --- not supported: each a clear error naming what to do instead ----------------------------
-CREATE OR REPLACE FUNCTION pgmq.read_grouped(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION pgmq._dbq_unsupported_read(instead text) RETURNS SETOF pgmq.message_record
+LANGUAGE plpgsql AS $fn$
 BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read; or give each group its own Queue');
+  PERFORM pgmq._dbq_unsupported('a FIFO group read', instead);
 END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.read_grouped(queue_name text, vt integer, qty integer)
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_with_poll(queue_name text, vt integer, qty integer,
   max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read_with_poll; or give each group its own Queue');
-END $fn$
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read_with_poll; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read; or give each group its own Queue');
-END $fn$
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr_with_poll(queue_name text, vt integer, qty integer,
   max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read_with_poll; or give each group its own Queue');
-END $fn$
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read_with_poll; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_head(queue_name text, vt integer, qty integer)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read; or give each group its own Queue');
-END $fn$
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_head_with_poll(queue_name text, vt integer, qty integer,
   max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('a FIFO group read', 'read_with_poll; or give each group its own Queue');
-END $fn$
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $fn$ SELECT * FROM pgmq._dbq_unsupported_read('read_with_poll; or give each group its own Queue') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.create_fifo_index(queue_name text) RETURNS void
 LANGUAGE sql AS $fn$ SELECT pgmq._dbq_unsupported('a FIFO index', 'nothing: a ring keeps its own order') $fn$
@@ -512,22 +501,14 @@ $fn$
 CREATE OR REPLACE FUNCTION pgmq.test_routing(routing_key text)
 RETURNS TABLE (pattern text, queue_name text, compiled_regex text) LANGUAGE plpgsql AS $fn$
 BEGIN
-  PERFORM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic; dbq topics publish --dry-run shows its routes');
+  PERFORM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic and publish to it');
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic');
-  RETURN false;
-END $fn$
+LANGUAGE sql AS $fn$ SELECT false FROM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic');
-  RETURN false;
-END $fn$
+LANGUAGE sql AS $fn$ SELECT false FROM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic') $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint) LANGUAGE plpgsql AS $fn$
