@@ -1370,22 +1370,28 @@ BEGIN
     SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
     FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
   SELECT array_agg(g.msg_id), count(*) FILTER (WHERE g.was = 2) INTO v_ring, v_leased FROM gone g;
-  WITH gone AS (
-    DELETE FROM "shopq"."orders_spill" s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
-    RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
-  unkept AS (
-    DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id
-    RETURNING c.msg_id, c.body)
-  , kept AS (
-    INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
-    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
-  SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  IF coalesce(cardinality(v_ring), 0) < cardinality(v_ids) THEN  -- not all in the ring: the spill table
+    WITH gone AS (
+      DELETE FROM "shopq"."orders_spill" s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
+      RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
+    unkept AS (
+      DELETE FROM "shopq"."orders_content" c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % 8 AND c.msg_id = g.msg_id
+      RETURNING c.msg_id, c.body)
+    , kept AS (
+      INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+      FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+    SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  END IF;
   v_ids := v_ring || v_spill;
   PERFORM nextval('"shopq"."orders_n_popped"') FROM unnest(v_ids);
   PERFORM nextval('"shopq"."orders_n_settled"') FROM generate_series(1, v_leased);  -- the leases it ended
   PERFORM nextval('"shopq"."orders_n_archived"') FROM unnest(v_ids);
-  RETURN QUERY SELECT d.id FROM (
+  IF cardinality(p_ids) = 1 THEN
+    RETURN QUERY SELECT unnest(v_ids);
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT d.id FROM (  -- in the order asked, each once
     SELECT u.id, min(u.i) AS i FROM unnest(p_ids) WITH ORDINALITY u(id, i) GROUP BY u.id) d
   WHERE d.id = ANY (v_ids) ORDER BY d.i;
 END $fn$
@@ -1728,7 +1734,10 @@ GRANT EXECUTE ON ROUTINE "shopq"."orders_redrive", "shopq"."orders_purge_dead", 
 -- teardown
 
 DO $$ DECLARE v_role text; BEGIN
-  IF to_regclass('pgmq.dbq_queues') IS NULL THEN RETURN; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = 'pgmq' AND c.relname = 'dbq_queues') THEN
+    RETURN;
+  END IF;
   DELETE FROM pgmq.dbq_queues WHERE schema_name = 'shopq'
     AND queue = 'orders';
   FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ('dbq_r_orders_16adecff_send', 'dbq_r_orders_16adecff_receive', 'dbq_r_orders_16adecff_peek', 'dbq_r_orders_16adecff_monitor', 'dbq_r_orders_16adecff_manage') LOOP

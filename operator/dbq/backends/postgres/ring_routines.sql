@@ -1216,26 +1216,32 @@ BEGIN
     FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
   -- end if
   SELECT array_agg(g.msg_id), count(*) FILTER (WHERE g.was = 2) INTO v_ring, v_leased FROM gone g;
-  WITH gone AS (
-    DELETE FROM {spill} s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
-    RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
-  unkept AS (
-    DELETE FROM {content} c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id
-    RETURNING c.msg_id, c.body)
-  -- if archive
-  , kept AS (
-    INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-    SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
-    FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
-  -- end if
-  SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  IF coalesce(cardinality(v_ring), 0) < cardinality(v_ids) THEN  -- not all in the ring: the spill table
+    WITH gone AS (
+      DELETE FROM {spill} s USING (SELECT DISTINCT unnest(v_ids) AS id) d WHERE s.msg_id = d.id
+      RETURNING s.msg_id, s.state AS was, s.attempts, s.pushed_at, s.body, s.headers),
+    unkept AS (
+      DELETE FROM {content} c USING gone g WHERE g.body IS NULL AND c.bucket = g.msg_id % {buckets} AND c.msg_id = g.msg_id
+      RETURNING c.msg_id, c.body)
+    -- if archive
+    , kept AS (
+      INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
+      SELECT g.msg_id, g.attempts, g.pushed_at, clock_timestamp(), coalesce(g.body, u.body), g.headers
+      FROM gone g LEFT JOIN unkept u ON u.msg_id = g.msg_id)
+    -- end if
+    SELECT array_agg(g.msg_id), v_leased + count(*) FILTER (WHERE g.was = 2) INTO v_spill, v_leased FROM gone g;
+  END IF;
   v_ids := v_ring || v_spill;
   PERFORM nextval('{n_popped}') FROM unnest(v_ids);
   PERFORM nextval('{n_settled}') FROM generate_series(1, v_leased);  -- the leases it ended
   -- if archive
   PERFORM nextval('{n_archived}') FROM unnest(v_ids);
   -- end if
-  RETURN QUERY SELECT d.id FROM (
+  IF cardinality(p_ids) = 1 THEN
+    RETURN QUERY SELECT unnest(v_ids);
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT d.id FROM (  -- in the order asked, each once
     SELECT u.id, min(u.i) AS i FROM unnest(p_ids) WITH ORDINALITY u(id, i) GROUP BY u.id) d
   WHERE d.id = ANY (v_ids) ORDER BY d.i;
 END $fn$
