@@ -207,7 +207,7 @@ LANGUAGE sql AS $fn$ SELECT * FROM pgmq.send_batch(queue_name, msgs, NULL, delay
 CREATE OR REPLACE FUNCTION pgmq._dbq_read(queue_name text, vt integer, qty integer, wait_ms bigint,
   conditional jsonb)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $fn$
-DECLARE v_ms bigint := pgmq._dbq_seconds(vt, 'vt'); v_rows pgmq.message_record[];
+DECLARE v_ms bigint := pgmq._dbq_seconds(vt, 'vt'); v_read text; v_rows pgmq.message_record[];
 BEGIN
   IF conditional IS NOT NULL AND conditional <> '{}' THEN
     PERFORM pgmq._dbq_unsupported('a conditional read', 'read without conditional and test the message in the worker');
@@ -216,19 +216,21 @@ BEGIN
     RAISE EXCEPTION 'dbq: qty must be 0 or more, not %', coalesce(qty::text, 'NULL') USING ERRCODE = '22023';
   END IF;
   IF qty = 0 THEN RETURN; END IF;
-  -- A lease of vt seconds; vt 0 reads and leaves each message visible at once, as PGMQ does.
-  EXECUTE format('SELECT array_agg(ROW(r.msg_id, r.attempts, r.enqueued_at, clock_timestamp(), r.visible_at,'
-    ' pgmq._dbq_message(r.body, r.headers), pgmq._dbq_headers(r.headers))::pgmq.message_record ORDER BY r.msg_id)'
-    ' FROM %s($1, $2, $3) r', pgmq._dbq_routine(queue_name, 'read'))
-  INTO v_rows USING qty, greatest(v_ms, 1000), wait_ms;
-  IF v_ms = 0 AND v_rows IS NOT NULL THEN
-    EXECUTE format('SELECT count(*) FROM %s($1, 0)', pgmq._dbq_routine(queue_name, 'set_vt'))
-    USING (SELECT array_agg(m.msg_id) FROM unnest(v_rows) m);
-    RETURN QUERY SELECT m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.last_read_at, m.message, m.headers
-      FROM unnest(v_rows) m;
+  v_read := format('SELECT r.msg_id, r.attempts, r.enqueued_at, clock_timestamp(), r.visible_at,'
+    ' pgmq._dbq_message(r.body, r.headers), pgmq._dbq_headers(r.headers) FROM %s($1, $2, $3) r ORDER BY r.msg_id',
+    pgmq._dbq_routine(queue_name, 'read'));
+  IF v_ms > 0 THEN  -- a lease of vt seconds
+    RETURN QUERY EXECUTE v_read USING qty, v_ms, wait_ms;
     RETURN;
   END IF;
-  RETURN QUERY SELECT * FROM unnest(v_rows);
+  -- vt 0: read (a lease, counted as a read) and made visible again at once, as PGMQ does
+  EXECUTE format('SELECT array_agg(m::pgmq.message_record) FROM (%s) m', v_read) INTO v_rows USING qty, 1000, wait_ms;
+  IF v_rows IS NOT NULL THEN
+    EXECUTE format('SELECT count(*) FROM %s($1, 0)', pgmq._dbq_routine(queue_name, 'set_vt'))
+    USING (SELECT array_agg(m.msg_id) FROM unnest(v_rows) m);
+  END IF;
+  RETURN QUERY SELECT m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.last_read_at, m.message, m.headers
+    FROM unnest(v_rows) m;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
