@@ -91,18 +91,21 @@ LANGUAGE sql IMMUTABLE AS $fn$
     ELSE headers END
 $fn$
 --;;
-CREATE OR REPLACE FUNCTION pgmq._dbq_sent_headers(headers jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION pgmq._dbq_refused_headers(headers jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE AS $fn$
 BEGIN
-  IF headers IS NULL OR jsonb_typeof(headers) = 'null' THEN
-    RETURN '{"content-type": "application/json"}';
-  END IF;
-  IF jsonb_typeof(headers) <> 'object' THEN
-    RAISE EXCEPTION 'dbq: headers must be a JSON object (or NULL), not a JSON %', jsonb_typeof(headers)
-      USING ERRCODE = '22023';
-  END IF;
-  RETURN headers || '{"content-type": "application/json"}';
+  RAISE EXCEPTION 'dbq: headers must be a JSON object (or NULL), not a JSON %', jsonb_typeof(headers)
+    USING ERRCODE = '22023';
 END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq._dbq_sent_headers(headers jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $fn$
+  -- The headers stored: the client's (an object, or none) and the facade's content-type. SQL, so
+  -- that it is inlined into the statement that sends a batch.
+  SELECT CASE WHEN headers IS NULL OR jsonb_typeof(headers) = 'null' THEN '{"content-type": "application/json"}'::jsonb
+    WHEN jsonb_typeof(headers) = 'object' THEN headers || '{"content-type": "application/json"}'::jsonb
+    ELSE pgmq._dbq_refused_headers(headers) END
+$fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq._dbq_delay_ms(delay timestamptz) RETURNS bigint
 LANGUAGE sql VOLATILE AS $fn$
