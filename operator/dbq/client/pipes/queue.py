@@ -309,6 +309,7 @@ class PipesQueue:
     def _take_leased(self, n: int, deadline: Deadline, visibility: Visibility) -> list[PipeMessage]:
         """Up to n messages from the thread's lease (moving on to other pipes as they run dry),
         waiting up to the deadline for the first."""
+        read_late = False  # a pipe claimed once the deadline had passed was read once
         while True:
             self.settler.roll_back_deferred()
             lease = self.leases.working()
@@ -319,8 +320,12 @@ class PipesQueue:
                     return got
                 if self.leases.current() is not lease:
                     continue  # that pipe is done: on to the next at once, whatever the timeout
-                if self.leases.move_from(lease) and deadline.remaining > 0:
-                    continue  # another pipe has messages: try it at once
+                if self.leases.move_from(lease) and (deadline.remaining > 0 or not read_late):
+                    # Another pipe has messages: read it at once. Its claim is paid for, so it is
+                    # read even when the search used up the wait (a slow server, or a take that
+                    # does not wait), once: else the take answers nothing while it holds them.
+                    read_late = deadline.remaining <= 0
+                    continue
             if not deadline.wait():
                 return []
 
