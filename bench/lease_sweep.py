@@ -5,7 +5,8 @@ Since ring schema version 23, `Q_read` sweeps expired leases back at most once a
 scans the ring for leases past their end: its cost grows with the ring's slots, not with the
 messages. For each size: a ring of that many slots, a tenth of them holding messages, a hundredth
 leased, and the sweep timed with no lease due (what nearly every sweep finds) and with them all
-due; then the share of one core a queue's reads spend sweeping (one sweep a second).
+due; then the share of one core a queue's reads spend sweeping while leases are held (a sweep
+every second, or every slots/100 ms past 100,000 slots: `sweep_every_ms` of the ring's SQL).
 
     ~/.cache/dbq/venv/bin/python -m bench.lease_sweep --sizes 10000,100000,1000000
 """

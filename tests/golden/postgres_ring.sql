@@ -1126,11 +1126,13 @@ BEGIN
     v_now := clock_timestamp();
     v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
     v_got := 0;
-    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
-    -- once a second a queue, by the one reader that takes the sweep's lock ("shopq"."orders_swept" holds the
-    -- last sweep's time in ms; setval is not transactional, so no row is locked for it).
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: while any
+    -- lease is held, at most every 1000 ms (a second, longer for a ring past 100,000
+    -- slots: the sweep scans the ring), by the one reader that takes the sweep's lock. "shopq"."orders_swept"
+    -- holds the last sweep's time in ms (setval is not transactional: no row is locked for it).
     v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
-    IF coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 AND pg_try_advisory_xact_lock('"shopq"."orders_swept"'::regclass::oid::bigint | (1::bigint << 40)) AND coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 THEN
+    IF coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 AND coalesce(pg_sequence_last_value('"shopq"."orders_n_acquired"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_n_settled"'::regclass), 0) AND pg_try_advisory_xact_lock('"shopq"."orders_swept"'::regclass::oid::bigint | (1::bigint << 40))
+        AND coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 THEN
       PERFORM setval('"shopq"."orders_swept"', v_ms);
       PERFORM "shopq"."orders_expire_leases"();
     END IF;

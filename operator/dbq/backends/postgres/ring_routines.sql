@@ -964,11 +964,13 @@ BEGIN
     v_now := clock_timestamp();
     v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
     v_got := 0;
-    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
-    -- once a second a queue, by the one reader that takes the sweep's lock ({swept_seq} holds the
-    -- last sweep's time in ms; setval is not transactional, so no row is locked for it).
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: while any
+    -- lease is held, at most every {sweep_every_ms} ms (a second, longer for a ring past 100,000
+    -- slots: the sweep scans the ring), by the one reader that takes the sweep's lock. {swept_seq}
+    -- holds the last sweep's time in ms (setval is not transactional: no row is locked for it).
     v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
-    IF {last_swept} < v_ms - 1000 AND pg_try_advisory_xact_lock({sweep_lock}) AND {last_swept} < v_ms - 1000 THEN
+    IF {last_swept} < v_ms - {sweep_every_ms} AND {leases_held} AND pg_try_advisory_xact_lock({sweep_lock})
+        AND {last_swept} < v_ms - {sweep_every_ms} THEN
       PERFORM setval('{swept_seq}', v_ms);
       PERFORM {fn_expire_leases}();
     END IF;

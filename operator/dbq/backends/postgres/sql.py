@@ -94,6 +94,12 @@ class PgRing(RingSqlBase):
                 "last_pushed": f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)",
                 "last_popped": f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)",
                 "last_swept": f"coalesce(pg_sequence_last_value({_regclass(self.swept_seq)}), 0)",
+                # read's sweep of expired leases: only while leases are held (acquired > settled),
+                # at most every second, or every slots/100 ms past 100,000 slots (it scans the
+                # ring: about 14 ms at 100,000 slots; bench/results/lease_sweep.txt)
+                "leases_held": f"coalesce(pg_sequence_last_value({_regclass(self.count['acquired'])}), 0)"
+                f" > coalesce(pg_sequence_last_value({_regclass(self.count['settled'])}), 0)",
+                "sweep_every_ms": max(1000, self.size // 100),
                 # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
                 # of the hashtext() keys (32 bits) dbq's other advisory locks use.
                 "sweep_lock": f"{_regclass(self.swept_seq)}::oid::bigint | (1::bigint << 40)",
