@@ -72,13 +72,12 @@ def main() -> None:
     print(
         f"the lease sweep (Q_expire_leases), median of {a.rounds} calls with no lease due; one call with all due"
     )
-    print(
-        f"  {'slots':>9s} {'messages':>9s} {'leased':>7s} {'none due ms':>12s} {'swept':>6s} {'all due ms':>11s} {'core share':>11s}"
-    )
+    print(f"  {'slots':>9s} {'messages':>9s} {'leased':>7s} {'none due ms':>12s} {'swept':>6s} {'all due ms':>11s}"
+          f" {'every ms':>9s} {'core share':>11s}")  # fmt: skip
     for size, held, leased, none_due, swept, all_due in rows:
-        print(
-            f"  {size:9d} {held:9d} {leased:7d} {none_due:12.2f} {swept:6d} {all_due:11.2f} {none_due / 10:10.2f}%"
-        )
+        every = max(1000, size // 100)
+        print(f"  {size:9d} {held:9d} {leased:7d} {none_due:12.2f} {swept:6d} {all_due:11.2f} {every:9d}"
+              f" {100 * none_due / every:10.2f}%")  # fmt: skip
 
 
 if __name__ == "__main__":
