@@ -355,6 +355,39 @@ def test_a_name_is_one_queue_s_and_follows_spec_pgmq_name(maker, postgres):
     renamed.close()
 
 
+def test_long_names_are_taken_and_queues_are_torn_down_beside_the_facade(maker):
+    long_name = "p" * 47  # PGMQ's longest
+    q = maker(pgmq_name=long_name)
+    with q.db() as db:
+        assert db.execute("SELECT pgmq.send(%s, '1')", (long_name,)).fetchone() == (1,)
+    # Queues of 38 characters (group roles of 60), without and with a PGMQ name: each torn down
+    # with its mapping and grants, and its roles dropped.
+    for name, pgmq_name in (("q_" + "x" * 36, ""), ("q_" + "y" * 36, "long_" + "z" * 30)):
+        ring = OdbcRing(
+            q.backend.settings, RingTarget(QueueNames(SCHEMA, name), 16, 256, pgmq_name=pgmq_name)
+        )
+        ring.apply()
+        ring.teardown()
+        ring.close()
+    with q.db() as db:
+        left = {r[0] for r in db.execute("SELECT queue_name FROM pgmq.list_queues()")}
+    assert long_name in left and not any(n.startswith("long_") for n in left)
+
+
+def test_a_schema_pgmq_someone_else_made_is_refused_naming_spec_pgmq(stack):
+    with scratch_database(stack, "dbq_foreign_pgmq") as db:
+        with psycopg.connect(db.admin_url, autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA pgmq")  # the superuser's, not dbq's
+        ring = OdbcRing(
+            from_url(db.url), RingTarget(QueueNames(SCHEMA, "q_here"), 16, 256, pgmq_name="q_here")
+        )
+        with pytest.raises(DbqError) as refused:
+            ring.apply()
+        assert "spec.pgmq: schema pgmq exists and belongs to another role" in str(refused.value)
+        ring.teardown()
+        ring.close()
+
+
 def test_a_database_holding_a_real_pgmq_is_refused_naming_spec_pgmq(real_pgmq):
     ring = OdbcRing(
         from_url(real_pgmq.url), RingTarget(QueueNames(SCHEMA, "q_here"), 16, 256, pgmq_name="q_here")

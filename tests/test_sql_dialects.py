@@ -38,7 +38,7 @@ TARGET = RingTarget(
     database="shop",
 )
 # PGMQ's API: PostgreSQL's alone; the facade's SQL is its own file (tests/test_pgmq_facade.py).
-PGMQ_STEPS = {RingAction.PUBLISH_PGMQ, RingAction.UNPUBLISH_PGMQ}
+PGMQ_STEPS = {RingAction.INSTALL_PGMQ, RingAction.PUBLISH_PGMQ, RingAction.UNPUBLISH_PGMQ}
 ALL_STEPS = [a for a in RingAction if a not in PGMQ_STEPS]
 CALLS = [
     "push",
@@ -140,6 +140,7 @@ def test_every_step_the_planner_can_emit_exists_in_both_dialects():
         RingAction.INDEX_SPILL,
         RingAction.ADD_HEADERS,
         RingAction.ALLOW_CONTENT,
+        RingAction.PUBLISH_PGMQ,
         RingAction.UNPUBLISH_PGMQ,
     }
     pgmq_target = replace(TARGET, pgmq_name="shop_orders")

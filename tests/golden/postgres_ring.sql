@@ -1123,19 +1123,22 @@ BEGIN
     RAISE EXCEPTION 'dbq: read from queue orders: wait_ms must be 0 or more, not %', p_wait_ms USING ERRCODE = '22023';
   END IF;
   LOOP
-    v_now := clock_timestamp();
-    v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
-    v_got := 0;
-    -- 0. Leases past their visibility timeout come back without the operator's cleanup: while any
-    -- lease is held, at most every 1000 ms (a second, longer for a ring past 100,000
-    -- slots: the sweep scans the ring), by the one reader that takes the sweep's lock. "shopq"."orders_swept"
-    -- holds the last sweep's time in ms (setval is not transactional: no row is locked for it).
-    v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
-    IF coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 AND coalesce(pg_sequence_last_value('"shopq"."orders_n_acquired"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_n_settled"'::regclass), 0) AND pg_try_advisory_xact_lock('"shopq"."orders_swept"'::regclass::oid::bigint | (1::bigint << 40))
-        AND coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 THEN
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
+    -- every 1000 ms while the totals say leases are held (a second, longer for a ring
+    -- past 100,000 slots: the sweep scans the ring), every 10000 ms otherwise (should a
+    -- rolled-back call have left the totals behind), by the one reader that takes the sweep's
+    -- lock. Its sequence holds the last sweep's time in ms (setval is not transactional: no row is
+    -- locked for it). Before this read takes its clock, so that it answers what it swept. (The
+    -- CASE is in parentheses: PL/pgSQL ends an IF's condition at the first THEN it meets.)
+    v_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - (CASE WHEN coalesce(pg_sequence_last_value('"shopq"."orders_n_acquired"'::regclass), 0) > coalesce(pg_sequence_last_value('"shopq"."orders_n_settled"'::regclass), 0) THEN 1000 ELSE 10000 END)
+        AND pg_try_advisory_xact_lock('"shopq"."orders_swept"'::regclass::oid::bigint | (1::bigint << 40)) AND coalesce(pg_sequence_last_value('"shopq"."orders_swept"'::regclass), 0) < v_ms - 1000 THEN
       PERFORM setval('"shopq"."orders_swept"', v_ms);
       PERFORM "shopq"."orders_expire_leases"();
     END IF;
+    v_now := clock_timestamp();
+    v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
+    v_got := 0;
     -- 1. Redeliveries due (nacked, lease expired, rescued orphans, delayed), the longest due first.
     SELECT array_agg(s.msg_id ORDER BY s.visible_at) INTO v_due FROM (
       SELECT s.msg_id, s.visible_at FROM "shopq"."orders_spill" s WHERE s.state = 1 AND s.visible_at <= v_now
@@ -1735,14 +1738,16 @@ GRANT EXECUTE ON ROUTINE "shopq"."orders_redrive", "shopq"."orders_purge_dead", 
 
 -- teardown
 
-DO $$ DECLARE v_role text; BEGIN
+DO $$ DECLARE v_roles text[]; v_role text; BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = 'pgmq' AND c.relname = 'dbq_queues') THEN
     RETURN;
   END IF;
-  DELETE FROM pgmq.dbq_queues WHERE schema_name = 'shopq'
-    AND queue = 'orders';
-  FOR v_role IN SELECT rolname FROM pg_roles WHERE rolname IN ('dbq_r_orders_16adecff_send', 'dbq_r_orders_16adecff_receive', 'dbq_r_orders_16adecff_peek', 'dbq_r_orders_16adecff_monitor', 'dbq_r_orders_16adecff_manage') LOOP
+  PERFORM dbq_access.ensure_owner('dbq_o_pgmq_2550fc5a');  -- this login may act for the facade's owner
+  DELETE FROM pgmq.dbq_queues WHERE schema_name = 'shopq' AND queue = 'orders' RETURNING roles INTO v_roles;
+  IF NOT FOUND THEN RETURN; END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('dbq pgmq facade'));
+  FOR v_role IN SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY (v_roles) LOOP
     EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM %I', v_role);
     EXECUTE format('REVOKE ALL ON TABLE pgmq.dbq_queues FROM %I', v_role);
     EXECUTE format('REVOKE ALL ON SCHEMA pgmq FROM %I', v_role);

@@ -120,7 +120,7 @@ class OdbcRing(OdbcBackend):
 
     def _pgmq(self, cur: pyodbc.Cursor) -> tuple[int, str]:
         """The database's PGMQ facade version (0: none) and the PGMQ name mapped to this queue."""
-        if cur.execute(pgmq.OBSERVE_FACADE).fetchval() != 2:
+        if cur.execute(pgmq.OBSERVE_FACADE).fetchval() != 2:  # none, or not this login's to read yet
             return 0, ""
         version = int(cur.execute(pgmq.OBSERVE_VERSION).fetchval())
         name = cur.execute(pgmq.OBSERVE_NAME, self.names.schema, self.names.queue).fetchval()

@@ -55,6 +55,7 @@ class RingAction(StrEnum):
     CREATE_ROUTINES = "create_routines"
     RECORD_VERSION = "record_version"
     SECURE = "secure"
+    INSTALL_PGMQ = "install_pgmq"
     PUBLISH_PGMQ = "publish_pgmq"
     UNPUBLISH_PGMQ = "unpublish_pgmq"
 
@@ -77,7 +78,8 @@ DONE = {
     RingAction.CREATE_ROUTINES: "created the routines",
     RingAction.RECORD_VERSION: "recorded the schema version and settings",
     RingAction.SECURE: "gave every object to the schema's owner role and each right's routines to its group role",
-    RingAction.PUBLISH_PGMQ: "installed PGMQ's API (schema pgmq) and mapped spec.pgmq.name to the queue",
+    RingAction.INSTALL_PGMQ: "installed PGMQ's API (schema pgmq) and mapped spec.pgmq.name to the queue",
+    RingAction.PUBLISH_PGMQ: "mapped spec.pgmq.name to the queue in PGMQ's API (schema pgmq)",
     RingAction.UNPUBLISH_PGMQ: "removed the queue from PGMQ's API (schema pgmq)",
 }
 
@@ -137,8 +139,8 @@ class Observed:
     # Every object belongs to the owner role and no routine is granted beyond its right (a
     # dialect that does not look says True).
     secured: bool = True
-    # The database's PGMQ facade: its version (0: not installed) and the PGMQ queue name it maps
-    # to this queue ('' for none).
+    # The database's PGMQ facade: its version (0: not installed, or not readable by this login)
+    # and the PGMQ queue name it maps to this queue ('' for none).
     facade_version: int = 0
     pgmq_name: str = ""
 
@@ -302,9 +304,10 @@ def plan_pgmq(target: RingTarget, observed: Observed, secure: bool) -> list[Ring
                 )
             ]
         return []
-    if observed.facade_version != PGMQ_FACADE_VERSION:
+    if observed.facade_version < PGMQ_FACADE_VERSION:  # never one a newer operator installed
         why = f"PGMQ facade is at version {observed.facade_version or 'none'}, dbq's is {PGMQ_FACADE_VERSION}"
-    elif observed.pgmq_name != wanted:
+        return [RingStep(RingAction.INSTALL_PGMQ, why)]
+    if observed.pgmq_name != wanted:
         why = f"PGMQ name {wanted} does not map to the queue yet"
     elif secure:
         why = "grants were given again"

@@ -168,6 +168,7 @@ class RingSqlBase:
             RingAction.CREATE_ROUTINES: self.create_routines,
             RingAction.RECORD_VERSION: self.record_version,
             RingAction.SECURE: self.secure,
+            RingAction.INSTALL_PGMQ: lambda: self.publish_pgmq(install=True),
             RingAction.PUBLISH_PGMQ: self.publish_pgmq,
             RingAction.UNPUBLISH_PGMQ: self.unpublish_pgmq,
         }
@@ -232,7 +233,7 @@ class RingSqlBase:
         """After drop(): the queue's roles, where the dialect makes roles of its own."""
         raise NotImplementedError
 
-    def publish_pgmq(self) -> list[str]:
+    def publish_pgmq(self, install: bool = False) -> list[str]:
         raise InvalidSpec("spec.pgmq: PGMQ's API is offered on PostgreSQL ring queues only: remove spec.pgmq")
 
     def unpublish_pgmq(self) -> list[str]:

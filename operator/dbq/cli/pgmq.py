@@ -42,10 +42,11 @@ def drain(
         done = drain_queue(source_url, queue, target_url, target, batch, visibility, wait)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    except psycopg.Error as e:  # the message names the queue; a URL (and its password) is never echoed
-        raise click.ClickException(
-            f"drain of PGMQ queue {queue} stopped: {e.diag.message_primary or e}"
-        ) from None
+    except psycopg.Error as e:
+        # The server's message; a client-side error (a bad URL) only by its kind: libpq's text may
+        # quote the URL, and so its password.
+        said = e.diag.message_primary or f"{type(e).__name__} (check --from and --to)"
+        raise click.ClickException(f"drain of PGMQ queue {queue} stopped: {said}") from None
     click.echo(f"moved {done.moved} messages from PGMQ queue {queue} to dbq queue {target}; {done.left} left")
     if done.left:
         raise click.ClickException(

@@ -3,7 +3,8 @@
 -- (spec.pgmq.name). Installed by the operator once per database, when it provisions the first
 -- Queue with spec.pgmq there, and again when dbq's facade version changes (pgmq.dbq_facade).
 -- Statements are separated by `--;;` lines; every one is idempotent. {version} is the facade's
--- version, an integer.
+-- version, an integer; {owner} the NOLOGIN role owning the schema and all in it (a member of which
+-- each operator login is, as for a queue schema), quoted, and {owner_literal} its name as a literal.
 --
 -- Every function is SECURITY INVOKER: it calls the queue's own routines (SECURITY DEFINER,
 -- granted per right), so a login that may not receive from a queue cannot read it through
@@ -15,16 +16,38 @@
 -- attempts; `enqueued_at` when it was sent; `vt` when it is visible again; `last_read_at` is not
 -- kept: a read answers its own time, the other calls NULL. docs/developers/pgmq.md says what
 -- differs and what is not supported.
--- A real PGMQ owns schema pgmq: the two never share a database.
+-- A real PGMQ owns schema pgmq: the two never share a database. Nor is the facade installed in
+-- a schema pgmq of anyone else's making: its owner could replace the functions other teams'
+-- logins call.
 DO $$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = 'pgmq' AND c.relname = 'meta') THEN
     RAISE EXCEPTION 'spec.pgmq: this database holds a real PGMQ (table pgmq.meta): dbq''s PGMQ API cannot share it'
       USING ERRCODE = '42710', HINT = 'put the Queue in another database, then move the messages over (docs: Coming from PGMQ)';
   END IF;
+  IF EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq' AND nspowner::regrole::text <> {owner_literal}) THEN
+    RAISE EXCEPTION 'spec.pgmq: schema pgmq exists and belongs to another role than dbq''s: dbq''s PGMQ API is not installed there'
+      USING ERRCODE = '42710', HINT = 'a DBA drops or renames that schema pgmq, or the Queue goes to another database';
+  END IF;
 END $$
 --;;
-CREATE SCHEMA IF NOT EXISTS pgmq
+CREATE SCHEMA IF NOT EXISTS pgmq AUTHORIZATION {owner}
+--;;
+-- PGMQ's clients run CREATE EXTENSION IF NOT EXISTS pgmq when they start: where dbq's empty
+-- stand-in is installed on the server (its comment starts with "dbq:"), it is created here (by
+-- the operator's login, which may create in the database), so that statement finds it. Without
+-- it, clients are told init_extension=False (docs).
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq')
+      AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pgmq' AND comment LIKE 'dbq:%')
+      AND has_database_privilege(current_database(), 'CREATE') THEN
+    CREATE EXTENSION pgmq;
+  END IF;
+END $$
+--;;
+-- The rest is made as the owner role, so every object is its own (until the end of the
+-- operator's transaction, which sets its role back).
+SET LOCAL ROLE {owner}
 --;;
 REVOKE ALL ON SCHEMA pgmq FROM PUBLIC
 --;;
@@ -32,11 +55,13 @@ CREATE TABLE IF NOT EXISTS pgmq.dbq_facade (
   id int PRIMARY KEY CHECK (id = 1),
   version int NOT NULL)
 --;;
--- Which dbq queue each PGMQ queue name stands for (lower case, as PGMQ's table names are).
+-- Which dbq queue each PGMQ queue name stands for (lower case, as PGMQ's table names are), and
+-- the queue's group roles, granted the facade (again by an install of a newer facade).
 CREATE TABLE IF NOT EXISTS pgmq.dbq_queues (
   queue_name varchar(47) PRIMARY KEY,
   schema_name varchar(63) NOT NULL,
   queue varchar(63) NOT NULL,
+  roles text[] NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now(),
   UNIQUE (schema_name, queue))
 --;;
@@ -554,15 +579,12 @@ LANGUAGE sql AS $fn$ SELECT pgmq.send_topic(routing_key, msg, NULL, delay) $fn$
 --;;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM PUBLIC
 --;;
--- PGMQ's clients run CREATE EXTENSION IF NOT EXISTS pgmq when they start: where dbq's empty
--- stand-in is installed on the server (its comment starts with "dbq:"), it is created here, so
--- that statement finds it. Without it, clients are told init_extension=False (docs).
-DO $$ BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq')
-      AND EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pgmq' AND comment LIKE 'dbq:%')
-      AND has_database_privilege(current_database(), 'CREATE') THEN
-    CREATE EXTENSION pgmq;
-  END IF;
+-- Every mapped queue's roles get what this version has (a newer facade may add functions).
+DO $$ DECLARE v_role text; BEGIN
+  FOR v_role IN SELECT DISTINCT r.rolname FROM pgmq.dbq_queues q, unnest(q.roles) g(name)
+      JOIN pg_roles r ON r.rolname = g.name LOOP
+    EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgmq TO %I', v_role);
+  END LOOP;
 END $$
 --;;
 INSERT INTO pgmq.dbq_facade (id, version) VALUES (1, {version})

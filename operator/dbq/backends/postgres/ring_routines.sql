@@ -961,19 +961,22 @@ BEGIN
     RAISE EXCEPTION 'dbq: read from queue {queue}: wait_ms must be 0 or more, not %', p_wait_ms USING ERRCODE = '22023';
   END IF;
   LOOP
-    v_now := clock_timestamp();
-    v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
-    v_got := 0;
-    -- 0. Leases past their visibility timeout come back without the operator's cleanup: while any
-    -- lease is held, at most every {sweep_every_ms} ms (a second, longer for a ring past 100,000
-    -- slots: the sweep scans the ring), by the one reader that takes the sweep's lock. {swept_seq}
-    -- holds the last sweep's time in ms (setval is not transactional: no row is locked for it).
-    v_ms := (extract(epoch FROM v_now) * 1000)::bigint;
-    IF {last_swept} < v_ms - {sweep_every_ms} AND {leases_held} AND pg_try_advisory_xact_lock({sweep_lock})
-        AND {last_swept} < v_ms - {sweep_every_ms} THEN
+    -- 0. Leases past their visibility timeout come back without the operator's cleanup: at most
+    -- every {sweep_every_ms} ms while the totals say leases are held (a second, longer for a ring
+    -- past 100,000 slots: the sweep scans the ring), every {sweep_idle_ms} ms otherwise (should a
+    -- rolled-back call have left the totals behind), by the one reader that takes the sweep's
+    -- lock. Its sequence holds the last sweep's time in ms (setval is not transactional: no row is
+    -- locked for it). Before this read takes its clock, so that it answers what it swept. (The
+    -- CASE is in parentheses: PL/pgSQL ends an IF's condition at the first THEN it meets.)
+    v_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF {last_swept} < v_ms - (CASE WHEN {leases_held} THEN {sweep_every_ms} ELSE {sweep_idle_ms} END)
+        AND pg_try_advisory_xact_lock({sweep_lock}) AND {last_swept} < v_ms - {sweep_every_ms} THEN
       PERFORM setval('{swept_seq}', v_ms);
       PERFORM {fn_expire_leases}();
     END IF;
+    v_now := clock_timestamp();
+    v_lease_end := CASE WHEN v_leased THEN v_now + p_visibility_ms * interval '1 millisecond' END;
+    v_got := 0;
     -- 1. Redeliveries due (nacked, lease expired, rescued orphans, delayed), the longest due first.
     SELECT array_agg(s.msg_id ORDER BY s.visible_at) INTO v_due FROM (
       SELECT s.msg_id, s.visible_at FROM {spill} s WHERE s.state = 1 AND s.visible_at <= v_now

@@ -22,7 +22,7 @@ from dbq.backends.ring_plan import ROUTINES as PG_ROUTINES
 from dbq.backends.ring_sql import RingSqlBase
 from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
-from dbq.names import check_identifier, check_role, qualified_literal
+from dbq.names import check_identifier, check_role, owner_role, qualified_literal
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
 
@@ -94,12 +94,14 @@ class PgRing(RingSqlBase):
                 "last_pushed": f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)",
                 "last_popped": f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)",
                 "last_swept": f"coalesce(pg_sequence_last_value({_regclass(self.swept_seq)}), 0)",
-                # read's sweep of expired leases: only while leases are held (acquired > settled),
-                # at most every second, or every slots/100 ms past 100,000 slots (it scans the
-                # ring: about 14 ms at 100,000 slots; bench/results/lease_sweep.txt)
+                # read's sweep of expired leases: while leases are held (acquired > settled) at
+                # most every second, or every slots/100 ms past 100,000 slots (it scans the ring:
+                # about 20 ms at 100,000 slots; bench/results/lease_sweep.txt); ten times as
+                # seldom otherwise
                 "leases_held": f"coalesce(pg_sequence_last_value({_regclass(self.count['acquired'])}), 0)"
                 f" > coalesce(pg_sequence_last_value({_regclass(self.count['settled'])}), 0)",
                 "sweep_every_ms": max(1000, self.size // 100),
+                "sweep_idle_ms": 10 * max(1000, self.size // 100),
                 # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
                 # of the hashtext() keys (32 bits) dbq's other advisory locks use.
                 "sweep_lock": f"{_regclass(self.swept_seq)}::oid::bigint | (1::bigint << 40)",
@@ -419,12 +421,19 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
             out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {self.dead} TO {owner}")
         return out
 
-    def publish_pgmq(self) -> list[str]:
+    def publish_pgmq(self, install: bool = False) -> list[str]:
         n = self.t.names
-        return pgmq.publish(n.schema, n.queue, self.t.pgmq_name, self.groups.values())
+        return pgmq.publish(
+            n.schema, n.queue, self.t.pgmq_name, self.groups.values(), self.pgmq_owner, install
+        )
 
     def unpublish_pgmq(self) -> list[str]:
-        return pgmq.unpublish(self.t.names.schema, self.t.names.queue, self.groups.values())
+        return pgmq.unpublish(self.t.names.schema, self.t.names.queue, self.pgmq_owner)
+
+    @property
+    def pgmq_owner(self) -> str:
+        """The role owning the database's PGMQ facade (schema pgmq), as a queue schema's owner."""
+        return owner_role(self.t.database, "pgmq")
 
     def drop(self) -> list[str]:
         # PGMQ's name for the queue and the facade's grants to its roles go first.
