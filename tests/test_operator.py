@@ -269,8 +269,8 @@ def test_operator_killed_while_provisioning_converges_without_duplicates(env):
         schema,
     ).fetchval()
     # meta, history, ring, spill, gap, staged, dead letters, waiters, archive, content; push and pop
-    # positions, ten totals
-    assert relations == 22
+    # positions, ten totals, the last lease sweep's time
+    assert relations == 23
 
 
 def test_deletion_policies(env):
