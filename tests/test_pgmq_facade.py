@@ -374,29 +374,25 @@ def test_long_names_are_taken_and_queues_are_torn_down_beside_the_facade(maker):
     assert long_name in left and not any(n.startswith("long_") for n in left)
 
 
+def refused_apply(url: str) -> str:
+    """What applying a queue with spec.pgmq in the database at `url` was refused with."""
+    ring = OdbcRing(from_url(url), RingTarget(QueueNames(SCHEMA, "q_here"), 16, 256, pgmq_name="q_here"))
+    with pytest.raises(DbqError) as refused:
+        ring.apply()
+    ring.teardown()
+    ring.close()
+    return str(refused.value)
+
+
 def test_a_schema_pgmq_someone_else_made_is_refused_naming_spec_pgmq(stack):
     with scratch_database(stack, "dbq_foreign_pgmq") as db:
         with psycopg.connect(db.admin_url, autocommit=True) as admin:
             admin.execute("CREATE SCHEMA pgmq")  # the superuser's, not dbq's
-        ring = OdbcRing(
-            from_url(db.url), RingTarget(QueueNames(SCHEMA, "q_here"), 16, 256, pgmq_name="q_here")
-        )
-        with pytest.raises(DbqError) as refused:
-            ring.apply()
-        assert "spec.pgmq: schema pgmq exists and belongs to another role" in str(refused.value)
-        ring.teardown()
-        ring.close()
+        assert "spec.pgmq: schema pgmq exists and belongs to another role" in refused_apply(db.url)
 
 
 def test_a_database_holding_a_real_pgmq_is_refused_naming_spec_pgmq(real_pgmq):
-    ring = OdbcRing(
-        from_url(real_pgmq.url), RingTarget(QueueNames(SCHEMA, "q_here"), 16, 256, pgmq_name="q_here")
-    )
-    with pytest.raises(DbqError) as refused:
-        ring.apply()
-    assert "spec.pgmq: this database holds a real PGMQ" in str(refused.value)
-    ring.teardown()
-    ring.close()
+    assert "spec.pgmq: this database holds a real PGMQ" in refused_apply(real_pgmq.url)
 
 
 # --- moving from a running PGMQ -------------------------------------------------------------

@@ -82,6 +82,7 @@ class PgRing(RingSqlBase):
         return drops + super().create_routines()
 
     def template_values(self) -> dict[str, object]:
+        sweep_every_ms = max(1000, self.size // 100)
         # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
         # of each sequence, as a SELECT from it would.
         read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
@@ -100,8 +101,8 @@ class PgRing(RingSqlBase):
                 # seldom otherwise
                 "leases_held": f"coalesce(pg_sequence_last_value({_regclass(self.count['acquired'])}), 0)"
                 f" > coalesce(pg_sequence_last_value({_regclass(self.count['settled'])}), 0)",
-                "sweep_every_ms": max(1000, self.size // 100),
-                "sweep_idle_ms": 10 * max(1000, self.size // 100),
+                "sweep_every_ms": sweep_every_ms,
+                "sweep_idle_ms": 10 * sweep_every_ms,
                 # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
                 # of the hashtext() keys (32 bits) dbq's other advisory locks use.
                 "sweep_lock": f"{_regclass(self.swept_seq)}::oid::bigint | (1::bigint << 40)",
