@@ -11,6 +11,7 @@
 #           Flux's source-, kustomize- and helm-controller and their CRDs (stack/build-flux.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 #   npm:    node-postgres for the row-contract worker       (tests/node/package-lock.json)
+#   crates: PGMQ's Rust client, built into the facade's scenario (tests/rust/Cargo.lock)
 # Prints where the virtualenv is; everything else is cached under $DBQ_CACHE.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -86,6 +87,11 @@ if [[ ! -f $node_dir/.dbq-stamp || $(cat "$node_dir/.dbq-stamp") != "$want" ]]; 
   echo "$want" > "$node_dir/.dbq-stamp"
 fi
 echo "node modules in $node_dir/node_modules"
+
+step "pgmq (crates.io): PGMQ's Rust client in the facade's scenario"
+# cargo builds only what changed: a few minutes cold, seconds warm.
+CARGO_TARGET_DIR=$cache/cargo-target cargo build --release --locked --quiet --manifest-path "$repo/tests/rust/Cargo.toml"
+echo "scenario at $cache/cargo-target/release/pgmq-scenario"
 
 step "done"
 echo "virtualenv: $venv   (source $venv/bin/activate)"

@@ -18,7 +18,10 @@ import pyodbc
 from dbq.devstack import Paths, Stack
 
 # node-postgres, installed by stack/bootstrap.sh (tests/node/package-lock.json): node finds it here.
-NODE_MODULES = Path(os.environ.get("DBQ_CACHE", Path.home() / ".cache" / "dbq")) / "node" / "node_modules"
+CACHE = Path(os.environ.get("DBQ_CACHE", Path.home() / ".cache" / "dbq"))
+NODE_MODULES = CACHE / "node" / "node_modules"
+# PGMQ's Rust client's scenario, built by stack/bootstrap.sh (tests/rust/Cargo.lock).
+CARGO_TARGET = CACHE / "cargo-target"
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from pgmq import Message, PGMQueue
 from pgmq.install import get_embedded_install_sql, install_pgmq_sql
+from pydantic import ValidationError
 
+from dbq.api.models import Pgmq
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
 from dbq.errors import DbqError
 from dbq.names import QueueNames
-from tests.local import NODE_MODULES, scratch_database
+from tests.local import CARGO_TARGET, NODE_MODULES, scratch_database
 from tests.test_access import Accounts
 
 SCHEMA = "pgmq_q"
 NODE_SCENARIO = Path(__file__).with_name("node") / "pgmq_scenario.cjs"
+RUST_SCENARIO = CARGO_TARGET / "release" / "pgmq-scenario"
 RIGHTS = ("send", "receive", "monitor")
 # PGMQ 1.13's functions the facade leaves out: PGMQ's internals (no client calls them) and the
 # trigger of notify-on-insert. Every other function is here with PGMQ's exact signature.
@@ -49,7 +52,6 @@ LEFT_OUT = {
     "_get_pg_partman_schema",
     "_send_batch",
     "_validate_batch_params",
-    "acquire_queue_lock",
     "notify_queue_listeners",
 }
 SIGNATURES = (
@@ -276,6 +278,112 @@ def test_pgmq_s_node_client_gets_the_same_answers_from_the_facade_as_from_pgmq(m
     assert dict(got)["send"] == 1 and dict(got)["metrics"][1] > 0
 
 
+def rust_scenario(url: str, queue: str, create_extension: bool) -> list[Any]:
+    done = subprocess.run(
+        [str(RUST_SCENARIO), url, queue, "yes" if create_extension else "no"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_pgmq_s_rust_client_gets_the_same_answers_from_the_facade_as_from_pgmq(maker, real_pgmq):
+    q = maker(archive=True)
+    with psycopg.connect(real_pgmq.admin_url, autocommit=True) as db:  # there, as the Queue is here
+        db.execute("SELECT pgmq.create(%s)", (q.name,))
+    expected = rust_scenario(real_pgmq.admin_url, q.name, create_extension=False)  # PGMQ installed SQL-only
+    got = rust_scenario(q.url, q.name, create_extension=True)  # PGMQueueExt::init: CREATE EXTENSION
+    assert [name for name, _ in got] == [name for name, _ in expected]
+    for (name, ours), (_, theirs) in zip(got, expected, strict=True):
+        assert ours == theirs, f"{name}: dbq answered {ours!r}, PGMQ {theirs!r}"
+    errors = [name for name, answer in got if isinstance(answer, str) and answer.startswith("error")]
+    assert errors == ["send to a bad name", "read a queue not there"]
+    assert dict(got)["send"] == 1 and dict(got)["metrics"][1] > 0
+
+
+def routed(answer: Any) -> Any:
+    """Topic answers as both must give them: bindings without their time, rows in order."""
+    if isinstance(answer, list) and all(is_dataclass(row) and not isinstance(row, Message) for row in answer):
+        return sorted(tuple(v for k, v in vars(row).items() if k != "bound_at") for row in answer)
+    return answer
+
+
+def test_topics_route_as_pgmq_s_with_the_bindings_each_queue_declares(maker, accounts, real_pgmq):
+    bindings = {"a": ("#.error", "orders.*"), "b": ("orders.#",)}
+    made = {k: maker(archive=True, pgmq_topics=patterns) for k, patterns in bindings.items()}
+    a, b = (made[k].name for k in "ab")
+    _, url = accounts.login({a: RIGHTS, b: RIGHTS}, schema=SCHEMA)
+    real = PGMQueue(conn_string=real_pgmq.admin_url, init_extension=False, pool_size=2)
+    facade = PGMQueue(conn_string=url, pool_size=2)
+    try:
+        ask = lambda call: both(real, facade, lambda c: routed(call(c)))  # noqa: E731
+        for k, patterns in bindings.items():
+            real.create_queue(made[k].name)
+            for pattern in patterns:  # bound on PGMQ; bound again on both, as a client starting does
+                real.bind_topic(pattern, made[k].name)
+                assert ask(lambda c, p=pattern, q=made[k].name: c.bind_topic(p, q)) is None
+        assert ask(lambda c: c.list_topic_bindings(a)) == [("#.error", a, r"^.*\.error$"),
+                                                           ("orders.*", a, r"^orders\.[^.]+$")]  # fmt: skip
+        assert sorted(r[1] for r in ask(lambda c: c.test_routing("orders.created"))) == sorted([a, b])
+        assert ask(lambda c: c.send_topic("orders.created", {"o": 1})) == 2
+        assert ask(lambda c: c.send_topic("orders.eu.created", {"o": 2}, headers={"h": 2}, delay=0)) == 1
+        assert ask(lambda c: c.send_topic("db.error", {"e": 1})) == 1
+        assert ask(lambda c: c.send_topic("nothing.bound", {"x": 1})) == 0
+        assert len(ask(lambda c: c.send_batch_topic("orders.new", [{"o": 3}, {"o": 4}]))) == 4
+        assert ask(lambda c: c.send_batch_topic("orders.later", [{"o": 5}], delay=30)) == sorted(
+            [(a, 5), (b, 5)]
+        )
+        assert [m[2] for m in ask(lambda c: c.read(a, vt=30, qty=10))] == [
+            {"o": 1},
+            {"e": 1},
+            {"o": 3},
+            {"o": 4},
+        ]
+        assert [(m[2], m[3]) for m in ask(lambda c: c.read(b, vt=30, qty=10))] == [
+            ({"o": 1}, None), ({"o": 2}, {"h": 2}), ({"o": 3}, None), ({"o": 4}, None)]  # fmt: skip
+        for bad in ("", "a..b", ".a", "a.", "a b", "a*", "x" * 256):
+            assert ask(lambda c, k=bad: c.send_topic(k, {"x": 1})) == ("error", "P0")
+            assert ask(lambda c, k=bad: c.validate_routing_key(k)) is False
+        for bad in ("logs.**", "a#*", "a..b", "bad!"):
+            assert ask(lambda c, p=bad: c.bind_topic(p, a)) == ("error", "P0")
+            assert ask(lambda c, p=bad: c.validate_topic_pattern(p)) is False
+        assert ask(lambda c: c.validate_topic_pattern("a*b.#")) is True
+        assert ask(lambda c: c.bind_topic("x.y", "no_such_queue")) == ("error", "P0")
+        null = "SELECT pgmq.send_topic(%s, NULL::jsonb)"
+        assert ask(lambda c: c._execute_with_result(null, ("orders.x",))) == ("error", "P0")
+        assert ask(lambda c: c.unbind_topic("never.bound", a)) is False
+        # What differs, on purpose: bindings are the Queue's (spec.pgmq.topics), not made from SQL.
+        for call in (lambda c: c.bind_topic("new.pattern", a), lambda c: c.unbind_topic("orders.*", a)):
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match=r"spec\.pgmq\.topics"):
+                call(facade)
+    finally:
+        real.close()
+        facade.close()
+
+
+def test_spec_pgmq_topics_are_the_bindings_and_send_topic_needs_send_on_every_queue_reached(maker, accounts):
+    q, other = maker(pgmq_topics=("t.*",)), maker(pgmq_topics=("t.*", "u"))
+    backend = OdbcRing(q.backend.settings, replace(q.backend.target, pgmq_topics=("t.#", "v.*")))
+    try:
+        assert [s.action.value for s in backend.plan(backend.observe())] == ["publish_pgmq"]
+        backend.apply()
+        assert backend.plan(backend.observe()) == []
+    finally:
+        backend.close()
+    with q.db() as db:
+        assert db.execute("SELECT pattern FROM pgmq.list_topic_bindings(%s) ORDER BY 1", (q.name,)).fetchall() == [
+            ("t.#",), ("v.*",)]  # fmt: skip
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # t.x reaches `other` too
+            db.execute("SELECT pgmq.send_topic('t.x', '{}'::jsonb)")
+        assert db.execute("SELECT pgmq.send_topic('v.x', '{}'::jsonb)").fetchone() == (1,)
+    with other.db() as db:
+        assert db.execute("SELECT queue_length FROM pgmq.metrics(%s)", (other.name,)).fetchone() == (0,)
+    with pytest.raises(ValidationError, match=r"spec\.pgmq\.topics"):
+        Pgmq(name="x", topics=["logs.**"])
+
+
 def test_bad_input_gets_an_error_of_pgmq_s_class_and_changes_nothing(pair):
     real, facade, name = pair()
     ask = lambda call: both(real, facade, call)  # noqa: E731
@@ -316,7 +424,8 @@ def test_facade_errors_name_the_queue_and_the_fix_and_touch_no_other_queue(maker
         e = refused("SELECT pgmq.create('brand_new')")
         assert e.sqlstate == "0A000" and "spec.pgmq.name: brand_new" in (e.diag.message_hint or "")
         assert refused("SELECT pgmq.drop_queue(%s)", q.name).sqlstate == "0A000"
-        assert refused("SELECT pgmq.send_topic('a.b', '{}')").sqlstate == "0A000"
+        e = refused("SELECT pgmq.send_topic('a..b', '{}')")
+        assert e.sqlstate == "P0001" and 'routing key "a..b" is refused: it has an empty word' in str(e)
         assert refused("SELECT * FROM pgmq.read_grouped_rr(%s, 30, 1)", q.name).sqlstate == "0A000"
         db.execute("SELECT pgmq.send_batch(%s, ARRAY['1', '2', '3']::jsonb[])", (q.name,))
         e = refused("SELECT pgmq.send_batch(%s, ARRAY['4', '5']::jsonb[])", q.name)

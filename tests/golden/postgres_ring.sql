@@ -1749,7 +1749,7 @@ DO $$ DECLARE v_roles text[]; v_role text; BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('dbq pgmq facade'));
   FOR v_role IN SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY (v_roles) LOOP
     EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM %I', v_role);
-    EXECUTE format('REVOKE ALL ON TABLE pgmq.dbq_queues FROM %I', v_role);
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA pgmq FROM %I', v_role);
     EXECUTE format('REVOKE ALL ON SCHEMA pgmq FROM %I', v_role);
   END LOOP;
 END $$

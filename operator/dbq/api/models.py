@@ -334,12 +334,51 @@ class Archive(Model):
     )
 
 
+# A PGMQ topic pattern (spec.pgmq.topics), as PGMQ 1.13 takes it: dot-separated words of letters,
+# digits, '_' and '-', where * stands for one word and # for any words, never two wildcards side by
+# side. The facade's SQL (pgmq._dbq_topic_problem) says the same of the routing keys sent.
+_TOPIC_WORD = r"(?:(?:[*#]?[a-zA-Z0-9_-]+)+[*#]?|[*#])"
+TOPIC_PATTERN = rf"^{_TOPIC_WORD}(?:\.{_TOPIC_WORD})*$"
+TOPIC_HINT = (
+    "spec.pgmq.topics: a pattern is dot-separated words of letters, digits, '_' and '-', where * stands for"
+    " one word and # for any words (logs.*, orders.#, #.error), at most 255 characters, with no two wildcards"
+    " side by side"
+)
+MAX_TOPICS = 32
+
+
 class Pgmq(Model):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,46}$")] = Field(
         description="The name PGMQ's clients use for this queue (pgmq.send('NAME', ...)): lower-case letters,"
         " digits and underscores, at most 47, unique in the database. The operator installs PGMQ 1.13's API"
         " (schema pgmq) in the database and maps this name to the queue; see the Coming from PGMQ page."
     )
+    topics: Annotated[
+        list[Annotated[str, Field(max_length=255)]],
+        Field(
+            max_length=MAX_TOPICS,
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {"rule": f"self.all(p, p.matches('{TOPIC_PATTERN}'))", "message": TOPIC_HINT}
+                ]
+            },
+        ),
+    ] = Field(
+        default_factory=list,
+        description="PGMQ topic patterns bound to this queue: pgmq.send_topic('KEY', ...) sends to every queue"
+        " with a pattern KEY matches (* one word, # any words). The operator makes the bindings; PGMQ's"
+        " bind_topic succeeds for one listed here and is refused for any other.",
+    )
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not re.fullmatch(TOPIC_PATTERN, pattern):
+                raise ValueError(f"{pattern!r}: {TOPIC_HINT}")
+            if value.count(pattern) > 1:
+                raise ValueError(f"spec.pgmq.topics lists {pattern!r} twice: list each pattern once")
+        return value
 
 
 class Timeouts(Model):

@@ -31,6 +31,7 @@ def open_backend(
             max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
             compression=str(spec.messages.compression or ""),
             pgmq_name=spec.pgmq.name if spec.pgmq else "",
+            pgmq_topics=tuple(sorted(spec.pgmq.topics)) if spec.pgmq else (),
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

@@ -72,7 +72,7 @@ class OdbcRing(OdbcBackend):
                 self._resolve_compression(cur.execute(self.sql.COMPRESSIONS).fetchval())
             schema = self.names.schema
             keeper_version = self._keeper_version(cur)
-            facade_version, pgmq_name = self._pgmq(cur) if self.sql.PGMQ else (0, "")
+            facade_version, pgmq_name, pgmq_topics = self._pgmq(cur) if self.sql.PGMQ else (0, "", ())
             if not cur.execute(self.sql.OBSERVE_SCHEMA, schema).fetchval():
                 return Observed(keeper_version=keeper_version, facade_version=facade_version)
             n = self.names
@@ -116,15 +116,20 @@ class OdbcRing(OdbcBackend):
                 keeper_version=keeper_version,
                 facade_version=facade_version,
                 pgmq_name=pgmq_name,
+                pgmq_topics=pgmq_topics,
             )
 
-    def _pgmq(self, cur: pyodbc.Cursor) -> tuple[int, str]:
-        """The database's PGMQ facade version (0: none) and the PGMQ name mapped to this queue."""
+    def _pgmq(self, cur: pyodbc.Cursor) -> tuple[int, str, tuple[str, ...]]:
+        """The database's PGMQ facade version (0: none), the PGMQ name mapped to this queue and the
+        topic patterns bound to it."""
         if cur.execute(pgmq.OBSERVE_FACADE).fetchval() != 2:  # none, or not this login's to read yet
-            return 0, ""
+            return 0, "", ()
         version = int(cur.execute(pgmq.OBSERVE_VERSION).fetchval())
         name = cur.execute(pgmq.OBSERVE_NAME, self.names.schema, self.names.queue).fetchval()
-        return version, name or ""
+        if not name or version < pgmq.TOPICS_SINCE:
+            return version, name or "", ()
+        topics = tuple(r[0] for r in cur.execute(pgmq.OBSERVE_TOPICS, name).fetchall())
+        return version, name, topics
 
     def _resolve_compression(self, offered: str | None) -> None:
         """The target with spec.messages.compression resolved against what the server offers

@@ -143,6 +143,8 @@ class Observed:
     # and the PGMQ queue name it maps to this queue ('' for none).
     facade_version: int = 0
     pgmq_name: str = ""
+    # The topic patterns bound to that name, sorted.
+    pgmq_topics: tuple[str, ...] = ()
 
 
 def choose_compression(wanted: str, offered: frozenset[str]) -> str:
@@ -309,6 +311,8 @@ def plan_pgmq(target: RingTarget, observed: Observed, secure: bool) -> list[Ring
         return [RingStep(RingAction.INSTALL_PGMQ, why)]
     if observed.pgmq_name != wanted:
         why = f"PGMQ name {wanted} does not map to the queue yet"
+    elif observed.pgmq_topics != target.pgmq_topics:
+        why = f"PGMQ topic bindings are {list(observed.pgmq_topics)}, spec.pgmq.topics {list(target.pgmq_topics)}"
     elif secure:
         why = "grants were given again"
     else:

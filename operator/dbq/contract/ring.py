@@ -25,7 +25,7 @@ CONTENT_BUCKETS = 8
 RING_SCHEMA_VERSION = 23
 # Version of the PGMQ facade (schema pgmq, `dbq/backends/postgres/pgmq_facade.sql`), installed
 # once per database: bump it when the facade changes, and provisioning installs it again.
-PGMQ_FACADE_VERSION = 1
+PGMQ_FACADE_VERSION = 2
 
 # The routines a client calls, with their parameter markers; the same in every dialect.
 CALL_ARGS = {
@@ -106,6 +106,8 @@ class RingTarget:
     database: str = ""
     # spec.pgmq.name: the PGMQ queue name the database's PGMQ facade maps to this queue ('' for none)
     pgmq_name: str = ""
+    # spec.pgmq.topics: the PGMQ topic patterns bound to that name, sorted
+    pgmq_topics: tuple[str, ...] = ()
 
     @property
     def dead_letter_queue(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from dbq.api.models import TOPIC_HINT, TOPIC_PATTERN
 from dbq.backends.ring_sql import load_template
 from dbq.contract.ring import PGMQ_FACADE_VERSION
 from dbq.errors import UnsafeName
@@ -32,6 +33,9 @@ OBSERVE_FACADE = (
 )
 OBSERVE_VERSION = "SELECT coalesce((SELECT version FROM pgmq.dbq_facade WHERE id = 1), 0)"
 OBSERVE_NAME = "SELECT queue_name FROM pgmq.dbq_queues WHERE schema_name = ? AND queue = ?"
+# Topic bindings (spec.pgmq.topics) came with the facade's version 2.
+TOPICS_SINCE = 2
+OBSERVE_TOPICS = "SELECT pattern FROM pgmq.dbq_topic_bindings WHERE queue_name = ? ORDER BY pattern"
 # spec.pgmq.name (api.models.Pgmq): 47 at most, as PGMQ's own names
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,46}$")
 
@@ -44,6 +48,13 @@ def name_literal(name: str) -> str:
             " underscores, starting with a letter, at most 47"
         )
     return f"'{name}'"
+
+
+def topic_literal(pattern: str) -> str:
+    """A PGMQ topic pattern of spec.pgmq.topics, validated, as a string literal."""
+    if not isinstance(pattern, str) or len(pattern) > 255 or not re.fullmatch(TOPIC_PATTERN, pattern):
+        raise UnsafeName(f"{pattern!r}: {TOPIC_HINT}")
+    return f"'{pattern}'"
 
 
 def role_literal(role: str) -> str:
@@ -59,11 +70,17 @@ def facade_statements(owner: str) -> list[str]:
 
 
 def publish(
-    schema: str, queue: str, name: str, groups: Iterable[str], owner: str, install: bool
+    schema: str,
+    queue: str,
+    name: str,
+    topics: Iterable[str],
+    groups: Iterable[str],
+    owner: str,
+    install: bool,
 ) -> list[str]:
     """Install the facade (when `install`) as role `owner`, map PGMQ queue `name` to queue
-    `schema`.`queue` (an error naming spec.pgmq.name when another queue holds it) and grant the
-    queue's group roles the facade."""
+    `schema`.`queue` (an error naming spec.pgmq.name when another queue holds it), bind it the
+    topic patterns `topics` (and no other) and grant the queue's group roles the facade."""
     groups = list(groups)
     s, q, n = (
         literal(check_identifier(schema, "spec.connection.schema")),
@@ -71,6 +88,7 @@ def publish(
         name_literal(name),
     )
     roles = ", ".join(quote(check_role(g)) for g in groups)
+    patterns = f"ARRAY[{', '.join(topic_literal(p) for p in topics)}]::text[]"
     mapped = f"""DO $$ DECLARE v_schema text; v_queue text; BEGIN
   DELETE FROM pgmq.dbq_queues WHERE schema_name = {s} AND queue = {q} AND queue_name <> {n};
   INSERT INTO pgmq.dbq_queues AS m (queue_name, schema_name, queue, roles)
@@ -81,6 +99,9 @@ def publish(
     RAISE EXCEPTION 'spec.pgmq.name: PGMQ queue name % is taken by queue %.% in this database: choose another name',
       {n}, v_schema, v_queue USING ERRCODE = '23505';
   END IF;
+  DELETE FROM pgmq.dbq_topic_bindings WHERE queue_name = {n} AND pattern <> ALL ({patterns});
+  INSERT INTO pgmq.dbq_topic_bindings (pattern, queue_name) SELECT p, {n} FROM unnest({patterns}) p
+  ON CONFLICT DO NOTHING;
 END $$"""
     made = facade_statements(owner) if install else [f"SET LOCAL ROLE {quote(check_role(owner))}"]
     return [
@@ -89,7 +110,7 @@ END $$"""
         *made,
         mapped,
         f"GRANT USAGE ON SCHEMA pgmq TO {roles}",
-        f"GRANT SELECT ON TABLE pgmq.dbq_queues TO {roles}",
+        f"GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO {roles}",
         f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgmq TO {roles}",
         "RESET ROLE",
     ]
@@ -114,7 +135,7 @@ def unpublish(schema: str, queue: str, owner: str) -> list[str]:
   PERFORM pg_advisory_xact_lock(hashtext('dbq pgmq facade'));
   FOR v_role IN SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY (v_roles) LOOP
     EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM %I', v_role);
-    EXECUTE format('REVOKE ALL ON TABLE pgmq.dbq_queues FROM %I', v_role);
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA pgmq FROM %I', v_role);
     EXECUTE format('REVOKE ALL ON SCHEMA pgmq FROM %I', v_role);
   END LOOP;
 END $$"""

@@ -21,7 +21,7 @@
 -- logins call.
 DO $$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = 'pgmq' AND c.relname = 'meta') THEN
+      WHERE n.nspname = 'pgmq' AND c.relname = 'meta' AND c.relkind <> 'v') THEN  -- the facade's is a view
     RAISE EXCEPTION 'spec.pgmq: this database holds a real PGMQ (table pgmq.meta): dbq''s PGMQ API cannot share it'
       USING ERRCODE = '42710', HINT = 'put the Queue in another database, then move the messages over (docs: Coming from PGMQ)';
   END IF;
@@ -55,6 +55,14 @@ CREATE TABLE IF NOT EXISTS pgmq.dbq_facade (
   id int PRIMARY KEY CHECK (id = 1),
   version int NOT NULL)
 --;;
+-- Never over a newer facade (another operator, upgraded, installed it): this one waits its turn.
+DO $$ BEGIN
+  IF (SELECT version FROM pgmq.dbq_facade WHERE id = 1) > {version} THEN
+    RAISE EXCEPTION 'spec.pgmq: this database''s PGMQ facade is newer than this operator''s (version {version})'
+      USING ERRCODE = '55000', HINT = 'upgrade the dbq operator that manages this Queue';
+  END IF;
+END $$
+--;;
 -- Which dbq queue each PGMQ queue name stands for (lower case, as PGMQ's table names are), and
 -- the queue's group roles, granted the facade (again by an install of a newer facade).
 CREATE TABLE IF NOT EXISTS pgmq.dbq_queues (
@@ -65,7 +73,22 @@ CREATE TABLE IF NOT EXISTS pgmq.dbq_queues (
   created_at timestamptz NOT NULL DEFAULT now(),
   UNIQUE (schema_name, queue))
 --;;
-REVOKE ALL ON TABLE pgmq.dbq_facade, pgmq.dbq_queues FROM PUBLIC
+-- The topic bindings of spec.pgmq.topics, each a pattern and the PGMQ queue it routes to, with
+-- the pattern as a regular expression: * one word, # any words, a dot a dot.
+CREATE TABLE IF NOT EXISTS pgmq.dbq_topic_bindings (
+  pattern text NOT NULL CHECK (pattern ~ '^[a-zA-Z0-9._*#-]{1,255}$'),
+  queue_name varchar(47) NOT NULL REFERENCES pgmq.dbq_queues ON DELETE CASCADE,
+  bound_at timestamptz NOT NULL DEFAULT now(),
+  compiled_regex text GENERATED ALWAYS AS
+    ('^' || replace(replace(replace(pattern, '.', '\.'), '*', '[^.]+'), '#', '.*') || '$') STORED,
+  PRIMARY KEY (pattern, queue_name))
+--;;
+-- PGMQ's list of queues, which its Rust client reads to learn whether a queue exists.
+CREATE OR REPLACE VIEW pgmq.meta AS
+  SELECT q.queue_name::varchar AS queue_name, false AS is_partitioned, false AS is_unlogged, q.created_at
+  FROM pgmq.dbq_queues q
+--;;
+REVOKE ALL ON ALL TABLES IN SCHEMA pgmq FROM PUBLIC
 --;;
 DO $$ BEGIN
   IF to_regtype('pgmq.message_record') IS NULL THEN
@@ -154,6 +177,23 @@ BEGIN
   RAISE EXCEPTION 'dbq: % is not supported by dbq''s PGMQ facade', what USING ERRCODE = '0A000', HINT = instead;
 END $fn$
 --;;
+CREATE OR REPLACE FUNCTION pgmq._dbq_checked_batch(target text, msgs jsonb[], headers jsonb[]) RETURNS int
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_n int := coalesce(cardinality(msgs), 0);
+BEGIN
+  -- The number of messages in a batch for `target` (a queue, a routing key), or an error.
+  IF v_n = 0 THEN
+    RAISE EXCEPTION 'msgs cannot be NULL or empty';  -- PGMQ's message and code
+  END IF;
+  IF array_position(msgs, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION 'dbq: send_batch to %: every msg must be a JSON value, not NULL', target USING ERRCODE = '22004';
+  END IF;
+  IF headers IS NOT NULL AND coalesce(cardinality(headers), 0) <> v_n THEN
+    RAISE EXCEPTION 'headers array length (%) must match msgs array length (%)', coalesce(cardinality(headers), 0), v_n;
+  END IF;
+  RETURN v_n;
+END $fn$
+--;;
 -- --- sending ----------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay timestamptz)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
@@ -185,18 +225,8 @@ LANGUAGE sql AS $fn$ SELECT * FROM pgmq.send(queue_name, msg, NULL, delay) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $fn$
-DECLARE v_n int := coalesce(cardinality(msgs), 0); v_ids bigint[];
+DECLARE v_n int := pgmq._dbq_checked_batch(format('queue "%s"', queue_name), msgs, headers); v_ids bigint[];
 BEGIN
-  IF v_n = 0 THEN
-    RAISE EXCEPTION 'msgs cannot be NULL or empty';  -- PGMQ's message and code
-  END IF;
-  IF array_position(msgs, NULL) IS NOT NULL THEN
-    RAISE EXCEPTION 'dbq: send_batch to queue "%": every msg must be a JSON value, not NULL', queue_name
-      USING ERRCODE = '22004';
-  END IF;
-  IF headers IS NOT NULL AND coalesce(cardinality(headers), 0) <> v_n THEN
-    RAISE EXCEPTION 'headers array length (%) must match msgs array length (%)', coalesce(cardinality(headers), 0), v_n;
-  END IF;
   -- The ring refuses a batch it has no room for before writing any of it; should another sender
   -- take the room meanwhile, the batch is refused (and undone) all the same.
   EXECUTE format('SELECT array_agg(i ORDER BY o) FROM %s($1, $2, $3) WITH ORDINALITY s(i, o)',
@@ -371,10 +401,17 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.list_queues() RETURNS SETOF pgmq.queue_record
 LANGUAGE sql STABLE AS $fn$
-  SELECT q.queue_name::varchar, false, false, q.created_at FROM pgmq.dbq_queues q ORDER BY q.queue_name
+  SELECT * FROM pgmq.meta ORDER BY queue_name
 $fn$
 --;;
 -- --- queues are Queues: made and dropped by applying and deleting the resource -------------
+CREATE OR REPLACE FUNCTION pgmq.acquire_queue_lock(queue_name text) RETURNS void
+LANGUAGE sql AS $fn$
+  -- A transaction lock a client may hold around its own work on a queue (PGMQ's Rust client
+  -- takes it to create one); dbq's routines never wait for it.
+  SELECT pg_advisory_xact_lock(hashtext('pgmq.queue_' || queue_name))
+$fn$
+--;;
 CREATE OR REPLACE FUNCTION pgmq.validate_queue_name(queue_name text) RETURNS void
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -496,54 +533,138 @@ LANGUAGE sql STABLE AS $fn$
   SELECT NULL::text, NULL::integer, NULL::timestamptz WHERE false
 $fn$
 --;;
-CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
-LANGUAGE sql AS $fn$
-  SELECT pgmq._dbq_unsupported('a topic binding from SQL', 'apply a dbq Topic with a subscription for the queue')
+-- --- topics: PGMQ's routing keys and patterns; bindings declared on the Queue ---------------
+CREATE OR REPLACE FUNCTION pgmq._dbq_topic_problem(value text, wildcards boolean) RETURNS text
+LANGUAGE sql IMMUTABLE AS $fn$
+  -- What is wrong with a routing key (wildcards false) or a binding pattern (true), NULL when
+  -- nothing: dot-separated words of letters, digits, '-' and '_', at most 255 characters; a
+  -- pattern's word may also be * (exactly one word) or # (any words), never two of them side by side.
+  SELECT CASE
+    WHEN value IS NULL OR value = '' THEN 'it is empty'
+    WHEN length(value) > 255 THEN format('it has %s characters, more than 255', length(value))
+    WHEN NOT wildcards AND value !~ '^[a-zA-Z0-9._-]+$' THEN 'only letters, digits, ''.'', ''-'' and ''_'' may be used'
+    WHEN wildcards AND value !~ '^[a-zA-Z0-9._*#-]+$' THEN 'only letters, digits, ''.'', ''-'', ''_'', ''*'' and ''#'' may be used'
+    WHEN value ~ '^\.|\.$' THEN 'it starts or ends with a dot'
+    WHEN value ~ '\.\.' THEN 'it has an empty word (two dots side by side)'
+    WHEN value ~ '[*#][*#]' THEN 'two wildcards side by side: separate them with a dot (# alone matches any words)'
+  END
 $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_problem text := pgmq._dbq_topic_problem(routing_key, false);
+BEGIN
+  IF v_problem IS NOT NULL THEN
+    RAISE EXCEPTION 'dbq: routing key "%" is refused: %', routing_key, v_problem;
+  END IF;
+  RETURN true;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_problem text := pgmq._dbq_topic_problem(pattern, true);
+BEGIN
+  IF v_problem IS NOT NULL THEN
+    RAISE EXCEPTION 'dbq: topic pattern "%" is refused: %', pattern, v_problem;
+  END IF;
+  RETURN true;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- Bindings are declared on the Queue (spec.pgmq.topics) and made by the operator: binding one
+  -- declared succeeds, as PGMQ's does for one that exists (clients bind when they start); any
+  -- other is refused, naming the field.
+  PERFORM pgmq.validate_topic_pattern(bind_topic.pattern);
+  IF NOT EXISTS (SELECT 1 FROM pgmq.dbq_queues q WHERE q.queue_name = bind_topic.queue_name) THEN
+    RAISE EXCEPTION 'dbq: no queue "%" in this database''s PGMQ facade to bind to', bind_topic.queue_name
+      USING HINT = 'apply a dbq Queue with spec.pgmq.name: ' || coalesce(bind_topic.queue_name, '');
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pgmq.dbq_topic_bindings b
+      WHERE b.pattern = bind_topic.pattern AND b.queue_name = bind_topic.queue_name) THEN
+    PERFORM pgmq._dbq_unsupported(format('binding pattern "%s" to queue "%s" from SQL', bind_topic.pattern,
+      bind_topic.queue_name), format('add "%s" to spec.pgmq.topics of the Queue with spec.pgmq.name: %s',
+      bind_topic.pattern, bind_topic.queue_name));
+  END IF;
+END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.unbind_topic(pattern text, queue_name text) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 BEGIN
-  PERFORM pgmq._dbq_unsupported('a topic binding from SQL', 'remove the subscription from the dbq Topic');
+  -- false for a binding there is not, as PGMQ answers; one declared on a Queue is refused.
+  IF coalesce(unbind_topic.pattern, '') = '' OR coalesce(unbind_topic.queue_name, '') = '' THEN
+    RAISE EXCEPTION 'dbq: unbind_topic needs a pattern and a queue_name, not an empty one';
+  END IF;
+  IF EXISTS (SELECT 1 FROM pgmq.dbq_topic_bindings b
+      WHERE b.pattern = unbind_topic.pattern AND b.queue_name = unbind_topic.queue_name) THEN
+    PERFORM pgmq._dbq_unsupported(format('unbinding pattern "%s" from queue "%s" from SQL', unbind_topic.pattern,
+      unbind_topic.queue_name), format('remove "%s" from spec.pgmq.topics of the Queue with spec.pgmq.name: %s',
+      unbind_topic.pattern, unbind_topic.queue_name));
+  END IF;
   RETURN false;
-END $fn$
---;;
-CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
-RETURNS integer LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pgmq._dbq_unsupported('send_topic', 'publish to a dbq Topic (its publish routine, or dbq publish)');
-  RETURN 0;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.list_topic_bindings()
 RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_regex text)
 LANGUAGE sql STABLE AS $fn$
-  -- None: topic bindings are not supported here (dbq's Topics route messages instead).
-  SELECT NULL::text, NULL::text, NULL::timestamptz, NULL::text WHERE false
+  SELECT b.pattern, b.queue_name::text, b.bound_at, b.compiled_regex FROM pgmq.dbq_topic_bindings b
+  ORDER BY b.bound_at DESC, b.pattern, b.queue_name
 $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.list_topic_bindings(queue_name text)
 RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_regex text)
 LANGUAGE sql STABLE AS $fn$
-  SELECT NULL::text, NULL::text, NULL::timestamptz, NULL::text WHERE false
+  SELECT b.pattern, b.queue_name::text, b.bound_at, b.compiled_regex FROM pgmq.dbq_topic_bindings b
+  WHERE b.queue_name = $1 ORDER BY b.bound_at DESC, b.pattern
 $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.test_routing(routing_key text)
-RETURNS TABLE (pattern text, queue_name text, compiled_regex text) LANGUAGE plpgsql AS $fn$
+RETURNS TABLE (pattern text, queue_name text, compiled_regex text) LANGUAGE plpgsql STABLE AS $fn$
 BEGIN
-  PERFORM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic and publish to it');
+  PERFORM pgmq.validate_routing_key(test_routing.routing_key);
+  RETURN QUERY SELECT b.pattern, b.queue_name::text, b.compiled_regex FROM pgmq.dbq_topic_bindings b
+    WHERE test_routing.routing_key ~ b.compiled_regex ORDER BY b.pattern, b.queue_name;
 END $fn$
 --;;
-CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
-LANGUAGE sql AS $fn$ SELECT false FROM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic') $fn$
+CREATE OR REPLACE FUNCTION pgmq._dbq_routed(routing_key text) RETURNS SETOF text
+LANGUAGE sql STABLE AS $fn$
+  -- The queues a routing key reaches, each once, in name order.
+  SELECT DISTINCT b.queue_name::text FROM pgmq.dbq_topic_bindings b WHERE $1 ~ b.compiled_regex ORDER BY 1
+$fn$
 --;;
-CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text) RETURNS boolean
-LANGUAGE sql AS $fn$ SELECT false FROM pgmq._dbq_unsupported('topic routing', 'apply a dbq Topic') $fn$
+CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
+RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE v_queue text; v_count integer := 0;
+BEGIN
+  -- Sent to every queue the key reaches, in this transaction, through each queue's own send: a
+  -- login needs the send right on every one of them.
+  PERFORM pgmq.validate_routing_key(routing_key);
+  IF msg IS NULL OR delay IS NULL OR delay < 0 THEN
+    RAISE EXCEPTION 'dbq: send_topic "%": msg must be a JSON value and delay 0 or more seconds', routing_key;
+  END IF;
+  FOR v_queue IN SELECT * FROM pgmq._dbq_routed(routing_key) LOOP
+    PERFORM pgmq.send(v_queue, msg, headers, delay);
+    v_count := v_count + 1;
+  END LOOP;
+  RETURN v_count;
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb) RETURNS integer
+LANGUAGE sql AS $fn$ SELECT pgmq.send_topic(routing_key, msg, NULL, 0) $fn$
+--;;
+CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, delay integer) RETURNS integer
+LANGUAGE sql AS $fn$ SELECT pgmq.send_topic(routing_key, msg, NULL, delay) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint) LANGUAGE plpgsql AS $fn$
+DECLARE v_queue text;
 BEGIN
-  PERFORM pgmq._dbq_unsupported('send_batch_topic', 'publish to a dbq Topic (its publish_many routine, or dbq publish)');
+  PERFORM pgmq.validate_routing_key(routing_key);
+  PERFORM pgmq._dbq_checked_batch(format('routing key "%s"', routing_key), msgs, headers);
+  FOR v_queue IN SELECT * FROM pgmq._dbq_routed(routing_key) LOOP
+    RETURN QUERY SELECT v_queue, s.id FROM pgmq.send_batch(v_queue, msgs, headers, delay) s(id);
+  END LOOP;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[])
@@ -553,7 +674,7 @@ $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], delay integer)
 RETURNS TABLE (queue_name text, msg_id bigint) LANGUAGE sql AS $fn$
-  SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, NULL, clock_timestamp())
+  SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, NULL, clock_timestamp() + make_interval(secs => delay))
 $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], delay timestamptz)
@@ -568,14 +689,8 @@ $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay integer)
 RETURNS TABLE (queue_name text, msg_id bigint) LANGUAGE sql AS $fn$
-  SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, headers, clock_timestamp())
+  SELECT * FROM pgmq.send_batch_topic(routing_key, msgs, headers, clock_timestamp() + make_interval(secs => delay))
 $fn$
---;;
-CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb) RETURNS integer
-LANGUAGE sql AS $fn$ SELECT pgmq.send_topic(routing_key, msg, NULL, 0) $fn$
---;;
-CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, delay integer) RETURNS integer
-LANGUAGE sql AS $fn$ SELECT pgmq.send_topic(routing_key, msg, NULL, delay) $fn$
 --;;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgmq FROM PUBLIC
 --;;
@@ -584,6 +699,7 @@ DO $$ DECLARE v_role text; BEGIN
   FOR v_role IN SELECT DISTINCT r.rolname FROM pgmq.dbq_queues q, unnest(q.roles) g(name)
       JOIN pg_roles r ON r.rolname = g.name LOOP
     EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgmq TO %I', v_role);
+    EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO %I', v_role);
   END LOOP;
 END $$
 --;;

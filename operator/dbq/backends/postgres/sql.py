@@ -425,7 +425,13 @@ ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, mess
     def publish_pgmq(self, install: bool = False) -> list[str]:
         n = self.t.names
         return pgmq.publish(
-            n.schema, n.queue, self.t.pgmq_name, self.groups.values(), self.pgmq_owner, install
+            n.schema,
+            n.queue,
+            self.t.pgmq_name,
+            self.t.pgmq_topics,
+            self.groups.values(),
+            self.pgmq_owner,
+            install,
         )
 
     def unpublish_pgmq(self) -> list[str]:
