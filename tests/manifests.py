@@ -154,4 +154,9 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         "secretRef.name",
     ),
     ("bad-deletion-policy", with_path(queue(), "spec.deletionPolicy", "Sometimes"), "spec.deletionPolicy"),
+    (
+        "pgmq-topic-two-wildcards",
+        with_path(queue(), "spec.pgmq", {"name": "jobs", "topics": ["logs.**"]}),
+        "no two wildcards side by side",
+    ),
 ]

@@ -338,7 +338,7 @@ class Archive(Model):
 # digits, '_' and '-', where * stands for one word and # for any words, never two wildcards side by
 # side. The facade's SQL (pgmq._dbq_topic_problem) says the same of the routing keys sent.
 _TOPIC_WORD = r"(?:(?:[*#]?[a-zA-Z0-9_-]+)+[*#]?|[*#])"
-TOPIC_PATTERN = rf"^{_TOPIC_WORD}(?:\.{_TOPIC_WORD})*$"
+TOPIC_PATTERN = rf"^{_TOPIC_WORD}(?:[.]{_TOPIC_WORD})*$"  # [.], not an escape: CEL refuses it
 TOPIC_HINT = (
     "spec.pgmq.topics: a pattern is dot-separated words of letters, digits, '_' and '-', where * stands for"
     " one word and # for any words (logs.*, orders.#, #.error), at most 255 characters, with no two wildcards"
