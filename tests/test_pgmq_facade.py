@@ -538,6 +538,35 @@ def test_a_running_pgmq_moves_to_dbq_by_connection_string_and_drain_with_nothing
     new.close()
 
 
+def test_drain_leaves_a_message_too_large_for_the_queue_in_pgmq_names_it_and_moves_the_rest(maker, real_pgmq):
+    q = maker(header_bytes=256)
+    old = PGMQueue(conn_string=real_pgmq.admin_url, init_extension=False, pool_size=2)
+    old.create_queue(q.name)
+    # 200 bytes of headers fit 256, and do not once the drain adds its two (about 80 bytes)
+    old.send_batch(
+        q.name,
+        [{"n": n} for n in range(30)],
+        headers=[{"pad": "x" * (190 if n == 7 else 1)} for n in range(30)],
+    )
+    drain = [str(Path(sys.executable).with_name("dbq")), "pgmq", "drain", "--queue", q.name, "--batch", "10",
+             "--visibility", "1", "--wait", "1"]  # fmt: skip
+    env = {**os.environ, "DBQ_PGMQ_FROM": real_pgmq.admin_url, "DBQ_PGMQ_TO": q.url}
+    done = subprocess.run(drain, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"moved 29 messages from PGMQ queue {q.name} to dbq queue {q.name}; 1 left" in done.stdout
+    assert (
+        "left in PGMQ: message 8: dbq: headers of" in done.stderr
+        and "spec.messages.headerBytes" in done.stderr
+    )
+    new = PGMQueue(conn_string=q.url, pool_size=2)
+    assert sorted(m.message["n"] for m in new.pop(q.name, 100)) == [n for n in range(30) if n != 7]
+    time.sleep(1.5)  # the drain's lease on it runs out
+    (kept,) = old.pop(q.name, 10)  # it stayed in PGMQ, whole
+    assert (kept.msg_id, kept.message, len(kept.headers["pad"])) == (8, {"n": 7}, 190)
+    old.close()
+    new.close()
+
+
 def test_drain_refuses_bad_arguments_naming_them_and_moves_nothing(real_pgmq, maker):
     q = maker()
     dbq = str(Path(sys.executable).with_name("dbq"))

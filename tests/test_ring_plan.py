@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dbq.backends.ring_plan import ROUTINES, Observed, Recorded, choose_compression, is_new, plan_ring
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget
+from dbq.contract.ring import PGMQ_FACADE_VERSION, RING_SCHEMA_VERSION, RingTarget
 from dbq.errors import ConflictingObjects, DeadLetterQueueNotFound, InvalidSpec, UnsafeName
 from dbq.names import QueueNames
 
@@ -213,3 +213,14 @@ def test_dead_letters_kept_by_another_queue_wait_for_it_and_rewrite_the_routines
     assert actions(Observed(keeper_version=RING_SCHEMA_VERSION), kept) == actions(Observed())  # a new queue
     moved = Recorded(RING_SCHEMA_VERSION, 1000, 300, max_attempts=3, dead_letter_queue="errors.dlq")
     assert actions(complete(keeper_version=RING_SCHEMA_VERSION, recorded=moved), kept) == []
+
+
+def test_pgmq_topics_that_differ_from_the_spec_are_published_again_and_equal_ones_are_left_alone():
+    target = replace(TARGET, pgmq_name="jobs", pgmq_topics=("#.error", "orders.*"))
+    published = complete(
+        facade_version=PGMQ_FACADE_VERSION, pgmq_name="jobs", pgmq_topics=("#.error", "orders.*")
+    )
+    assert actions(published, target) == []
+    assert actions(replace(published, pgmq_topics=("#.error",)), target) == ["publish_pgmq"]
+    assert actions(replace(published, pgmq_topics=()), replace(target, pgmq_topics=())) == []
+    assert actions(replace(published, facade_version=1), target) == ["install_pgmq"]

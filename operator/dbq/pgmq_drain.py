@@ -6,13 +6,17 @@ A message is never lost: until its delete it stays in PGMQ, where it comes back 
 runs out. Should the drain stop between the send and the delete (killed, a connection lost),
 that batch is sent again by the next run: each moved message carries its PGMQ id in the header
 `pgmq-msg-id`, so a consumer that must not see one twice can tell.
+
+A message the dbq queue refuses for its size (a body past spec.messages.maxBytes, or headers past
+spec.messages.headerBytes once the two headers are added) stays in PGMQ, untouched but for its
+lease: the rest of its batch is sent one by one, and the drain goes on and names it at the end.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -27,7 +31,8 @@ LEFT = "SELECT queue_length FROM pgmq.metrics(%s)"
 @dataclass(frozen=True)
 class Drained:
     moved: int  # messages sent to dbq and deleted from PGMQ
-    left: int  # messages still in PGMQ (in flight, or delayed) when the drain stopped
+    left: int  # messages still in PGMQ (in flight, delayed, or refused) when the drain stopped
+    refused: dict[int, str] = field(default_factory=dict)  # PGMQ id: why dbq's queue refused it
 
 
 def moved_headers(msg_id: int, enqueued_at: Any, headers: Any) -> dict[str, Any]:
@@ -55,28 +60,46 @@ def drain(
         raise ValueError(f"--batch must be between 1 and 10000, not {batch}")
     if visibility_s < 1:
         raise ValueError(f"--visibility must be at least 1 second, not {visibility_s}")
-    moved, last_moved = 0, time.monotonic()
+    moved, last_moved, refused = 0, time.monotonic(), dict[int, str]()
     with (
         psycopg.connect(source_url, autocommit=True) as source,
         psycopg.connect(target_url, autocommit=True) as target,
     ):
+
+        def send(rows: list[Any]) -> None:
+            bodies = [Jsonb(r[2]) for r in rows]
+            target.execute(
+                SEND, (target_queue, bodies, [Jsonb(moved_headers(r[0], r[1], r[3])) for r in rows])
+            )
+
         while True:
-            rows = source.execute(READ, (queue, visibility_s, batch)).fetchall()
+            rows = [
+                r
+                for r in source.execute(READ, (queue, visibility_s, batch)).fetchall()
+                if r[0] not in refused
+            ]
             if rows:
-                target.execute(
-                    SEND,
-                    (
-                        target_queue,
-                        [Jsonb(r[2]) for r in rows],
-                        [Jsonb(moved_headers(r[0], r[1], r[3])) for r in rows],
-                    ),
-                )
-                source.execute(DELETE, (queue, [r[0] for r in rows]))
-                moved += len(rows)
-                last_moved = time.monotonic()
-                progress(moved)
-                continue
+                try:
+                    send(rows)
+                except psycopg.errors.StringDataRightTruncation:  # one of them is too large: which?
+                    rows = [r for r in rows if not too_large(send, r, refused)]
+                if rows:
+                    source.execute(DELETE, (queue, [r[0] for r in rows]))
+                    moved += len(rows)
+                    last_moved = time.monotonic()
+                    progress(moved)
+                    continue
             left = int(source.execute(LEFT, (queue,)).fetchone()[0])  # type: ignore[index]
-            if left == 0 or time.monotonic() - last_moved >= wait_s:
-                return Drained(moved, left)
+            if left <= len(refused) or time.monotonic() - last_moved >= wait_s:
+                return Drained(moved, left, refused)
             time.sleep(min(1.0, wait_s))
+
+
+def too_large(send: Callable[[list[Any]], None], row: Any, refused: dict[int, str]) -> bool:
+    """Send one message alone; True (and why, in `refused`) when dbq's queue refuses its size."""
+    try:
+        send([row])
+    except psycopg.errors.StringDataRightTruncation as e:
+        refused[row[0]] = e.diag.message_primary or "too large"
+        return True
+    return False

@@ -128,7 +128,8 @@ class OdbcRing(OdbcBackend):
         name = cur.execute(pgmq.OBSERVE_NAME, self.names.schema, self.names.queue).fetchval()
         if not name or version < pgmq.TOPICS_SINCE:
             return version, name or "", ()
-        topics = tuple(r[0] for r in cur.execute(pgmq.OBSERVE_TOPICS, name).fetchall())
+        # sorted here, as the target's are: the database's collation may order them otherwise
+        topics = tuple(sorted(r[0] for r in cur.execute(pgmq.OBSERVE_TOPICS, name).fetchall()))
         return version, name, topics
 
     def _resolve_compression(self, offered: str | None) -> None:

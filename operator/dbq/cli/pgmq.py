@@ -48,6 +48,14 @@ def drain(
         said = e.diag.message_primary or f"{type(e).__name__} (check --from and --to)"
         raise click.ClickException(f"drain of PGMQ queue {queue} stopped: {said}") from None
     click.echo(f"moved {done.moved} messages from PGMQ queue {queue} to dbq queue {target}; {done.left} left")
+    for msg_id, why in sorted(done.refused.items()):
+        click.echo(f"left in PGMQ: message {msg_id}: {why}", err=True)
+    if done.refused:
+        raise click.ClickException(
+            f"{len(done.refused)} messages are too large for dbq queue {target} and stay in PGMQ queue {queue}:"
+            " raise the Queue's spec.messages.maxBytes or spec.messages.headerBytes (the drain adds the headers"
+            " pgmq-msg-id and pgmq-enqueued-at, about 80 bytes), then run the drain again"
+        )
     if done.left:
         raise click.ClickException(
             f"{done.left} messages are still in flight or delayed in PGMQ queue {queue} after {wait:.0f} s:"

@@ -35,7 +35,7 @@ OBSERVE_VERSION = "SELECT coalesce((SELECT version FROM pgmq.dbq_facade WHERE id
 OBSERVE_NAME = "SELECT queue_name FROM pgmq.dbq_queues WHERE schema_name = ? AND queue = ?"
 # Topic bindings (spec.pgmq.topics) came with the facade's version 2.
 TOPICS_SINCE = 2
-OBSERVE_TOPICS = "SELECT pattern FROM pgmq.dbq_topic_bindings WHERE queue_name = ? ORDER BY pattern"
+OBSERVE_TOPICS = "SELECT pattern FROM pgmq.dbq_topic_bindings WHERE queue_name = ?"
 # spec.pgmq.name (api.models.Pgmq): 47 at most, as PGMQ's own names
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,46}$")
 
