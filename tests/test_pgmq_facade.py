@@ -29,10 +29,11 @@ from pydantic import ValidationError
 
 from dbq.api.models import Pgmq
 from dbq.backends.odbc_ring import OdbcRing
+from dbq.backends.postgres import pgmq as pgmq_sql
 from dbq.connection import from_url
-from dbq.contract.ring import RingTarget
+from dbq.contract.ring import PGMQ_FACADE_VERSION, RingTarget
 from dbq.errors import DbqError
-from dbq.names import QueueNames
+from dbq.names import QueueNames, owner_role
 from tests.local import CARGO_TARGET, NODE_MODULES, scratch_database
 from tests.test_access import Accounts
 
@@ -498,6 +499,19 @@ def test_a_schema_pgmq_someone_else_made_is_refused_naming_spec_pgmq(stack):
         with psycopg.connect(db.admin_url, autocommit=True) as admin:
             admin.execute("CREATE SCHEMA pgmq")  # the superuser's, not dbq's
         assert "spec.pgmq: schema pgmq exists and belongs to another role" in refused_apply(db.url)
+
+
+def test_an_older_facade_is_never_installed_over_a_newer_one(maker, postgres, monkeypatch):
+    q = maker()
+    monkeypatch.setattr(pgmq_sql, "PGMQ_FACADE_VERSION", PGMQ_FACADE_VERSION - 1)  # an older operator's
+    owner = owner_role(postgres.name, "pgmq")
+    older = pgmq_sql.publish(SCHEMA, q.name, q.name, (), [owner], owner, install=True)
+    with psycopg.connect(postgres.url) as db, pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+        for statement in older:
+            db.execute(statement)
+    assert "spec.pgmq: this database's PGMQ facade is newer than this operator's" in str(e.value)
+    with psycopg.connect(postgres.url) as db:
+        assert db.execute("SELECT version FROM pgmq.dbq_facade").fetchone() == (PGMQ_FACADE_VERSION,)
 
 
 def test_a_database_holding_a_real_pgmq_is_refused_naming_spec_pgmq(real_pgmq):
