@@ -253,9 +253,10 @@ def test_pgmq_client_gets_the_same_answers_from_the_facade_as_from_pgmq(pair):
     assert ask(lambda c: c.pop(name, 5)) == [(9, 0, {"after": "purge"}, None, 0)]
 
 
-def node_scenario(url: str, queue: str, create_extension: bool) -> list[Any]:
+def scenario(client: list[str], url: str, queue: str, create_extension: bool) -> list[Any]:
+    """One run of a PGMQ client's scenario program (`client`, its command): its answers."""
     done = subprocess.run(
-        ["node", str(NODE_SCENARIO), url, queue, "yes" if create_extension else "no"],
+        [*client, url, queue, "yes" if create_extension else "no"],
         env={**os.environ, "NODE_PATH": str(NODE_MODULES)},
         capture_output=True,
         text=True,
@@ -265,43 +266,31 @@ def node_scenario(url: str, queue: str, create_extension: bool) -> list[Any]:
     return json.loads(done.stdout)
 
 
-def test_pgmq_s_node_client_gets_the_same_answers_from_the_facade_as_from_pgmq(maker, real_pgmq):
-    q = maker(archive=True)
-    expected = node_scenario(real_pgmq.admin_url, q.name, create_extension=False)  # PGMQ installed SQL-only
-    got = node_scenario(q.url, q.name, create_extension=True)  # pgmq-js's default: CREATE EXTENSION
+def same_scenario(client: list[str], q: Mapped, real_pgmq: Any) -> list[Any]:
+    """The client's scenario against PGMQ (installed SQL-only) and the facade (its extension
+    created, as the clients do by default), asserted to answer alike: the facade's answers."""
+    expected = scenario(client, real_pgmq.admin_url, q.name, create_extension=False)
+    got = scenario(client, q.url, q.name, create_extension=True)
     assert [name for name, _ in got] == [name for name, _ in expected]
     for (name, ours), (_, theirs) in zip(got, expected, strict=True):
         assert ours == theirs, f"{name}: dbq answered {ours!r}, PGMQ {theirs!r}"
-    errors = [name for name, answer in got if isinstance(answer, str) and answer.startswith("error")]
+    assert dict(got)["send"] == 1 and dict(got)["metrics"][1] > 0
+    return [name for name, answer in got if isinstance(answer, str) and answer.startswith("error")]
+
+
+def test_pgmq_s_node_client_gets_the_same_answers_from_the_facade_as_from_pgmq(maker, real_pgmq):
+    errors = same_scenario(["node", str(NODE_SCENARIO)], maker(archive=True), real_pgmq)
     # pgmq-js 1.3.1's setVt passes untyped parameters, which PGMQ 1.13's overloads make
     # ambiguous (42725) on PGMQ itself too; nothing else failed.
     assert errors == ["setVt", "send to a bad name", "read a queue not there"]
-    assert dict(got)["send"] == 1 and dict(got)["metrics"][1] > 0
-
-
-def rust_scenario(url: str, queue: str, create_extension: bool) -> list[Any]:
-    done = subprocess.run(
-        [str(RUST_SCENARIO), url, queue, "yes" if create_extension else "no"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_pgmq_s_rust_client_gets_the_same_answers_from_the_facade_as_from_pgmq(maker, real_pgmq):
     q = maker(archive=True)
     with psycopg.connect(real_pgmq.admin_url, autocommit=True) as db:  # there, as the Queue is here
         db.execute("SELECT pgmq.create(%s)", (q.name,))
-    expected = rust_scenario(real_pgmq.admin_url, q.name, create_extension=False)  # PGMQ installed SQL-only
-    got = rust_scenario(q.url, q.name, create_extension=True)  # PGMQueueExt::init: CREATE EXTENSION
-    assert [name for name, _ in got] == [name for name, _ in expected]
-    for (name, ours), (_, theirs) in zip(got, expected, strict=True):
-        assert ours == theirs, f"{name}: dbq answered {ours!r}, PGMQ {theirs!r}"
-    errors = [name for name, answer in got if isinstance(answer, str) and answer.startswith("error")]
+    errors = same_scenario([str(RUST_SCENARIO)], q, real_pgmq)
     assert errors == ["send to a bad name", "read a queue not there"]
-    assert dict(got)["send"] == 1 and dict(got)["metrics"][1] > 0
 
 
 def routed(answer: Any) -> Any:

@@ -550,25 +550,22 @@ LANGUAGE sql IMMUTABLE AS $fn$
   END
 $fn$
 --;;
-CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
+CREATE OR REPLACE FUNCTION pgmq._dbq_topic_checked(value text, wildcards boolean) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $fn$
-DECLARE v_problem text := pgmq._dbq_topic_problem(routing_key, false);
+DECLARE v_problem text := pgmq._dbq_topic_problem(value, wildcards);
 BEGIN
   IF v_problem IS NOT NULL THEN
-    RAISE EXCEPTION 'dbq: routing key "%" is refused: %', routing_key, v_problem;
+    RAISE EXCEPTION 'dbq: % "%" is refused: %', CASE WHEN wildcards THEN 'topic pattern' ELSE 'routing key' END,
+      value, v_problem;
   END IF;
   RETURN true;
 END $fn$
 --;;
+CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $fn$ SELECT pgmq._dbq_topic_checked(routing_key, false) $fn$
+--;;
 CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE AS $fn$
-DECLARE v_problem text := pgmq._dbq_topic_problem(pattern, true);
-BEGIN
-  IF v_problem IS NOT NULL THEN
-    RAISE EXCEPTION 'dbq: topic pattern "%" is refused: %', pattern, v_problem;
-  END IF;
-  RETURN true;
-END $fn$
+LANGUAGE sql IMMUTABLE AS $fn$ SELECT pgmq._dbq_topic_checked(pattern, true) $fn$
 --;;
 CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text) RETURNS void
 LANGUAGE plpgsql AS $fn$
