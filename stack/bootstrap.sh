@@ -9,6 +9,7 @@
 #           built from Go modules                           (stack/build-kube.sh)
 #           helm, kubeconform, helm-unittest, kstatus, CoreDNS (stack/build-tools.sh)
 #           Flux's source-, kustomize- and helm-controller and their CRDs (stack/build-flux.sh)
+#           KEDA's operator, metrics adapter and webhooks and their CRDs (stack/build-keda.sh)
 #   Maven:  Cassandra jars from Maven Central               (stack/cassandra/pom.xml)
 #   npm:    node-postgres for the row-contract worker       (tests/node/package-lock.json)
 #   crates: PGMQ's Rust client, built into the facade's scenario (tests/rust/Cargo.lock)
@@ -67,6 +68,9 @@ bash "$here/build-tools.sh"
 
 step "Flux: source-, kustomize- and helm-controller (Go modules)"
 bash "$here/build-flux.sh"
+
+step "KEDA: operator, metrics adapter, webhooks (Go modules)"
+bash "$here/build-keda.sh"
 
 step "Cassandra $CASSANDRA_VERSION (Maven Central)"
 lib=$cache/cassandra-$CASSANDRA_VERSION/lib

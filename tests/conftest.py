@@ -25,7 +25,12 @@ from dbq.devstack import COMPONENTS, OPTIONAL, Stack, StackError
 from tests.local import KubeHandle, PgDatabase, exclusive, kube_handle, local_spark, scratch_database
 
 # Modules that run together, on one worker: both use the single-node cluster, and one stops it.
-GROUPS = {"test_cluster": "cluster", "test_helm_cluster": "cluster", "test_gitops_helm": "cluster"}
+GROUPS = {
+    "test_cluster": "cluster",
+    "test_helm_cluster": "cluster",
+    "test_gitops_helm": "cluster",
+    "test_keda": "cluster",
+}
 # The longest modules first, so that neither worker is left with a long one at the end.
 LONGEST = ("test_helm_cluster", "test_cluster", "test_spark_queue", "test_operator",
            "test_contract", "test_upkeep", "test_pipes", "test_spark_health", "test_spark_status",

@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 @click.group()
 def dev() -> None:
     """The local stack: Kubernetes API server, PostgreSQL, Cassandra (all on loopback); on demand a
-    three-node Cassandra (cassandra3), a single-node cluster that runs pods (cluster) and Flux's
-    controllers with a git server (flux)."""
+    three-node Cassandra (cassandra3), a single-node cluster that runs pods (cluster), Flux's
+    controllers with a git server (flux) and KEDA's operator and metrics adapter (keda)."""
 
 
 _component = click.argument(
     "components",
     nargs=-1,
-    type=click.Choice(["kube", "postgres", "cassandra", "cassandra3", "cluster", "flux"]),
+    type=click.Choice(["kube", "postgres", "cassandra", "cassandra3", "cluster", "flux", "keda"]),
 )
 
 

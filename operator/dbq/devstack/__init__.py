@@ -14,6 +14,7 @@ from dbq.devstack.base import Paths, StackError
 from dbq.devstack.cassandra import Cassandra, CassandraCluster
 from dbq.devstack.cluster import Cluster
 from dbq.devstack.flux import Flux
+from dbq.devstack.keda import Keda
 from dbq.devstack.kube import Kube
 from dbq.devstack.postgres import Postgres
 
@@ -32,8 +33,8 @@ __all__ = [
 ]
 
 COMPONENTS = ("kube", "postgres", "cassandra")  # what `dbq dev up` starts without arguments
-OPTIONAL = ("cassandra3", "cluster", "flux")  # started when named: `dbq dev up cassandra3 cluster flux`
-Component = Kube | Postgres | Cassandra | CassandraCluster | Cluster | Flux
+OPTIONAL = ("cassandra3", "cluster", "flux", "keda")  # started when named: `dbq dev up cluster keda`
+Component = Kube | Postgres | Cassandra | CassandraCluster | Cluster | Flux | Keda
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Stack:
         self.cassandra3 = CassandraCluster(self.paths)
         self.cluster = Cluster(self.paths, self.kube)
         self.flux = Flux(self.paths, self.kube)
+        self.keda = Keda(self.paths, self.cluster)
 
     def component(self, name: str) -> Component:
         if name not in COMPONENTS + OPTIONAL:

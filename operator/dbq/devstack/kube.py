@@ -122,6 +122,17 @@ class Kube:
             # How the API server proves itself to the kubelet (which trusts `kubelet_client_ca`).
             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            # The aggregation layer (an APIService such as KEDA's external metrics): the API server
+            # proxies to it as front-proxy-client, and reaches it at its Service's endpoints (there
+            # is no kube-proxy to route a ClusterIP).
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+            "--enable-aggregator-routing=true",
             "--v=1",
         ]
 
@@ -136,7 +147,12 @@ class Kube:
                 capture_output=True,
             )
         if not (self.pki / "kubelet-client.crt").exists():
-            self._write_kubelet_client_certificate()
+            # A CA the kubelet trusts and the API server's client certificate from it, in the group
+            # system:masters, so the kubelet's webhook authorization lets it read logs and exec.
+            self._write_client_certificate("kubelet", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+        if not (self.pki / "front-proxy-client.crt").exists():
+            # The aggregation layer's: extension API servers trust this CA for who the user is.
+            self._write_client_certificate("front-proxy", "/CN=front-proxy-client")
         tokens = self.pki / "tokens.csv"
         if not tokens.exists():
             rows = [
@@ -146,14 +162,13 @@ class Kube:
             tokens.touch(mode=0o600)
             tokens.write_text("\n".join(rows) + "\n")
 
-    def _write_kubelet_client_certificate(self) -> None:
-        """A CA the kubelet trusts and the API server's client certificate from it, in the group
-        system:masters, so the kubelet's webhook authorization lets it read logs and exec."""
-        ca, client = self.pki / "kubelet-ca", self.pki / "kubelet-client"
+    def _write_client_certificate(self, name: str, subject: str) -> None:
+        """A CA `NAME-ca` and a client certificate `NAME-client` of `subject` signed by it."""
+        ca, client = self.pki / f"{name}-ca", self.pki / f"{name}-client"
         for argv in (
-            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=dbq-kubelet-client-ca",
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", f"/CN=dbq-{name}-client-ca",
              "-keyout", f"{ca}.key", "-out", f"{ca}.crt"],
-            ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            ["req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
              "-keyout", f"{client}.key", "-out", f"{client}.csr"],
             ["x509", "-req", "-days", "3650", "-in", f"{client}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
              "-CAcreateserial", "-out", f"{client}.crt.tmp"],
