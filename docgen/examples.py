@@ -2,7 +2,9 @@
 `<!-- runnable -->` line (run against the local stack by `tests/test_docs_examples.py`), after
 `<!-- runnable: spark -->` (Python run with a SparkSession as `spark`, by the Spark tests), or
 after `<!-- runnable: cassandra -->` (run with the Secret `events-cassandra` for the stack's
-Cassandra as well, by `tests/test_queue_user.py`)."""
+Cassandra as well, by `tests/test_queue_user.py`), or after `<!-- runnable: keda -->` (run with
+KEDA and the single-node cluster up and the consumers' image in WORKER_IMAGE, by
+`tests/test_keda.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-_RUNNABLE = re.compile(r"^<!-- runnable(?:: (spark|cassandra))? -->\n```(sh|python)\n(.*?)^```$", re.M | re.S)
+_RUNNABLE = re.compile(
+    r"^<!-- runnable(?:: (spark|cassandra|keda))? -->\n```(sh|python)\n(.*?)^```$", re.M | re.S
+)
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,7 @@ class Example:
     line: int
     language: str  # sh | python
     code: str
-    needs: str  # stack | spark | cassandra
+    needs: str  # stack | spark | cassandra | keda
 
     def __str__(self) -> str:
         return f"docs/{self.page}:{self.line}"

@@ -39,3 +39,5 @@ if [[ ! -d $crds ]]; then
   chmod -R u+w "$crds.tmp"; mv "$crds.tmp" "$crds"
 fi
 echo "keda CRDs in $crds"
+webhooks=$cache/keda-webhooks-$KEDA_VERSION.yaml  # KEDA's ValidatingWebhookConfiguration
+[[ -f $webhooks ]] || { cp "$src/config/webhooks/validation_webhooks.yaml" "$webhooks.tmp"; chmod u+w "$webhooks.tmp"; mv "$webhooks.tmp" "$webhooks"; }

@@ -6,22 +6,29 @@ for, through the HPA and the aggregation layer, and back to zero."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from kubernetes import client
 
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
 from dbq.names import QueueNames
+from docgen.examples import in_namespace, pages_with_examples
 from tests.conftest import for_this_module
-from tests.operator_harness import new_namespace, wait_for
+from tests.operator_harness import Operator, new_namespace, operator_namespace, wait_for
 from tests.test_access import Accounts
+from tests.test_docs_examples import DEMO_QUEUE, run
 
 SCHEMA, QUEUE = "keda_q", "jobs"
 
@@ -40,13 +47,16 @@ def namespace(kube) -> Iterator[str]:
 
 
 @pytest.fixture
-def monitored(postgres) -> Iterator[tuple[OdbcRing, str]]:
-    """A ring queue, and the url of a login that may only monitor it."""
+def monitored(postgres) -> Iterator[tuple[str, str]]:
+    """A ring queue, and the name and url of a login that may only monitor it, whose calls of
+    functions the server counts (track_functions)."""
     ring = OdbcRing(from_url(postgres.url), RingTarget(QueueNames(SCHEMA, QUEUE), 1000, 256))
     ring.apply()
     accounts = Accounts(postgres)
-    _, url = accounts.login({QUEUE: ("monitor",)}, schema=SCHEMA)
-    yield ring, url
+    name, url = accounts.login({QUEUE: ("monitor",)}, schema=SCHEMA)
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        admin.execute(f"ALTER ROLE \"{name}\" SET track_functions = 'all'")
+    yield name, url
     accounts.close()
     ring.teardown()
     ring.close()
@@ -89,7 +99,7 @@ def scaled_on_depth(name: str, per_replica: int) -> list[dict[str, Any]]:
 def test_a_deployment_scales_from_zero_on_a_queue_s_depth_and_back(
     keda, cluster, kube, namespace, monitored, postgres
 ):
-    _, url = monitored
+    login, url = monitored
     apps, core = client.AppsV1Api(kube.api), client.CoreV1Api(kube.api)
     core.create_namespaced_secret(namespace, {"metadata": {"name": "workers"}, "stringData": {"url": url}})
     apply(
@@ -108,9 +118,28 @@ def test_a_deployment_scales_from_zero_on_a_queue_s_depth_and_back(
 
     wait_for(lambda: ready("workers"), 60, "ScaledObject workers Ready")
     assert replicas() == 0  # an empty queue: nothing to scale
+    second = {**scaled_on_depth("workers", 50)[1], "metadata": {"name": "second"}}
+    with pytest.raises(
+        subprocess.CalledProcessError
+    ) as refused:  # by KEDA's webhook, reached at its endpoint
+        apply(kube.kubeconfig, namespace, second)
+    assert "is already managed by the ScaledObject 'workers'" in refused.value.stderr
     with psycopg.connect(postgres.url, autocommit=True) as db:  # a producer
         db.execute(f"SELECT count(*) FROM {SCHEMA}.{QUEUE}_send_batch(%s::bytea[])", ([b"job"] * 250,))
     wait_for(lambda: replicas() == 3, 120, "3 replicas for 250 messages at 100 a replica")
+    # What scaling costs the database: the scaler's connections, and its calls of the stats
+    # routine a second (KEDA's poll every 2 s, and the HPA's read every 15 s), over 30 s.
+    calls = f"SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = '{QUEUE}_stats'"
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        before = admin.execute(calls).fetchone()[0]  # type: ignore[index]
+        time.sleep(30)
+        admin.execute("SELECT pg_stat_clear_snapshot()")
+        rate = (admin.execute(calls).fetchone()[0] - before) / 30  # type: ignore[index]
+        sessions = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (login,)
+        ).fetchone()
+    print(f"KEDA's postgresql scaler: {sessions[0]} connections, {rate:.2f} stats calls a second")  # type: ignore[index]
+    assert sessions == (1,) and 0.4 <= rate <= 1.2, (sessions, rate)
     hpa = client.AutoscalingV2Api(kube.api).read_namespaced_horizontal_pod_autoscaler(
         "keda-hpa-workers", namespace
     )
@@ -127,3 +156,24 @@ def test_a_deployment_scales_from_zero_on_a_queue_s_depth_and_back(
     with psycopg.connect(postgres.url, autocommit=True) as db:
         db.execute(f"SELECT {SCHEMA}.{QUEUE}_purge()")
     wait_for(lambda: replicas() == 0, 120, "back to 0 replicas once the queue is empty")
+
+
+def test_the_autoscaling_guide_runs_as_written(keda, cluster, kube, postgres, tmp_path_factory):
+    """The docs' `<!-- runnable: keda -->` examples, with an operator and the Queue `orders` of
+    `make demo` in this test's namespace, and the pause image as the consumers'."""
+    examples = [e for page in pages_with_examples("keda").values() for e in page]
+    assert examples, "the autoscaling guide lost its example"
+    namespaced = operator_namespace(kube, postgres, "keda-docs")
+    operator = Operator(kube, namespaced.ns, tmp_path_factory.mktemp("operator") / "operator.log")
+    operator.start()
+    try:
+        namespaced.create(yaml.safe_load(in_namespace(DEMO_QUEUE.read_text(), namespaced.ns)))
+        namespaced.wait_condition("orders", "Ready", "True", 120)
+        shell = {**os.environ, "KUBECONFIG": kube.kubeconfig, "WORKER_IMAGE": cluster.pause_image,
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+        for example in examples:
+            run(example, namespaced.ns, shell)
+    finally:
+        namespaced.of("queueusers").force_delete_all(120)
+        namespaced.force_delete_all(180)
+        operator.stop()
