@@ -6,9 +6,9 @@ controllers do, with leader election and KEDA's own certificate rotation off.
 The HPA controller asks the API server for external metrics; the API server's aggregation layer
 proxies that to the adapter, found through the endpoints of the Service of the APIService (there
 is no kube-proxy to route a ClusterIP): the adapter listens on the node's address, the one the
-Service's Endpoints name. KEDA's webhooks are reached the same way. The adapter asks the operator for the values over gRPC on loopback. One
-certificate authority of the stack's own signs the certificate both serve, and the APIService
-trusts it."""
+Service's Endpoints name. KEDA's webhooks are reached the same way. The adapter asks the operator
+for the values over gRPC on loopback. One certificate authority of the stack's own signs the
+certificate all three serve; the APIService and the webhooks' configuration trust it."""
 
 from __future__ import annotations
 
