@@ -140,7 +140,7 @@ def test_a_deployment_scales_from_zero_on_a_queue_s_depth_and_back(
         ).fetchone()
     print(f"KEDA's postgresql scaler: {sessions[0]} connections, {rate:.2f} stats calls a second")  # type: ignore[index]
     # KEDA's pool: one connection in some runs, two in others
-    assert sessions in ((1,), (2,)) and 0.4 <= rate <= 1.2, (sessions, rate)
+    assert sessions in ((1,), (2,)) and 0.25 <= rate <= 1.2, (sessions, rate)
     hpa = client.AutoscalingV2Api(kube.api).read_namespaced_horizontal_pod_autoscaler(
         "keda-hpa-workers", namespace
     )
