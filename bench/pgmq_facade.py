@@ -16,7 +16,7 @@ total over the time until the last message was consumed, and every message must 
 
   sessions, leased       send(q, msg); read(q, vt 30) and delete(q, id)
   sessions, pop          send(q, msg); pop(q)
-  sessions, batch        send_batch of 100; read 100 and delete_batch, or pop 100
+  sessions, batch        send_batch of 100; read 100 and delete_batch
 
 Then the held snapshot: both queues are given a backlog (--backlog messages), a REPEATABLE READ
 transaction in another session holds its snapshot, and the client sends, reads and deletes a
