@@ -61,7 +61,7 @@ def dump(docs: list[dict[str, Any]]) -> str:
     return HEADER + yaml.safe_dump_all(docs, sort_keys=False, width=120)
 
 
-CRD_KINDS = ("queue", "topic", "subscription", "queueuser")
+CRD_KINDS = ("queue", "topic", "subscription", "queueuser", "queueconsumer")
 
 
 def wanted() -> dict[Path, str]:

@@ -218,6 +218,49 @@ class InvalidQueueUser(DbqError):
     fix = "Change the field the message names; the QueueUser heals on the next generation."
 
 
+# --- autoscaling: QueueConsumers and KEDA ------------------------------------------------------
+class InvalidQueueConsumer(DbqError):
+    """A QueueConsumer asks for scaling dbq cannot give: queues on two databases, a queue KEDA's
+    postgresql scaler cannot read (SQL Server, Cassandra, Service Broker), or a name another
+    object of the namespace already holds."""
+
+    reason = "InvalidQueueConsumer"
+    retry = False
+    fix = "Change the field the message names; the QueueConsumer heals on the next generation."
+
+
+class KedaNotInstalled(DbqError):
+    """The cluster serves no `scaledobjects.keda.sh`: KEDA is not installed, so nothing is scaled."""
+
+    reason = "KedaNotInstalled"
+    fix = "Install KEDA (2.12 or later); the operator writes the ScaledObject once KEDA is served."
+
+
+class WorkloadNotFound(DbqError):
+    """spec.workload names a Deployment or StatefulSet that does not exist (yet: retried); nothing is scaled."""
+
+    reason = "WorkloadNotFound"
+    fix = "Create the workload, or fix spec.workload."
+
+
+class WorkloadTaken(DbqError):
+    """Another ScaledObject, one the operator did not write, already scales spec.workload: KEDA
+    allows one a workload."""
+
+    reason = "WorkloadTaken"
+    fix = (
+        "Delete the ScaledObject the message names (the QueueConsumer replaces it), or name another workload."
+    )
+
+
+class NoQueueReady(DbqError):
+    """None of the Queues spec.queues names exists and is Ready: the operator removed the
+    ScaledObject, and the workload keeps the replicas it has."""
+
+    reason = "NoQueueReady"
+    fix = "Create the Queues (or wait for them to be Ready), or fix spec.queues."
+
+
 # --- queue semantics -------------------------------------------------------------------------
 class QueueNotFound(DbqError):
     """The queue's objects are not in the database (not provisioned, or another schema)."""

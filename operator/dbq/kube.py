@@ -180,3 +180,95 @@ class Kube:
             if e.status == 404:
                 return
             raise _failed(e, f"the status of {plural} {namespace}/{name}", verb="write") from None
+
+    # --- objects of other groups: what a QueueConsumer writes and reads (KEDA's, the workload) ---
+    def read_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A Deployment or StatefulSet, or None when it does not exist."""
+        apps = client.AppsV1Api(self.api_client)
+        read = apps.read_namespaced_deployment if kind == "Deployment" else apps.read_namespaced_stateful_set
+        try:
+            found = read(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"{kind} {namespace}/{name}") from None
+        return cast(dict[str, Any], self.api_client.sanitize_for_serialization(found))
+
+    def read_hpa(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = client.AutoscalingV2Api(self.api_client).read_namespaced_horizontal_pod_autoscaler(
+                name, namespace
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"HorizontalPodAutoscaler {namespace}/{name}") from None
+        return cast(dict[str, Any], self.api_client.sanitize_for_serialization(found))
+
+    def list_objects(self, api_version: str, plural: str, namespace: str) -> list[dict[str, Any]] | None:
+        """The objects of a custom kind in one namespace; None when the cluster does not serve the kind."""
+        group, version = api_version.split("/")
+        try:
+            found = self.custom.list_namespaced_custom_object(group, version, namespace, plural)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"the {plural}.{group} of namespace {namespace}") from None
+        return list(cast(dict[str, Any], found)["items"])
+
+    def find_object(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A custom object, or None when it is not there (or the cluster does not serve its kind)."""
+        group, version = api_version.split("/")
+        try:
+            found = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(e, f"{plural}.{group} {namespace}/{name}") from None
+        return cast(dict[str, Any], found)
+
+    def write_object(self, plural: str, body: dict[str, Any]) -> str:
+        """Create a custom object, or merge its labels, owners and spec into the one there:
+        "created", "changed" or "unchanged" (the one there already holds every field given)."""
+        group, version = body["apiVersion"].split("/")
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            try:
+                existing = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self.custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+                return "created"
+            wanted = {"metadata": {"labels": meta.get("labels"), "ownerReferences": meta.get("ownerReferences")},
+                      "spec": body["spec"]}  # fmt: skip
+            if _holds(existing, wanted):
+                return "unchanged"
+            # A merge patch replaces lists whole (triggers, queues): the spec given is the spec kept.
+            self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, wanted)
+            return "changed"
+        except ApiException as e:
+            raise _failed(e, f"{plural}.{group} {namespace}/{name}", verb="write") from None
+
+    def delete_object(self, api_version: str, plural: str, namespace: str, name: str) -> bool:
+        """Delete a custom object; False when it was not there."""
+        group, version = api_version.split("/")
+        try:
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise _failed(e, f"{plural}.{group} {namespace}/{name}", verb="delete") from None
+        return True
+
+
+def _holds(existing: Any, wanted: Any) -> bool:
+    """Whether `existing` has every field of `wanted` with its value (lists element by element);
+    what the API server added (defaults, status) does not count."""
+    if isinstance(wanted, dict):
+        return isinstance(existing, dict) and all(_holds(existing.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (isinstance(existing, list) and len(existing) == len(wanted)
+                and all(_holds(e, w) for e, w in zip(existing, wanted, strict=True)))  # fmt: skip
+    return bool(existing == wanted)

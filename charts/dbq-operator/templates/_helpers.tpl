@@ -29,13 +29,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The operator's rights on Queues, their Secrets and Events: one list for a Role and a ClusterRole. */}}
 {{- define "dbq.queueRules" -}}
-# Queues, Topics, Subscriptions and QueueUsers: watch them, add/remove our finalizer and annotations, write status.
+# Queues, Topics, Subscriptions, QueueUsers and QueueConsumers: watch them, add/remove our finalizer
+# and annotations, write status.
 - apiGroups: [dbq.dev]
-  resources: [queues, topics, subscriptions, queueusers]
+  resources: [queues, topics, subscriptions, queueusers, queueconsumers]
   verbs: [get, list, watch, patch]
 - apiGroups: [dbq.dev]
-  resources: [queues/status, topics/status, subscriptions/status, queueusers/status]
+  resources: [queues/status, topics/status, subscriptions/status, queueusers/status, queueconsumers/status]
   verbs: [get, patch]
+# A QueueConsumer's monitor-only QueueUser (written and deleted with it), and its KEDA objects.
+- apiGroups: [dbq.dev]
+  resources: [queueusers]
+  verbs: [create, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects, triggerauthentications]
+  verbs: [get, list, create, patch, delete]
+# A QueueConsumer's workload and the HPA KEDA made for it: read only, for its status.
+- apiGroups: [apps]
+  resources: [deployments, statefulsets]
+  verbs: [get]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [get]
 # Connection details: read the one Secret a Queue names, and write the Secret of each QueueUser's
 # login (owned by the QueueUser; never list or watch Secrets, never delete one).
 - apiGroups: [""]

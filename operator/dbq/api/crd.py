@@ -1,5 +1,5 @@
-"""Generates the CRDs from the pydantic models (`dbq crd`, `crds/*.yaml`): Queue, Topic and
-Subscription.
+"""Generates the CRDs from the pydantic models (`dbq crd`, `crds/*.yaml`): Queue, Topic,
+Subscription, QueueUser and QueueConsumer.
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: references inlined,
 optional fields unwrapped, titles dropped, CEL rules (`x-kubernetes-validations`) kept.
@@ -19,6 +19,14 @@ from dbq.api.access import (
     QUEUE_USER_RULES,
     QueueUserSpec,
     QueueUserStatus,
+)
+from dbq.api.consumers import (
+    QUEUE_CONSUMER_KIND,
+    QUEUE_CONSUMER_PLURAL,
+    QUEUE_CONSUMER_ROOT_RULES,
+    QUEUE_CONSUMER_RULES,
+    QueueConsumerSpec,
+    QueueConsumerStatus,
 )
 from dbq.api.models import GROUP, KIND, PLURAL, ROOT_RULES, SPEC_RULES, VERSION, QueueSpec
 from dbq.api.status import QueueStatus
@@ -245,8 +253,26 @@ def queue_user_crd() -> dict[str, Any]:
     )  # fmt: skip
 
 
+def queue_consumer_crd() -> dict[str, Any]:
+    return _definition(
+        QUEUE_CONSUMER_KIND, QUEUE_CONSUMER_PLURAL, ["dbqconsumer"],
+        "The consumers of some Queues, scaled with their backlog: the operator writes the KEDA ScaledObject,"
+        " its TriggerAuthentication and a monitor-only QueueUser, and reports the scaling in status.",
+        spec_schema(QueueConsumerSpec, QUEUE_CONSUMER_RULES), status_schema(QueueConsumerStatus),
+        [
+            {"name": "Workload", "type": "string", "jsonPath": ".spec.workload.name"},
+            READY_COLUMN,
+            {"name": "Active", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Active")].status'},
+            {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+            {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+        ],
+        QUEUE_CONSUMER_ROOT_RULES,
+    )  # fmt: skip
+
+
 # The file under crds/ of each CRD, and what makes it.
-CRDS = {"queue": crd, "topic": topic_crd, "subscription": subscription_crd, "queueuser": queue_user_crd}
+CRDS = {"queue": crd, "topic": topic_crd, "subscription": subscription_crd, "queueuser": queue_user_crd,
+        "queueconsumer": queue_consumer_crd}  # fmt: skip
 
 
 def crd_yaml(kind: str = "queue") -> str:

@@ -66,10 +66,12 @@ DURATION = _Duration()
 
 
 @click.command()
-@click.argument("kinds", nargs=-1, type=click.Choice(["queue", "topic", "subscription", "queueuser"]))
+@click.argument(
+    "kinds", nargs=-1, type=click.Choice(["queue", "topic", "subscription", "queueuser", "queueconsumer"])
+)
 def crd(kinds: tuple[str, ...]) -> None:
     """Print the CRDs generated from the API models (KINDS: queue, topic, subscription,
-    queueuser; all when none is named), as YAML documents."""
+    queueuser, queueconsumer; all when none is named), as YAML documents."""
     from dbq.api.crd import CRDS, crd_yaml
 
     click.echo("---\n".join(crd_yaml(kind) for kind in kinds or CRDS), nl=False)
@@ -121,7 +123,14 @@ def run(
     from prometheus_client import start_http_server
 
     # importing the handler modules registers their handlers
-    from dbq.controller import access_handlers, handlers, leadership, metrics, topic_handlers  # noqa: F401
+    from dbq.controller import (  # noqa: F401
+        access_handlers,
+        consumer_handlers,
+        handlers,
+        leadership,
+        metrics,
+        topic_handlers,
+    )
 
     # Under leader election every line names the replica that wrote it: the logs of two pods
     # then show which one acted when.
