@@ -23,9 +23,11 @@ from kubernetes import client
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
+from dbq.kube import Kube
 from dbq.names import QueueNames
 from docgen.examples import in_namespace, pages_with_examples
 from tests.conftest import for_this_module
+from tests.manifests import queue
 from tests.operator_harness import Operator, new_namespace, operator_namespace, wait_for
 from tests.test_access import Accounts
 from tests.test_docs_examples import DEMO_QUEUE, run
@@ -183,3 +185,158 @@ def test_the_autoscaling_guide_runs_as_written(keda, cluster, kube, postgres, tm
         namespaced.of("queueusers").force_delete_all(120)
         namespaced.force_delete_all(180)
         operator.stop()
+
+
+# --- QueueConsumer: the operator writes the KEDA objects -----------------------------------------
+CONSUMER_SCHEMA = "keda_c"
+
+
+@pytest.fixture
+def consumers(kube, postgres, tmp_path) -> Iterator[Any]:
+    """A namespace with the CRDs, the chart's namespaced RBAC and an operator running as its
+    service account; what the test made there is deleted through the operator."""
+    namespaced = operator_namespace(kube, postgres, "keda-qc")
+    operator = Operator(kube, namespaced.ns, tmp_path / "operator.log")
+    operator.start()
+    try:
+        yield namespaced
+    finally:
+        namespaced.of("queueconsumers").force_delete_all(120)
+        namespaced.of("queueusers").force_delete_all(120)
+        namespaced.force_delete_all(180)
+        operator.stop()
+        print(operator.log_text()[-3000:])
+
+
+def ring_queue(cluster: Any, name: str, size: int = 4096) -> None:
+    cluster.create(queue(name, connection={"secretRef": {"name": "orders-db"}, "schema": CONSUMER_SCHEMA},
+                         ring={"size": size}, deletionPolicy="Delete"))  # fmt: skip
+
+
+def consumer(name: str, queues: list[str], workload_name: str, **spec: Any) -> dict[str, Any]:
+    """A QueueConsumer with the test's short timings: KEDA polls every 2 s, and the last replica
+    goes 5 s after the backlog, with no HPA stabilization."""
+    return {"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueConsumer", "metadata": {"name": name},
+            "spec": {"queues": queues, "workload": {"name": workload_name}, "pollingIntervalSeconds": 2,
+                     "cooldownSeconds": 5, "scaleDownStabilizationSeconds": 0, **spec}}  # fmt: skip
+
+
+def push(postgres: Any, queue_name: str, count: int) -> None:
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        db.execute(f"SELECT count(*) FROM {CONSUMER_SCHEMA}.{queue_name}_send_batch(%s::bytea[])",
+                   ([b"job"] * count,))  # fmt: skip
+
+
+def deployment_replicas(kube: Any, namespace: str, name: str) -> int:
+    return client.AppsV1Api(kube.api).read_namespaced_deployment(name, namespace).spec.replicas or 0
+
+
+def scaled_object(kube: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    return Kube(kube.api).find_object("keda.sh/v1alpha1", "scaledobjects", namespace, name)
+
+
+def test_a_queue_consumer_scales_its_workload_from_zero_through_2000_messages_and_back(
+    keda, cluster, kube, consumers, postgres
+):
+    ns = consumers.ns
+    ring_queue(consumers, "jobs")
+    consumers.wait_condition("jobs", "Ready", "True", 120)
+    apply(kube.kubeconfig, ns, workload("workers", cluster.pause_image))
+    scaling = consumers.of("queueconsumers")
+    scaling.create(consumer("workers", ["jobs"], "workers", messagesPerReplica=500, maxReplicas=4))
+    ready = scaling.wait_condition("workers", "Ready", "True", 90)
+    assert ready["reason"] == "Scaling", ready
+    status = scaling.get("workers")["status"]
+    assert status["queueUser"] == "workers-scaler" and status["queues"] == ["jobs"]
+    assert status["query"] == f'SELECT (SELECT o_depth FROM "{CONSUMER_SCHEMA}"."jobs_stats"())'
+    consumers.of("queueusers").wait_condition("workers-scaler", "Ready", "True", 60)
+    assert deployment_replicas(kube, ns, "workers") == 0
+    core = client.CoreV1Api(kube.api)
+
+    def running() -> int:
+        pods = core.list_namespaced_pod(ns, label_selector="app=workers").items
+        return sum(1 for p in pods if p.status.phase == "Running")
+
+    pushed_at = time.monotonic()
+    push(postgres, "jobs", 2000)
+    wait_for(lambda: running() >= 1, 60, "a consumer pod Running")
+    first = time.monotonic() - pushed_at
+    wait_for(
+        lambda: deployment_replicas(kube, ns, "workers") == 4, 120, "4 replicas: 2,000 messages at 500 each"
+    )
+    print(f"first consumer pod Running {first:.1f} s after the push; 4 replicas after"
+          f" {time.monotonic() - pushed_at:.1f} s")  # fmt: skip
+    assert first <= 20, f"the first consumer ran {first:.1f} s after the first push (at most 20)"
+    scaling.wait_condition("workers", "Active", "True", 30)
+    wait_for(lambda: scaling.get("workers")["status"].get("replicas") == 4, 30, "status.replicas 4")
+    with psycopg.connect(
+        postgres.url, autocommit=True
+    ) as db:  # the queue emptied (these consumers are pause containers)
+        db.execute(f"SELECT {CONSUMER_SCHEMA}.jobs_purge()")
+    wait_for(lambda: deployment_replicas(kube, ns, "workers") == 0, 120, "back to 0 after the cooldown")
+    scaling.wait_condition("workers", "Active", "False", 30)
+    reasons = {e.reason for e in scaling.events("workers")}
+    assert {"Written", "Activated", "Scaled"} <= reasons, reasons
+
+
+def test_one_scaled_object_adds_up_two_queues_and_follows_their_deletion(
+    keda, cluster, kube, consumers, postgres
+):
+    ns = consumers.ns
+    for name in ("left", "right"):
+        ring_queue(consumers, name)
+    for name in ("left", "right"):
+        consumers.wait_condition(name, "Ready", "True", 120)
+    apply(kube.kubeconfig, ns, workload("both", cluster.pause_image))
+    scaling = consumers.of("queueconsumers")
+    scaling.create(consumer("both", ["left", "right"], "both", messagesPerReplica=100, maxReplicas=5))
+    scaling.wait_condition("both", "Ready", "True", 90)
+    push(postgres, "left", 150)
+    push(postgres, "right", 150)  # 300 together: 3 replicas; either alone would give 2
+    wait_for(lambda: deployment_replicas(kube, ns, "both") == 3, 120, "3 replicas for 150 + 150 messages")
+    found = scaled_object(kube, ns, "both")
+    assert found is not None and len(found["spec"]["triggers"]) == 1  # one query, one connection pool
+    consumers.delete("right")
+    wait_for(
+        lambda: scaling.get("both")["status"].get("queues") == ["left"], 90, "status.queues without right"
+    )
+    query = scaled_object(kube, ns, "both")["spec"]["triggers"][0]["metadata"]["query"]  # type: ignore[index]
+    assert "right_stats" not in query and "left_stats" in query, query
+    wait_for(lambda: deployment_replicas(kube, ns, "both") == 2, 120, "2 replicas for the 150 left")
+    users = consumers.of("queueusers")
+    assert users.get("both-scaler")["spec"]["queues"] == [{"name": "left", "rights": ["monitor"]}]
+    consumers.delete("left")
+    scaling.wait_condition("both", "Ready", "False", 90, reason="NoQueueReady")
+    wait_for(
+        lambda: scaled_object(kube, ns, "both") is None, 60, "the ScaledObject removed with the last Queue"
+    )
+    wait_for(lambda: not users.exists("both-scaler"), 60, "the monitor QueueUser removed")
+    assert "Removed" in {e.reason for e in scaling.events("both")}
+
+
+def test_a_queue_consumer_refuses_what_it_cannot_scale(keda, cluster, kube, consumers):
+    ns = consumers.ns
+    ring_queue(consumers, "refused", size=64)
+    consumers.wait_condition("refused", "Ready", "True", 120)
+    scaling = consumers.of("queueconsumers")
+    # Admission: the API server's rules name the field
+    for spec, said in (({"minReplicas": 3, "maxReplicas": 2}, "spec.maxReplicas must be at least spec.minReplicas"),
+                       ({"messagesPerReplica": 0}, "spec.messagesPerReplica: Invalid value: 0"),
+                       ({"maxReplicas": 0}, "spec.maxReplicas: Invalid value: 0")):  # fmt: skip
+        with pytest.raises(client.ApiException) as refused:
+            scaling.create(consumer("bad", ["refused"], "nowhere", **{"messagesPerReplica": 10, **spec}))
+        assert refused.value.status == 422 and said in refused.value.body, refused.value.body
+    assert not scaling.exists("bad")
+    # A workload that does not exist: nothing scaled, the reason in the condition
+    scaling.create(consumer("ghost", ["refused"], "nowhere", messagesPerReplica=10))
+    stuck = scaling.wait_condition("ghost", "Ready", "False", 60, reason="WorkloadNotFound")
+    assert "spec.workload: there is no Deployment nowhere" in stuck["message"]
+    assert scaled_object(kube, ns, "ghost") is None and not consumers.of("queueusers").exists("ghost-scaler")
+    # A workload another ScaledObject already scales: refused, that one named
+    apply(kube.kubeconfig, ns, workload("taken", cluster.pause_image), *scaled_on_depth("taken", 100)[1:])
+    scaling.create(consumer("taker", ["refused"], "taken", messagesPerReplica=10))
+    stuck = scaling.wait_condition("taker", "Ready", "False", 60, reason="WorkloadTaken")
+    assert "already scaled by ScaledObject taken" in stuck["message"], stuck
+    assert scaled_object(kube, ns, "taker") is None
+    # A kind the cluster does not serve reads as KEDA missing (KedaNotInstalled), not as an error
+    assert Kube(kube.api).list_objects("keda.sh/v1alpha1", "nosuchobjects", ns) is None
