@@ -180,6 +180,24 @@ def queue_user_status() -> str:
     return schema_table(crd.status_schema(QueueUserStatus), "status", with_mutability=False)
 
 
+def queue_consumer_spec() -> str:
+    from dbq.api import crd
+    from dbq.api.consumers import QUEUE_CONSUMER_ROOT_RULES, QUEUE_CONSUMER_RULES, QueueConsumerSpec
+
+    return (
+        schema_table(crd.spec_schema(QueueConsumerSpec, QUEUE_CONSUMER_RULES), "spec")
+        + "\nRules across fields, checked by the API server at admission (the message it returns):\n\n"
+        + admission_rules(QUEUE_CONSUMER_RULES + QUEUE_CONSUMER_ROOT_RULES)
+    )
+
+
+def queue_consumer_status() -> str:
+    from dbq.api import crd
+    from dbq.api.consumers import QueueConsumerStatus
+
+    return schema_table(crd.status_schema(QueueConsumerStatus), "status", with_mutability=False)
+
+
 def rights() -> str:
     """Each right, the routines its group role may call (PostgreSQL) and the client calls they serve."""
     from dbq.contract.access import EVERY_RIGHT, RING_RIGHTS, TOPIC_ROUTINES
@@ -292,6 +310,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "subscription-status": subscription_status,
     "queueuser-spec": queue_user_spec,
     "queueuser-status": queue_user_status,
+    "queueconsumer-spec": queue_consumer_spec,
+    "queueconsumer-status": queue_consumer_status,
     "rights": rights,
     "pipes-rights": pipes_rights,
     "reasons": error_reasons,
