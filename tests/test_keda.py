@@ -5,12 +5,14 @@ for, through the HPA and the aggregation layer, and back to zero."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,21 @@ from kubernetes import client
 from dbq.backends.odbc_ring import OdbcRing
 from dbq.connection import from_url
 from dbq.contract.ring import RingTarget
+from dbq.devstack.cluster import NODE_IP
+from dbq.devstack.postgres import PG_PORT
 from dbq.kube import Kube
 from dbq.names import QueueNames
 from docgen.examples import in_namespace, pages_with_examples
 from tests.conftest import for_this_module
 from tests.manifests import queue
-from tests.operator_harness import Operator, new_namespace, operator_namespace, wait_for
+from tests.operator_harness import (
+    IMAGE,
+    Operator,
+    build_operator_image,
+    new_namespace,
+    operator_namespace,
+    wait_for,
+)
 from tests.test_access import Accounts
 from tests.test_docs_examples import DEMO_QUEUE, run
 
@@ -208,9 +219,9 @@ def consumers(kube, postgres, tmp_path) -> Iterator[Any]:
         print(operator.log_text()[-3000:])
 
 
-def ring_queue(cluster: Any, name: str, size: int = 4096) -> None:
+def ring_queue(cluster: Any, name: str, size: int = 4096, **spec: Any) -> None:
     cluster.create(queue(name, connection={"secretRef": {"name": "orders-db"}, "schema": CONSUMER_SCHEMA},
-                         ring={"size": size}, deletionPolicy="Delete"))  # fmt: skip
+                         ring={"size": size}, deletionPolicy="Delete", **spec))  # fmt: skip
 
 
 def consumer(name: str, queues: list[str], workload_name: str, **spec: Any) -> dict[str, Any]:
@@ -340,3 +351,91 @@ def test_a_queue_consumer_refuses_what_it_cannot_scale(keda, cluster, kube, cons
     assert scaled_object(kube, ns, "taker") is None
     # A kind the cluster does not serve reads as KEDA missing (KedaNotInstalled), not as an error
     assert Kube(kube.api).list_objects("keda.sh/v1alpha1", "nosuchobjects", ns) is None
+
+
+def consumer_workload(name: str, queue_name: str, results: Path, at_most_once: bool) -> dict[str, Any]:
+    """Pods of dbq's image running `dbq consume` as a QueueUser that may only receive: each
+    message's handler takes 2 s, four at a time, then appends the body to a file of the host, one line a
+    message handled. SIGTERM leaves them 20 s of the pod's 30 to finish."""
+    labels = {"app": name}
+    handler = ["sh", "-c", 'body=$(cat); sleep 2; echo "$body" >> /results/handled']
+    command = ["dbq", "consume", queue_name, "--schema", CONSUMER_SCHEMA, "-c", "4", "--grace", "20",
+               *(["--at-most-once"] if at_most_once else []), "--", *handler]  # fmt: skip
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 30,
+                     "volumes": [{"name": "results", "hostPath": {"path": str(results)}}],
+                     "containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never",
+                                     "command": command,
+                                     "env": [{"name": "DBQ_URL", "valueFrom": {"secretKeyRef": {
+                                         "name": "worker-db", "key": "url"}}}],
+                                     "volumeMounts": [{"name": "results", "mountPath": "/results"}]}]}}},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def consumer_image(cluster) -> str:
+    build_operator_image()
+    cluster.import_image(IMAGE)
+    return IMAGE
+
+
+TOTAL = 240
+
+
+@pytest.mark.parametrize("at_most_once", [True, False], ids=["at-most-once", "leased"])
+def test_scaling_in_while_messages_are_in_flight_loses_and_duplicates_nothing(
+    keda, cluster, kube, consumers, postgres, consumer_image, tmp_path, at_most_once
+):
+    """4 consumer pods, then 1 while they handle messages: the 3 stopped finish what they hold
+    (at-most-once: stop popping first; leased: ack what finished), so each of 240 messages is
+    handled exactly once. Leases (60 s) outlast a handler (2 s) and the grace (20 s), so no
+    lease expires and no message may come twice."""
+    ns, queue_name = consumers.ns, "drain_once" if at_most_once else "drain_leased"
+    ring_queue(consumers, queue_name.replace("_", "-"), timeouts={"visibility": "60s"})
+    consumers.wait_condition(queue_name.replace("_", "-"), "Ready", "True", 120)
+    users = consumers.of("queueusers")
+    users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": "drain-worker"},
+                  "spec": {"queues": [{"name": queue_name.replace("_", "-"), "rights": ["receive"]}]}})  # fmt: skip
+    users.wait_condition("drain-worker", "Ready", "True", 60)
+    url = base64.b64decode(Kube(kube.api).read_secret(ns, "dbq-user-drain-worker")["url"]).decode()  # type: ignore[index]
+    consumers.secret("worker-db", {"url": url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")})
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o777)  # written by the image's user, 10001
+    handled = results / "handled"
+    apply(kube.kubeconfig, ns, consumer_workload("drainers", queue_name, results, at_most_once))
+    scaling = consumers.of("queueconsumers")
+    scaling.create(
+        consumer("drainers", [queue_name.replace("_", "-")], "drainers", messagesPerReplica=10, maxReplicas=4)
+    )
+    scaling.wait_condition("drainers", "Ready", "True", 90)
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        db.execute(f"SELECT count(*) FROM {CONSUMER_SCHEMA}.{queue_name}_send_batch(%s::bytea[])",
+                   ([str(i).encode() for i in range(TOTAL)],))  # fmt: skip
+
+    def lines() -> list[str]:
+        return handled.read_text().split() if handled.exists() else []
+
+    wait_for(lambda: deployment_replicas(kube, ns, "drainers") == 4, 120, "4 consumers")
+    wait_for(lambda: len(lines()) >= 30, 120, "30 messages handled by the 4")
+    stats = f"SELECT o_depth, o_in_flight FROM {CONSUMER_SCHEMA}.{queue_name}_stats()"
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        depth, in_flight = db.execute(stats).fetchone()  # type: ignore[misc]
+    scaling.patch("drainers", {"spec": {"maxReplicas": 1}})  # KEDA's HPA: 4 -> 1 while they work
+    wait_for(lambda: deployment_replicas(kube, ns, "drainers") == 1, 60, "1 consumer")
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        left = db.execute(stats).fetchone()[0]  # type: ignore[index]
+    print(f"scaled in from {depth} waiting, {in_flight} leased; {left} waiting once at 1 replica")
+    assert left > 0 and (at_most_once or in_flight > 0), (depth, in_flight, left)
+    wait_for(lambda: len(lines()) >= TOTAL, 240, f"all {TOTAL} handled")
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        wait_for(lambda: db.execute(stats).fetchone() == (0, 0), 60, "nothing left waiting or leased")
+    time.sleep(3)  # a late duplicate would land now
+    seen = Counter(lines())
+    lost = sorted(set(map(str, range(TOTAL))) - set(seen))
+    twice = sorted(body for body, n in seen.items() if n > 1)
+    print(f"{'at-most-once' if at_most_once else 'leased'}: {len(seen)} handled, lost {lost}, twice {twice}")
+    assert not lost and not twice, (lost, twice)
