@@ -1,6 +1,7 @@
 """The Helm chart is the one source of dbq's install manifests. This renders from it the plain
 manifests kustomize users apply (`manifests/`), copies the CRD into the chart, writes the chart's
-README from its values.yaml comments and the package version into Chart.yaml.
+README from its values.yaml comments and the package version into Chart.yaml. It also generates
+the push scaler's gRPC modules from their .proto (`operator/dbq/scaler/`).
 
     python stack/render_manifests.py          # write them
     python stack/render_manifests.py --check  # exit 1 naming each file that is stale
@@ -64,6 +65,24 @@ def dump(docs: list[dict[str, Any]]) -> str:
 CRD_KINDS = ("queue", "topic", "subscription", "queueuser", "queueconsumer")
 
 
+SCALER = ROOT / "operator" / "dbq" / "scaler"
+
+
+def scaler_modules() -> dict[Path, str]:
+    """What grpcio-tools' protoc makes of dbq/scaler/externalscaler.proto, imported as
+    `dbq.scaler.externalscaler_pb2` (the .proto's path under operator/ gives the import)."""
+    import tempfile
+
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory() as out:
+        proto = "dbq/scaler/externalscaler.proto"
+        if protoc.main(["protoc", f"-I{ROOT / 'operator'}", f"--python_out={out}", f"--grpc_python_out={out}",
+                        f"--pyi_out={out}", proto]) != 0:  # fmt: skip
+            raise RuntimeError(f"protoc failed on {proto}")
+        return {SCALER / p.name: p.read_text() for p in sorted((Path(out) / "dbq" / "scaler").iterdir())}
+
+
 def wanted() -> dict[Path, str]:
     """Each generated file and the text it should have. Chart.yaml first: the rest render from it."""
     monitoring = (
@@ -89,6 +108,7 @@ def wanted() -> dict[Path, str]:
         MANIFESTS / "overlays" / "with-monitoring" / "monitoring.yaml": dump(
             render(*monitoring, show_only=("servicemonitor.yaml", "prometheusrule.yaml"))
         ),
+        **scaler_modules(),
     }
 
 

@@ -80,10 +80,12 @@ class Operator:
     """One `dbq run -n NAMESPACE` process; restartable and killable."""
 
     def __init__(
-        self, kube: Any, namespace: str, log: Path, drift_interval: float = 2.0, args: tuple[str, ...] = ()
-    ) -> None:
+        self, kube: Any, namespace: str, log: Path, drift_interval: float = 2.0, args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.kubeconfig = kube.operator_kubeconfig
         self.args = args  # more `dbq run` options
+        self.env = env or {}  # more environment (DBQ_* settings)
         self.namespace = namespace
         self.log = log
         self.drift_interval = drift_interval
@@ -96,6 +98,7 @@ class Operator:
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "DBQ_DRIFT_INTERVAL": str(self.drift_interval),
+            **self.env,
         }
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(

@@ -155,3 +155,22 @@ def test_the_model_refuses_bad_input(fields, message):
 def test_the_example_manifest_is_a_valid_queue_consumer():
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "queueconsumer.yaml").read_text())
     QueueConsumerResource.model_validate(doc)
+
+
+def test_the_push_trigger_dials_the_operator_and_needs_no_login_of_its_own():
+    p = plan_scaling(
+        CONSUMER, spec(trigger="push"), QUEUES, WORKLOAD, (), settings_of, "dbq-operator.dbq-system.svc:9095"
+    )
+    (scaled,) = p.children
+    assert scaled["kind"] == "ScaledObject"
+    assert scaled["spec"]["triggers"] == [
+        {
+            "type": "external-push",
+            "name": "backlog",
+            "metadata": {"scalerAddress": "dbq-operator.dbq-system.svc:9095"},
+        }
+    ]
+    # what the postgresql trigger wrote before is taken away
+    assert {plural for _, plural, _ in p.unused} == {"queueusers", "triggerauthentications"}
+    with pytest.raises(InvalidQueueConsumer, match=r"spec.trigger: push needs the operator's push scaler"):
+        plan_scaling(CONSUMER, spec(trigger="push"), QUEUES, WORKLOAD, (), settings_of, "")

@@ -36,6 +36,7 @@ from tests.operator_harness import (
     IMAGE,
     Operator,
     build_operator_image,
+    free_port,
     new_namespace,
     operator_namespace,
     wait_for,
@@ -193,6 +194,7 @@ def test_the_autoscaling_guide_runs_as_written(keda, cluster, kube, postgres, tm
         for example in examples:
             run(example, namespaced.ns, shell)
     finally:
+        namespaced.of("queueconsumers").force_delete_all(120)
         namespaced.of("queueusers").force_delete_all(120)
         namespaced.force_delete_all(180)
         operator.stop()
@@ -205,10 +207,14 @@ CONSUMER_SCHEMA = "keda_c"
 @pytest.fixture
 def consumers(kube, postgres, tmp_path) -> Iterator[Any]:
     """A namespace with the CRDs, the chart's namespaced RBAC and an operator running as its
-    service account; what the test made there is deleted through the operator."""
+    service account, serving the push scaler on loopback (where KEDA's host processes dial it);
+    what the test made there is deleted through the operator."""
     namespaced = operator_namespace(kube, postgres, "keda-qc")
-    operator = Operator(kube, namespaced.ns, tmp_path / "operator.log")
+    port = free_port()
+    operator = Operator(kube, namespaced.ns, tmp_path / "operator.log", args=("--scaler-port", str(port)),
+                        env={"DBQ_SCALER_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
     operator.start()
+    namespaced.operator = operator  # type: ignore[attr-defined]
     try:
         yield namespaced
     finally:
@@ -439,3 +445,61 @@ def test_scaling_in_while_messages_are_in_flight_loses_and_duplicates_nothing(
     twice = sorted(body for body, n in seen.items() if n > 1)
     print(f"{'at-most-once' if at_most_once else 'leased'}: {len(seen)} handled, lost {lost}, twice {twice}")
     assert not lost and not twice, (lost, twice)
+
+
+def test_the_push_trigger_wakes_the_first_consumer_without_waiting_for_the_poll(
+    keda, cluster, kube, consumers, postgres
+):
+    """KEDA polls every 30 s here, but the operator's push scaler listens: the first message
+    makes the workload active at once. Switching a QueueConsumer from postgresql to push takes
+    its monitor login away; the scaler holds two sessions of the operator's login."""
+    ns = consumers.ns
+    ring_queue(consumers, "pushed")
+    consumers.wait_condition("pushed", "Ready", "True", 120)
+    apply(kube.kubeconfig, ns, workload("pushed", cluster.pause_image))
+    scaling, users = consumers.of("queueconsumers"), consumers.of("queueusers")
+    scaling.create(consumer("pushed", ["pushed"], "pushed", messagesPerReplica=100, maxReplicas=3,
+                            pollingIntervalSeconds=30))  # fmt: skip
+    scaling.wait_condition("pushed", "Ready", "True", 90)
+    users.wait_condition("pushed-scaler", "Ready", "True", 60)
+    scaling.patch("pushed", {"spec": {"trigger": "push"}})
+    wait_for(lambda: not users.exists("pushed-scaler"), 60, "the monitor QueueUser removed")
+
+    def trigger() -> dict[str, Any]:
+        return scaled_object(kube, ns, "pushed")["spec"]["triggers"][0]  # type: ignore[index]
+
+    wait_for(lambda: trigger()["type"] == "external-push", 60, "an external-push trigger")
+    assert trigger()["metadata"] == {"scalerAddress": consumers.operator.env["DBQ_SCALER_ADDRESS"]}
+    scaling.wait_condition("pushed", "Ready", "True", 90)
+    wait_for(
+        lambda: "push scaler: " + ns + "/pushed idle" in consumers.operator.log_text(),
+        60,
+        "KEDA's stream open",
+    )
+    assert "queueUser" not in scaling.get("pushed")["status"]  # removed from status
+    core = client.CoreV1Api(kube.api)
+
+    def running() -> int:
+        pods = core.list_namespaced_pod(ns, label_selector="app=pushed").items
+        return sum(1 for p in pods if p.status.phase == "Running")
+
+    pushed_at = time.monotonic()
+    push(postgres, "pushed", 250)
+    wait_for(lambda: running() >= 1, 60, "a consumer pod Running")
+    first = time.monotonic() - pushed_at
+    wait_for(
+        lambda: deployment_replicas(kube, ns, "pushed") == 3,
+        120,
+        "3 replicas for 250 messages, from GetMetrics",
+    )
+    with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+        sessions = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbq-push-scaler'"
+        ).fetchone()[0]  # type: ignore[index]
+    print(f"push trigger: first consumer pod Running {first:.1f} s after the push (KEDA polls every 30 s);"
+          f" {sessions} sessions of the push scaler")  # fmt: skip
+    assert first < 10, f"the first consumer ran {first:.1f} s after the push: the push scaler did not push"
+    assert sessions == 2, sessions  # one for the queries, one listening
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        db.execute(f"SELECT {CONSUMER_SCHEMA}.pushed_purge()")
+    wait_for(lambda: deployment_replicas(kube, ns, "pushed") == 0, 120, "back to 0 once the stream says idle")

@@ -17,6 +17,9 @@ class OperatorSettings:
     workers: int = 8  # DBQ_WORKERS: handlers that run at once
     db_connections: int = 10  # DBQ_DB_CONNECTIONS: the most the operator opens to one database
     timezone: str = "UTC"  # DBQ_TIMEZONE: the zone maintenance cron schedules are read in
+    # DBQ_SCALER_ADDRESS: host:port at which KEDA reaches this operator's push scaler (`dbq run
+    # --scaler-port`); empty: QueueConsumers cannot use trigger push
+    scaler_address: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -28,6 +31,7 @@ class OperatorSettings:
                 workers=int(env.get("DBQ_WORKERS", cls.workers)),
                 db_connections=int(env.get("DBQ_DB_CONNECTIONS", cls.db_connections)),
                 timezone=env.get("DBQ_TIMEZONE", cls.timezone),
+                scaler_address=env.get("DBQ_SCALER_ADDRESS", cls.scaler_address),
             )
         except ValueError as e:
             raise InvalidSpec(

@@ -40,6 +40,13 @@ class QueueConsumerSpec(Model):
         " database); the backlog scaled on is their sum (the largest age, for oldestAge).",
     )
     workload: Workload = Field(description="What KEDA scales. Leave `replicas` out of its manifest.")
+    trigger: Literal["postgresql", "push"] = Field(
+        default="postgresql",
+        description="Who reads the backlog: postgresql (KEDA's own scaler, every pollingIntervalSeconds, as a"
+        " monitor-only QueueUser the operator writes; scaling goes on while the operator is down) or push (the"
+        " operator's push scaler, with its own connection: a message in an empty queue activates the workload at"
+        " once, without waiting for the poll).",
+    )
     measure: Measure = Field(
         default="depth",
         description="What counts as backlog: depth (messages waiting), depthAndInFlight (waiting or leased,"
@@ -110,12 +117,16 @@ class QueueConsumerStatus(Model):
     )
     scaled_object: str | None = Field(default=None, description="The ScaledObject the operator wrote.")
     queue_user: str | None = Field(
-        default=None, description="The QueueUser (monitor only) whose login KEDA reads the backlog with."
+        default=None,
+        description="The QueueUser (monitor only) whose login KEDA reads the backlog with (trigger postgresql).",
     )
     queues: list[str] | None = Field(
         default=None, description="The Queues scaled on now: those of spec.queues that exist and are Ready."
     )
-    query: str | None = Field(default=None, description="What KEDA runs every pollingIntervalSeconds.")
+    query: str | None = Field(
+        default=None,
+        description="The backlog's query, run by KEDA (postgresql) or by the push scaler (push).",
+    )
     replicas: int | None = Field(default=None, description="The workload's replicas, as last seen.")
     desired_replicas: int | None = Field(default=None, description="What the HPA last asked for.")
 

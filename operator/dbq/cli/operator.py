@@ -87,6 +87,14 @@ def crd(kinds: tuple[str, ...]) -> None:
     "--metrics-port", default=9090, show_default=True, type=int, help="Prometheus port; 0 disables."
 )
 @click.option(
+    "--scaler-port",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Serve KEDA's external scaler (QueueConsumers with trigger push) on this port; 0 disables."
+    " Set DBQ_SCALER_ADDRESS to the host:port KEDA dials.",
+)
+@click.option(
     "--leader-elect", is_flag=True, help="Act only while holding the Lease (for two or more replicas)."
 )
 @click.option("--lease-namespace", envvar="POD_NAMESPACE", help="The Lease's namespace (env POD_NAMESPACE).")
@@ -108,6 +116,7 @@ def run(
     all_namespaces: bool,
     liveness: str,
     metrics_port: int,
+    scaler_port: int,
     leader_elect: bool,
     lease_namespace: str | None,
     lease_name: str,
@@ -156,6 +165,10 @@ def run(
             ) from None
     if metrics_port:
         start_http_server(metrics_port)
+    if scaler_port:  # every replica answers KEDA: the push scaler only reads
+        from dbq.scaler.service import serve
+
+        scaler = serve(scaler_port, handlers.kube(), handlers.read_secret)  # noqa: F841  (held: a dropped server stops)
 
     def act() -> None:
         kopf.run(

@@ -20,7 +20,7 @@ WATCH_INTERVAL_S = min(SETTINGS.drift_interval_s, 10.0)
 
 
 def consumers() -> QueueConsumerSync:
-    return QueueConsumerSync(kube(), read_secret, post_event)
+    return QueueConsumerSync(kube(), read_secret, post_event, SETTINGS.scaler_address)
 
 
 def _sync(body: kopf.Body, retry: int, *, retrying: bool = True) -> None:

@@ -1,12 +1,15 @@
 """What a QueueConsumer should make KEDA do, from its spec, the Queues it names, its workload and
 the ScaledObjects of its namespace: a pure function, unit-tested without an API server.
 
-Three objects, each owned by the QueueConsumer and labelled with its name:
+The objects, each owned by the QueueConsumer and labelled with its name, for spec.trigger
+`postgresql` (KEDA's own scaler runs the query):
 - a QueueUser `NAME-scaler` with only the `monitor` right on the Queues in use;
 - a TriggerAuthentication `NAME-scaler` handing KEDA that QueueUser's connection string;
 - a ScaledObject `NAME` on the workload, with one `postgresql` trigger whose query adds up the
   Queues' backlogs (`keda_backlog.sql`): one query on one login, so one connection pool, however
   many Queues (KEDA would combine one trigger per Queue by their maximum, not their sum).
+For `push`, only the ScaledObject, whose `external-push` trigger dials the operator's push
+scaler (`dbq.scaler`), which runs the same query with the operator's connection.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dbq.api.access import QUEUE_USER_KIND, secret_name
+from dbq.api.access import QUEUE_USER_KIND, QUEUE_USER_PLURAL, secret_name
 from dbq.api.consumers import QUEUE_CONSUMER_KIND, QueueConsumerSpec, scaler_name
 from dbq.api.models import GROUP, VERSION, QueueSpec, queue_name
 from dbq.backends.ring_sql import load_template, render_template
@@ -44,14 +47,16 @@ MEASURE_FLAGS = {"depth": "depth", "depthAndInFlight": "depth_and_in_flight", "o
 class ScalingPlan:
     queues: tuple[str, ...]  # the Queues scaled on (metadata.name), in spec order
     query: str
-    queue_user: dict[str, Any]
-    trigger_authentication: dict[str, Any]
-    scaled_object: dict[str, Any]
+    # What to write, in order (the login before what reads its Secret, the ScaledObject last);
+    # the QueueUser and TriggerAuthentication only for the postgresql trigger.
+    children: tuple[dict[str, Any], ...]
+    # (apiVersion, plural, name) of what this QueueConsumer may have written before and no longer
+    # needs (the push trigger reads with the operator's connection): deleted when it owns them.
+    unused: tuple[tuple[str, str, str], ...] = ()
 
     @property
-    def children(self) -> tuple[dict[str, Any], ...]:
-        """In the order they are written: the login before what reads its Secret."""
-        return (self.queue_user, self.trigger_authentication, self.scaled_object)
+    def scaled_object(self) -> dict[str, Any]:
+        return self.children[-1]
 
 
 def parse_queue_consumer(raw: Mapping[str, Any]) -> QueueConsumerSpec:
@@ -80,6 +85,57 @@ def backlog_query(spec: QueueConsumerSpec, stats_routines: Sequence[str]) -> str
     return "SELECT " + " + ".join(terms)
 
 
+@dataclass(frozen=True)
+class ScaledQueues:
+    """The Queues a QueueConsumer scales on now, their database and the one query of their backlog."""
+
+    queues: tuple[str, ...]  # metadata.name, in spec order: those that exist and are Ready
+    names: tuple[QueueNames, ...]  # their names in the database
+    admin: ConnectionSettings  # the operator's connection to their one database
+    query: str
+
+
+def scaled_queues(
+    namespace: str, spec: QueueConsumerSpec, queues: Mapping[str, Resource], settings_of: SettingsOf
+) -> ScaledQueues:
+    """The Queues of spec.queues that exist and are Ready; InvalidQueueConsumer (naming the
+    entry) for one KEDA cannot read, or one on another database; NoQueueReady for none."""
+    used: list[str] = []
+    names: list[QueueNames] = []
+    first: tuple[str, ConnectionSettings] | None = None
+    for index, queue in enumerate(spec.queues):
+        found = queues.get(queue)
+        if found is None or not cond.is_true((found.get("status") or {}).get("conditions"), cond.READY):
+            continue
+        field = f"spec.queues[{index}]"
+        queue_spec = parse_spec(found.get("spec") or {})
+        if queue_spec.backend != "postgres" or queue_spec.design != "ring":
+            raise InvalidQueueConsumer(
+                f"{field}: Queue {queue} is a {queue_spec.design} queue on {queue_spec.backend}: a QueueConsumer"
+                " scales on PostgreSQL ring queues; scale this one with a ScaledObject of your own (docs:"
+                " platform/autoscaling)"
+            )
+        settings = settings_of(queue_spec, namespace)
+        if first is None:
+            first = (queue, settings)
+        elif (settings.host, settings.port, settings.database) != (
+            first[1].host, first[1].port, first[1].database
+        ):  # fmt: skip
+            raise InvalidQueueConsumer(
+                f"{field}: Queue {queue} is on {settings.endpoint} and {first[0]} on {first[1].endpoint}: one"
+                " QueueConsumer's backlog is one query on one database; make a QueueConsumer per database"
+            )
+        names.append(QueueNames(queue_spec.connection.schema_, queue_name(queue, queue_spec)))
+        used.append(queue)
+    if first is None:
+        raise NoQueueReady(
+            f"spec.queues: none of {', '.join(spec.queues)} exists and is Ready in namespace {namespace}: the"
+            " ScaledObject is removed until one is"
+        )
+    routines = [f"{pg_quote(n.schema)}.{pg_quote(n.routine('stats'))}" for n in names]
+    return ScaledQueues(tuple(used), tuple(names), first[1], backlog_query(spec, routines))
+
+
 def plan_scaling(
     consumer: Resource,
     spec: QueueConsumerSpec,
@@ -87,8 +143,10 @@ def plan_scaling(
     workload: Resource | None,
     scaled_objects: Sequence[Resource],
     settings_of: SettingsOf,
+    scaler_address: str = "",
 ) -> ScalingPlan:
-    """The three objects; WorkloadNotFound, WorkloadTaken, NoQueueReady or InvalidQueueConsumer
+    """The objects to write (`scaler_address`: where KEDA reaches the operator's push scaler,
+    empty when it serves none); WorkloadNotFound, WorkloadTaken, NoQueueReady or InvalidQueueConsumer
     (naming the field) when the spec cannot be scaled on now."""
     meta = consumer["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -107,38 +165,8 @@ def plan_scaling(
                 f" {other['metadata']['name']}, which this QueueConsumer did not write: KEDA allows one"
                 " ScaledObject a workload; delete that one, or name another workload"
             )
-    used, routines, first = [], [], None
-    for index, queue in enumerate(spec.queues):
-        found = queues.get(queue)
-        if found is None or not cond.is_true((found.get("status") or {}).get("conditions"), cond.READY):
-            continue
-        field = f"spec.queues[{index}]"
-        queue_spec = parse_spec(found.get("spec") or {})
-        if queue_spec.backend != "postgres" or queue_spec.design != "ring":
-            raise InvalidQueueConsumer(
-                f"{field}: Queue {queue} is a {queue_spec.design} queue on {queue_spec.backend}: a QueueConsumer"
-                " scales on PostgreSQL ring queues (KEDA's postgresql scaler); scale this one with a"
-                " ScaledObject of your own (docs: platform/autoscaling)"
-            )
-        settings = settings_of(queue_spec, namespace)
-        if first is None:
-            first = (queue, settings)
-        elif (settings.host, settings.port, settings.database) != (
-            first[1].host, first[1].port, first[1].database
-        ):  # fmt: skip
-            raise InvalidQueueConsumer(
-                f"{field}: Queue {queue} is on {settings.endpoint} and {first[0]} on {first[1].endpoint}: KEDA reads"
-                " one QueueConsumer's backlog with one query on one database; make a QueueConsumer per database"
-            )
-        names = QueueNames(queue_spec.connection.schema_, queue_name(queue, queue_spec))
-        routines.append(f"{pg_quote(names.schema)}.{pg_quote(names.routine('stats'))}")
-        used.append(queue)
-    if not used:
-        raise NoQueueReady(
-            f"spec.queues: none of {', '.join(spec.queues)} exists and is Ready in namespace {namespace}: the"
-            " ScaledObject is removed until one is"
-        )
-    query = backlog_query(spec, routines)
+    scaled = scaled_queues(namespace, spec, queues, settings_of)
+    query = scaled.query
     scaler = scaler_name(name)
 
     def child(api_version: str, kind: str, child_name: str, child_spec: dict[str, Any]) -> dict[str, Any]:
@@ -156,13 +184,32 @@ def plan_scaling(
             "spec": child_spec,
         }
 
-    queue_user = child(f"{GROUP}/{VERSION}", QUEUE_USER_KIND, scaler, {
-        "queues": [{"name": q, "rights": ["monitor"]} for q in used],
-        "connectionLimit": SCALER_CONNECTION_LIMIT,
-    })  # fmt: skip
-    trigger_authentication = child(KEDA_API, "TriggerAuthentication", scaler, {
-        "secretTargetRef": [{"parameter": "connection", "name": secret_name(scaler), "key": "url"}],
-    })  # fmt: skip
+    if spec.trigger == "push":
+        if not scaler_address:
+            raise InvalidQueueConsumer(
+                "spec.trigger: push needs the operator's push scaler, and this operator serves none: give it"
+                " --scaler-port and DBQ_SCALER_ADDRESS (the chart's pushScaler.enabled), or use trigger postgresql"
+            )
+        trigger = {"type": "external-push", "name": "backlog", "metadata": {"scalerAddress": scaler_address}}
+        logins: tuple[dict[str, Any], ...] = ()
+        unused: tuple[tuple[str, str, str], ...] = (
+            (KEDA_API, TRIGGER_AUTHENTICATIONS, scaler),
+            (f"{GROUP}/{VERSION}", QUEUE_USER_PLURAL, scaler),
+        )
+    else:
+        logins = (
+            child(f"{GROUP}/{VERSION}", QUEUE_USER_KIND, scaler, {
+                "queues": [{"name": q, "rights": ["monitor"]} for q in scaled.queues],
+                "connectionLimit": SCALER_CONNECTION_LIMIT,
+            }),
+            child(KEDA_API, "TriggerAuthentication", scaler, {
+                "secretTargetRef": [{"parameter": "connection", "name": secret_name(scaler), "key": "url"}],
+            }),
+        )  # fmt: skip
+        trigger = {"type": "postgresql", "name": "backlog", "authenticationRef": {"name": scaler},
+                   "metadata": {"query": query, "targetQueryValue": str(spec.messages_per_replica),
+                                "activationTargetQueryValue": str(spec.activation)}}  # fmt: skip
+        unused = ()
     scaled_object = child(KEDA_API, "ScaledObject", name, {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": target.kind, "name": target.name},
         "pollingInterval": spec.polling_interval_seconds,
@@ -171,8 +218,6 @@ def plan_scaling(
         "maxReplicaCount": spec.max_replicas,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
             "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds}}}},
-        "triggers": [{"type": "postgresql", "name": "backlog", "authenticationRef": {"name": scaler},
-                      "metadata": {"query": query, "targetQueryValue": str(spec.messages_per_replica),
-                                   "activationTargetQueryValue": str(spec.activation)}}],
+        "triggers": [trigger],
     })  # fmt: skip
-    return ScalingPlan(tuple(used), query, queue_user, trigger_authentication, scaled_object)
+    return ScalingPlan(scaled.queues, query, (*logins, scaled_object), unused)

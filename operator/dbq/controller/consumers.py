@@ -49,10 +49,13 @@ def keda_condition(scaled_object: Resource | None, type_: str) -> dict[str, Any]
 
 
 class QueueConsumerSync:
-    def __init__(self, kube: Kube, read_secret: SecretReader, post: Poster) -> None:
+    def __init__(self, kube: Kube, read_secret: SecretReader, post: Poster, scaler_address: str = "") -> None:
         self.kube = kube
         self.read_secret = read_secret
         self.post = post
+        self.scaler_address = (
+            scaler_address  # where KEDA reaches this operator's push scaler, if it serves one
+        )
 
     def _plan(self, resource: Resource) -> ScalingPlan:
         namespace = resource["metadata"]["namespace"]
@@ -65,7 +68,7 @@ class QueueConsumerSync:
         workload = self.kube.read_workload(namespace, spec.workload.kind, spec.workload.name)
         queues = {q["metadata"]["name"]: q for q in self.kube.list_resources(PLURAL, namespace)}
         return plan_scaling(resource, spec, queues, workload, scaled_objects,
-                            lambda s, ns: settings_for(s, ns, self.read_secret))  # fmt: skip
+                            lambda s, ns: settings_for(s, ns, self.read_secret), self.scaler_address)  # fmt: skip
 
     def sync(self, resource: Resource) -> Synced:
         meta, status = resource["metadata"], dict(resource.get("status") or {})
@@ -79,7 +82,9 @@ class QueueConsumerSync:
                 if written != "unchanged":
                     out.events.append(Event("Normal", "Written", f"{child['kind']} {child['metadata']['name']}"
                                             f" {written}"))  # fmt: skip
-            out.status = {"scaledObject": name, "queueUser": scaler_name(name), "queues": list(plan.queues),
+            self._remove_children(resource, out.events, plan.unused)
+            user = scaler_name(name) if len(plan.children) > 1 else None
+            out.status = {"scaledObject": name, "queueUser": user, "queues": list(plan.queues),
                           "query": plan.query}  # fmt: skip
             ready = self._keda_ready(namespace, name)
         except DbqError as e:
@@ -149,14 +154,16 @@ class QueueConsumerSync:
                                 f" {before} -> {replicas}"))  # fmt: skip
         return {"replicas": replicas, "desiredReplicas": desired}
 
-    def _remove_children(self, resource: Resource, events: list[Event]) -> None:
-        """Delete the objects this QueueConsumer wrote, the ScaledObject first (KEDA then stops
-        reading with the login); what another wrote is left alone."""
+    def _remove_children(
+        self, resource: Resource, events: list[Event], which: tuple[tuple[str, str, str], ...] | None = None
+    ) -> None:
+        """Delete the objects this QueueConsumer wrote (`which`; all when None), the ScaledObject
+        first (KEDA then stops reading with the login); what another wrote is left alone."""
         meta = resource["metadata"]
         namespace, scaler = meta["namespace"], scaler_name(meta["name"])
-        for api_version, plural, name in ((KEDA_API, SCALED_OBJECTS, meta["name"]),
-                                          (KEDA_API, TRIGGER_AUTHENTICATIONS, scaler),
-                                          (f"{GROUP}/{VERSION}", QUEUE_USER_PLURAL, scaler)):  # fmt: skip
+        every = ((KEDA_API, SCALED_OBJECTS, meta["name"]), (KEDA_API, TRIGGER_AUTHENTICATIONS, scaler),
+                 (f"{GROUP}/{VERSION}", QUEUE_USER_PLURAL, scaler))  # fmt: skip
+        for api_version, plural, name in every if which is None else which:
             found = self.kube.find_object(api_version, plural, namespace, name)
             if found is not None and owned_by(found, resource):
                 self.kube.delete_object(api_version, plural, namespace, name)
