@@ -1,19 +1,23 @@
-"""Consumers that follow the backlog: a QueueConsumer (KEDA 2.21 built here, the HPA of the local
-single-node cluster) against one consumer that is always there.
+"""Consumers that follow the backlog: QueueConsumers (KEDA 2.21 built here, the HPA of the local
+single-node cluster) with each trigger, against one consumer that is always there.
 
 Each round pushes N messages at once into an empty ring queue. The consumers are pods of dbq's
 image running `dbq consume` as a receive-only QueueUser, 8 commands at a time, each command
 `sleep 0.1` (work that waits, as most handlers do, rather than work that computes: two cores
-bound what computes). Two ways to consume the same N:
+bound what computes). Three ways to consume N, each on a queue of its own:
 
-- autoscaled: a Deployment at 0 replicas and a QueueConsumer with the product's defaults
+- postgresql: a Deployment at 0 replicas and a QueueConsumer with the product's defaults
   (pollingIntervalSeconds 10, HPA stabilization 300 s) except `--per-replica`, `--max-replicas`
-  and a 30 s cooldown: seconds from the push to the first consumer pod Running, to the first
-  message taken, to the queue drained (nothing waiting or leased), and back to 0 replicas;
-- fixed-1: the same Deployment held at 1 replica, Running before the push: seconds to drained.
+  and a 30 s cooldown; KEDA's postgresql scaler reads the backlog;
+- push: the same with `trigger: push`: the operator's push scaler reads it and wakes KEDA;
+- fixed-1: a Deployment held at 1 replica, Running before the push.
 
-The replicas, Running pods and depth are sampled every second; the curve of each round is printed
-every 5 s (the docs' chart reads it from the saved results).
+For each: seconds from the push to the first consumer pod Running, to the first message taken,
+to the queue drained (nothing waiting or leased), and back to 0 replicas. Before the rounds, a
+minute with every queue empty measures what each trigger costs the database at rest: sessions,
+and calls of the queue's stats routine a second (`track_functions`; the operator's own statistics
+calls, the fixed queue's, are subtracted). The replicas, Running pods and depth are sampled every
+second; the curve of each round is printed every 5 s (the docs' chart reads the saved results).
 
     ~/.cache/dbq/venv/bin/python -m bench.autoscale --totals 2000 20000
 """
@@ -38,19 +42,31 @@ from dbq.devstack.postgres import PG_PORT
 from dbq.kube import Kube
 from tests.local import kube_handle, scratch_database
 from tests.manifests import queue
-from tests.operator_harness import IMAGE, Operator, build_operator_image, operator_namespace, wait_for
+from tests.operator_harness import (
+    IMAGE,
+    Operator,
+    build_operator_image,
+    free_port,
+    operator_namespace,
+    wait_for,
+)
 
-SCHEMA, QUEUE = "bench_as", "work"
-SAMPLE_S, CURVE_EVERY_S = 1.0, 5
+SCHEMA = "bench_as"
+MODES = ("postgresql", "push", "fixed-1")  # each consumes a queue and is a Deployment of its own name
+SAMPLE_S, CURVE_EVERY_S, IDLE_S = 1.0, 5, 60
 
 
-def deployment(name: str, replicas: int, concurrency: int, handler_s: float) -> dict[str, Any]:
-    labels = {"app": name}
-    command = ["dbq", "consume", QUEUE, "--schema", SCHEMA, "-c", str(concurrency), "--grace", "20", "--",
-               "sleep", str(handler_s)]  # fmt: skip
+def queue_of(mode: str) -> str:
+    return mode.replace("-", "_")
+
+
+def deployment(mode: str, concurrency: int, handler_s: float) -> dict[str, Any]:
+    labels = {"app": mode}
+    command = ["dbq", "consume", queue_of(mode), "--schema", SCHEMA, "-c", str(concurrency), "--grace", "20",
+               "--", "sleep", str(handler_s)]  # fmt: skip
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": mode},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
             "metadata": {"labels": labels},
             "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 30,
                      "containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never",
@@ -62,9 +78,9 @@ def deployment(name: str, replicas: int, concurrency: int, handler_s: float) -> 
 class Sampler:
     """Every second: the Deployment's replicas, its Running pods, the queue's depth and leases."""
 
-    def __init__(self, kube: Any, namespace: str, name: str, url: str) -> None:
+    def __init__(self, kube: Any, namespace: str, mode: str, url: str) -> None:
         self.apps, self.core = client.AppsV1Api(kube.api), client.CoreV1Api(kube.api)
-        self.namespace, self.name, self.url = namespace, name, url
+        self.namespace, self.mode, self.url = namespace, mode, url
         self.samples: list[
             tuple[float, int, int, int, int, int]
         ] = []  # t, replicas, running, depth, leased, taken
@@ -81,12 +97,12 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
-        stats = f"SELECT o_depth, o_in_flight, o_acquired FROM {SCHEMA}.{QUEUE}_stats()"
+        stats = f"SELECT o_depth, o_in_flight, o_acquired FROM {SCHEMA}.{queue_of(self.mode)}_stats()"
         with psycopg.connect(self.url, autocommit=True) as db:
             while not self._stop.is_set():
                 t = time.monotonic() - self.start
-                replicas = self.apps.read_namespaced_deployment(self.name, self.namespace).spec.replicas or 0
-                pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app={self.name}").items
+                replicas = self.apps.read_namespaced_deployment(self.mode, self.namespace).spec.replicas or 0
+                pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"app={self.mode}").items
                 running = sum(
                     1 for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
                 )
@@ -98,36 +114,37 @@ class Sampler:
         return next((s[0] for s in self.samples if test(s)), None)
 
 
-def push(url: str, total: int) -> None:
+def push(url: str, queue_name: str, total: int) -> None:
     with psycopg.connect(url, autocommit=True) as db:
         for start in range(0, total, 1000):
             bodies = [str(i).encode() for i in range(start, min(total, start + 1000))]
-            db.execute(f"SELECT count(*) FROM {SCHEMA}.{QUEUE}_send_batch(%s::bytea[])", (bodies,))
+            db.execute(f"SELECT count(*) FROM {SCHEMA}.{queue_name}_send_batch(%s::bytea[])", (bodies,))
 
 
-def one_round(kube: Any, ns: str, url: str, name: str, total: int, autoscaled: bool) -> dict[str, Any]:
+def one_round(kube: Any, ns: str, url: str, mode: str, total: int) -> dict[str, Any]:
     apps = client.AppsV1Api(kube.api)
-    if not autoscaled:  # the fixed consumer is up before the push
-        apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": 1}})
-        wait_for(lambda: (apps.read_namespaced_deployment(name, ns).status.ready_replicas or 0) == 1, 120,
+    fixed = mode == "fixed-1"
+    if fixed:  # the fixed consumer is up before the push
+        apps.patch_namespaced_deployment_scale(mode, ns, {"spec": {"replicas": 1}})
+        wait_for(lambda: (apps.read_namespaced_deployment(mode, ns).status.ready_replicas or 0) == 1, 120,
                  "the fixed consumer Ready")  # fmt: skip
-    with Sampler(kube, ns, name, url) as sampler:
+    with Sampler(kube, ns, mode, url) as sampler:
         sampler.start = time.monotonic()
-        push(url, total)
-        empty = f"SELECT o_depth + o_in_flight FROM {SCHEMA}.{QUEUE}_stats()"
+        push(url, queue_of(mode), total)
+        empty = f"SELECT o_depth + o_in_flight FROM {SCHEMA}.{queue_of(mode)}_stats()"
         with psycopg.connect(url, autocommit=True) as db:
             wait_for(lambda: db.execute(empty).fetchone() == (0,), 3600, f"{total:,} drained", interval=0.5)
         drained = time.monotonic() - sampler.start
-        if autoscaled:
-            wait_for(lambda: (apps.read_namespaced_deployment(name, ns).spec.replicas or 0) == 0, 900,
+        if not fixed:
+            wait_for(lambda: (apps.read_namespaced_deployment(mode, ns).spec.replicas or 0) == 0, 900,
                      "back to 0 replicas", interval=0.5)  # fmt: skip
         back = time.monotonic() - sampler.start
-    if not autoscaled:
-        apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": 0}})
+    if fixed:
+        apps.patch_namespaced_deployment_scale(mode, ns, {"spec": {"replicas": 0}})
     samples = sampler.samples
     return {
         "drained": drained,
-        "back": back if autoscaled else None,
+        "back": None if fixed else back,
         "first_running": sampler.first(lambda s: s[2] > 0),
         "first_taken": sampler.first(lambda s: s[5] > samples[0][5]),
         "most": max(s[1] for s in samples),
@@ -139,8 +156,28 @@ def curve_lines(label: str, curve: list[tuple[float, int, int, int, int, int]]) 
     picked = [next(s for s in curve if s[0] >= t) for t in range(0, int(curve[-1][0]) + 1, CURVE_EVERY_S)
               if any(s[0] >= t for s in curve)]  # fmt: skip
     return [f"  curve {label}, every {CURVE_EVERY_S} s: replicas " + " ".join(str(s[1]) for s in picked),
-            f"  curve {label}, every {CURVE_EVERY_S} s: running " + " ".join(str(s[2]) for s in picked),
             f"  curve {label}, every {CURVE_EVERY_S} s: waiting " + " ".join(str(s[3]) for s in picked)]  # fmt: skip
+
+
+def at_rest(admin_url: str, scaler_login: str) -> dict[str, tuple[float, int]]:
+    """Per mode over IDLE_S with every queue empty: stats calls a second beyond the operator's
+    own (the fixed queue's), and the sessions the trigger holds."""
+    calls = ("SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = %s"
+             " AND funcname IN ('postgresql_stats', 'push_stats', 'fixed_1_stats', 'push_wait')")  # fmt: skip
+    sessions = {"postgresql": ("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (scaler_login,)),
+                "push": ("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbq-push-scaler'", ()),
+                "fixed-1": ("SELECT 0", ())}  # fmt: skip
+    with psycopg.connect(admin_url, autocommit=True) as db:
+        before = dict(db.execute(calls, (SCHEMA,)).fetchall())
+        time.sleep(IDLE_S)
+        db.execute("SELECT pg_stat_clear_snapshot()")
+        after = dict(db.execute(calls, (SCHEMA,)).fetchall())
+        rate = {f: (after.get(f, 0) - before.get(f, 0)) / IDLE_S for f in after}
+        held = {mode: db.execute(q, p).fetchone()[0] for mode, (q, p) in sessions.items()}  # type: ignore[index]
+    own = rate.get("fixed_1_stats", 0.0)
+    out = {mode: (rate.get(f"{queue_of(mode)}_stats", 0.0) - own, held[mode]) for mode in MODES}
+    out["push wait mark"] = (rate.get("push_wait", 0.0), 0)
+    return out
 
 
 def main() -> int:
@@ -158,45 +195,66 @@ def main() -> int:
     cluster.import_image(IMAGE)  # type: ignore[attr-defined]
     kube = kube_handle(stack)
     with scratch_database(stack, "dbq_autoscale") as postgres:
+        with psycopg.connect(postgres.admin_url, autocommit=True) as admin:  # counts routine calls
+            admin.execute(f"ALTER DATABASE \"{postgres.name}\" SET track_functions = 'pl'")
         namespaced = operator_namespace(kube, postgres, "bench-as")
         ns = namespaced.ns
-        operator = Operator(kube, ns, stack.paths.state / "bench-autoscale-operator.log", drift_interval=10)
+        port = free_port()
+        operator = Operator(kube, ns, stack.paths.state / "bench-autoscale-operator.log", drift_interval=10,
+                            args=("--scaler-port", str(port)), env={"DBQ_SCALER_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
         operator.start()
         try:
-            namespaced.create(queue(QUEUE, connection={"secretRef": {"name": "orders-db"}, "schema": SCHEMA},
-                                    ring={"size": 32768}, timeouts={"visibility": "60s"}, deletionPolicy="Delete"))  # fmt: skip
-            namespaced.wait_condition(QUEUE, "Ready", "True", 120)
+            for mode in MODES:
+                namespaced.create(queue(mode, connection={"secretRef": {"name": "orders-db"}, "schema": SCHEMA},
+                                        ring={"size": 32768}, timeouts={"visibility": "60s"}, deletionPolicy="Delete"))  # fmt: skip
+            for mode in MODES:
+                namespaced.wait_condition(mode, "Ready", "True", 120)
             users = namespaced.of("queueusers")
             users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": "worker"},
-                          "spec": {"queues": [{"name": QUEUE, "rights": ["receive"]}]}})  # fmt: skip
+                          "spec": {"queues": [{"name": m, "rights": ["receive"]} for m in MODES]}})  # fmt: skip
             users.wait_condition("worker", "Ready", "True", 60)
             worker_url = base64.b64decode(Kube(kube.api).read_secret(ns, "dbq-user-worker")["url"]).decode()  # type: ignore[index]
             namespaced.secret(
                 "worker-db", {"url": worker_url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")}
             )
-            for name in ("autoscaled", "fixed"):
-                body = deployment(name, 0, a.concurrency, a.handler_s)
+            for mode in MODES:
                 subprocess.run(["kubectl", "--kubeconfig", kube.kubeconfig, "-n", ns, "apply", "-f", "-"],
-                               input=json.dumps(body), text=True, check=True, capture_output=True)  # fmt: skip
-            namespaced.of("queueconsumers").create({
-                "apiVersion": "dbq.dev/v1alpha1", "kind": "QueueConsumer", "metadata": {"name": "autoscaled"},
-                "spec": {"queues": [QUEUE], "workload": {"name": "autoscaled"}, "messagesPerReplica": a.per_replica,
-                         "maxReplicas": a.max_replicas, "cooldownSeconds": 30}})  # fmt: skip
-            namespaced.of("queueconsumers").wait_condition("autoscaled", "Ready", "True", 120)
+                               input=json.dumps(deployment(mode, a.concurrency, a.handler_s)), text=True, check=True,
+                               capture_output=True)  # fmt: skip
+            consumers = namespaced.of("queueconsumers")
+            for trigger in ("postgresql", "push"):
+                consumers.create({
+                    "apiVersion": "dbq.dev/v1alpha1", "kind": "QueueConsumer", "metadata": {"name": trigger},
+                    "spec": {"queues": [trigger], "workload": {"name": trigger}, "trigger": trigger,
+                             "messagesPerReplica": a.per_replica, "maxReplicas": a.max_replicas, "cooldownSeconds": 30}})  # fmt: skip
+            for trigger in ("postgresql", "push"):
+                consumers.wait_condition(trigger, "Ready", "True", 120)
             print(f"consumers: `dbq consume -c {a.concurrency} -- sleep {a.handler_s}` in pods of dbq's image;"
-                  f" QueueConsumer messagesPerReplica {a.per_replica}, maxReplicas {a.max_replicas}, polling every"
+                  f" QueueConsumers: messagesPerReplica {a.per_replica}, maxReplicas {a.max_replicas}, polling every"
                   " 10 s, HPA stabilization 300 s, cooldown 30 s", flush=True)  # fmt: skip
+            users.wait_condition("postgresql-scaler", "Ready", "True", 60)
+            login = users.get("postgresql-scaler")["status"]["login"]
+            time.sleep(15)  # KEDA's scalers settled
+            for mode, (rate, held) in at_rest(postgres.admin_url, login).items():
+                print(
+                    f"  at rest, {mode:14s}: {rate:5.2f} calls a second beyond the operator's own, {held} sessions"
+                )
             lines: list[str] = []
             for total in a.totals:
-                auto = one_round(kube, ns, postgres.url, "autoscaled", total, True)
-                fixed = one_round(kube, ns, postgres.url, "fixed", total, False)
-                print(f"{total:>7,} messages: autoscaled: first pod Running {auto['first_running']:5.1f} s, first"
-                      f" message taken {auto['first_taken']:5.1f} s, drained {auto['drained']:6.1f} s, at most"
-                      f" {auto['most']} replicas, back to 0 at {auto['back']:6.1f} s; fixed-1: drained"
-                      f" {fixed['drained']:6.1f} s; fixed-1 / autoscaled drain time"
-                      f" {fixed['drained'] / auto['drained']:.2f}x", flush=True)  # fmt: skip
-                lines += curve_lines(f"autoscaled {total:,}", auto["curve"])
-                lines += curve_lines(f"fixed-1 {total:,}", fixed["curve"])
+                rounds = {mode: one_round(kube, ns, postgres.url, mode, total) for mode in MODES}
+                fixed = rounds["fixed-1"]
+                for mode, r in rounds.items():
+                    scaled = (
+                        ""
+                        if mode == "fixed-1"
+                        else (
+                            f"first pod Running {r['first_running']:5.1f} s, first message taken {r['first_taken']:5.1f} s, "
+                        )
+                    )
+                    back = "" if r["back"] is None else f", back to 0 at {r['back']:6.1f} s"
+                    print(f"{total:>7,} messages, {mode:10s}: {scaled}drained {r['drained']:6.1f} s, at most {r['most']}"
+                          f" replicas{back}; fixed-1 / {mode} drain time {fixed['drained'] / r['drained']:.2f}x", flush=True)  # fmt: skip
+                    lines += curve_lines(f"{mode} {total:,}", r["curve"])
             print("\n".join(lines))
         finally:
             namespaced.of("queueconsumers").force_delete_all(120)
