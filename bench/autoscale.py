@@ -196,7 +196,7 @@ def main() -> int:
     kube = kube_handle(stack)
     with scratch_database(stack, "dbq_autoscale") as postgres:
         with psycopg.connect(postgres.admin_url, autocommit=True) as admin:  # counts routine calls
-            admin.execute(f"ALTER DATABASE \"{postgres.name}\" SET track_functions = 'pl'")
+            admin.execute(f"ALTER DATABASE \"{postgres.name}\" SET track_functions = 'all'")
         namespaced = operator_namespace(kube, postgres, "bench-as")
         ns = namespaced.ns
         port = free_port()
