@@ -124,6 +124,30 @@ def tls_cost(text: str | None = None) -> list[tuple[str, str, float, float]]:
     return out
 
 
+def autoscale(text: str | None = None) -> dict[str, dict[str, list[int]]]:
+    """'MODE TOTAL' -> {'replicas': [...], 'waiting': [...]} every 5 s, of the latest run."""
+    text = _first_run(text or _read("autoscale.txt"))
+    out: dict[str, dict[str, list[int]]] = defaultdict(dict)
+    for label, series, values in re.findall(
+        r"^  curve ([\w-]+ [0-9,]+), every 5 s: (\w+) ([^\n]+)", text, re.M
+    ):
+        out[label][series] = [int(v) for v in values.split()]
+    return dict(out)
+
+
+def autoscale_rounds(text: str | None = None) -> list[tuple[str, str, str]]:
+    """(messages, mode, the round's figures as printed) of the latest run."""
+    text = _first_run(text or _read("autoscale.txt"))
+    return re.findall(r"^\s*([0-9,]+) messages, ([\w-]+)\s*: ([^\n]+)", text, re.M)
+
+
+def autoscale_at_rest(text: str | None = None) -> list[tuple[str, float, int]]:
+    """(trigger, stats calls a second beyond the operator's own, sessions) of the latest run."""
+    text = _first_run(text or _read("autoscale.txt"))
+    return [(mode.strip(), _num(rate), int(held)) for mode, rate, held in re.findall(
+        rf"^  at rest, ([\w -]+?)\s*: +{_NUMBER} calls a second beyond the operator's own, (\d+) sessions", text, re.M)]  # fmt: skip
+
+
 # --- tables ---------------------------------------------------------------------------------
 def _run_line(name: str) -> str:
     """The latest run's heading in its results file: command, date, commit."""
@@ -185,6 +209,15 @@ def tls_table() -> str:
     return "\n".join(rows) + "\n" + _run_line("tls_cost.txt")
 
 
+def autoscale_table() -> str:
+    rows = ["| messages | consumers | figures |", "|---:|---|---|"]
+    rows += [f"| {n} | {mode} | {figures} |" for n, mode, figures in autoscale_rounds()]
+    rows += ["", "| at rest, each queue empty | stats calls a second (beyond the operator's own) | sessions |",
+             "|---|---:|---:|"]  # fmt: skip
+    rows += [f"| {mode} | {rate:.2f} | {held} |" for mode, rate, held in autoscale_at_rest()]
+    return "\n".join(rows) + "\n" + _run_line("autoscale.txt")
+
+
 def control_plane_run() -> str:
     """The latest control-plane run as the bench printed it."""
     run = _first_run(_read("control_plane_1000_queues.txt"))
@@ -200,6 +233,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "stats-cost": stats_table,
     "spark": spark_table,
     "tls-cost": tls_table,
+    "autoscale": autoscale_table,
 }
 
 
@@ -293,12 +327,34 @@ def chart_spark(ax: Axes) -> None:
     ax.tick_params(axis="y", labelsize=7)
 
 
+def chart_autoscale(ax: Axes) -> None:
+    curves = autoscale()
+    biggest = max(int(label.split()[1].replace(",", "")) for label in curves)
+    for label, series in curves.items():
+        mode, total = label.split()
+        if int(total.replace(",", "")) == biggest:
+            ax.plot([5 * i for i in range(len(series["waiting"]))], series["waiting"], marker="o", markersize=3,
+                    label=f"{mode}: messages waiting")  # fmt: skip
+    ax.set_xlabel("seconds since the push")
+    ax.set_ylabel("messages waiting")
+    ax.legend(fontsize=7, loc="upper right")
+    replicas = ax.twinx()
+    for label, series in curves.items():
+        mode, total = label.split()
+        if int(total.replace(",", "")) == biggest and mode != "fixed-1":
+            replicas.step([5 * i for i in range(len(series["replicas"]))], series["replicas"], where="post",
+                          linestyle=":", label=f"{mode}: replicas")  # fmt: skip
+    replicas.set_ylabel("replicas (dotted)")
+    replicas.legend(fontsize=7, loc="center right")
+
+
 CHARTS: dict[str, Callable[[Axes], None]] = {
     "ring-held-snapshot.png": chart_held_snapshot,
     "smart-batching.png": chart_smart_batching,
     "stats-cost.png": chart_stats_cost,
     "control-plane.png": chart_control_plane,
     "spark-consume.png": chart_spark,
+    "autoscale.png": chart_autoscale,
 }
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +244,20 @@ def push(postgres: Any, queue_name: str, count: int) -> None:
                    ([b"job"] * count,))  # fmt: skip
 
 
+def first_pod_after(kube: Any, namespace: str, app: str, act: Callable[[], None]) -> float:
+    """Seconds from `act()` (a push) to the first Running pod labelled app=`app`."""
+    core = client.CoreV1Api(kube.api)
+
+    def running() -> bool:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+        return any(p.status.phase == "Running" for p in pods)
+
+    started = time.monotonic()
+    act()
+    wait_for(running, 60, f"a {app} pod Running")
+    return time.monotonic() - started
+
+
 def deployment_replicas(kube: Any, namespace: str, name: str) -> int:
     return client.AppsV1Api(kube.api).read_namespaced_deployment(name, namespace).spec.replicas or 0
 
@@ -268,16 +282,8 @@ def test_a_queue_consumer_scales_its_workload_from_zero_through_2000_messages_an
     assert status["query"] == f'SELECT (SELECT o_depth FROM "{CONSUMER_SCHEMA}"."jobs_stats"())'
     consumers.of("queueusers").wait_condition("workers-scaler", "Ready", "True", 60)
     assert deployment_replicas(kube, ns, "workers") == 0
-    core = client.CoreV1Api(kube.api)
-
-    def running() -> int:
-        pods = core.list_namespaced_pod(ns, label_selector="app=workers").items
-        return sum(1 for p in pods if p.status.phase == "Running")
-
     pushed_at = time.monotonic()
-    push(postgres, "jobs", 2000)
-    wait_for(lambda: running() >= 1, 60, "a consumer pod Running")
-    first = time.monotonic() - pushed_at
+    first = first_pod_after(kube, ns, "workers", lambda: push(postgres, "jobs", 2000))
     wait_for(
         lambda: deployment_replicas(kube, ns, "workers") == 4, 120, "4 replicas: 2,000 messages at 500 each"
     )
@@ -477,16 +483,7 @@ def test_the_push_trigger_wakes_the_first_consumer_without_waiting_for_the_poll(
         "KEDA's stream open",
     )
     assert "queueUser" not in scaling.get("pushed")["status"]  # removed from status
-    core = client.CoreV1Api(kube.api)
-
-    def running() -> int:
-        pods = core.list_namespaced_pod(ns, label_selector="app=pushed").items
-        return sum(1 for p in pods if p.status.phase == "Running")
-
-    pushed_at = time.monotonic()
-    push(postgres, "pushed", 250)
-    wait_for(lambda: running() >= 1, 60, "a consumer pod Running")
-    first = time.monotonic() - pushed_at
+    first = first_pod_after(kube, ns, "pushed", lambda: push(postgres, "pushed", 250))
     wait_for(
         lambda: deployment_replicas(kube, ns, "pushed") == 3,
         120,

@@ -161,13 +161,7 @@ class Kube:
     def find(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of dbq's resources (`plural`: queues, topics, subscriptions), or None when it does
         not exist."""
-        try:
-            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise _failed(e, f"{plural} {namespace}/{name}") from None
-        return cast(dict[str, Any], found)
+        return self.find_object(f"{GROUP}/{VERSION}", plural, namespace, name)
 
     def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A JSON merge patch of the status subresource of one of dbq's resources; a resource

@@ -9,13 +9,13 @@ query, KEDA's Active condition and the workload's replicas are mirrored.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from dbq.api.access import QUEUE_USER_PLURAL
 from dbq.api.consumers import QUEUE_CONSUMER_PLURAL, scaler_name
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.controller import conditions as cond
+from dbq.controller.access import Synced
 from dbq.controller.consumer_plan import (
     KEDA_API,
     SCALED_OBJECTS,
@@ -35,13 +35,6 @@ Poster = Callable[[Resource, Event], None]
 ACTIVE = "Active"
 PLURALS = {"QueueUser": QUEUE_USER_PLURAL, "TriggerAuthentication": TRIGGER_AUTHENTICATIONS,
            "ScaledObject": SCALED_OBJECTS}  # fmt: skip
-
-
-@dataclass
-class Synced:
-    status: dict[str, Any] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
-    error: DbqError | None = None
 
 
 def keda_condition(scaled_object: Resource | None, type_: str) -> dict[str, Any] | None:
