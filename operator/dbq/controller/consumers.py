@@ -41,14 +41,23 @@ def keda_condition(scaled_object: Resource | None, type_: str) -> dict[str, Any]
     return cond.condition((scaled_object or {}).get("status", {}).get("conditions"), type_)
 
 
+def keda_ready(scaled_object: Resource | None, name: str) -> tuple[bool | None, str, str]:
+    """Ready as KEDA says it of the ScaledObject: Unknown until KEDA has looked at it."""
+    said = keda_condition(scaled_object, "Ready")
+    if said is None or said.get("status") == "Unknown":
+        return None, "WaitingForKeda", f"ScaledObject {name} written; KEDA has not taken it up yet"
+    if said.get("status") == "True":
+        return True, "Scaling", f"KEDA scales the workload on ScaledObject {name}"
+    return False, "KedaRefused", f"KEDA: ScaledObject {name}: {said.get('message') or said.get('reason')}"
+
+
 class QueueConsumerSync:
     def __init__(self, kube: Kube, read_secret: SecretReader, post: Poster, scaler_address: str = "") -> None:
         self.kube = kube
         self.read_secret = read_secret
         self.post = post
-        self.scaler_address = (
-            scaler_address  # where KEDA reaches this operator's push scaler, if it serves one
-        )
+        # where KEDA reaches this operator's push scaler; empty when it serves none
+        self.scaler_address = scaler_address
 
     def _plan(self, resource: Resource) -> ScalingPlan:
         namespace = resource["metadata"]["namespace"]
@@ -79,7 +88,7 @@ class QueueConsumerSync:
             user = scaler_name(name) if len(plan.children) > 1 else None
             out.status = {"scaledObject": name, "queueUser": user, "queues": list(plan.queues),
                           "query": plan.query}  # fmt: skip
-            ready = self._keda_ready(namespace, name)
+            ready = keda_ready(self.kube.find_object(KEDA_API, SCALED_OBJECTS, namespace, name), name)
         except DbqError as e:
             out.error = e
             if isinstance(e, NoQueueReady):
@@ -94,16 +103,6 @@ class QueueConsumerSync:
         for event in out.events:
             self.post(resource, event)
         return out
-
-    def _keda_ready(self, namespace: str, name: str) -> tuple[bool | None, str, str]:
-        """Ready as KEDA says it of the ScaledObject: Unknown until KEDA has looked at it."""
-        found = self.kube.find_object(KEDA_API, SCALED_OBJECTS, namespace, name)
-        said = keda_condition(found, "Ready")
-        if said is None or said.get("status") == "Unknown":
-            return None, "WaitingForKeda", f"ScaledObject {name} written; KEDA has not taken it up yet"
-        if said.get("status") == "True":
-            return True, "Scaling", f"KEDA scales the workload on ScaledObject {name}"
-        return False, "KedaRefused", f"KEDA: ScaledObject {name}: {said.get('message') or said.get('reason')}"
 
     def _mirror_active(
         self,

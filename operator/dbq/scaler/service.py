@@ -35,7 +35,7 @@ from dbq.connection import ConnectionSettings, postgres
 from dbq.controller.consumer_plan import ScaledQueues, parse_queue_consumer, scaled_queues
 from dbq.errors import DbqError
 from dbq.kube import Kube
-from dbq.names import QueueNames, pg_quote
+from dbq.names import pg_quote
 from dbq.resource import SecretReader, settings_for
 from dbq.scaler import externalscaler_pb2 as pb
 from dbq.scaler import externalscaler_pb2_grpc as rpc
@@ -88,7 +88,8 @@ class BacklogScaler(rpc.ExternalScalerServicer):
         self.kube = kube
         self.read_secret = read_secret
         self.databases = Databases()
-        self._listeners: dict[tuple[str, str], Notifications] = {}
+        # (endpoint, schema.queue) -> the listener of that queue's channel, and how many streams use it
+        self._listeners: dict[tuple[str, str], tuple[Notifications, int]] = {}
         self._lock = threading.Lock()
 
     # --- what a ScaledObject reads ---------------------------------------------------------
@@ -143,32 +144,58 @@ class BacklogScaler(rpc.ExternalScalerServicer):
 
     def StreamIsActive(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         last: bool | None = None
-        while context.is_active():
-            target = self._target(request, context)
-            listeners = [self._listener(target.scaled.admin, names) for names in target.scaled.names]
-            marks = [listener.mark() for listener in listeners]  # listening before measuring: no push missed
-            active = self._backlog(target, context) > target.spec.activation
-            if active != last:
-                log.info(
-                    "push scaler: %s/%s %s", request.namespace, request.name, "active" if active else "idle"
-                )
-                yield pb.IsActiveResponse(result=active)
-                last = active
-            deadline = time.monotonic() + target.spec.polling_interval_seconds
-            while context.is_active() and time.monotonic() < deadline:
-                if active:
-                    time.sleep(min(MARK_EVERY_S, max(0.0, deadline - time.monotonic())))
-                    continue
-                self._mark_waiting(target)
-                if self._notified(listeners, marks, MARK_EVERY_S):
-                    break  # a push: measure now
+        held: set[tuple[str, str]] = set()  # the listeners this stream uses, released when it ends
+        try:
+            while context.is_active():
+                target = self._target(request, context)
+                listeners = self._listen(target, held)
+                marks = [
+                    listener.mark() for listener in listeners
+                ]  # listening before measuring: no push missed
+                active = self._backlog(target, context) > target.spec.activation
+                if active != last:
+                    log.info("push scaler: %s/%s %s", request.namespace, request.name,
+                             "active" if active else "idle")  # fmt: skip
+                    yield pb.IsActiveResponse(result=active)
+                    last = active
+                deadline = time.monotonic() + target.spec.polling_interval_seconds
+                while context.is_active() and time.monotonic() < deadline:
+                    if active:
+                        time.sleep(min(MARK_EVERY_S, max(0.0, deadline - time.monotonic())))
+                        continue
+                    self._mark_waiting(target)
+                    if self._notified(listeners, marks, MARK_EVERY_S):
+                        break  # a push: measure now
+        finally:
+            self._release(held)
 
-    def _listener(self, settings: ConnectionSettings, names: QueueNames) -> Notifications:
-        key = (settings.endpoint, names.qualified)
+    def _listen(self, target: Target, held: set[tuple[str, str]]) -> list[Notifications]:
+        """The listeners of the target's queues (one per queue, shared by the streams that
+        watch it); `held` becomes the keys of exactly these, those no longer wanted released."""
+        keys = [(target.scaled.admin.endpoint, names.qualified) for names in target.scaled.names]
         with self._lock:
-            if key not in self._listeners:
-                self._listeners[key] = Notifications(settings, names)
-            return self._listeners[key]
+            for key, names in zip(keys, target.scaled.names, strict=True):
+                if key not in held:
+                    if key not in self._listeners:
+                        self._listeners[key] = (Notifications(target.scaled.admin, names), 0)
+                    listener, users = self._listeners[key]
+                    self._listeners[key] = (listener, users + 1)
+            listeners = [self._listeners[key][0] for key in keys]
+        self._release(held - set(keys))
+        held.clear()
+        held.update(keys)
+        return listeners
+
+    def _release(self, keys: set[tuple[str, str]]) -> None:
+        """A stream no longer watches these queues: a listener nobody uses closes its session."""
+        with self._lock:
+            for key in keys:
+                listener, users = self._listeners[key]
+                if users > 1:
+                    self._listeners[key] = (listener, users - 1)
+                else:
+                    del self._listeners[key]
+                    listener.close()
 
     def _mark_waiting(self, target: Target) -> None:
         """Pushes onto these queues notify for the next WAIT_MARK_S seconds."""
