@@ -277,3 +277,17 @@ def test_an_at_most_once_consumer_stopped_with_sigterm_handles_what_it_popped(ri
     stats = q.stats()
     assert int(summary["handled"]) == stats.popped and int(summary["abandoned"]) == 0
     assert stats.depth == 20 - stats.popped and stats.in_flight == 0
+
+
+@pytest.mark.parametrize("at_most_once", [False, True], ids=["leased", "at-most-once"])
+def test_until_empty_handles_what_is_there_and_returns(ring, at_most_once):
+    """A Job's consumer: every message there is handled once, then the loop ends by itself."""
+    q, _ = ring
+    q.push_many([b"j%d" % i for i in range(40)])
+    handled: list[bytes] = []
+    started = time.monotonic()
+    stats = q.consume(lambda m: (time.sleep(0.01), handled.append(m.body)), concurrency=4,
+                      until_empty=True, at_most_once=at_most_once)  # fmt: skip
+    assert sorted(handled) == sorted(b"j%d" % i for i in range(40)) and stats.handled == 40
+    assert time.monotonic() - started < 10
+    assert (q.stats().depth, q.stats().in_flight) == (0, 0)

@@ -171,6 +171,27 @@ def test_the_push_trigger_dials_the_operator_and_needs_no_login_of_its_own():
         }
     ]
     # what the postgresql trigger wrote before is taken away
-    assert {plural for _, plural, _ in p.unused} == {"queueusers", "triggerauthentications"}
+    assert {plural for _, plural, _ in p.unused} == {"queueusers", "triggerauthentications", "scaledjobs"}
     with pytest.raises(InvalidQueueConsumer, match=r"spec.trigger: push needs the operator's push scaler"):
         plan_scaling(CONSUMER, spec(trigger="push"), QUEUES, WORKLOAD, (), settings_of, "")
+
+
+JOB = {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "task", "image": "worker"}]}}}
+
+
+def test_a_job_spec_makes_a_scaled_job_that_starts_jobs_for_the_backlog():
+    p = plan_scaling(CONSUMER, spec(workload=None, job=JOB, maxReplicas=5), QUEUES, None, (), settings_of)
+    scaled = p.scaled_object
+    assert scaled["kind"] == "ScaledJob" and scaled["metadata"]["name"] == "workers"
+    assert scaled["spec"]["jobTargetRef"] == JOB and scaled["spec"]["maxReplicaCount"] == 5
+    assert "scaleTargetRef" not in scaled["spec"] and "cooldownPeriod" not in scaled["spec"]
+    assert scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"] == "100"
+    assert ("keda.sh/v1alpha1", "scaledobjects", "workers") in p.unused  # a workload's, from before
+    # and a workload's plan takes a ScaledJob of before away
+    assert ("keda.sh/v1alpha1", "scaledjobs", "workers") in plan().unused
+
+
+def test_a_consumer_names_a_workload_or_a_job_not_both():
+    for fields in ({"job": JOB}, {"workload": None}):
+        with pytest.raises(ValidationError, match=r"give spec.workload .* or spec.job"):
+            spec(**fields)

@@ -365,26 +365,44 @@ def test_a_queue_consumer_refuses_what_it_cannot_scale(keda, cluster, kube, cons
     assert Kube(kube.api).list_objects("keda.sh/v1alpha1", "nosuchobjects", ns) is None
 
 
+def consumer_pod(queue_name: str, results: Path, *options: str, handler_s: int = 2) -> dict[str, Any]:
+    """A pod spec of dbq's image running `dbq consume OPTIONS` as a QueueUser that may only
+    receive (the Secret `worker-db`): each message's handler takes `handler_s`, then appends the
+    body to a file of the host (`results`), one line a message handled."""
+    handler = ["sh", "-c", f'body=$(cat); sleep {handler_s}; echo "$body" >> /results/handled']
+    command = ["dbq", "consume", queue_name, "--schema", CONSUMER_SCHEMA, *options, "--", *handler]
+    return {"automountServiceAccountToken": False,
+            "volumes": [{"name": "results", "hostPath": {"path": str(results)}}],
+            "containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never", "command": command,
+                            "env": [{"name": "DBQ_URL", "valueFrom": {"secretKeyRef": {"name": "worker-db",
+                                                                                       "key": "url"}}}],
+                            "volumeMounts": [{"name": "results", "mountPath": "/results"}]}]}  # fmt: skip
+
+
 def consumer_workload(name: str, queue_name: str, results: Path, at_most_once: bool) -> dict[str, Any]:
-    """Pods of dbq's image running `dbq consume` as a QueueUser that may only receive: each
-    message's handler takes 2 s, four at a time, then appends the body to a file of the host, one line a
-    message handled. SIGTERM leaves them 20 s of the pod's 30 to finish."""
+    """A Deployment of `consumer_pod`s, four handlers at a time; SIGTERM leaves them 20 s of the
+    pod's 30 to finish."""
     labels = {"app": name}
-    handler = ["sh", "-c", 'body=$(cat); sleep 2; echo "$body" >> /results/handled']
-    command = ["dbq", "consume", queue_name, "--schema", CONSUMER_SCHEMA, "-c", "4", "--grace", "20",
-               *(["--at-most-once"] if at_most_once else []), "--", *handler]  # fmt: skip
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 30,
-                     "volumes": [{"name": "results", "hostPath": {"path": str(results)}}],
-                     "containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never",
-                                     "command": command,
-                                     "env": [{"name": "DBQ_URL", "valueFrom": {"secretKeyRef": {
-                                         "name": "worker-db", "key": "url"}}}],
-                                     "volumeMounts": [{"name": "results", "mountPath": "/results"}]}]}}},
-    }  # fmt: skip
+    options = ["-c", "4", "--grace", "20", *(["--at-most-once"] if at_most_once else [])]
+    pod = {**consumer_pod(queue_name, results, *options), "terminationGracePeriodSeconds": 30}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}  # fmt: skip
+
+
+def receiving(consumers: Any, kube: Any, queue_name: str, tmp_path: Path) -> Path:
+    """A QueueUser that may only receive from Queue `queue_name`, its url as the pods reach
+    PostgreSQL in the Secret `worker-db`, and the host directory the pods write to."""
+    users = consumers.of("queueusers")
+    users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": "worker"},
+                  "spec": {"queues": [{"name": queue_name, "rights": ["receive"]}]}})  # fmt: skip
+    users.wait_condition("worker", "Ready", "True", 60)
+    url = base64.b64decode(Kube(kube.api).read_secret(consumers.ns, "dbq-user-worker")["url"]).decode()  # type: ignore[index]
+    consumers.secret("worker-db", {"url": url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")})
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o777)  # written by the image's user, 10001
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -408,15 +426,7 @@ def test_scaling_in_while_messages_are_in_flight_loses_and_duplicates_nothing(
     ns, queue_name = consumers.ns, "drain_once" if at_most_once else "drain_leased"
     ring_queue(consumers, queue_name.replace("_", "-"), timeouts={"visibility": "60s"})
     consumers.wait_condition(queue_name.replace("_", "-"), "Ready", "True", 120)
-    users = consumers.of("queueusers")
-    users.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser", "metadata": {"name": "drain-worker"},
-                  "spec": {"queues": [{"name": queue_name.replace("_", "-"), "rights": ["receive"]}]}})  # fmt: skip
-    users.wait_condition("drain-worker", "Ready", "True", 60)
-    url = base64.b64decode(Kube(kube.api).read_secret(ns, "dbq-user-drain-worker")["url"]).decode()  # type: ignore[index]
-    consumers.secret("worker-db", {"url": url.replace(f"@127.0.0.1:{PG_PORT}", f"@{NODE_IP}:{PG_PORT}")})
-    results = tmp_path / "results"
-    results.mkdir()
-    results.chmod(0o777)  # written by the image's user, 10001
+    results = receiving(consumers, kube, queue_name.replace("_", "-"), tmp_path)
     handled = results / "handled"
     apply(kube.kubeconfig, ns, consumer_workload("drainers", queue_name, results, at_most_once))
     scaling = consumers.of("queueconsumers")
@@ -500,3 +510,48 @@ def test_the_push_trigger_wakes_the_first_consumer_without_waiting_for_the_poll(
     with psycopg.connect(postgres.url, autocommit=True) as db:
         db.execute(f"SELECT {CONSUMER_SCHEMA}.pushed_purge()")
     wait_for(lambda: deployment_replicas(kube, ns, "pushed") == 0, 120, "back to 0 once the stream says idle")
+
+
+def test_a_queue_consumer_with_a_job_starts_jobs_that_take_the_backlog_and_end(
+    keda, cluster, kube, consumers, postgres, consumer_image, tmp_path
+):
+    """Long tasks: spec.job makes a ScaledJob. KEDA starts Jobs for the backlog (10 messages a
+    Job, at most 3 at once); each runs `dbq consume --until-empty` and ends when nothing is left;
+    each of 60 messages is handled once."""
+    ns = consumers.ns
+    ring_queue(consumers, "tasks", timeouts={"visibility": "60s"})
+    consumers.wait_condition("tasks", "Ready", "True", 120)
+    results = receiving(consumers, kube, "tasks", tmp_path)
+    pod = {
+        **consumer_pod("tasks", results, "-c", "2", "--until-empty", handler_s=1),
+        "restartPolicy": "Never",
+    }
+    scaling = consumers.of("queueconsumers")
+    scaling.create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueConsumer", "metadata": {"name": "tasks"},
+                    "spec": {"queues": ["tasks"], "job": {"template": {"spec": pod}, "backoffLimit": 0},
+                             "messagesPerReplica": 10, "maxReplicas": 3, "pollingIntervalSeconds": 2}})  # fmt: skip
+    scaling.wait_condition("tasks", "Ready", "True", 90)
+    found = Kube(kube.api).find_object("keda.sh/v1alpha1", "scaledjobs", ns, "tasks")
+    assert found is not None and found["spec"]["maxReplicaCount"] == 3
+    push(postgres, "tasks", 60)
+    handled = results / "handled"
+
+    def lines() -> list[str]:
+        return handled.read_text().split() if handled.exists() else []
+
+    batch = client.BatchV1Api(kube.api)
+    wait_for(lambda: len(lines()) >= 60, 240, "60 messages handled by the Jobs")
+    jobs = batch.list_namespaced_job(ns, label_selector="scaledjob.keda.sh/name=tasks").items
+    wait_for(lambda: all((j.status.succeeded or 0) == 1 for j in
+                         batch.list_namespaced_job(ns, label_selector="scaledjob.keda.sh/name=tasks").items),
+             120, "every Job ended, succeeded")  # fmt: skip
+    time.sleep(3)  # a late duplicate would land now
+    seen = Counter(lines())
+    print(f"ScaledJob: {len(jobs)} Jobs started, {len(seen)} messages handled")
+    assert set(seen) == set(map(str, range(60))) and max(seen.values()) == 1, seen
+    assert len(jobs) >= 2, jobs  # the backlog took more than one Job
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        assert db.execute(f"SELECT o_depth, o_in_flight FROM {CONSUMER_SCHEMA}.tasks_stats()").fetchone() == (
+            0,
+            0,
+        )

@@ -199,6 +199,16 @@ class Kube:
             raise _failed(e, f"HorizontalPodAutoscaler {namespace}/{name}") from None
         return cast(dict[str, Any], self.api_client.sanitize_for_serialization(found))
 
+    def count_active_jobs(self, namespace: str, label_selector: str) -> int:
+        """The Jobs with these labels that run now."""
+        try:
+            jobs = client.BatchV1Api(self.api_client).list_namespaced_job(
+                namespace, label_selector=label_selector
+            )
+        except ApiException as e:
+            raise _failed(e, f"the Jobs {label_selector} of namespace {namespace}") from None
+        return sum(1 for job in jobs.items if job.status is not None and (job.status.active or 0) > 0)
+
     def list_objects(self, api_version: str, plural: str, namespace: str) -> list[dict[str, Any]] | None:
         """The objects of a custom kind in one namespace; None when the cluster does not serve the kind."""
         group, version = api_version.split("/")

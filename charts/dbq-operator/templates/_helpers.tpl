@@ -42,15 +42,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: [queueusers]
   verbs: [create, delete]
 - apiGroups: [keda.sh]
-  resources: [scaledobjects, triggerauthentications]
+  resources: [scaledobjects, scaledjobs, triggerauthentications]
   verbs: [get, list, create, patch, delete]
-# A QueueConsumer's workload and the HPA KEDA made for it: read only, for its status.
+# A QueueConsumer's workload, the HPA KEDA made for it and the Jobs of a ScaledJob: read only,
+# for its status.
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [get]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [list]
 # Connection details: read the one Secret a Queue names, and write the Secret of each QueueUser's
 # login (owned by the QueueUser; never list or watch Secrets, never delete one).
 - apiGroups: [""]

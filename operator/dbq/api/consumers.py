@@ -39,7 +39,19 @@ class QueueConsumerSpec(Model):
         description="The Queues of this namespace the workload consumes (ring queues on PostgreSQL, one"
         " database); the backlog scaled on is their sum (the largest age, for oldestAge).",
     )
-    workload: Workload = Field(description="What KEDA scales. Leave `replicas` out of its manifest.")
+    workload: Workload | None = Field(
+        default=None,
+        description="What KEDA scales (a ScaledObject). Leave `replicas` out of its manifest. Give this or"
+        " spec.job.",
+    )
+    job: dict[str, Any] | None = Field(
+        default=None,
+        description="For long tasks, instead of spec.workload: a Job's spec (batch/v1 JobSpec: template,"
+        " backoffLimit...). KEDA starts Jobs for the backlog (a ScaledJob: ceil(backlog / messagesPerReplica)"
+        " Jobs running, at most maxReplicas), each taking its messages and ending, e.g. `dbq consume"
+        " --max-messages N`; a Job is never stopped to scale in.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
     trigger: Literal["postgresql", "push"] = Field(
         default="postgresql",
         description="Who reads the backlog: postgresql (KEDA's own scaler, every pollingIntervalSeconds, as a"
@@ -87,6 +99,8 @@ class QueueConsumerSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> QueueConsumerSpec:
+        if (self.workload is None) == (self.job is None):
+            raise ValueError(TARGET_HINT)
         if self.max_replicas < self.min_replicas:
             raise ValueError(REPLICAS_HINT)
         if len(set(self.queues)) != len(self.queues):
@@ -94,9 +108,13 @@ class QueueConsumerSpec(Model):
         return self
 
 
+TARGET_HINT = (
+    "give spec.workload (a Deployment or StatefulSet to scale) or spec.job (Jobs for long tasks), one of them"
+)
 REPLICAS_HINT = "spec.maxReplicas must be at least spec.minReplicas: raise maxReplicas or lower minReplicas"
 QUEUES_HINT = "spec.queues: name each Queue once"
 QUEUE_CONSUMER_RULES = [
+    {"rule": "has(self.workload) != has(self.job)", "message": TARGET_HINT},
     {"rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
      "message": REPLICAS_HINT},
     {"rule": "self.queues.all(a, self.queues.exists_one(b, b == a))", "message": QUEUES_HINT},
@@ -115,7 +133,10 @@ class QueueConsumerStatus(Model):
     conditions: list[Condition] | None = Field(
         default=None, description="kstatus conditions (Ready first), and Active: whether KEDA sees a backlog."
     )
-    scaled_object: str | None = Field(default=None, description="The ScaledObject the operator wrote.")
+    scaled_object: str | None = Field(
+        default=None,
+        description="The ScaledObject (spec.workload) or ScaledJob (spec.job) the operator wrote.",
+    )
     queue_user: str | None = Field(
         default=None,
         description="The QueueUser (monitor only) whose login KEDA reads the backlog with (trigger postgresql).",
@@ -127,8 +148,12 @@ class QueueConsumerStatus(Model):
         default=None,
         description="The backlog's query, run by KEDA (postgresql) or by the push scaler (push).",
     )
-    replicas: int | None = Field(default=None, description="The workload's replicas, as last seen.")
-    desired_replicas: int | None = Field(default=None, description="What the HPA last asked for.")
+    replicas: int | None = Field(
+        default=None, description="The workload's replicas, or the Jobs running, as last seen."
+    )
+    desired_replicas: int | None = Field(
+        default=None, description="What the HPA last asked for (spec.workload)."
+    )
 
 
 class QueueConsumerResource(Model):

@@ -85,6 +85,8 @@ def _structural(node: Any, defs: dict[str, Any], objects_default: bool = True) -
         out.pop("default", None)
     if out.get("additionalProperties") is False:  # structural schemas prune unknown fields instead
         del out["additionalProperties"]
+    if out.get("x-kubernetes-preserve-unknown-fields") and out.get("additionalProperties") is True:
+        del out["additionalProperties"]  # a free-form object (a Job's spec): kept whole, not pruned
     # An optional object whose fields all have defaults defaults to {}, so the API server fills in
     # (and `kubectl get -o yaml` shows) the effective settings. (Not in status: what is absent
     # there has not happened yet.)

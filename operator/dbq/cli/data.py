@@ -322,6 +322,11 @@ def trace(
     is_flag=True,
     help="Pop instead of acquiring: a message is gone once taken, and a failed command loses it.",
 )
+@click.option(
+    "--until-empty",
+    is_flag=True,
+    help="Exit once the queue has nothing to take and the running commands finished: a Job's consumer.",
+)
 @click.argument("command", nargs=-1, required=True)
 def consume(
     queue: str,
@@ -336,6 +341,7 @@ def consume(
     max_messages: int | None,
     grace: float | None,
     at_most_once: bool,
+    until_empty: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND (after --) for each message of QUEUE, with the body on its stdin: exit 0 acks
@@ -367,7 +373,7 @@ def consume(
         try:
             result = q.consume(run, concurrency=concurrency, credit=credit, visibility=visibility, stop=stop,
                                max_messages=max_messages, on_progress=report, grace=grace,
-                               at_most_once=at_most_once)  # fmt: skip
+                               at_most_once=at_most_once, until_empty=until_empty)  # fmt: skip
         except ValueError as e:
             raise click.UsageError(str(e)) from None
     summary = {"handled": result.handled, "failed": result.failed, "deadLettered": result.dead_lettered,

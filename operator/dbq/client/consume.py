@@ -78,9 +78,11 @@ def consume(
     on_progress: Callable[[ConsumeStats], None] | None = None,
     grace: float | None = None,
     at_most_once: bool = False,
+    until_empty: bool = False,
 ) -> ConsumeStats:
     """Run `handler(message)` for messages of `queue` (a client from `dbq.client.connect`) until
-    `stop` is set, or `max_messages` were handled or failed. `credit` (default: concurrency)
+    `stop` is set, or `max_messages` were handled or failed, or (with `until_empty`, a Job's
+    consumer) a take found nothing for POLL_S and the handlers running then finished. `credit` (default: concurrency)
     bounds the messages held at once; `visibility` is their lease (default: the queue's);
     `grace` bounds the wait for running handlers after `stop` (default: none);
     `at_most_once` pops instead of acquiring (the module's docstring)."""
@@ -146,6 +148,8 @@ def consume(
                     continue
                 if message is None:
                     credits.release()
+                    if until_empty:
+                        return  # what is in hand is handled; then the loop ends
                     continue
                 held(+1)
                 if budget[0] is not None:

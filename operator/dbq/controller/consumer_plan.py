@@ -5,11 +5,12 @@ The objects, each owned by the QueueConsumer and labelled with its name, for spe
 `postgresql` (KEDA's own scaler runs the query):
 - a QueueUser `NAME-scaler` with only the `monitor` right on the Queues in use;
 - a TriggerAuthentication `NAME-scaler` handing KEDA that QueueUser's connection string;
-- a ScaledObject `NAME` on the workload, with one `postgresql` trigger whose query adds up the
-  Queues' backlogs (`keda_backlog.sql`): one query on one login, so one connection pool, however
-  many Queues (KEDA would combine one trigger per Queue by their maximum, not their sum).
-For `push`, only the ScaledObject, whose `external-push` trigger dials the operator's push
-scaler (`dbq.scaler`), which runs the same query with the operator's connection.
+- a ScaledObject `NAME` on the workload (a ScaledJob `NAME` starting Jobs, for spec.job), with
+  one `postgresql` trigger whose query adds up the Queues' backlogs (`keda_backlog.sql`): one
+  query on one login, so one connection pool, however many Queues (KEDA would combine one
+  trigger per Queue by their maximum, not their sum).
+For `push`, only the ScaledObject (or ScaledJob), whose `external-push` trigger dials the
+operator's push scaler (`dbq.scaler`), which runs the same query with the operator's connection.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dbq.api.access import QUEUE_USER_KIND, QUEUE_USER_PLURAL, secret_name
-from dbq.api.consumers import QUEUE_CONSUMER_KIND, QueueConsumerSpec, scaler_name
+from dbq.api.consumers import QUEUE_CONSUMER_KIND, QueueConsumerSpec, Workload, scaler_name
 from dbq.api.models import GROUP, VERSION, QueueSpec, queue_name
 from dbq.backends.ring_sql import load_template, render_template
 from dbq.connection import ConnectionSettings
@@ -35,7 +36,8 @@ SettingsOf = Callable[[QueueSpec, str], ConnectionSettings]
 
 KEDA_GROUP, KEDA_VERSION = "keda.sh", "v1alpha1"
 KEDA_API = f"{KEDA_GROUP}/{KEDA_VERSION}"
-SCALED_OBJECTS, TRIGGER_AUTHENTICATIONS = "scaledobjects", "triggerauthentications"
+SCALED_OBJECTS, SCALED_JOBS, TRIGGER_AUTHENTICATIONS = "scaledobjects", "scaledjobs", "triggerauthentications"
+JOBS_KEPT = 5  # finished Jobs of a ScaledJob kept to look at, succeeded and failed each
 CONSUMER_LABEL = "dbq.dev/queue-consumer"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "dbq"}
 # KEDA's pool and the HPA's read each hold a session at most; a few more for a restart's overlap.
@@ -56,6 +58,7 @@ class ScalingPlan:
 
     @property
     def scaled_object(self) -> dict[str, Any]:
+        """The ScaledObject (a workload) or ScaledJob (Jobs)."""
         return self.children[-1]
 
 
@@ -136,6 +139,28 @@ def scaled_queues(
     return ScaledQueues(tuple(used), tuple(names), first[1], backlog_query(spec, routines))
 
 
+def check_workload(
+    consumer: Resource, target: Workload, workload: Resource | None, scaled_objects: Sequence[Resource]
+) -> None:
+    """WorkloadNotFound, or WorkloadTaken when a ScaledObject this QueueConsumer did not write
+    scales it already (KEDA allows one a workload)."""
+    namespace = consumer["metadata"]["namespace"]
+    if workload is None:
+        raise WorkloadNotFound(
+            f"spec.workload: there is no {target.kind} {target.name} in namespace {namespace}: create it, or fix"
+            " the name; nothing is scaled meanwhile"
+        )
+    for other in scaled_objects:
+        ref = other.get("spec", {}).get("scaleTargetRef", {})
+        same = ref.get("name") == target.name and ref.get("kind", "Deployment") == target.kind
+        if same and not owned_by(other, consumer):
+            raise WorkloadTaken(
+                f"spec.workload: {target.kind} {target.name} is already scaled by ScaledObject"
+                f" {other['metadata']['name']}, which this QueueConsumer did not write: KEDA allows one"
+                " ScaledObject a workload; delete that one, or name another workload"
+            )
+
+
 def plan_scaling(
     consumer: Resource,
     spec: QueueConsumerSpec,
@@ -151,20 +176,8 @@ def plan_scaling(
     meta = consumer["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     target = spec.workload
-    if workload is None:
-        raise WorkloadNotFound(
-            f"spec.workload: there is no {target.kind} {target.name} in namespace {namespace}: create it, or fix"
-            " the name; nothing is scaled meanwhile"
-        )
-    for other in scaled_objects:
-        ref = other.get("spec", {}).get("scaleTargetRef", {})
-        same = ref.get("name") == target.name and ref.get("kind", "Deployment") == target.kind
-        if same and not owned_by(other, consumer):
-            raise WorkloadTaken(
-                f"spec.workload: {target.kind} {target.name} is already scaled by ScaledObject"
-                f" {other['metadata']['name']}, which this QueueConsumer did not write: KEDA allows one"
-                " ScaledObject a workload; delete that one, or name another workload"
-            )
+    if target is not None:
+        check_workload(consumer, target, workload, scaled_objects)
     scaled = scaled_queues(namespace, spec, queues, settings_of)
     query = scaled.query
     scaler = scaler_name(name)
@@ -210,14 +223,21 @@ def plan_scaling(
                    "metadata": {"query": query, "targetQueryValue": str(spec.messages_per_replica),
                                 "activationTargetQueryValue": str(spec.activation)}}  # fmt: skip
         unused = ()
-    scaled_object = child(KEDA_API, "ScaledObject", name, {
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": target.kind, "name": target.name},
-        "pollingInterval": spec.polling_interval_seconds,
-        "cooldownPeriod": spec.cooldown_seconds,
-        "minReplicaCount": spec.min_replicas,
-        "maxReplicaCount": spec.max_replicas,
-        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
-            "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds}}}},
-        "triggers": [trigger],
-    })  # fmt: skip
-    return ScalingPlan(scaled.queues, query, (*logins, scaled_object), unused)
+    if target is not None:
+        scaler_kind, replaced = "ScaledObject", SCALED_JOBS
+        scaler_spec: dict[str, Any] = {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": target.kind, "name": target.name},
+            "cooldownPeriod": spec.cooldown_seconds,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
+                "stabilizationWindowSeconds": spec.scale_down_stabilization_seconds}}}},
+        }  # fmt: skip
+    else:  # Jobs for long tasks: KEDA starts them, never stops one
+        scaler_kind, replaced = "ScaledJob", SCALED_OBJECTS
+        scaler_spec = {"jobTargetRef": spec.job, "successfulJobsHistoryLimit": JOBS_KEPT,
+                       "failedJobsHistoryLimit": JOBS_KEPT}  # fmt: skip
+    scaler_spec |= {"pollingInterval": spec.polling_interval_seconds, "minReplicaCount": spec.min_replicas,
+                    "maxReplicaCount": spec.max_replicas, "triggers": [trigger]}  # fmt: skip
+    unused = ((KEDA_API, replaced, name), *unused)
+    return ScalingPlan(
+        scaled.queues, query, (*logins, child(KEDA_API, scaler_kind, name, scaler_spec)), unused
+    )

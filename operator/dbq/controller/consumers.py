@@ -18,6 +18,7 @@ from dbq.controller import conditions as cond
 from dbq.controller.access import Synced
 from dbq.controller.consumer_plan import (
     KEDA_API,
+    SCALED_JOBS,
     SCALED_OBJECTS,
     TRIGGER_AUTHENTICATIONS,
     ScalingPlan,
@@ -34,7 +35,14 @@ Resource = Mapping[str, Any]
 Poster = Callable[[Resource, Event], None]
 ACTIVE = "Active"
 PLURALS = {"QueueUser": QUEUE_USER_PLURAL, "TriggerAuthentication": TRIGGER_AUTHENTICATIONS,
-           "ScaledObject": SCALED_OBJECTS}  # fmt: skip
+           "ScaledObject": SCALED_OBJECTS, "ScaledJob": SCALED_JOBS}  # fmt: skip
+# KEDA's label on the Jobs a ScaledJob starts
+SCALED_JOB_LABEL = "scaledjob.keda.sh/name"
+
+
+def scaler_plural(resource: Resource) -> str:
+    """What the QueueConsumer's spec makes KEDA scale with: a ScaledJob for spec.job, else a ScaledObject."""
+    return SCALED_JOBS if (resource.get("spec") or {}).get("job") else SCALED_OBJECTS
 
 
 def keda_condition(scaled_object: Resource | None, type_: str) -> dict[str, Any] | None:
@@ -67,7 +75,8 @@ class QueueConsumerSync:
             raise KedaNotInstalled(
                 "the cluster serves no scaledobjects.keda.sh: install KEDA; nothing is scaled until then"
             )
-        workload = self.kube.read_workload(namespace, spec.workload.kind, spec.workload.name)
+        target = spec.workload
+        workload = self.kube.read_workload(namespace, target.kind, target.name) if target else None
         queues = {q["metadata"]["name"]: q for q in self.kube.list_resources(PLURAL, namespace)}
         return plan_scaling(resource, spec, queues, workload, scaled_objects,
                             lambda s, ns: settings_for(s, ns, self.read_secret), self.scaler_address)  # fmt: skip
@@ -88,7 +97,8 @@ class QueueConsumerSync:
             user = scaler_name(name) if len(plan.children) > 1 else None
             out.status = {"scaledObject": name, "queueUser": user, "queues": list(plan.queues),
                           "query": plan.query}  # fmt: skip
-            ready = keda_ready(self.kube.find_object(KEDA_API, SCALED_OBJECTS, namespace, name), name)
+            plural = PLURALS[plan.scaled_object["kind"]]
+            ready = keda_ready(self.kube.find_object(KEDA_API, plural, namespace, name), name)
         except DbqError as e:
             out.error = e
             if isinstance(e, NoQueueReady):
@@ -114,7 +124,7 @@ class QueueConsumerSync:
         """Active: whether KEDA sees a backlog above the activation threshold (True keeps at
         least one replica); an Event when it changes."""
         meta = resource["metadata"]
-        found = self.kube.find_object(KEDA_API, SCALED_OBJECTS, meta["namespace"], meta["name"])
+        found = self.kube.find_object(KEDA_API, scaler_plural(resource), meta["namespace"], meta["name"])
         said = keda_condition(found, ACTIVE) if found is not None and owned_by(found, resource) else None
         if said is None:
             return cond.drop_condition(conditions, ACTIVE)
@@ -129,6 +139,12 @@ class QueueConsumerSync:
 
     def _replicas(self, resource: Resource, events: list[Event]) -> dict[str, Any]:
         meta, spec, status = resource["metadata"], resource.get("spec") or {}, resource.get("status") or {}
+        if spec.get("job"):
+            return {
+                "replicas": self.kube.count_active_jobs(
+                    meta["namespace"], f"{SCALED_JOB_LABEL}={meta['name']}"
+                )
+            }
         target = spec.get("workload") or {}
         if not target.get("name"):
             return {}
@@ -153,8 +169,8 @@ class QueueConsumerSync:
         first (KEDA then stops reading with the login); what another wrote is left alone."""
         meta = resource["metadata"]
         namespace, scaler = meta["namespace"], scaler_name(meta["name"])
-        every = ((KEDA_API, SCALED_OBJECTS, meta["name"]), (KEDA_API, TRIGGER_AUTHENTICATIONS, scaler),
-                 (f"{GROUP}/{VERSION}", QUEUE_USER_PLURAL, scaler))  # fmt: skip
+        every = ((KEDA_API, SCALED_OBJECTS, meta["name"]), (KEDA_API, SCALED_JOBS, meta["name"]),
+                 (KEDA_API, TRIGGER_AUTHENTICATIONS, scaler), (f"{GROUP}/{VERSION}", QUEUE_USER_PLURAL, scaler))  # fmt: skip
         for api_version, plural, name in every if which is None else which:
             found = self.kube.find_object(api_version, plural, namespace, name)
             if found is not None and owned_by(found, resource):
