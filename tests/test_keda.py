@@ -361,6 +361,18 @@ def test_a_queue_consumer_refuses_what_it_cannot_scale(keda, cluster, kube, cons
     stuck = scaling.wait_condition("taker", "Ready", "False", 60, reason="WorkloadTaken")
     assert "already scaled by ScaledObject taken" in stuck["message"], stuck
     assert scaled_object(kube, ns, "taker") is None
+    # A name another object holds: left alone, named in the condition
+    consumers.of("queueusers").create({"apiVersion": "dbq.dev/v1alpha1", "kind": "QueueUser",
+                                       "metadata": {"name": "clash-scaler"},
+                                       "spec": {"queues": [{"name": "refused", "rights": ["send"]}]}})  # fmt: skip
+    apply(kube.kubeconfig, ns, workload("clash", cluster.pause_image))
+    scaling.create(consumer("clash", ["refused"], "clash", messagesPerReplica=10))
+    stuck = scaling.wait_condition("clash", "Ready", "False", 60, reason="InvalidQueueConsumer")
+    assert "QueueUser clash-scaler exists and was not written by this QueueConsumer" in stuck["message"], (
+        stuck
+    )
+    assert consumers.of("queueusers").get("clash-scaler")["spec"]["queues"][0]["rights"] == ["send"]
+    assert scaled_object(kube, ns, "clash") is None
     # A kind the cluster does not serve reads as KEDA missing (KedaNotInstalled), not as an error
     assert Kube(kube.api).list_objects("keda.sh/v1alpha1", "nosuchobjects", ns) is None
 

@@ -233,18 +233,24 @@ class Kube:
 
     def write_object(self, plural: str, body: dict[str, Any]) -> str:
         """Create a custom object, or merge its labels, owners and spec into the one there:
-        "created", "changed" or "unchanged" (the one there already holds every field given)."""
+        "created", "changed" or "unchanged" (the one there already holds every field given); or
+        "foreign", changing nothing, when the one there is not owned by the body's owner."""
         group, version = body["apiVersion"].split("/")
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
             try:
-                existing = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+                found = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
             except ApiException as e:
                 if e.status != 404:
                     raise
                 self.custom.create_namespaced_custom_object(group, version, namespace, plural, body)
                 return "created"
+            existing = cast(dict[str, Any], found)
+            owners = {ref["uid"] for ref in meta.get("ownerReferences") or []}
+            theirs = {ref.get("uid") for ref in existing.get("metadata", {}).get("ownerReferences") or []}
+            if owners and not owners & theirs:
+                return "foreign"
             wanted = {"metadata": {"labels": meta.get("labels"), "ownerReferences": meta.get("ownerReferences")},
                       "spec": body["spec"]}  # fmt: skip
             if _holds(existing, wanted):

@@ -27,7 +27,7 @@ from dbq.controller.consumer_plan import (
     plan_scaling,
 )
 from dbq.controller.reconcile import Event
-from dbq.errors import DbqError, KedaNotInstalled, NoQueueReady
+from dbq.errors import DbqError, InvalidQueueConsumer, KedaNotInstalled, NoQueueReady
 from dbq.kube import Kube
 from dbq.resource import SecretReader, settings_for
 
@@ -90,6 +90,11 @@ class QueueConsumerSync:
             plan = self._plan(resource)
             for child in plan.children:
                 written = self.kube.write_object(PLURALS[child["kind"]], child)
+                if written == "foreign":
+                    raise InvalidQueueConsumer(
+                        f"metadata.name: {child['kind']} {child['metadata']['name']} exists and was not written by this"
+                        " QueueConsumer: the operator leaves it alone; rename the QueueConsumer, or delete that object"
+                    )
                 if written != "unchanged":
                     out.events.append(Event("Normal", "Written", f"{child['kind']} {child['metadata']['name']}"
                                             f" {written}"))  # fmt: skip
