@@ -239,9 +239,10 @@ def consumer(name: str, queues: list[str], workload_name: str, **spec: Any) -> d
 
 
 def push(postgres: Any, queue_name: str, count: int) -> None:
+    """Messages "0", "1", ... "count - 1", in one batch."""
     with psycopg.connect(postgres.url, autocommit=True) as db:
         db.execute(f"SELECT count(*) FROM {CONSUMER_SCHEMA}.{queue_name}_send_batch(%s::bytea[])",
-                   ([b"job"] * count,))  # fmt: skip
+                   ([str(i).encode() for i in range(count)],))  # fmt: skip
 
 
 def first_pod_after(kube: Any, namespace: str, app: str, act: Callable[[], None]) -> float:
@@ -446,9 +447,7 @@ def test_scaling_in_while_messages_are_in_flight_loses_and_duplicates_nothing(
         consumer("drainers", [queue_name.replace("_", "-")], "drainers", messagesPerReplica=10, maxReplicas=4)
     )
     scaling.wait_condition("drainers", "Ready", "True", 90)
-    with psycopg.connect(postgres.url, autocommit=True) as db:
-        db.execute(f"SELECT count(*) FROM {CONSUMER_SCHEMA}.{queue_name}_send_batch(%s::bytea[])",
-                   ([str(i).encode() for i in range(TOTAL)],))  # fmt: skip
+    push(postgres, queue_name, TOTAL)
 
     def lines() -> list[str]:
         return handled.read_text().split() if handled.exists() else []
