@@ -233,7 +233,7 @@ class KedaNotInstalled(DbqError):
     """The cluster serves no `scaledobjects.keda.sh`: KEDA is not installed, so nothing is scaled."""
 
     reason = "KedaNotInstalled"
-    fix = "Install KEDA (2.12 or later); the operator writes the ScaledObject once KEDA is served."
+    fix = "Install KEDA (the suite runs 2.21); the operator writes the ScaledObject once KEDA is served."
 
 
 class WorkloadNotFound(DbqError):
