@@ -99,7 +99,15 @@ def wanted() -> dict[Path, str]:
         },
         CHART / "README.md": chart_readme(),
         MANIFESTS / "base" / "operator.yaml": dump(
-            render(show_only=("serviceaccount.yaml", "deployment.yaml", "pdb.yaml", "service.yaml", "scaler-service.yaml"))
+            render(
+                show_only=(
+                    "serviceaccount.yaml",
+                    "deployment.yaml",
+                    "pdb.yaml",
+                    "service.yaml",
+                    "scaler-service.yaml",
+                )
+            )
         ),
         MANIFESTS / "overlays" / "cluster-wide" / "rbac.yaml": dump(render(show_only=("rbac.yaml",))),
         MANIFESTS / "overlays" / "namespaced" / "rbac.yaml": dump(

@@ -269,6 +269,15 @@ class QueueNotFound(DbqError):
     fix = "Check the queue name and schema (or keyspace), and that its Queue is Ready."
 
 
+class ResizeWaiting(DbqError):
+    """A resize's switch could not take the fence pushes hold while they draw a position: a
+    push stayed inside its transaction (a client that pushes and then works before it commits).
+    Nothing changed; the switch is tried again."""
+
+    reason = "ResizeWaiting"
+    fix = "Nothing to do: it is retried. Clients that push inside a long transaction delay it: commit sooner."
+
+
 class QueueFull(DbqError):
     """The queue stayed full for the whole push timeout.
 
@@ -276,7 +285,7 @@ class QueueFull(DbqError):
     """
 
     reason = "QueueFull"
-    fix = "Add consumers, raise spec.ring.size (a new Queue: it is immutable), or push with a longer wait."
+    fix = "Add consumers, raise spec.ring.size (a resize online, on PostgreSQL), or push with a longer wait."
 
     def __init__(self, message: str, ids: list[Any] | None = None) -> None:
         super().__init__(message)

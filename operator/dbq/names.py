@@ -163,9 +163,16 @@ class QueueNames:
         return self._("content")
 
     @property
+    def generations(self) -> str:
+        """The ring's generations (version 24 on): per ring alive, the first position it holds,
+        its first slot and its size; more than one while an online resize drains the older."""
+        return self._("gens")
+
+    @property
     def tables(self) -> tuple[str, ...]:
         return (
-            self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive, self.content
+            self.ring, self.spill, self.gap, self.staged, self.dead, self.waiters, self.archive, self.content,
+            self.generations,
         )  # fmt: skip
 
     @property

@@ -134,6 +134,16 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_content" (
   body bytea NOT NULL,
   PRIMARY KEY (bucket, msg_id))
 
+CREATE TABLE IF NOT EXISTS "shopq"."orders_gens" (
+  first_pos bigint PRIMARY KEY,
+  slot_base bigint NOT NULL,
+  size bigint NOT NULL CHECK (size > 0),
+  started_at timestamptz NOT NULL DEFAULT now())
+
+INSERT INTO "shopq"."orders_gens" (first_pos, slot_base, size)
+SELECT 1, 0, coalesce((SELECT ring_size FROM "shopq"."dbq_queues" WHERE queue = 'orders'), 1000)
+WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_gens")
+
 -- step key_dead_letters
 
 ALTER TABLE "shopq"."orders_dead" ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT 'shopq.orders'
@@ -291,7 +301,7 @@ BEGIN
     UPDATE "shopq"."orders_ring" SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
       visible_at = NULL, body = p_body, headers = p_headers,
       expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
-    WHERE slot = p_id % 1000 AND state = 0;
+    WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1) AND state = 0;
     IF FOUND THEN RETURN true; END IF;
     -- The slot still holds an earlier lap's message. A leased one moves to the spill table (its
     -- ack finds it there). A ready one whose position a popper drew but has not claimed after a
@@ -301,7 +311,7 @@ BEGIN
     v_popped := coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0);
     WITH held AS (
       SELECT slot FROM "shopq"."orders_ring"
-      WHERE slot = p_id % 1000 AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
+      WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1) AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
       FOR UPDATE SKIP LOCKED),
     moved AS (
       UPDATE "shopq"."orders_ring" r SET state = 0 FROM held WHERE r.slot = held.slot
@@ -339,8 +349,15 @@ BEGIN
   END IF;
   -- Draw a position only if the ring has room; the same statement reads both positions, draws,
   -- and sees whether consumers wait (one query fewer: a push costs its statements).
+  -- The fence first: a resize's switch waits for this push to commit, and this push for it.
   SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
-  WHERE coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) < 1000;
+  WHERE pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL AND (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) > 0;
+  IF NOT FOUND THEN
+    -- Full, as this statement's snapshot saw it: taken before it waited at the fence, so a grow
+    -- that committed meanwhile is looked at again (on a full ring only).
+    SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
+    WHERE (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) > 0;
+  END IF;
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -352,7 +369,7 @@ BEGIN
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
     visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-  WHERE slot = o_id % 1000 AND state = 0
+  WHERE slot = (SELECT gen.slot_base + (o_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (o_id) ORDER BY gen.first_pos DESC LIMIT 1) AND state = 0
   RETURNING nextval('"shopq"."orders_n_pushed"') INTO v_used;
   IF NOT FOUND THEN
     IF NOT "shopq"."orders_place"(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
@@ -388,7 +405,7 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_push_array"(p_bodies bytea[], p_heade
 RETURNS bigint[] LANGUAGE plpgsql AS $fn$
 DECLARE
   v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
+  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
 BEGIN
   -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
   -- the ring did not take.
@@ -406,9 +423,9 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0), coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now)
-  INTO v_pushed, v_popped, v_wake;
-  v_k := least(v_n, greatest(1000 - (v_pushed - v_popped), 0));
+  PERFORM pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL;  -- before the room is read: a resize's switch waits for this batch, and it for the switch
+  SELECT (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO v_room, v_wake;
+  v_k := least(v_n, greatest(v_room, 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', '');  -- consumers wait: wake them
   END IF;
@@ -420,7 +437,7 @@ BEGIN
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
       FROM unnest(v_ids, v_slots[1:v_k], p_headers[1:v_k]) AS u(id, body, headers)
-      WHERE r.slot = u.id % 1000 AND r.state = 0
+      WHERE r.slot = (SELECT gen.slot_base + (u.id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (u.id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
     -- Slots still held by an earlier lap take the slow path, one by one.
@@ -460,14 +477,14 @@ BEGIN
   -- at once, then waited for briefly here rather than with a round trip per look from the client.
   FOR v_round IN 1..12 LOOP
     IF p_lease_ms <= 0 THEN
-      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = (SELECT gen.slot_base + (p_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(p_pos, true); END IF;
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_popped"'); END IF;
         INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = (SELECT gen.slot_base + (p_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos) ORDER BY gen.first_pos DESC LIMIT 1);
         IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
         o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
       END IF;
@@ -475,7 +492,7 @@ BEGIN
       o_lease := (random() * 9007199254740991)::bigint + 1;
       UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
         visible_at = v_now + p_lease_ms * interval '1 millisecond'
-      WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      WHERE slot = (SELECT gen.slot_base + (p_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(p_pos, false); END IF;
@@ -485,12 +502,12 @@ BEGIN
       o_lease := NULL;
     END IF;
     -- Not taken: find out whether it is still to come or will never come.
-    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM "shopq"."orders_ring" WHERE slot = p_pos % 1000;
+    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM "shopq"."orders_ring" WHERE slot = (SELECT gen.slot_base + (p_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos) ORDER BY gen.first_pos DESC LIMIT 1);
     IF v_msg = p_pos AND v_state = 1 THEN
       IF v_exp IS NULL OR v_exp > v_now THEN
         CONTINUE;  -- written after the update looked: take it now
       END IF;
-      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_pos % 1000 AND msg_id = p_pos AND state = 1
+      UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = (SELECT gen.slot_base + (p_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_pos AND state = 1
       RETURNING body IS NULL INTO v_big;
       IF FOUND THEN  -- expired (TTL): dropped
         PERFORM nextval('"shopq"."orders_n_expired"');
@@ -558,7 +575,7 @@ BEGIN
       IF NOT FOUND THEN
         IF NOT v_look THEN v_look := true; CONTINUE attempt; END IF;
         -- Nothing new. A position whose popper gave up may have received its message since.
-        SELECT g.pos INTO v_pos FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+        SELECT g.pos INTO v_pos FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (g.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = g.pos
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM "shopq"."orders_gap" WHERE pos = v_pos;
@@ -569,14 +586,14 @@ BEGIN
         RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');  -- empty
       END IF;
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
-        UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1
+        UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = (SELECT gen.slot_base + (v_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_pos) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_popped"') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
           IF o_body IS NULL THEN o_body := "shopq"."orders_body_of"(o_id, true); END IF;
           INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = v_pos % 1000;
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM "shopq"."orders_ring" WHERE slot = (SELECT gen.slot_base + (v_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_pos) ORDER BY gen.first_pos DESC LIMIT 1);
           IF p_count THEN PERFORM nextval('"shopq"."orders_n_archived"'); END IF;
           o_status := 0; RETURN substring(int4send(o_status) FROM 4) || int8send(coalesce(o_id, 0)) || int8send(coalesce(o_lease, 0)) || int4send(coalesce(o_attempts, 0)) || int4send(coalesce(octet_length(convert_to(o_headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(o_body), 0)) || coalesce(convert_to(o_headers, 'UTF8'), '') || coalesce(o_body, '');
         END IF;
@@ -584,7 +601,7 @@ BEGIN
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE "shopq"."orders_ring" SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
-        WHERE slot = v_pos % 1000 AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        WHERE slot = (SELECT gen.slot_base + (v_pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_pos) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('"shopq"."orders_n_acquired"') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
@@ -645,7 +662,7 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
           (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
@@ -655,7 +672,7 @@ BEGIN
       SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
         coalesce(r.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)),
         r.headers
-      FROM unnest(v_taken) p(pos) JOIN "shopq"."orders_ring" r ON r.slot = p.pos % 1000 AND r.msg_id = p.pos;
+      FROM unnest(v_taken) p(pos) JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos;
       IF v_bigs IS NOT NULL THEN
         DELETE FROM "shopq"."orders_content" c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % 8 AND c.msg_id = b.id;
       END IF;
@@ -664,7 +681,7 @@ BEGIN
         UPDATE "shopq"."orders_ring" r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
           (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg(substring(int4send(0) FROM 4) || int8send(coalesce(msg_id, 0)) || int8send(coalesce(lease, 0)) || int4send(coalesce(attempts, 0)) || int4send(coalesce(octet_length(convert_to(headers, 'UTF8')), 0)) || int4send(coalesce(octet_length(body), 0)) || coalesce(convert_to(headers, 'UTF8'), '') || coalesce(body, ''), ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
@@ -704,13 +721,13 @@ DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
-  UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  UPDATE "shopq"."orders_ring" SET state = 0 WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('"shopq"."orders_n_popped"'), body IS NULL INTO v_n, v_big;
   IF FOUND THEN
     INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
     SELECT msg_id, attempts, pushed_at, clock_timestamp(),
       coalesce(body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = p_id % 8 AND c.msg_id = p_id)), headers
-    FROM "shopq"."orders_ring" WHERE slot = p_id % 1000;
+    FROM "shopq"."orders_ring" WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1);
   ELSE
     WITH acked AS (
       DELETE FROM "shopq"."orders_spill" WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
@@ -737,14 +754,14 @@ BEGIN
   -- ran is seen by the second, which takes a fresh snapshot.
   WITH acked AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-    WHERE r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
+    WHERE r.slot = (SELECT gen.slot_base + (a.id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (a.id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id, r.body IS NULL AS big)
   SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
   INSERT INTO "shopq"."orders_archive" (msg_id, attempts, pushed_at, acked_at, body, headers)
   SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
     coalesce(r.body, (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)),
     r.headers
-  FROM unnest(v_done) d(id) JOIN "shopq"."orders_ring" r ON r.slot = d.id % 1000 AND r.msg_id = d.id;
+  FROM unnest(v_done) d(id) JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (d.id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (d.id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM "shopq"."orders_spill" s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
@@ -776,7 +793,7 @@ BEGIN
   -- error, in this transaction. A negative delay gives it back unhandled (a consumer stopping):
   -- ready at once, and this delivery does not count as an attempt.
   UPDATE "shopq"."orders_ring" SET state = 0
-  WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers;
   IF NOT FOUND THEN
     SELECT attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers
@@ -906,19 +923,21 @@ BEGIN
   -- message's transactions), but should a message end without it, at most 1000 go a run.
   DELETE FROM "shopq"."orders_content" c USING (
     SELECT x.bucket, x.msg_id FROM "shopq"."orders_content" x
-    WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = x.msg_id % 1000 AND r.msg_id = x.msg_id AND r.state <> 0)
+    WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (x.msg_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (x.msg_id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = x.msg_id AND r.state <> 0)
       AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_spill" s WHERE s.msg_id = x.msg_id)
     LIMIT 1000 FOR UPDATE OF x SKIP LOCKED) gone
   WHERE c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
-  -- Gaps a whole lap behind the pop position can never be written any more.
-  DELETE FROM "shopq"."orders_gap" g WHERE g.pos <= v_popped - 1000
-    AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
+  -- Gaps a whole lap of the largest generation behind the pop position, or older than every
+  -- generation, can never be written any more.
+  DELETE FROM "shopq"."orders_gap" g
+  WHERE (g.pos <= v_popped - (SELECT max(x.size) FROM "shopq"."orders_gens" x) OR g.pos < (SELECT min(x.first_pos) FROM "shopq"."orders_gens" x))
+    AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (g.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = g.pos AND r.state = 1);
   GET DIAGNOSTICS o_gaps_purged = ROW_COUNT;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_void_holes"(p_grace_ms bigint, OUT o_holes bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
-DECLARE v_popped bigint; v_bound bigint;
+DECLARE v_popped bigint; v_bound bigint; v_lo bigint; v_hi bigint; v_n bigint; g record;
 BEGIN
   -- Holes: positions a pusher drew and never wrote (it died). A position drawn before a message
   -- that is already older than the grace has been unwritten at least that long: void it, so
@@ -929,13 +948,22 @@ BEGIN
   WHERE state = 1 AND msg_id > v_popped AND pushed_at <= clock_timestamp() - p_grace_ms * interval '1 millisecond';
   o_holes := 0;
   IF v_bound IS NULL THEN RETURN; END IF;
-  -- Each slot stands for the one position of (v_popped, v_bound) that maps to it.
-  INSERT INTO "shopq"."orders_gap" (pos, reason)
-  SELECT c.p, 'void' FROM (
-    SELECT r.msg_id, v_popped + 1 + ((r.slot - (v_popped + 1) % 1000 + 1000) % 1000) AS p FROM "shopq"."orders_ring" r) c
-  WHERE c.p < v_bound AND c.msg_id IS DISTINCT FROM c.p
-  ON CONFLICT (pos) DO NOTHING;
-  GET DIAGNOSTICS o_holes = ROW_COUNT;
+  -- Per generation, each of its slots stands for the one position of its part of
+  -- (v_popped, v_bound) that maps to it (a part never spans more than a lap).
+  FOR g IN SELECT x.first_pos, x.slot_base, x.size, lead(x.first_pos) OVER (ORDER BY x.first_pos) AS next_pos
+           FROM "shopq"."orders_gens" x LOOP
+    v_lo := greatest(v_popped + 1, g.first_pos);
+    v_hi := least(v_bound, coalesce(g.next_pos, v_bound));
+    CONTINUE WHEN v_lo >= v_hi;
+    INSERT INTO "shopq"."orders_gap" (pos, reason)
+    SELECT c.p, 'void' FROM (
+      SELECT r.msg_id, v_lo + ((r.slot - g.slot_base - v_lo % g.size + g.size) % g.size) AS p FROM "shopq"."orders_ring" r
+      WHERE r.slot >= g.slot_base AND r.slot < g.slot_base + g.size) c
+    WHERE c.p < v_hi AND c.msg_id IS DISTINCT FROM c.p
+    ON CONFLICT (pos) DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    o_holes := o_holes + v_n;
+  END LOOP;
 END $fn$
 
 CREATE OR REPLACE FUNCTION "shopq"."orders_oldest_age"(p_pos bigint) RETURNS double precision
@@ -947,9 +975,9 @@ LANGUAGE sql STABLE AS $fn$
   SELECT coalesce(extract(epoch FROM clock_timestamp() - (
     SELECT min(head.pushed_at) FROM (
       SELECT r.pushed_at FROM generate_series(1, 64) g(k)  -- constant bounds: planned as 64 rows
-      JOIN "shopq"."orders_ring" r ON r.slot = (p_pos + g.k) % 1000 AND r.msg_id = p_pos + g.k AND r.state = 1
+      JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (p_pos + g.k) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_pos + g.k) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p_pos + g.k AND r.state = 1
       UNION ALL
-      SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = x.pos % 1000 AND r.msg_id = x.pos AND r.state = 1
+      SELECT r.pushed_at FROM "shopq"."orders_gap" x JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (x.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (x.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = x.pos AND r.state = 1
       WHERE x.reason = 'skipped'
       UNION ALL
       SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM "shopq"."orders_spill" ORDER BY msg_id LIMIT 64) s
@@ -1039,7 +1067,7 @@ DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) 
 BEGIN
   -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
   UPDATE "shopq"."orders_ring" SET visible_at = v_until
-  WHERE slot = p_id % 1000 AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
+  WHERE slot = (SELECT gen.slot_base + (p_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p_id) ORDER BY gen.first_pos DESC LIMIT 1) AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
   IF NOT FOUND THEN
     UPDATE "shopq"."orders_spill" SET visible_at = v_until
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
@@ -1193,7 +1221,7 @@ BEGIN
           UPDATE "shopq"."orders_ring" r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
             attempts = r.attempts + 1, visible_at = v_lease_end
           FROM unnest(v_pos) p(pos)
-          WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.headers, coalesce(r.body,
             (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body)
         SELECT t.msg_id, t.lease, t.attempts, t.pushed_at, v_lease_end, t.headers::jsonb, t.body FROM t ORDER BY t.msg_id;
@@ -1201,7 +1229,7 @@ BEGIN
         RETURN QUERY
         WITH t AS (
           UPDATE "shopq"."orders_ring" r SET state = 0 FROM unnest(v_pos) p(pos)
-          WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.attempts, r.pushed_at, r.headers, r.body IS NULL AS big, coalesce(r.body,
             (SELECT c.body FROM "shopq"."orders_content" c WHERE c.bucket = r.msg_id % 8 AND c.msg_id = r.msg_id)) AS body),
         c AS (DELETE FROM "shopq"."orders_content" c USING t WHERE t.big AND c.bucket = t.msg_id % 8 AND c.msg_id = t.msg_id)
@@ -1216,7 +1244,7 @@ BEGIN
       -- settles each; one being written is waited for here.
       IF v_n < cardinality(v_pos) THEN
         SELECT array_agg(p.pos ORDER BY p.pos) INTO v_left FROM unnest(v_pos) p(pos)
-        WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = p.pos % 1000 AND r.msg_id = p.pos
+        WHERE NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (p.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = p.pos
           AND r.state = CASE WHEN v_leased THEN 2 ELSE 0 END);
       ELSE
         v_left := NULL;
@@ -1224,7 +1252,7 @@ BEGIN
     ELSIF v_got = 0 THEN
       -- Nothing new. A position whose popper gave up may have received its message since.
       SELECT array_agg(g.pos) INTO v_left FROM (
-        SELECT g.pos FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+        SELECT g.pos FROM "shopq"."orders_gap" g JOIN "shopq"."orders_ring" r ON r.slot = (SELECT gen.slot_base + (g.pos) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = g.pos
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT p_qty FOR UPDATE OF g SKIP LOCKED) g;
       DELETE FROM "shopq"."orders_gap" g USING unnest(v_left) l(pos) WHERE g.pos = l.pos;
     ELSE
@@ -1249,7 +1277,7 @@ BEGIN
         CASE WHEN v_leased THEN r.visible_at END,
         CASE WHEN v_h > 0 THEN convert_from(substring(v_rec FROM 30 FOR v_h), 'UTF8')::jsonb END,
         substring(v_rec FROM 30 + v_h)
-      FROM "shopq"."orders_ring" r WHERE r.slot = v_p % 1000 AND r.msg_id = v_p;
+      FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (v_p) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_p) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = v_p;
       v_got := v_got + 1;
     END LOOP;
     IF v_got > 0 THEN
@@ -1281,7 +1309,7 @@ BEGIN
   -- it drew and had to give up (a slot an earlier lap still held) is void, and it is tried again.
   FOR v_try IN 1..5 LOOP
     v_id := "shopq"."orders_push"(p_body, p_ttl_ms, p_headers::text);
-    EXIT WHEN v_id > 0 OR coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) >= 1000;
+    EXIT WHEN v_id > 0 OR (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) <= 0;
   END LOOP;
   IF v_id < 0 THEN PERFORM "shopq"."orders_check_send"(-1, 0, 0, false); END IF;
   RETURN v_id;
@@ -1312,7 +1340,7 @@ BEGIN
         OR "shopq"."orders_check_headers"(octet_length(h::text), t) IS NULL;
     END IF;
     -- A batch the ring visibly has no room for is refused whole, before any of it is written.
-    IF coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) + v_n > 1000 THEN
+    IF (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) < v_n THEN
       PERFORM "shopq"."orders_check_send"(-v_n, 0, 0, false);
     END IF;
     v_ids := "shopq"."orders_push_array"(p_bodies, v_texts, p_ttl_ms);
@@ -1331,8 +1359,8 @@ BEGIN
   -- send's and send_batch's refusals, each naming the argument and the fix (p_n < 0: the ring
   -- took none of -p_n messages).
   IF p_n < 0 THEN
-    RAISE EXCEPTION 'dbq: queue orders is full: its ring holds 1000 messages (spec.ring.size); none of % was sent',
-      -p_n USING ERRCODE = '53400', HINT = 'consume faster, send later, or give the Queue a larger spec.ring.size';
+    RAISE EXCEPTION 'dbq: queue orders is full: its ring holds % messages (spec.ring.size); none of % was sent',
+      (SELECT g.size FROM "shopq"."orders_gens" g ORDER BY g.first_pos DESC LIMIT 1), -p_n USING ERRCODE = '53400', HINT = 'consume faster, send later, or give the Queue a larger spec.ring.size';
   END IF;
   IF p_null THEN
     RAISE EXCEPTION 'dbq: send to queue orders: a body must not be NULL (send an empty bytea instead)'
@@ -1349,7 +1377,7 @@ END $fn$
 
 -- By id, with no lease asked (version 22 on): what a worker that keeps ids, not leases, calls
 -- (PGMQ's delete, archive and set_vt). A message is found by its id without a scan: in its ring
--- slot (id % 1000) or by the spill table's key. Ready, delayed or leased alike; a lease held
+-- slot (found from its generation) or by the spill table's key. Ready, delayed or leased alike; a lease held
 -- on it is lost. An id not there (never sent, or ended already) is left out of the answer.
 CREATE OR REPLACE FUNCTION "shopq"."orders_delete"(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
@@ -1362,7 +1390,7 @@ BEGIN
   -- meanwhile is seen by the second); a body in "shopq"."orders_content" leaves with its message.
   WITH locked AS (
     SELECT r.slot, r.state AS was FROM "shopq"."orders_ring" r JOIN (SELECT DISTINCT unnest(v_ids) AS id) d
-      ON r.slot = d.id % 1000 AND r.msg_id = d.id
+      ON r.slot = (SELECT gen.slot_base + (d.id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (d.id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = d.id
     WHERE r.state IN (1, 2) FOR UPDATE OF r),
   gone AS (
     UPDATE "shopq"."orders_ring" r SET state = 0 FROM locked l WHERE r.slot = l.slot
@@ -1427,17 +1455,17 @@ BEGIN
   v_visible := clock_timestamp() + p_visibility_ms * interval '1 millisecond';
   FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
     SELECT r.state INTO v_state FROM "shopq"."orders_ring" r
-    WHERE r.slot = v_id % 1000 AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    WHERE r.slot = (SELECT gen.slot_base + (v_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
     IF FOUND AND v_state = 1 AND p_visibility_ms = 0 THEN
       RETURN QUERY SELECT r.msg_id, NULL::bigint, r.attempts, r.pushed_at, v_visible, r.headers::jsonb,
         coalesce(r.body, "shopq"."orders_body_of"(v_id, false))
-      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
+      FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (v_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_id) ORDER BY gen.first_pos DESC LIMIT 1);
       CONTINUE;
     ELSIF FOUND THEN
       INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
       SELECT r.msg_id, 1, 0, r.attempts, r.pushed_at, v_visible, r.expires_at, r.body, r.headers
-      FROM "shopq"."orders_ring" r WHERE r.slot = v_id % 1000;
-      UPDATE "shopq"."orders_ring" r SET state = 0 WHERE r.slot = v_id % 1000;
+      FROM "shopq"."orders_ring" r WHERE r.slot = (SELECT gen.slot_base + (v_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_id) ORDER BY gen.first_pos DESC LIMIT 1);
+      UPDATE "shopq"."orders_ring" r SET state = 0 WHERE r.slot = (SELECT gen.slot_base + (v_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (v_id) ORDER BY gen.first_pos DESC LIMIT 1);
     ELSE
       SELECT s.state INTO v_state FROM "shopq"."orders_spill" s WHERE s.msg_id = v_id FOR UPDATE;
       CONTINUE WHEN NOT FOUND;
@@ -1568,7 +1596,7 @@ ALTER TABLE "shopq"."dbq_queues" ADD COLUMN IF NOT EXISTS compression varchar(8)
 
 INSERT INTO "shopq"."dbq_queues" (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
   dead_letter_queue, header_bytes, max_headers, max_body_bytes, compression)
-VALUES ('orders', 'ring', 23, 1000, 300,
+VALUES ('orders', 'ring', 24, 1000, 300,
   5, 1, '', 1024,
   32, 1048576, 'lz4')
 ON CONFLICT (queue) DO UPDATE SET schema_version = EXCLUDED.schema_version, message_bytes = EXCLUDED.message_bytes,
@@ -1611,6 +1639,8 @@ ALTER TABLE "shopq"."orders_waiters" OWNER TO "dbq_o_shopq_7bf52350"
 ALTER TABLE "shopq"."orders_archive" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER TABLE "shopq"."orders_content" OWNER TO "dbq_o_shopq_7bf52350"
+
+ALTER TABLE "shopq"."orders_gens" OWNER TO "dbq_o_shopq_7bf52350"
 
 ALTER SEQUENCE "shopq"."orders_push_seq" OWNER TO "dbq_o_shopq_7bf52350"
 
@@ -1718,7 +1748,7 @@ ALTER ROUTINE "shopq"."orders_purge" OWNER TO "dbq_o_shopq_7bf52350"
 
 REVOKE ALL ON SCHEMA "shopq" FROM PUBLIC
 
-REVOKE ALL ON TABLE "shopq"."dbq_queues", "shopq"."dbq_stats_history", "shopq"."orders_ring", "shopq"."orders_spill", "shopq"."orders_gap", "shopq"."orders_staged", "shopq"."orders_dead", "shopq"."orders_waiters", "shopq"."orders_archive", "shopq"."orders_content" FROM PUBLIC
+REVOKE ALL ON TABLE "shopq"."dbq_queues", "shopq"."dbq_stats_history", "shopq"."orders_ring", "shopq"."orders_spill", "shopq"."orders_gap", "shopq"."orders_staged", "shopq"."orders_dead", "shopq"."orders_waiters", "shopq"."orders_archive", "shopq"."orders_content", "shopq"."orders_gens" FROM PUBLIC
 
 REVOKE ALL ON SEQUENCE "shopq"."orders_push_seq", "shopq"."orders_pop_seq", "shopq"."orders_n_pushed", "shopq"."orders_n_popped", "shopq"."orders_n_acquired", "shopq"."orders_n_expired", "shopq"."orders_n_settled", "shopq"."orders_n_dead", "shopq"."orders_n_redriven", "shopq"."orders_n_purged", "shopq"."orders_n_archived", "shopq"."orders_n_scavenged", "shopq"."orders_swept" FROM PUBLIC
 
@@ -1847,6 +1877,8 @@ DROP TABLE IF EXISTS "shopq"."orders_waiters"
 DROP TABLE IF EXISTS "shopq"."orders_archive"
 
 DROP TABLE IF EXISTS "shopq"."orders_content"
+
+DROP TABLE IF EXISTS "shopq"."orders_gens"
 
 DROP SEQUENCE IF EXISTS "shopq"."orders_push_seq"
 
@@ -1989,9 +2021,9 @@ SELECT pg_advisory_xact_lock(hashtext(?))
 
 -- maintenance
 
-SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content')
+SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content', 'orders_gens')
 
-SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content')
+SELECT i.relname, t.relname, pg_relation_size(i.oid) / 8192, GREATEST(t.reltuples, 0)::bigint, NULL FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = ? AND t.relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content', 'orders_gens')
 
 SELECT 1
 

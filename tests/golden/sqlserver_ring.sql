@@ -161,6 +161,17 @@ CREATE TABLE [shopq].[orders_content] (
   body varbinary(max) NOT NULL,
   PRIMARY KEY CLUSTERED (bucket, msg_id))
 
+IF OBJECT_ID(N'[shopq].[orders_gens]', N'U') IS NULL
+CREATE TABLE [shopq].[orders_gens] (
+  first_pos bigint NOT NULL PRIMARY KEY CLUSTERED,
+  slot_base bigint NOT NULL,
+  size bigint NOT NULL CHECK (size > 0),
+  started_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())
+
+INSERT INTO [shopq].[orders_gens] (first_pos, slot_base, size)
+SELECT 1, 0, coalesce((SELECT ring_size FROM [shopq].[dbq_queues] WHERE queue = N'orders'), 1000)
+WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_gens])
+
 -- step key_dead_letters
 
 IF COL_LENGTH(N'[shopq].[orders_dead]', 'source') IS NULL
@@ -1268,12 +1279,12 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 23, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 24, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers, max_body_bytes)
-  VALUES (s.queue, N'ring', 23, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 24, 1000, 300, 5, 1, N'',
     1024, 32, 1048576);
 
 -- step secure
@@ -1433,6 +1444,8 @@ DROP TABLE IF EXISTS [shopq].[orders_waiters]
 DROP TABLE IF EXISTS [shopq].[orders_archive]
 
 DROP TABLE IF EXISTS [shopq].[orders_content]
+
+DROP TABLE IF EXISTS [shopq].[orders_gens]
 
 DROP SEQUENCE IF EXISTS [shopq].[orders_push_seq]
 
@@ -1608,7 +1621,7 @@ DECLARE @lock nvarchar(255) = ?, @released int; IF APPLOCK_MODE('public', @lock,
 
 SELECT name, 0, 0 FROM sys.objects WHERE 1 = 0 AND schema_id = SCHEMA_ID(?)
 
-SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters', N'orders_archive', N'orders_content') AND ps.index_level = 0 AND i.name IS NOT NULL
+SELECT i.name, o.name, ps.page_count, 0, ps.avg_fragmentation_in_percent FROM sys.dm_db_index_physical_stats(DB_ID(), NULL, NULL, NULL, 'LIMITED') AS ps JOIN sys.indexes AS i ON i.object_id = ps.object_id AND i.index_id = ps.index_id JOIN sys.objects AS o ON o.object_id = ps.object_id WHERE o.schema_id = SCHEMA_ID(?) AND o.name IN (N'orders_ring', N'orders_spill', N'orders_gap', N'orders_staged', N'orders_dead', N'orders_waiters', N'orders_archive', N'orders_content', N'orders_gens') AND ps.index_level = 0 AND i.name IS NOT NULL
 
 SELECT CASE WHEN CAST(SERVERPROPERTY('EngineEdition') AS int) IN (3, 5, 8) THEN 1 ELSE 0 END
 

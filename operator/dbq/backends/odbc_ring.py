@@ -9,8 +9,9 @@ backend's one connection.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import pyodbc
 
@@ -27,6 +28,7 @@ from dbq.backends.maintenance import (
 from dbq.backends.odbc import OdbcBackend
 from dbq.backends.postgres import pgmq
 from dbq.backends.postgres.access import ensure_helper
+from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import (
     Observed,
     Recorded,
@@ -36,14 +38,56 @@ from dbq.backends.ring_plan import (
     is_new,
     plan_ring,
 )
+from dbq.backends.ring_resize import (
+    PREPARE_CHUNK,
+    RETIRE_CHUNK,
+    Generation,
+    ResizeState,
+    chunks,
+    place_generation,
+)
 from dbq.backends.sqlserver.server import refuse_below_floor
 from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
 from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement, stats_of_many
-from dbq.errors import DbqError, QueueNotFound
+from dbq.errors import DbqError, QueueNotFound, ResizeWaiting
 from dbq.names import QueueNames
+
+# A resize's switch waits at most SWITCH_WAIT_MS for the fence (pushes queue behind it meanwhile),
+# and is tried SWITCH_TRIES times before the resize reports ResizeWaiting.
+SWITCH_WAIT_MS = 100
+SWITCH_TRIES = 40
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+@dataclass(frozen=True)
+class Resized:
+    """A switch made: from and to how many slots, how long preparing the new slots took, and how
+    long the switch's transaction (the pause of pushes) took."""
+
+    from_size: int
+    to_size: int
+    prepared_s: float
+    switch_s: float
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A retirement run: generations retired, generations alive after it, positions the older
+    ones still hold for ring order, leased messages in their slots; the newest size."""
+
+    retired: int = 0
+    alive: int = 1
+    positions_left: int = 0
+    leased: int = 0
+    size: int = 0
+
+    @property
+    def resizing(self) -> bool:
+        return self.alive > 1
+
 
 # The archive's scavenger removes at most SCAVENGE_BATCH rows per transaction and
 # SCAVENGE_BATCHES transactions per cleanup run.
@@ -86,17 +130,23 @@ class OdbcRing(OdbcBackend):
             meta_exists = self.names.meta in tables
             recorded = self._recorded(cur, self.names) if meta_exists else None
             ring_rows = 0
+            # The slots that must exist: the newest generation's, or (before generations) the
+            # recorded size's, or the spec's for a new ring.
+            base, slots = 0, recorded.ring_size if recorded is not None else self.target.size
+            if self.names.generations in tables:
+                newest = cur.execute(self.sql.newest_generation()).fetchone()
+                if newest:
+                    base, slots = int(newest[0]), int(newest[1])
             if self.names.ring in tables:
                 # The fill is one transaction: a ring that has its first and last slots is whole,
                 # so no count of millions of rows on every observe.
-                ends = cur.execute(
-                    f"SELECT count(*) FROM {self.sql.ring} WHERE slot IN (0, {self.target.size - 1})"
-                ).fetchval()
-                whole = ends == min(2, self.target.size)
+                whole = cur.execute(self.sql.slots_present(base, base + slots)).fetchval() == min(2, slots)
                 ring_rows = (
-                    self.target.size
+                    slots
                     if whole
-                    else cur.execute(f"SELECT count(*) FROM {self.sql.ring}").fetchval()
+                    else cur.execute(
+                        f"SELECT count(*) FROM {self.sql.ring} WHERE slot >= {base} AND slot < {base + slots}"
+                    ).fetchval()
                 )
             secured = True
             if self.sql.OBSERVE_INSECURE is not None and routines:
@@ -112,6 +162,7 @@ class OdbcRing(OdbcBackend):
                 sequences=sequences,
                 routines=routines,
                 ring_rows=int(ring_rows),
+                slots=slots,
                 recorded=recorded,
                 keeper_version=keeper_version,
                 facade_version=facade_version,
@@ -267,6 +318,120 @@ class OdbcRing(OdbcBackend):
                 break
         return removed
 
+    # --- online resize (`dbq.backends.ring_resize`) ------------------------------------------
+    @contextmanager
+    def _resize_session(self, sql: PgRing) -> Iterator[pyodbc.Cursor | None]:
+        """A connection of its own holding the queue's resize lock (None when another run holds
+        it): preparing a generation takes many transactions, and must not hold the pool's."""
+        lock = f"dbq-resize:{self.names.schema}.{self.names.queue}"
+        conn = connect(self.settings)
+        try:
+            cur = conn.cursor()
+            if not cur.execute(sql.try_resize_lock(), lock).fetchval():
+                yield None
+                return
+            try:
+                yield cur
+            finally:
+                cur.execute(sql.resize_unlock(), lock).fetchall()
+        except pyodbc.Error as e:
+            raise translate(e, self.settings) from None
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _resize_state(sql: PgRing, cur: pyodbc.Cursor) -> ResizeState:
+        rows = cur.execute(sql.generations()).fetchall()
+        gens = tuple(Generation(int(r[0]), int(r[1]), int(r[2])) for r in rows)
+        return ResizeState(gens, int(rows[0][3]) if rows else 0)
+
+    def resize(self) -> Resized | None:
+        """The ring brought online to spec.ring.size, when its newest generation has another:
+        the new generation's slots prepared, then the switch (`ResizeWaiting` when pushes kept the
+        fence). None when the size is the newest generation's, or another run is resizing."""
+        sql = self.sql
+        if not isinstance(sql, PgRing):
+            return None
+        with self._resize_session(sql) as cur:
+            if cur is None:
+                return None
+            state = self._resize_state(sql, cur)
+            if not state.generations or state.newest.size == self.target.size:
+                return None
+            base = place_generation(state.generations, self.target.size)
+            started = time.monotonic()
+            for lo, hi in chunks(base, base + self.target.size, PREPARE_CHUNK):
+                if cur.execute(sql.slots_present(lo, hi)).fetchval() < min(2, hi - lo):
+                    cur.execute(sql.prepare_slots(lo, hi))
+            prepared_s = time.monotonic() - started
+            pause_s = self._switch(sql, cur, base)
+            return Resized(state.newest.size, self.target.size, prepared_s, pause_s)
+
+    def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int) -> float:
+        """The switch's transaction, tried until it takes the fence (each wait at most
+        SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
+        conn = cur.connection
+        for attempt in range(SWITCH_TRIES):
+            started = time.monotonic()
+            conn.autocommit = False
+            try:
+                for statement in sql.switch(base, self.target.size, SWITCH_WAIT_MS):
+                    cur.execute(statement)
+                conn.commit()
+                return time.monotonic() - started
+            except pyodbc.Error as e:
+                conn.rollback()
+                if driver_error(e, self.settings)[0] != LOCK_NOT_AVAILABLE:
+                    raise
+            finally:
+                conn.autocommit = True
+            time.sleep(0.05 * (attempt + 1))  # let the pushes queued behind it through
+        raise ResizeWaiting(
+            f"queue {self.names.queue}: the switch to {self.target.size} slots did not get the fence of the"
+            f" pushes in {SWITCH_TRIES} tries of {SWITCH_WAIT_MS} ms: a push stays inside its transaction"
+        )
+
+    def retire(self) -> Retired:
+        """Older generations whose positions are all drawn retire (their leftovers moved to the
+        spill table, their slots deleted); what is left to drain, counted."""
+        sql = self.sql
+        if not isinstance(sql, PgRing):
+            return Retired()
+        with self._resize_session(sql) as cur:
+            if cur is None:
+                return Retired()
+            retired = 0
+            while (oldest := self._resize_state(sql, cur).retirable()) is not None:
+                conn = cur.connection
+                conn.autocommit = False
+                try:
+                    move, forget = sql.retire(oldest.first_pos, oldest.slot_base, oldest.slot_end)
+                    cur.execute(move)
+                    gone = cur.execute(forget).rowcount
+                    conn.commit()
+                except BaseException:
+                    conn.rollback()
+                    raise
+                finally:
+                    conn.autocommit = True
+                if not gone:  # rows a client held were skipped: the next run moves them
+                    break
+                retired += 1
+                for lo, hi in chunks(oldest.slot_base, oldest.slot_end, RETIRE_CHUNK):
+                    cur.execute(sql.delete_slots(lo, hi))
+            state = self._resize_state(sql, cur)
+            if len(state.generations) == 1:
+                # Slots no generation holds (those of a newest generation a switch replaced before
+                # any push reached it, or of a run stopped while deleting): gone too.
+                low, high = cur.execute(sql.slot_bounds()).fetchone()
+                newest = state.newest
+                for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
+                    for lo, hi in chunks(start, end, RETIRE_CHUNK):
+                        cur.execute(sql.delete_slots(lo, hi))
+            leased = sum(int(cur.execute(sql.leased_in(g.slot_base, g.slot_end)).fetchval())
+                         for g in state.draining)  # fmt: skip
+            return Retired(retired, len(state.generations), state.positions_left(), leased, state.newest.size)
+
     # --- maintenance ----------------------------------------------------------------------
     def _measure_bloat(self, cur: pyodbc.Cursor) -> tuple[list[TableFigures], list[IndexFigures]]:
         schema = self.names.schema
@@ -336,8 +501,9 @@ class OdbcRing(OdbcBackend):
 
 
 # Relations a queue's `stats` locks: its eleven counter sequences, its pop sequence, the spill
-# table and its index, the ring and its key (for the oldest message's age).
-STATS_RELATIONS = 16
+# table and its index, the ring and its key and the generations table and its key (for the
+# oldest message's age).
+STATS_RELATIONS = 18
 # max_locks_per_transaction of each database (by connection string), read once.
 _max_locks: dict[str, int] = {}
 

@@ -131,7 +131,8 @@ class Observed:
     tables: frozenset[str] = frozenset()
     sequences: frozenset[str] = frozenset()
     routines: frozenset[str] = frozenset()
-    ring_rows: int = 0
+    ring_rows: int = 0  # of the newest generation's slots
+    slots: int = 0  # the newest generation's size (the recorded size before generations; 0: none)
     recorded: Recorded | None = None
     # The schema version recorded for the queue that keeps the dead letters (spec.deadLetter.queue),
     # None when it is not provisioned; not looked up when the queue keeps its own.
@@ -204,10 +205,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     ring_missing = n.ring not in observed.tables
     if ring_missing:
         step(RingAction.CREATE_RING, f"ring table {n.schema}.{n.ring} does not exist")
-    if ring_missing or observed.ring_rows < target.size:
+    slots = observed.slots or target.size
+    if ring_missing or observed.ring_rows < slots:
         step(
             RingAction.FILL_RING,
-            f"ring has {0 if ring_missing else observed.ring_rows} of {target.size} slots",
+            f"ring has {0 if ring_missing else observed.ring_rows} of {slots} slots",
         )
     missing_seqs = [s for s in n.sequences if s not in observed.sequences]
     if missing_seqs:

@@ -24,8 +24,10 @@ SPILL_SHARE = 8
 # stats() finds the oldest ready message among this many positions past the pop position (and
 # as many redeliveries): a bounded look, whatever the ring's size.
 HEAD_LOOK = 64
-# A placeholder in a template: {name}. Nothing else in a template is touched.
-PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# A placeholder in a template: {name}, or {name:argument} for a value that is a function of the
+# argument (an SQL expression, such as a position whose slot is looked up). Nothing else in a
+# template is touched.
+PLACEHOLDER = re.compile(r"\{([a-z_]+)(?::([^{}]+))?\}")
 
 
 def load_template(package: str, name: str) -> str:
@@ -47,10 +49,15 @@ def render_template(
     template = _choose_blocks(template, flags or {})
 
     def fill(match: re.Match[str]) -> str:
-        key = match.group(1)
+        key, argument = match.group(1), match.group(2)
         if key not in values:
             raise KeyError(f"template placeholder {{{key}}} has no value")
-        return str(values[key])
+        value = values[key]
+        if callable(value) != (argument is not None):
+            raise KeyError(
+                f"template placeholder {{{key}}} takes {'an' if callable(value) else 'no'} argument"
+            )
+        return str(value(argument) if callable(value) else value)
 
     parts = [part.strip() for part in template.split("\n--;;\n")]
     return [PLACEHOLDER.sub(fill, part) for part in parts if part and not _only_comments(part)]
@@ -134,6 +141,7 @@ class RingSqlBase:
         self.max_headers = int(target.max_headers)
         self.max_body_bytes = int(target.max_body_bytes)
         self.content = f"{s}.{quote(n.content)}"
+        self.gens = f"{s}.{quote(n.generations)}"
         # The role owning every object of the schema, and the group role of each right on the queue.
         self.owner = owner_role(target.database, n.schema)
         self.groups = {right: group_role(target.database, n.schema, n.queue, right) for right in QUEUE_RIGHTS}
@@ -143,6 +151,14 @@ class RingSqlBase:
         return (self.push_seq, self.pop_seq, *self.count.values(), self.swept_seq)
 
     # --- provisioning: one method per planning step -------------------------------------------
+    def newest_generation(self) -> str:
+        """The first slot and size of the ring's newest generation."""
+        return f"SELECT slot_base, size FROM {self.gens} ORDER BY first_pos DESC"
+
+    def slots_present(self, lo: int, hi: int) -> str:
+        """How many of the first and last slots of [lo, hi) exist (a fill is written whole)."""
+        return f"SELECT count(*) FROM {self.ring} WHERE slot IN ({int(lo)}, {int(hi) - 1})"
+
     def batches(self, statements: list[str]) -> list[str]:
         """How the statements of a plan are sent: one batch each (T-SQL wants CREATE PROCEDURE
         alone in its batch)."""
@@ -261,6 +277,7 @@ class RingSqlBase:
             "header_bytes": self.header_bytes,
             "max_body_bytes": self.max_body_bytes,
             "content": self.content,
+            "gens": self.gens,
             "buckets": CONTENT_BUCKETS,
             "queue": self.t.names.queue,
             "spill_share": SPILL_SHARE,

@@ -6,12 +6,22 @@
 -- source = {dead_source}) {push_seq} {pop_seq} {n_pushed} {n_popped} {n_acquired} {n_expired}
 -- {n_settled} {n_dead} {n_redriven} {n_purged} (tables and sequences), {max_attempts} (0: no dead letters),
 -- {waiters} (until when consumers wait), {archive} (acked and popped messages kept; {n_archived}
--- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {size} {max_bytes} {header_bytes} {spill_share}, {queue}
+-- {n_scavenged} count them in and out), {channel} (the channel pushes notify then, a literal), {fn_<verb>} (routines), {max_bytes} {header_bytes} {spill_share}, {queue}
 -- (the queue's name, in messages), {content} {buckets} {max_body_bytes} (bodies past a slot),
 -- {last_pushed} {last_popped} (the last position each sequence drew, 0 before the first),
 -- {record} and {row_record} (expressions that pack one record
 -- of the answer format, `dbq.contract.ring.RECORD`). Arrays travel as text ('{1,2,3}'), which
 -- every ODBC driver binds.
+--
+-- Generations (version 24 on): the ring may be resized online. {gens} has a row per ring alive:
+-- the first position it holds, its first slot (slot_base) and its size; its slots are rows
+-- slot_base .. slot_base + size - 1 of {ring}. Position p lives in the generation with the
+-- largest first_pos <= p, at slot slot_base + p % size: {slot_of:P} is that lookup for the
+-- expression P, made in each statement, so a statement sees a switch that committed before it
+-- began. {room} is the free slots of the newest generation (the one pushes fill). {fence} is
+-- the shared side of the lock a switch takes exclusively: every push takes it before it draws a
+-- position, so no position is drawn between the moment a switch reads the boundary and its
+-- commit (`dbq.backends.ring_resize`).
 --
 -- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
 -- spec.archive enabled: a queue without it runs exactly the statements it ran before archives.
@@ -103,7 +113,7 @@ BEGIN
     UPDATE {ring} SET msg_id = p_id, state = 1, lease = 0, attempts = 0, pushed_at = p_now,
       visible_at = NULL, body = p_body, headers = p_headers,
       expires_at = CASE WHEN p_ttl_ms > 0 THEN p_now + p_ttl_ms * interval '1 millisecond' END
-    WHERE slot = p_id % {size} AND state = 0;
+    WHERE slot = {slot_of:p_id} AND state = 0;
     IF FOUND THEN RETURN true; END IF;
     -- The slot still holds an earlier lap's message. A leased one moves to the spill table (its
     -- ack finds it there). A ready one whose position a popper drew but has not claimed after a
@@ -113,7 +123,7 @@ BEGIN
     v_popped := {last_popped};
     WITH held AS (
       SELECT slot FROM {ring}
-      WHERE slot = p_id % {size} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
+      WHERE slot = {slot_of:p_id} AND (state = 2 OR (state = 1 AND v_try >= 4 AND msg_id <= v_popped))
       FOR UPDATE SKIP LOCKED),
     moved AS (
       UPDATE {ring} r SET state = 0 FROM held WHERE r.slot = held.slot
@@ -151,8 +161,15 @@ BEGIN
   END IF;
   -- Draw a position only if the ring has room; the same statement reads both positions, draws,
   -- and sees whether consumers wait (one query fewer: a push costs its statements).
+  -- The fence first: a resize's switch waits for this push to commit, and this push for it.
   SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
-  WHERE {last_pushed} - {last_popped} < {size};
+  WHERE {fence} AND {room} > 0;
+  IF NOT FOUND THEN
+    -- Full, as this statement's snapshot saw it: taken before it waited at the fence, so a grow
+    -- that committed meanwhile is looked at again (on a full ring only).
+    SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
+    WHERE {room} > 0;
+  END IF;
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -164,7 +181,7 @@ BEGIN
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
     visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-  WHERE slot = o_id % {size} AND state = 0
+  WHERE slot = {slot_of:o_id} AND state = 0
   RETURNING nextval('{n_pushed}') INTO v_used;
   IF NOT FOUND THEN
     IF NOT {fn_place}(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
@@ -200,7 +217,7 @@ CREATE OR REPLACE FUNCTION {fn_push_array}(p_bodies bytea[], p_headers text[], p
 RETURNS bigint[] LANGUAGE plpgsql AS $fn$
 DECLARE
   v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_pushed bigint; v_popped bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
+  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
 BEGIN
   -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
   -- the ring did not take.
@@ -218,9 +235,9 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  SELECT {last_pushed}, {last_popped}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now)
-  INTO v_pushed, v_popped, v_wake;
-  v_k := least(v_n, greatest({size} - (v_pushed - v_popped), 0));
+  PERFORM {fence};  -- before the room is read: a resize's switch waits for this batch, and it for the switch
+  SELECT {room}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO v_room, v_wake;
+  v_k := least(v_n, greatest(v_room, 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify({channel}, '');  -- consumers wait: wake them
   END IF;
@@ -232,7 +249,7 @@ BEGIN
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
       FROM unnest(v_ids, v_slots[1:v_k], p_headers[1:v_k]) AS u(id, body, headers)
-      WHERE r.slot = u.id % {size} AND r.state = 0
+      WHERE r.slot = {slot_of:u.id} AND r.state = 0
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
     -- Slots still held by an earlier lap take the slow path, one by one.
@@ -272,7 +289,7 @@ BEGIN
   -- at once, then waited for briefly here rather than with a round trip per look from the client.
   FOR v_round IN 1..12 LOOP
     IF p_lease_ms <= 0 THEN
-      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
+      UPDATE {ring} SET state = 0 WHERE slot = {slot_of:p_pos} AND msg_id = p_pos AND state = 1
         AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
@@ -280,7 +297,7 @@ BEGIN
         IF p_count THEN PERFORM nextval('{n_popped}'); END IF;
         -- if archive
         INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = p_pos % {size};
+        SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = {slot_of:p_pos};
         IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
         -- end if
         o_status := 0; RETURN {record};
@@ -289,7 +306,7 @@ BEGIN
       o_lease := (random() * 9007199254740991)::bigint + 1;
       UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
         visible_at = v_now + p_lease_ms * interval '1 millisecond'
-      WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+      WHERE slot = {slot_of:p_pos} AND msg_id = p_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
       RETURNING body, attempts, headers INTO o_body, o_attempts, o_headers;
       IF FOUND THEN
         IF o_body IS NULL THEN o_body := {fn_body_of}(p_pos, false); END IF;
@@ -299,12 +316,12 @@ BEGIN
       o_lease := NULL;
     END IF;
     -- Not taken: find out whether it is still to come or will never come.
-    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM {ring} WHERE slot = p_pos % {size};
+    SELECT msg_id, state, expires_at INTO v_msg, v_state, v_exp FROM {ring} WHERE slot = {slot_of:p_pos};
     IF v_msg = p_pos AND v_state = 1 THEN
       IF v_exp IS NULL OR v_exp > v_now THEN
         CONTINUE;  -- written after the update looked: take it now
       END IF;
-      UPDATE {ring} SET state = 0 WHERE slot = p_pos % {size} AND msg_id = p_pos AND state = 1
+      UPDATE {ring} SET state = 0 WHERE slot = {slot_of:p_pos} AND msg_id = p_pos AND state = 1
       RETURNING body IS NULL INTO v_big;
       IF FOUND THEN  -- expired (TTL): dropped
         PERFORM nextval('{n_expired}');
@@ -374,7 +391,7 @@ BEGIN
       IF NOT FOUND THEN
         IF NOT v_look THEN v_look := true; CONTINUE attempt; END IF;
         -- Nothing new. A position whose popper gave up may have received its message since.
-        SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+        SELECT g.pos INTO v_pos FROM {gap} g JOIN {ring} r ON r.slot = {slot_of:g.pos} AND r.msg_id = g.pos
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT 1 FOR UPDATE OF g SKIP LOCKED;
         IF FOUND THEN
           DELETE FROM {gap} WHERE pos = v_pos;
@@ -385,7 +402,7 @@ BEGIN
         RETURN {record};  -- empty
       END IF;
       IF p_lease_ms <= 0 THEN  -- the fast path inline (RETURNING counts it); take() covers the rest
-        UPDATE {ring} SET state = 0 WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1
+        UPDATE {ring} SET state = 0 WHERE slot = {slot_of:v_pos} AND msg_id = v_pos AND state = 1
           AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_popped}') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
@@ -393,7 +410,7 @@ BEGIN
           IF o_body IS NULL THEN o_body := {fn_body_of}(o_id, true); END IF;
           -- if archive
           INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = v_pos % {size};
+          SELECT msg_id, attempts, pushed_at, clock_timestamp(), o_body, headers FROM {ring} WHERE slot = {slot_of:v_pos};
           IF p_count THEN PERFORM nextval('{n_archived}'); END IF;
           -- end if
           o_status := 0; RETURN {record};
@@ -402,7 +419,7 @@ BEGIN
         o_lease := (random() * 9007199254740991)::bigint + 1;
         UPDATE {ring} SET state = 2, lease = o_lease, attempts = attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
-        WHERE slot = v_pos % {size} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
+        WHERE slot = {slot_of:v_pos} AND msg_id = v_pos AND state = 1 AND (expires_at IS NULL OR expires_at > v_now)
         RETURNING msg_id, body, attempts, headers, CASE WHEN p_count THEN nextval('{n_acquired}') END
           INTO o_id, o_body, o_attempts, o_headers, v_ahead;
         IF FOUND THEN
@@ -463,7 +480,7 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
@@ -474,7 +491,7 @@ BEGIN
       SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
         coalesce(r.body, (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)),
         r.headers
-      FROM unnest(v_taken) p(pos) JOIN {ring} r ON r.slot = p.pos % {size} AND r.msg_id = p.pos;
+      FROM unnest(v_taken) p(pos) JOIN {ring} r ON r.slot = {slot_of:p.pos} AND r.msg_id = p.pos;
       -- end if
       IF v_bigs IS NOT NULL THEN
         DELETE FROM {content} c USING unnest(v_bigs) b(id) WHERE c.bucket = b.id % {buckets} AND c.msg_id = b.id;
@@ -484,7 +501,7 @@ BEGIN
         UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
@@ -526,14 +543,14 @@ DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
   -- A lease past its visibility timeout is lost, whether or not a repair has run since.
-  UPDATE {ring} SET state = 0 WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  UPDATE {ring} SET state = 0 WHERE slot = {slot_of:p_id} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING nextval('{n_popped}'), body IS NULL INTO v_n, v_big;
   -- if archive
   IF FOUND THEN
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
     SELECT msg_id, attempts, pushed_at, clock_timestamp(),
       coalesce(body, (SELECT c.body FROM {content} c WHERE c.bucket = p_id % {buckets} AND c.msg_id = p_id)), headers
-    FROM {ring} WHERE slot = p_id % {size};
+    FROM {ring} WHERE slot = {slot_of:p_id};
   ELSE
     WITH acked AS (
       DELETE FROM {spill} WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
@@ -566,7 +583,7 @@ BEGIN
   -- ran is seen by the second, which takes a fresh snapshot.
   WITH acked AS (
     UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-    WHERE r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
+    WHERE r.slot = {slot_of:a.id} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id, r.body IS NULL AS big)
   SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
   -- if archive
@@ -574,7 +591,7 @@ BEGIN
   SELECT r.msg_id, r.attempts, r.pushed_at, clock_timestamp(),
     coalesce(r.body, (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)),
     r.headers
-  FROM unnest(v_done) d(id) JOIN {ring} r ON r.slot = d.id % {size} AND r.msg_id = d.id;
+  FROM unnest(v_done) d(id) JOIN {ring} r ON r.slot = {slot_of:d.id} AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
     WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
@@ -614,7 +631,7 @@ BEGIN
   -- error, in this transaction. A negative delay gives it back unhandled (a consumer stopping):
   -- ready at once, and this delivery does not count as an attempt.
   UPDATE {ring} SET state = 0
-  WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
+  WHERE slot = {slot_of:p_id} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp()
   RETURNING attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers;
   IF NOT FOUND THEN
     SELECT attempts, pushed_at, expires_at, body, headers INTO v_attempts, v_pushed, v_expires, v_body, v_headers
@@ -744,19 +761,21 @@ BEGIN
   -- message's transactions), but should a message end without it, at most 1000 go a run.
   DELETE FROM {content} c USING (
     SELECT x.bucket, x.msg_id FROM {content} x
-    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = x.msg_id % {size} AND r.msg_id = x.msg_id AND r.state <> 0)
+    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = {slot_of:x.msg_id} AND r.msg_id = x.msg_id AND r.state <> 0)
       AND NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = x.msg_id)
     LIMIT 1000 FOR UPDATE OF x SKIP LOCKED) gone
   WHERE c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
-  -- Gaps a whole lap behind the pop position can never be written any more.
-  DELETE FROM {gap} g WHERE g.pos <= v_popped - {size}
-    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
+  -- Gaps a whole lap of the largest generation behind the pop position, or older than every
+  -- generation, can never be written any more.
+  DELETE FROM {gap} g
+  WHERE (g.pos <= v_popped - (SELECT max(x.size) FROM {gens} x) OR g.pos < (SELECT min(x.first_pos) FROM {gens} x))
+    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = {slot_of:g.pos} AND r.msg_id = g.pos AND r.state = 1);
   GET DIAGNOSTICS o_gaps_purged = ROW_COUNT;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_void_holes}(p_grace_ms bigint, OUT o_holes bigint)
 LANGUAGE plpgsql {definer} AS $fn$
-DECLARE v_popped bigint; v_bound bigint;
+DECLARE v_popped bigint; v_bound bigint; v_lo bigint; v_hi bigint; v_n bigint; g record;
 BEGIN
   -- Holes: positions a pusher drew and never wrote (it died). A position drawn before a message
   -- that is already older than the grace has been unwritten at least that long: void it, so
@@ -767,13 +786,22 @@ BEGIN
   WHERE state = 1 AND msg_id > v_popped AND pushed_at <= clock_timestamp() - p_grace_ms * interval '1 millisecond';
   o_holes := 0;
   IF v_bound IS NULL THEN RETURN; END IF;
-  -- Each slot stands for the one position of (v_popped, v_bound) that maps to it.
-  INSERT INTO {gap} (pos, reason)
-  SELECT c.p, 'void' FROM (
-    SELECT r.msg_id, v_popped + 1 + ((r.slot - (v_popped + 1) % {size} + {size}) % {size}) AS p FROM {ring} r) c
-  WHERE c.p < v_bound AND c.msg_id IS DISTINCT FROM c.p
-  ON CONFLICT (pos) DO NOTHING;
-  GET DIAGNOSTICS o_holes = ROW_COUNT;
+  -- Per generation, each of its slots stands for the one position of its part of
+  -- (v_popped, v_bound) that maps to it (a part never spans more than a lap).
+  FOR g IN SELECT x.first_pos, x.slot_base, x.size, lead(x.first_pos) OVER (ORDER BY x.first_pos) AS next_pos
+           FROM {gens} x LOOP
+    v_lo := greatest(v_popped + 1, g.first_pos);
+    v_hi := least(v_bound, coalesce(g.next_pos, v_bound));
+    CONTINUE WHEN v_lo >= v_hi;
+    INSERT INTO {gap} (pos, reason)
+    SELECT c.p, 'void' FROM (
+      SELECT r.msg_id, v_lo + ((r.slot - g.slot_base - v_lo % g.size + g.size) % g.size) AS p FROM {ring} r
+      WHERE r.slot >= g.slot_base AND r.slot < g.slot_base + g.size) c
+    WHERE c.p < v_hi AND c.msg_id IS DISTINCT FROM c.p
+    ON CONFLICT (pos) DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    o_holes := o_holes + v_n;
+  END LOOP;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_oldest_age}(p_pos bigint) RETURNS double precision
@@ -785,9 +813,9 @@ LANGUAGE sql STABLE AS $fn$
   SELECT coalesce(extract(epoch FROM clock_timestamp() - (
     SELECT min(head.pushed_at) FROM (
       SELECT r.pushed_at FROM generate_series(1, {head_look}) g(k)  -- constant bounds: planned as {head_look} rows
-      JOIN {ring} r ON r.slot = (p_pos + g.k) % {size} AND r.msg_id = p_pos + g.k AND r.state = 1
+      JOIN {ring} r ON r.slot = {slot_of:p_pos + g.k} AND r.msg_id = p_pos + g.k AND r.state = 1
       UNION ALL
-      SELECT r.pushed_at FROM {gap} x JOIN {ring} r ON r.slot = x.pos % {size} AND r.msg_id = x.pos AND r.state = 1
+      SELECT r.pushed_at FROM {gap} x JOIN {ring} r ON r.slot = {slot_of:x.pos} AND r.msg_id = x.pos AND r.state = 1
       WHERE x.reason = 'skipped'
       UNION ALL
       SELECT s.pushed_at FROM (SELECT state, pushed_at, visible_at FROM {spill} ORDER BY msg_id LIMIT {head_look}) s
@@ -877,7 +905,7 @@ DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) 
 BEGIN
   -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
   UPDATE {ring} SET visible_at = v_until
-  WHERE slot = p_id % {size} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
+  WHERE slot = {slot_of:p_id} AND msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
   IF NOT FOUND THEN
     UPDATE {spill} SET visible_at = v_until
     WHERE msg_id = p_id AND state = 2 AND lease = p_lease AND visible_at > clock_timestamp();
@@ -1033,7 +1061,7 @@ BEGIN
           UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
             attempts = r.attempts + 1, visible_at = v_lease_end
           FROM unnest(v_pos) p(pos)
-          WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.headers, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
         SELECT t.msg_id, t.lease, t.attempts, t.pushed_at, v_lease_end, t.headers::jsonb, t.body FROM t ORDER BY t.msg_id;
@@ -1041,7 +1069,7 @@ BEGIN
         RETURN QUERY
         WITH t AS (
           UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-          WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.attempts, r.pushed_at, r.headers, r.body IS NULL AS big, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body),
         c AS (DELETE FROM {content} c USING t WHERE t.big AND c.bucket = t.msg_id % {buckets} AND c.msg_id = t.msg_id)
@@ -1058,7 +1086,7 @@ BEGIN
       -- settles each; one being written is waited for here.
       IF v_n < cardinality(v_pos) THEN
         SELECT array_agg(p.pos ORDER BY p.pos) INTO v_left FROM unnest(v_pos) p(pos)
-        WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = p.pos % {size} AND r.msg_id = p.pos
+        WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos
           AND r.state = CASE WHEN v_leased THEN 2 ELSE 0 END);
       ELSE
         v_left := NULL;
@@ -1066,7 +1094,7 @@ BEGIN
     ELSIF v_got = 0 THEN
       -- Nothing new. A position whose popper gave up may have received its message since.
       SELECT array_agg(g.pos) INTO v_left FROM (
-        SELECT g.pos FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+        SELECT g.pos FROM {gap} g JOIN {ring} r ON r.slot = {slot_of:g.pos} AND r.msg_id = g.pos
         WHERE g.reason = 'skipped' AND r.state = 1 LIMIT p_qty FOR UPDATE OF g SKIP LOCKED) g;
       DELETE FROM {gap} g USING unnest(v_left) l(pos) WHERE g.pos = l.pos;
     ELSE
@@ -1091,7 +1119,7 @@ BEGIN
         CASE WHEN v_leased THEN r.visible_at END,
         CASE WHEN v_h > 0 THEN convert_from(substring(v_rec FROM 30 FOR v_h), 'UTF8')::jsonb END,
         substring(v_rec FROM 30 + v_h)
-      FROM {ring} r WHERE r.slot = v_p % {size} AND r.msg_id = v_p;
+      FROM {ring} r WHERE r.slot = {slot_of:v_p} AND r.msg_id = v_p;
       v_got := v_got + 1;
     END LOOP;
     IF v_got > 0 THEN
@@ -1125,7 +1153,7 @@ BEGIN
   -- it drew and had to give up (a slot an earlier lap still held) is void, and it is tried again.
   FOR v_try IN 1..5 LOOP
     v_id := {fn_push}(p_body, p_ttl_ms, p_headers::text);
-    EXIT WHEN v_id > 0 OR {last_pushed} - {last_popped} >= {size};
+    EXIT WHEN v_id > 0 OR {room} <= 0;
   END LOOP;
   IF v_id < 0 THEN PERFORM {fn_check_send}(-1, 0, 0, false); END IF;
   RETURN v_id;
@@ -1156,7 +1184,7 @@ BEGIN
         OR {fn_check_headers}(octet_length(h::text), t) IS NULL;
     END IF;
     -- A batch the ring visibly has no room for is refused whole, before any of it is written.
-    IF {last_pushed} - {last_popped} + v_n > {size} THEN
+    IF {room} < v_n THEN
       PERFORM {fn_check_send}(-v_n, 0, 0, false);
     END IF;
     v_ids := {fn_push_array}(p_bodies, v_texts, p_ttl_ms);
@@ -1175,8 +1203,8 @@ BEGIN
   -- send's and send_batch's refusals, each naming the argument and the fix (p_n < 0: the ring
   -- took none of -p_n messages).
   IF p_n < 0 THEN
-    RAISE EXCEPTION 'dbq: queue {queue} is full: its ring holds {size} messages (spec.ring.size); none of % was sent',
-      -p_n USING ERRCODE = '53400', HINT = 'consume faster, send later, or give the Queue a larger spec.ring.size';
+    RAISE EXCEPTION 'dbq: queue {queue} is full: its ring holds % messages (spec.ring.size); none of % was sent',
+      (SELECT g.size FROM {gens} g ORDER BY g.first_pos DESC LIMIT 1), -p_n USING ERRCODE = '53400', HINT = 'consume faster, send later, or give the Queue a larger spec.ring.size';
   END IF;
   IF p_null THEN
     RAISE EXCEPTION 'dbq: send to queue {queue}: a body must not be NULL (send an empty bytea instead)'
@@ -1193,7 +1221,7 @@ END $fn$
 --;;
 -- By id, with no lease asked (version 22 on): what a worker that keeps ids, not leases, calls
 -- (PGMQ's delete, archive and set_vt). A message is found by its id without a scan: in its ring
--- slot (id % {size}) or by the spill table's key. Ready, delayed or leased alike; a lease held
+-- slot (found from its generation) or by the spill table's key. Ready, delayed or leased alike; a lease held
 -- on it is lost. An id not there (never sent, or ended already) is left out of the answer.
 CREATE OR REPLACE FUNCTION {fn_delete}(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
@@ -1206,7 +1234,7 @@ BEGIN
   -- meanwhile is seen by the second); a body in {content} leaves with its message.
   WITH locked AS (
     SELECT r.slot, r.state AS was FROM {ring} r JOIN (SELECT DISTINCT unnest(v_ids) AS id) d
-      ON r.slot = d.id % {size} AND r.msg_id = d.id
+      ON r.slot = {slot_of:d.id} AND r.msg_id = d.id
     WHERE r.state IN (1, 2) FOR UPDATE OF r),
   gone AS (
     UPDATE {ring} r SET state = 0 FROM locked l WHERE r.slot = l.slot
@@ -1282,17 +1310,17 @@ BEGIN
   v_visible := clock_timestamp() + p_visibility_ms * interval '1 millisecond';
   FOREACH v_id IN ARRAY coalesce(p_ids, '{}'::bigint[]) LOOP
     SELECT r.state INTO v_state FROM {ring} r
-    WHERE r.slot = v_id % {size} AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
+    WHERE r.slot = {slot_of:v_id} AND r.msg_id = v_id AND r.state IN (1, 2) FOR UPDATE;
     IF FOUND AND v_state = 1 AND p_visibility_ms = 0 THEN
       RETURN QUERY SELECT r.msg_id, NULL::bigint, r.attempts, r.pushed_at, v_visible, r.headers::jsonb,
         coalesce(r.body, {fn_body_of}(v_id, false))
-      FROM {ring} r WHERE r.slot = v_id % {size};
+      FROM {ring} r WHERE r.slot = {slot_of:v_id};
       CONTINUE;
     ELSIF FOUND THEN
       INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
       SELECT r.msg_id, 1, 0, r.attempts, r.pushed_at, v_visible, r.expires_at, r.body, r.headers
-      FROM {ring} r WHERE r.slot = v_id % {size};
-      UPDATE {ring} r SET state = 0 WHERE r.slot = v_id % {size};
+      FROM {ring} r WHERE r.slot = {slot_of:v_id};
+      UPDATE {ring} r SET state = 0 WHERE r.slot = {slot_of:v_id};
     ELSE
       SELECT s.state INTO v_state FROM {spill} s WHERE s.msg_id = v_id FOR UPDATE;
       CONTINUE WHEN NOT FOUND;

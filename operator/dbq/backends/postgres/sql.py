@@ -81,8 +81,23 @@ class PgRing(RingSqlBase):
         drops = [f"DROP FUNCTION IF EXISTS {self.fn[verb]}({args})" for verb, args in _OLD_SIGNATURES]
         return drops + super().create_routines()
 
+    @property
+    def fence_key(self) -> str:
+        """The advisory lock pushes take shared and a resize's switch exclusively."""
+        return f"{_regclass(self.push_seq)}::oid::bigint | (2::bigint << 40)"
+
+    def slot_of(self, position: str) -> str:
+        """The slot of `position` (an SQL expression), from the generation holding it: NULL for a
+        position older than every generation alive."""
+        return (
+            f"(SELECT gen.slot_base + ({position}) % gen.size FROM {self.gens} gen"
+            f" WHERE gen.first_pos <= ({position}) ORDER BY gen.first_pos DESC LIMIT 1)"
+        )
+
     def template_values(self) -> dict[str, object]:
         sweep_every_ms = max(1000, self.size // 100)
+        last_pushed = f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)"
+        last_popped = f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)"
         # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
         # of each sequence, as a SELECT from it would.
         read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
@@ -92,8 +107,8 @@ class PgRing(RingSqlBase):
             | {
                 # The last position drawn (0 before the first), read the same way: cheaper than a
                 # SELECT from both sequences, which pops pay for each position they draw.
-                "last_pushed": f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)",
-                "last_popped": f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)",
+                "last_pushed": last_pushed,
+                "last_popped": last_popped,
                 "last_swept": f"coalesce(pg_sequence_last_value({_regclass(self.swept_seq)}), 0)",
                 # read's sweep of expired leases: while leases are held (acquired > settled) at
                 # most every second, or every slots/100 ms past 100,000 slots (it scans the ring:
@@ -106,6 +121,13 @@ class PgRing(RingSqlBase):
                 # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
                 # of the hashtext() keys (32 bits) dbq's other advisory locks use.
                 "sweep_lock": f"{_regclass(self.swept_seq)}::oid::bigint | (1::bigint << 40)",
+                # Resizing (version 24 on): the slot of a position, from its generation; the free
+                # slots of the newest generation; the fence a switch takes exclusively, keyed by the
+                # push sequence's oid above 2^41.
+                "slot_of": self.slot_of,
+                "room": f"(SELECT gen.size - ({last_pushed} - greatest({last_popped}, gen.first_pos - 1))"
+                f" FROM {self.gens} gen ORDER BY gen.first_pos DESC LIMIT 1)",
+                "fence": f"pg_advisory_xact_lock_shared({self.fence_key}) IS NOT NULL",
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
                 "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),
                 # The routines a login calls run as the owner role, finding nothing but
@@ -255,6 +277,21 @@ END $$""",
             f"CREATE INDEX IF NOT EXISTS {quote(self.t.names.archive_index)} ON {self.archive} (acked_at)",
             *self.index_spill(),
             *self.create_content(),
+            *self.create_generations(),
+        ]
+
+    def create_generations(self) -> list[str]:
+        """The generations table with the ring's first: from position 1, slots 0 .. size - 1 (the
+        recorded size for a queue made before version 24, whatever the spec says now)."""
+        return [
+            f"""CREATE TABLE IF NOT EXISTS {self.gens} (
+  first_pos bigint PRIMARY KEY,
+  slot_base bigint NOT NULL,
+  size bigint NOT NULL CHECK (size > 0),
+  started_at timestamptz NOT NULL DEFAULT now())""",
+            f"""INSERT INTO {self.gens} (first_pos, slot_base, size)
+SELECT 1, 0, coalesce((SELECT ring_size FROM {self.meta} WHERE queue = {literal(self.t.names.queue)}), {self.size})
+WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
         ]
 
     def create_content(self) -> list[str]:
@@ -331,6 +368,75 @@ END $$""",
             f" WHERE queue = {literal(self.t.names.queue)} AND at >= now() - make_interval(secs => ?)"
             " ORDER BY at LIMIT 1"
         )
+
+    # --- online resize (`dbq.backends.ring_resize`) ---------------------------------------------
+    def generations(self) -> str:
+        """The ring's generations, oldest first, and the last position a pop drew."""
+        return (
+            f"SELECT first_pos, slot_base, size, coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)"
+            f" FROM {self.gens} ORDER BY first_pos"
+        )
+
+    def try_resize_lock(self) -> str:
+        """The queue's resize lock, for the session (parameter: its name): preparing and switching,
+        and retiring, never run at once, nor twice."""
+        return "SELECT CASE WHEN pg_try_advisory_lock(hashtext(?)) THEN 1 ELSE 0 END"
+
+    def resize_unlock(self) -> str:
+        return "SELECT pg_advisory_unlock(hashtext(?))"
+
+    def prepare_slots(self, lo: int, hi: int) -> str:
+        """Free slots [lo, hi), each with a body of full size, as the ring's first fill makes them."""
+        return (
+            f"INSERT INTO {self.ring} (slot, state, body) SELECT g, 0, decode(repeat('00', {self.message_bytes}), 'hex')"
+            f" FROM generate_series({int(lo)}, {int(hi) - 1}) g ON CONFLICT (slot) DO NOTHING"
+        )
+
+    def switch(self, base: int, size: int, lock_timeout_ms: int) -> list[str]:
+        """The switch, in one transaction: the fence taken exclusively (waiting at most
+        `lock_timeout_ms`: pushes queue behind it), the generation recorded from the next position
+        to draw (replacing a newest one that holds no position yet), the size in the metadata."""
+        boundary = f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0) + 1"
+        return [
+            f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}",
+            f"SELECT pg_advisory_xact_lock({self.fence_key})",
+            f"""INSERT INTO {self.gens} (first_pos, slot_base, size) VALUES ({boundary}, {int(base)}, {int(size)})
+ON CONFLICT (first_pos) DO UPDATE SET slot_base = EXCLUDED.slot_base, size = EXCLUDED.size, started_at = now()""",
+            f"UPDATE {self.meta} SET ring_size = {int(size)}, updated_at = now() WHERE queue = {literal(self.t.names.queue)}",
+        ]
+
+    def retire(self, first_pos: int, lo: int, hi: int) -> list[str]:
+        """The generation from `first_pos` (slots [lo, hi)), every position of it drawn: what its
+        slots still hold moves to the spill table (a leased message keeps its lease, a ready one
+        is due at once), then the generation goes if none is left (rows a client holds right now
+        are skipped, and the next run looks again)."""
+        return [
+            f"""WITH held AS (
+  SELECT slot FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0 FOR UPDATE SKIP LOCKED),
+moved AS (
+  UPDATE {self.ring} r SET state = 0 FROM held WHERE r.slot = held.slot
+  RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body, r.headers)
+INSERT INTO {self.spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
+  CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
+FROM moved m ON CONFLICT (msg_id) DO NOTHING""",
+            f"""DELETE FROM {self.gens} WHERE first_pos = {int(first_pos)}
+  AND first_pos < (SELECT max(first_pos) FROM {self.gens})
+  AND NOT EXISTS (SELECT 1 FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0)""",
+        ]
+
+    def delete_slots(self, lo: int, hi: int) -> str:
+        """Slots [lo, hi) that no generation alive holds, free ones only."""
+        return f"""DELETE FROM {self.ring} r WHERE r.slot >= {int(lo)} AND r.slot < {int(hi)} AND r.state = 0
+  AND NOT EXISTS (SELECT 1 FROM {self.gens} g WHERE r.slot >= g.slot_base AND r.slot < g.slot_base + g.size)"""
+
+    def slot_bounds(self) -> str:
+        """The lowest and highest slot of the ring table."""
+        return f"SELECT coalesce(min(slot), 0), coalesce(max(slot), -1) FROM {self.ring}"
+
+    def leased_in(self, lo: int, hi: int) -> str:
+        """Leased messages in slots [lo, hi): what a draining generation holds beside its positions."""
+        return f"SELECT count(*) FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state = 2"
 
     # --- maintenance (parameter: schema name) ---------------------------------------------------
     def maintenance_tables(self) -> str:

@@ -267,7 +267,17 @@ CREATE TABLE {self.content} (
   bucket smallint NOT NULL,
   msg_id bigint NOT NULL,
   body varbinary(max) NOT NULL,
-  PRIMARY KEY CLUSTERED (bucket, msg_id))"""
+  PRIMARY KEY CLUSTERED (bucket, msg_id))""",
+            # The ring's generations (version 24 on), as on PostgreSQL: one, the ring as made.
+            f"""{self._object_missing(self.gens, "U")}
+CREATE TABLE {self.gens} (
+  first_pos bigint NOT NULL PRIMARY KEY CLUSTERED,
+  slot_base bigint NOT NULL,
+  size bigint NOT NULL CHECK (size > 0),
+  started_at datetime2(3) NOT NULL DEFAULT SYSUTCDATETIME())""",
+            f"""INSERT INTO {self.gens} (first_pos, slot_base, size)
+SELECT 1, 0, coalesce((SELECT ring_size FROM {self.meta} WHERE queue = {self.literal(self.t.names.queue)}), {self.size})
+WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
         ]
 
     def set_compression(self) -> list[str]:

@@ -1,0 +1,186 @@
+"""Online resize of PostgreSQL rings: the generations' planning, and grows and shrinks made while
+producers and consumers run at full speed, on the real server, with logins as in production."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyodbc
+import pytest
+
+from dbq.api.models import QueueSpec
+from dbq.backends import open_backend
+from dbq.backends.odbc_ring import OdbcRing, Retired
+from dbq.backends.ring_resize import Generation, ResizeState, chunks, place_generation
+from dbq.client import QueueFull, connect
+from dbq.connection import from_url
+from tests.manifests import queue
+from tests.test_access import Accounts
+from tests.workers import finish, read_logs, start
+
+
+# --- planning ----------------------------------------------------------------------------------
+def test_a_new_generation_takes_the_lowest_slots_no_generation_alive_holds():
+    assert place_generation([], 10) == 0
+    assert place_generation([Generation(1, 0, 1000)], 100_000) == 1000
+    # retired below: the slots are used again
+    assert place_generation([Generation(5000, 1000, 100_000)], 1000) == 0
+    assert place_generation([Generation(5000, 1000, 100_000)], 1001) == 101_000
+    alive = [Generation(1, 0, 10), Generation(50, 30, 10), Generation(90, 10, 15)]
+    assert place_generation(alive, 5) == 25 and place_generation(alive, 6) == 40
+    with pytest.raises(ValueError):
+        place_generation(alive, 0)
+
+
+def test_the_oldest_generation_retires_once_every_position_it_holds_is_drawn():
+    gens = (Generation(1, 0, 10), Generation(101, 10, 50), Generation(301, 60, 5))
+    assert ResizeState(gens, 99).retirable() is None
+    assert ResizeState(gens, 99).positions_left() == 201
+    assert ResizeState(gens, 100).retirable() == gens[0]
+    assert ResizeState(gens[1:], 299).retirable() is None
+    assert ResizeState(gens[2:], 0).retirable() is None and ResizeState(gens[2:], 0).positions_left() == 0
+    assert chunks(0, 45, 20) == [(0, 20), (20, 40), (40, 45)] and chunks(5, 5, 20) == []
+
+
+# --- on the real server -----------------------------------------------------------------------------
+SCHEMA = f"resize_{secrets.token_hex(3)}"
+
+
+def backend(postgres, name: str, size: int) -> OdbcRing:
+    spec = QueueSpec.model_validate(
+        {
+            **queue()["spec"],
+            "connection": {"secretRef": {"name": "s"}, "schema": SCHEMA},
+            "ring": {"size": size},
+        }
+    )
+    made = open_backend(spec, name, from_url(postgres.url))
+    assert isinstance(made, OdbcRing)
+    return made
+
+
+@pytest.fixture(scope="module")
+def accounts(postgres) -> Iterator[Accounts]:
+    made = Accounts(postgres)
+    yield made
+    made.close()
+
+
+def generations(postgres, name: str) -> list[tuple[int, int, int]]:
+    cur = postgres.connect().cursor()
+    rows = cur.execute(f'SELECT first_pos, slot_base, size FROM "{SCHEMA}"."{name}_gens" ORDER BY first_pos')
+    return [tuple(int(v) for v in r) for r in rows.fetchall()]
+
+
+def slots(postgres, name: str) -> tuple[int, int, int]:
+    cur = postgres.connect().cursor()
+    row = cur.execute(f'SELECT count(*), min(slot), max(slot) FROM "{SCHEMA}"."{name}_ring"').fetchone()
+    return tuple(int(v) for v in row)
+
+
+def retire_all(ring: OdbcRing, timeout: float = 60) -> Retired:
+    deadline = time.monotonic() + timeout
+    while (done := ring.retire()).resizing:
+        assert time.monotonic() < deadline, f"still draining: {done}"
+        time.sleep(0.2)
+    return done
+
+
+def test_a_ring_grows_and_shrinks_between_calls_and_keeps_order_leases_and_counts(postgres, accounts):
+    name = "steps"
+    backend(postgres, name, 16).apply()
+    _, url = accounts.login({name: ("send", "receive", "monitor")}, SCHEMA)
+    with connect(url, name, schema=SCHEMA, smart_batching=False) as q:
+        q.push_many([f"a{i}".encode() for i in range(16)])
+        with pytest.raises(QueueFull):  # 16 slots, all taken
+            q.push(b"full", timeout=0)
+        held = q.acquire(timeout=0)
+        assert held is not None and held.body == b"a0"
+        grown = backend(postgres, name, 40).resize()
+        assert grown is not None and (grown.from_size, grown.to_size) == (16, 40)
+        assert generations(postgres, name) == [(1, 0, 16), (17, 16, 40)]
+        q.push_many([f"b{i}".encode() for i in range(40)], timeout=0)  # the new generation's 40 slots
+        with pytest.raises(QueueFull):
+            q.push(b"full again", timeout=0)
+        s = q.stats()
+        assert (s.depth, s.in_flight) == (55, 1)
+        # The older generation drains first, in push order; the lease taken in it is acked after.
+        got = [m.body.decode() for m in q.pop_many(20, timeout=0)]
+        assert got == [f"a{i}" for i in range(1, 16)] + [f"b{i}" for i in range(5)]
+        done = backend(postgres, name, 40).retire()
+        assert (done.retired, done.alive, done.leased) == (1, 1, 0)  # the lease moved with it
+        assert generations(postgres, name) == [(17, 16, 40)] and slots(postgres, name) == (40, 16, 55)
+        held.ack()  # LeaseLost otherwise
+        # A shrink: pushes past the boundary land in 16 slots while 35 messages drain.
+        shrunk = backend(postgres, name, 16).resize()
+        assert shrunk is not None and shrunk.to_size == 16
+        assert generations(postgres, name) == [(17, 16, 40), (57, 0, 16)]
+        q.push_many([f"c{i}".encode() for i in range(16)], timeout=0)
+        with pytest.raises(QueueFull):
+            q.push(b"c16", timeout=0)
+        with pytest.raises(pyodbc.Error, match="holds 16 messages"):
+            postgres.connect().cursor().execute(f'SELECT "{SCHEMA}"."{name}_send"(?)', b"refused").fetchall()
+        assert backend(postgres, name, 16).retire().positions_left == 35
+        rest = [m.body.decode() for m in q.pop_many(100, timeout=0)]
+        assert rest == [f"b{i}" for i in range(5, 40)] + [f"c{i}" for i in range(16)]
+        done = retire_all(backend(postgres, name, 16))
+        assert done.alive == 1 and slots(postgres, name) == (16, 0, 15)
+        s = q.stats()
+        assert (s.depth, s.in_flight, s.pushed, s.popped) == (0, 0, 72, 72)
+
+
+@pytest.mark.parametrize("mode", ["amo", "leased"])
+def test_producers_and_consumers_at_full_speed_lose_and_duplicate_nothing_through_grows_and_a_shrink(
+    postgres, accounts, tmp_path: Path, mode: str
+):
+    """4 pushing processes and 4 taking ones (sending and receiving logins), a repairer as the
+    operator; meanwhile the ring grows 50 -> 2,000 -> 20,000, then shrinks to 50, each switch
+    made while they run and each older generation retired as soon as it drained."""
+    name = f"busy_{mode}"
+    backend(postgres, name, 50).apply()
+    _, producer = accounts.login({name: ("send",)}, SCHEMA)
+    _, worker = accounts.login({name: ("receive",)}, SCHEMA)
+    n, stop = 24_000, tmp_path / "stop"
+    logs = [tmp_path / f"w{i}.log" for i in range(9)]
+    with connect(postgres.url, name, schema=SCHEMA, smart_batching=False) as q:
+        pushers = [start("push", q, producer, logs[i], "--prefix", f"p{i}", "--count", str(n // 4), "--batch", "10")
+                   for i in range(4)]  # fmt: skip
+        poppers = [start("pop", q, worker, logs[4 + i], "--mode", mode, "--batch", "10", "--stop", str(stop))
+                   for i in range(4)]  # fmt: skip
+        repairer = start("repair", q, postgres.url, logs[8], "--stop", str(stop))
+        switches, retired, errors = [], [], []
+
+        def resizer() -> None:
+            try:
+                for size in (2_000, 20_000, 50):
+                    time.sleep(1.5)
+                    made = backend(postgres, name, size).resize()
+                    assert made is not None
+                    switches.append(made)
+                    retired.append(retire_all(backend(postgres, name, size), timeout=120))
+            except Exception as e:  # reported by the test's thread
+                errors.append(e)
+
+        thread = threading.Thread(target=resizer)
+        thread.start()
+        finish(pushers)
+        thread.join(timeout=300)
+        stop.touch()
+        finish([*poppers, repairer])
+        assert not errors, errors
+        q.repair(orphan_grace=0.0)
+        drained = [m.body.decode() for m in q.pop_many(1000, timeout=0)]
+        seen = read_logs(logs)
+        delivered = seen["G"] if mode == "amo" else seen["A"]
+        delivered.update(drained)
+        assert [(s.from_size, s.to_size) for s in switches] == [(50, 2_000), (2_000, 20_000), (20_000, 50)]
+        assert all(r.alive == 1 for r in retired)
+        assert sum(seen["P"].values()) == n and len(seen["P"]) == n  # every push acknowledged
+        assert delivered == seen["P"]  # nothing lost, nothing twice
+        s = q.stats()
+        assert (s.depth, s.in_flight, s.pushed) == (0, 0, n)
+        assert generations(postgres, name)[-1][2] == 50 and slots(postgres, name)[0] == 50
