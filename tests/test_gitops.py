@@ -147,7 +147,9 @@ def _names_the_queue(gitops: GitOps, name: str) -> dict[str, Any] | None:
     )
 
 
-def test_a_mutable_change_is_applied_and_an_immutable_one_is_refused_with_dbq_s_message(gitops, postgres):
+def test_a_mutable_change_and_a_resize_are_applied_and_an_immutable_one_is_refused_with_dbq_s_message(
+    gitops, postgres
+):
     schema = f"gitops_{secrets.token_hex(3)}"
     doc = ring_queue("billing", schema, ring={"size": 64})
     assert gitops.applied(gitops.commit({"billing.yaml": doc}, "billing"))["status"] == "True"
@@ -160,17 +162,34 @@ def test_a_mutable_change_is_applied_and_an_immutable_one_is_refused_with_dbq_s_
     billing = gitops.cluster.get("billing")
     assert billing["metadata"]["generation"] == generation + 1
     assert billing["status"]["observedGeneration"] == generation + 1
+    # A size change is a resize online: Ready at that commit, the Queue Ready with the new size.
     doc["spec"]["ring"]["size"] = 128
-    refused = gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: a bigger ring"))
+    assert gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: a bigger ring"))["status"] == "True"
+    billing = gitops.cluster.get("billing")
+    assert billing["status"]["observedGeneration"] == generation + 2
+    cur = postgres.connect().cursor()
+    newest = f'SELECT size FROM "{schema}".billing_gens ORDER BY first_pos DESC'
+    assert cur.execute(newest).fetchval() == 128
+    assert (
+        cur.execute(f"SELECT ring_size FROM \"{schema}\".dbq_queues WHERE queue = 'billing'").fetchval()
+        == 128
+    )
+    # An immutable field is refused by the API server with dbq's CEL message, and nothing changes.
+    doc["spec"]["connection"]["schema"] = f"{schema}_moved"
+    refused = gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: another schema"))
     assert refused["status"] == "False", refused
     assert refused["reason"] == "ReconciliationFailed", refused
-    assert "spec.ring.size cannot change after creation" in refused["message"], refused  # dbq's CEL message
+    assert "spec.connection.schema cannot change after creation" in refused["message"], refused
     print(f"Flux on an immutable change: {refused['reason']}: {refused['message']}")
-    assert gitops.cluster.get("billing")["spec"]["ring"]["size"] == 64
-    rows = postgres.connect().cursor().execute(f'SELECT count(*) FROM "{schema}".billing_ring').fetchval()
-    assert rows == 64
-    doc["spec"]["ring"]["size"] = 64
-    assert gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: back to 64"))["status"] == "True"
+    assert gitops.cluster.get("billing")["spec"]["connection"]["schema"] == schema
+    assert not cur.execute(
+        "SELECT count(*) FROM pg_namespace WHERE nspname = ?", f"{schema}_moved"
+    ).fetchval()
+    doc["spec"]["connection"]["schema"] = schema
+    assert (
+        gitops.applied(gitops.commit({"billing.yaml": doc}, "billing: back to its schema"))["status"]
+        == "True"
+    )
 
 
 def test_a_queue_removed_from_git_is_pruned_under_its_deletion_policy(gitops, postgres):

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from dbq.client import QueueFull, connect
 from dbq.connection import from_url
 from dbq.contract.ring import RING_SCHEMA_VERSION, records
 from stack.render_manifests import BIN
@@ -103,12 +104,41 @@ def test_mutable_change_advances_generation_and_immutable_is_refused(env):
     for change, words in [
         ({"backend": "sqlserver"}, "spec.backend cannot change after creation"),
         ({"connection": {"schema": "elsewhere"}}, "spec.connection.schema cannot change after creation"),
-        ({"ring": {"size": 999}}, "spec.ring.size cannot change after creation"),
         ({"queueName": "renamed"}, "spec.queueName cannot be added or removed"),
     ]:
         with pytest.raises(ApiException) as err:
             cluster.patch("mut-q", {"spec": change})
         assert err.value.status == 422 and words in err.value.body
+
+
+def test_a_size_change_resizes_the_ring_online_and_says_so_until_the_older_ring_is_dropped(env):
+    cluster, _, postgres = env
+    doc, schema = fresh("grow-q", ring={"size": 64}, stats={"interval": "5s"}, cleanup={"interval": "5s"})
+    cluster.create(doc)
+    cluster.wait_condition("grow-q", "Ready", "True")
+    with connect(postgres.url, "grow_q", schema=schema, smart_batching=False) as q:
+        q.push_many([f"a{i}".encode() for i in range(64)])
+        with pytest.raises(QueueFull):
+            q.push(b"full", timeout=0)
+        cluster.patch("grow-q", {"spec": {"ring": {"size": 256}}})
+        started = cluster.wait_condition("grow-q", "Resizing", "True", reason="Growing")
+        assert "from 64 to 256 slots" in started["message"] and "64 message(s) left" in started["message"]
+        q.push_many([f"b{i}".encode() for i in range(256)], timeout=0)  # the new ring's room
+        taken = [m.body.decode() for m in q.pop_many(400, timeout=0)]
+        assert taken == [f"a{i}" for i in range(64)] + [f"b{i}" for i in range(256)]  # the older ring first
+        done = cluster.wait_condition("grow-q", "Resizing", "False", timeout=60, reason="Resized")
+        assert "dropped" in done["message"]
+    reasons = {e.reason: e.message for e in cluster.events("grow-q")}
+    assert "ResizeStarted" in reasons and "Resized" in reasons
+    cur = postgres.connect().cursor()
+    assert cur.execute(f'SELECT first_pos, size FROM "{schema}".grow_q_gens').fetchall()[0][1] == 256
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".grow_q_gens').fetchval() == 1
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".grow_q_ring').fetchval() == 256
+    assert (
+        cur.execute(f"SELECT ring_size FROM \"{schema}\".dbq_queues WHERE queue = 'grow_q'").fetchval() == 256
+    )
+    status = cluster.get("grow-q")["status"]
+    assert status["observedGeneration"] == 2 and cluster.condition("grow-q", "Ready")["status"] == "True"
 
 
 @pytest.mark.parametrize(

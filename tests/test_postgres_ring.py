@@ -12,9 +12,10 @@ import pytest
 from dbq.api.models import QueueSpec
 from dbq.backends import open_backend
 from dbq.backends.postgres.sql import FILLFACTOR
+from dbq.client import connect
 from dbq.connection import from_url
 from dbq.contract.ring import RING_SCHEMA_VERSION, call_statement, records
-from dbq.errors import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
+from dbq.errors import AuthenticationFailed, DatabaseUnreachable
 from tests.manifests import queue
 
 
@@ -184,14 +185,24 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     backend.teardown()
 
 
-def test_existing_ring_of_another_size_is_not_touched(postgres, schema):
+def test_apply_with_another_size_resizes_the_ring_online_and_cleanup_drops_the_older(postgres, schema):
     ring(postgres, schema, size=64).apply()
-    other = ring(postgres, schema, size=128)
-    with pytest.raises(ConflictingObjects, match=r"64 slots but spec\.ring\.size is 128"):
-        other.apply()
-    cur = postgres.connect().cursor()
-    assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64
-    ring(postgres, schema, size=64).teardown()
+    with connect(postgres.url, "orders", schema=schema, smart_batching=False) as q:
+        q.push_many([b"one", b"two", b"three"])
+        result = ring(postgres, schema, size=128).apply()
+        assert result.resized is not None and (result.resized.from_size, result.resized.to_size) == (64, 128)
+        assert result.resized.positions_left == 3 and not result.steps
+        cur = postgres.connect().cursor()
+        assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64 + 128
+        again = ring(postgres, schema, size=128).apply()  # nothing left to do
+        assert again.resized is None and not again.steps
+        assert ring(postgres, schema, size=128).cleanup(30.0)["resizePositionsLeft"] == 3
+        assert [m.body for m in q.pop_many(5, timeout=0)] == [b"one", b"two", b"three"]
+    counts = ring(postgres, schema, size=128).cleanup(30.0)
+    assert (counts["generationsRetired"], counts["generationsDraining"]) == (1, 0)
+    assert cur.execute(f'SELECT count(*), min(slot) FROM "{schema}".orders_ring').fetchone()[0] == 128
+    assert "generationsRetired" not in ring(postgres, schema, size=128).cleanup(30.0)  # one ring: no look
+    ring(postgres, schema, size=128).teardown()
 
 
 def test_teardown_keeps_a_schema_that_holds_other_things(postgres, schema):

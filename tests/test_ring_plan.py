@@ -23,6 +23,7 @@ def complete(**changes) -> Observed:
         sequences=frozenset(NAMES.sequences),
         routines=frozenset(NAMES.routine(r) for r in ROUTINES),
         ring_rows=1000,
+        slots=1000,
         recorded=Recorded(schema_version=RING_SCHEMA_VERSION, ring_size=1000, message_bytes=300),
     )
     base.update(changes)
@@ -179,9 +180,11 @@ def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
     assert "set_compression" not in actions(Observed())
 
 
-def test_resize_is_refused_with_the_way_out():
-    with pytest.raises(ConflictingObjects, match="cannot be resized in place"):
-        plan_ring(RingTarget(names=NAMES, size=2000, message_bytes=300), complete())
+def test_another_size_is_refused_with_the_way_out_where_no_online_resize_exists_and_planned_as_none_elsewhere():
+    target = RingTarget(names=NAMES, size=2000, message_bytes=300)
+    with pytest.raises(ConflictingObjects, match="resizes no ring online"):
+        plan_ring(target, complete())
+    assert plan_ring(target, complete(), resizable=True) == []  # the resize is not a plan step
 
 
 @pytest.mark.parametrize("bad", ['x"; DROP TABLE t; --', "Orders", "a-b", "", "1abc", "x" * 41, "q\x00"])

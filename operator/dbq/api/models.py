@@ -167,16 +167,12 @@ class Connection(Model):
 
 
 class Ring(Model):
-    size: Annotated[
-        int,
-        Field(
-            ge=16,
-            le=10_000_000,
-            json_schema_extra=immutable(
-                "spec.ring.size", "create a new Queue with the new size and move consumers to it"
-            ),
-        ),
-    ] = Field(default=100_000, description="Preallocated slots: the most messages the ring holds at once.")
+    size: Annotated[int, Field(ge=16, le=10_000_000)] = Field(
+        default=100_000,
+        description="Preallocated slots: the most messages the ring holds at once. Changed on a PostgreSQL ring,"
+        " it is resized online: new pushes land in a new ring while the older one drains (status condition"
+        " Resizing); fixed on SQL Server.",
+    )
     message_bytes: Annotated[int, Field(ge=16, le=7_000)] = Field(
         default=300,
         description="Largest body a slot holds in its row; a larger one (up to spec.messages.maxBytes) waits in"
@@ -573,6 +569,10 @@ COMPRESSION_HINT = (
     "spec.messages.compression chooses PostgreSQL's compression of stored bodies: remove it on this backend"
     " (Cassandra compresses its SSTables itself; SQL Server stores bodies as they come)"
 )
+RING_SIZE_FIXED_HINT = (
+    "spec.ring.size cannot change on a SQL Server ring (PostgreSQL rings are resized online): create a new"
+    " Queue with the new size and move consumers to it"
+)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
     {
@@ -604,6 +604,11 @@ SPEC_RULES = [
         f"(!has(self.messages.maxBytes) || self.messages.maxBytes <= {MAX_PIPES_BODY_BYTES})"
         f" && (!has(self.messages.headerBytes) || self.messages.headerBytes <= {MAX_PIPES_HEADER_BYTES}))",
         "message": PIPES_SIZE_HINT,
+    },
+    {
+        "rule": "self.backend != 'sqlserver' || (has(self.ring) && has(self.ring.size) ? self.ring.size : 100000)"
+        " == (has(oldSelf.ring) && has(oldSelf.ring.size) ? oldSelf.ring.size : 100000)",
+        "message": RING_SIZE_FIXED_HINT,
     },
     {
         "rule": "has(self.queueName) == has(oldSelf.queueName)",

@@ -35,6 +35,19 @@ class Finding:
     message: str
 
 
+@dataclass(frozen=True)
+class Resized:
+    """A switch to another ring size (an online resize): from and to how many slots, how long
+    preparing the new slots took, how long the switch's transaction (the pause of pushes) took,
+    and the positions the older generations still hold for ring order then."""
+
+    from_size: int
+    to_size: int
+    prepared_s: float
+    switch_s: float
+    positions_left: int = 0
+
+
 @dataclass
 class ApplyResult:
     steps: Sequence[Step] = field(default_factory=list)
@@ -46,6 +59,8 @@ class ApplyResult:
     # PostgreSQL: sessions of dbq's client logged in with the operator's own login (applications
     # that should hold a QueueUser's); None where not counted.
     operator_login_sessions: int | None = None
+    # A ring switched to spec.ring.size by this apply (PostgreSQL rings).
+    resized: Resized | None = None
 
     @property
     def changed(self) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import pyodbc
 
 from dbq.api.limits import DEFAULT_MAX_BODY_BYTES
-from dbq.backends.base import ApplyResult, Depth, Finding
+from dbq.backends.base import ApplyResult, Depth, Finding, Resized
 from dbq.backends.dialects import RingSql, relations, ring_sql
 from dbq.backends.maintenance import (
     IndexFigures,
@@ -60,17 +60,6 @@ from dbq.names import QueueNames
 SWITCH_WAIT_MS = 100
 SWITCH_TRIES = 40
 LOCK_NOT_AVAILABLE = "55P03"
-
-
-@dataclass(frozen=True)
-class Resized:
-    """A switch made: from and to how many slots, how long preparing the new slots took, and how
-    long the switch's transaction (the pause of pushes) took."""
-
-    from_size: int
-    to_size: int
-    prepared_s: float
-    switch_s: float
 
 
 @dataclass(frozen=True)
@@ -225,7 +214,7 @@ class OdbcRing(OdbcBackend):
         return recorded.schema_version if recorded is not None else None
 
     def plan(self, observed: Observed) -> list[RingStep]:
-        return plan_ring(self.target, observed, self.sql.ROUTINES)
+        return plan_ring(self.target, observed, self.sql.ROUTINES, resizable=isinstance(self.sql, PgRing))
 
     def advisory_lock(self) -> str:
         return self.sql.advisory_lock()
@@ -244,7 +233,12 @@ class OdbcRing(OdbcBackend):
         sessions = self._shared_login_sessions()
         first = self._first_look(self.observe)
         if first is not None and not self.plan(first):
-            return ApplyResult(steps=[], schema_version=RING_SCHEMA_VERSION, operator_login_sessions=sessions)
+            return ApplyResult(
+                steps=[],
+                schema_version=RING_SCHEMA_VERSION,
+                operator_login_sessions=sessions,
+                resized=self.resize() if self._resizes(first) else None,
+            )
         with self._locked_transaction() as cur:
             observed = self.observe()
             steps = self.plan(observed)
@@ -252,12 +246,19 @@ class OdbcRing(OdbcBackend):
                 ensure_helper(cur, self.settings.database, self.settings.username)
             for batch in self.sql.batches([s for step in steps for s in self.sql.render(step)]):
                 cur.execute(batch)
+        # Out of the plan's transaction and its schema lock: a resize prepares its slots in
+        # transactions of their own, and its switch is brief.
         return ApplyResult(
             steps=steps,
             schema_version=RING_SCHEMA_VERSION,
             created=is_new(self.target, observed),
             operator_login_sessions=sessions,
+            resized=self.resize() if self._resizes(observed) else None,
         )
+
+    def _resizes(self, observed: Observed) -> bool:
+        """Whether the ring's newest generation has another size than spec.ring.size."""
+        return isinstance(self.sql, PgRing) and observed.slots not in (0, self.target.size)
 
     def _shared_login_sessions(self) -> int | None:
         if self.sql.SHARED_LOGIN_SESSIONS is None:
@@ -305,7 +306,16 @@ class OdbcRing(OdbcBackend):
                   "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
         if self.target.archive_retention_s > 0:
             counts["archiveScavenged"] = self._scavenge()
+        if isinstance(self.sql, PgRing) and self._generations_alive(self.sql) > 1:
+            done = self.retire()
+            counts |= {"generationsRetired": done.retired, "generationsDraining": done.alive - 1,
+                       "resizePositionsLeft": done.positions_left, "resizeLeased": done.leased}  # fmt: skip
         return counts
+
+    def _generations_alive(self, sql: PgRing) -> int:
+        """How many generations the ring has (one, unless a resize drains older ones)."""
+        with self._errors():
+            return int(self.conn.cursor().execute(sql.count_generations()).fetchval())
 
     def _scavenge(self) -> int:
         """Archived messages past the retention, removed in bounded batches (each its own short
@@ -365,7 +375,10 @@ class OdbcRing(OdbcBackend):
                     cur.execute(sql.prepare_slots(lo, hi))
             prepared_s = time.monotonic() - started
             pause_s = self._switch(sql, cur, base)
-            return Resized(state.newest.size, self.target.size, prepared_s, pause_s)
+            after = self._resize_state(sql, cur)
+            self._delete_strays(sql, cur, after)
+            left = after.positions_left()
+            return Resized(state.newest.size, self.target.size, prepared_s, pause_s, left)
 
     def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int) -> float:
         """The switch's transaction, tried until it takes the fence (each wait at most
@@ -390,6 +403,18 @@ class OdbcRing(OdbcBackend):
             f"queue {self.names.queue}: the switch to {self.target.size} slots did not get the fence of the"
             f" pushes in {SWITCH_TRIES} tries of {SWITCH_WAIT_MS} ms: a push stays inside its transaction"
         )
+
+    @staticmethod
+    def _delete_strays(sql: PgRing, cur: pyodbc.Cursor, state: ResizeState) -> None:
+        """With one generation alive, the slots it does not hold (those of a newest generation a
+        switch replaced before any push reached it, or of a run stopped while deleting) go."""
+        if len(state.generations) != 1:
+            return
+        low, high = cur.execute(sql.slot_bounds()).fetchone()
+        newest = state.newest
+        for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
+            for lo, hi in chunks(start, end, RETIRE_CHUNK):
+                cur.execute(sql.delete_slots(lo, hi))
 
     def retire(self) -> Retired:
         """Older generations whose positions are all drawn retire (their leftovers moved to the
@@ -420,14 +445,7 @@ class OdbcRing(OdbcBackend):
                 for lo, hi in chunks(oldest.slot_base, oldest.slot_end, RETIRE_CHUNK):
                     cur.execute(sql.delete_slots(lo, hi))
             state = self._resize_state(sql, cur)
-            if len(state.generations) == 1:
-                # Slots no generation holds (those of a newest generation a switch replaced before
-                # any push reached it, or of a run stopped while deleting): gone too.
-                low, high = cur.execute(sql.slot_bounds()).fetchone()
-                newest = state.newest
-                for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
-                    for lo, hi in chunks(start, end, RETIRE_CHUNK):
-                        cur.execute(sql.delete_slots(lo, hi))
+            self._delete_strays(sql, cur, state)
             leased = sum(int(cur.execute(sql.leased_in(g.slot_base, g.slot_end)).fetchval())
                          for g in state.draining)  # fmt: skip
             return Retired(retired, len(state.generations), state.positions_left(), leased, state.newest.size)

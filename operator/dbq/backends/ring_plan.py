@@ -173,7 +173,10 @@ def is_new(target: RingTarget, observed: Observed) -> bool:
     return observed.recorded is None and not set(target.names.tables) & observed.tables
 
 
-def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES) -> list[RingStep]:
+def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES,
+              resizable: bool = False) -> list[RingStep]:  # fmt: skip
+    """The steps that make the queue's objects match the spec. A ring of another size is left to
+    the online resize where the dialect has one (`resizable`: PostgreSQL), refused elsewhere."""
     n = target.names
     steps: list[RingStep] = []
 
@@ -193,10 +196,11 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
             f" {RING_SCHEMA_VERSION} before it keeps other queues' dead letters, and {found}: retried until"
             " that Queue is Ready"
         )
-    if recorded is not None and recorded.ring_size != target.size:
+    if recorded is not None and recorded.ring_size != target.size and not resizable:
         raise ConflictingObjects(
             f"{n.schema}.{n.ring} exists with {recorded.ring_size} slots but spec.ring.size is {target.size}: "
-            "a ring cannot be resized in place; create a new Queue (or delete this queue's objects first)"
+            "this backend resizes no ring online (PostgreSQL does); create a new Queue (or delete this queue's"
+            " objects first)"
         )
     if not observed.schema_exists:
         step(RingAction.CREATE_SCHEMA, f"schema {n.schema} does not exist")

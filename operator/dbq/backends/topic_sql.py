@@ -208,14 +208,16 @@ END $$"""
 
     @staticmethod
     def _free(route: Route) -> str:
-        """The free slots of the route's ring, from its push and pop sequences."""
-        push, pop = (
-            f"{quote(route.queue.schema)}.{quote(seq)}" for seq in (route.queue.push_seq, route.queue.pop_seq)
+        """The free slots of the route's ring: its newest generation's size (it may be resized
+        online) less what its push and pop sequences say is in it."""
+        push, pop, gens = (
+            f"{quote(route.queue.schema)}.{quote(name)}"
+            for name in (route.queue.push_seq, route.queue.pop_seq, route.queue.generations)
         )
         drawn = "CASE WHEN {0}.is_called THEN {0}.last_value ELSE 0 END"
         return (
-            f"({int(route.ring_size)} - (SELECT {drawn.format('u')} - {drawn.format('o')}"
-            f" FROM {push} u, {pop} o))"
+            f"(SELECT g.size - ({drawn.format('u')} - greatest({drawn.format('o')}, g.first_pos - 1))"
+            f" FROM {push} u, {pop} o, (SELECT first_pos, size FROM {gens} ORDER BY first_pos DESC LIMIT 1) g)"
         )
 
     def _block(self, name: str, index: int, route: Route) -> str:

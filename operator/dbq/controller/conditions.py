@@ -20,6 +20,7 @@ DEGRADED = "Degraded"
 DELETION_BLOCKED = "DeletionBlocked"
 PAUSED = "Paused"
 RECONCILING = "Reconciling"
+RESIZING = "Resizing"
 STALLED = "Stalled"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from dbq.api.models import DeletionPolicy, QueueSpec, queue_name
 from dbq.api.status import QueueStatus
 from dbq.backends import open_backend
-from dbq.backends.base import Depth, Finding, QueueBackend
+from dbq.backends.base import Depth, Finding, QueueBackend, Resized
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
 from dbq.controller.schedule import describe
@@ -110,6 +110,9 @@ def reconcile(
         )
         out.events += checked
         conditions = cond.settled(conditions)
+        if result.resized is not None:
+            conditions, announced = resize_started(conditions, result.resized, generation)
+            out.events.append(announced)
         out.events += shared_login(status.get("operatorLoginSessions"), result.operator_login_sessions)
         out.status = QueueStatus.model_validate(
             {
@@ -155,6 +158,25 @@ def schedule_words(spec_raw: dict[str, Any], status: dict[str, Any]) -> dict[str
     except DbqError:
         return None
     return None if status.get("schedule") == words else words
+
+
+def resize_started(
+    conditions: list[dict[str, Any]], resized: Resized, generation: int | None
+) -> tuple[list[dict[str, Any]], Event]:
+    """Resizing=True once a switch to the new ring size is made, and its Event: pushes land in the
+    new ring from then on, while the older one drains (the upkeep reports the end)."""
+    grow = resized.to_size > resized.from_size
+    message = (
+        f"ring switched from {resized.from_size} to {resized.to_size} slots (new slots prepared in"
+        f" {resized.prepared_s:.1f}s, pushes paused {resized.switch_s * 1000:.0f}ms);"
+        f" {resized.positions_left} message(s) left in the older ring"
+    )
+    if not grow:
+        message += ": producers may find the queue full until it drains"
+    reason = "Growing" if grow else "Shrinking"
+    return cond.set_condition(conditions, cond.RESIZING, True, reason, message, generation), Event(
+        "Normal", "ResizeStarted", message
+    )
 
 
 def shared_login(before: int | None, now: int | None) -> list[Event]:

@@ -270,7 +270,11 @@ def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: fl
     stats = due(memory.stats_at, seconds(spec.stats.interval), now)
     # A queue at rest is cleaned up on the heartbeat only: an idle fleet costs no repair calls.
     resting = memory.at_rest(seconds(spec.timeouts.stalled_after))
-    cleanup = due(memory.cleanup_at, STATS_HEARTBEAT_S if resting else seconds(spec.cleanup.interval), now)
+    every = STATS_HEARTBEAT_S if resting else seconds(spec.cleanup.interval)
+    if cond.is_true(status.get("conditions"), cond.RESIZING):
+        # An older ring drains: it retires within a stats interval of its last position drawn.
+        every = min(every, seconds(spec.stats.interval))
+    cleanup = due(memory.cleanup_at, every, now)
     drift = drift_interval_s is not None and due(memory.drift_at, drift_interval_s, now)
     return Due(stats, cleanup, memory.database.check_due(now), maintenance, window, drift)
 
@@ -422,4 +426,31 @@ def run_upkeep(
             memory.cleanup_written_at = now
         if repaired:
             out.events.append(Event("Normal", "Repaired", f"cleanup repaired {cleanup_message(repaired)}"))
+        conditions, events = resize_progress(out.status.get("conditions", status.get("conditions")), counts)
+        if events or conditions != (out.status.get("conditions", status.get("conditions")) or []):
+            out.status["conditions"] = conditions
+        out.events += events
     return out
+
+
+def resize_progress(
+    conditions: list[dict[str, Any]] | None, counts: dict[str, int]
+) -> tuple[list[dict[str, Any]], list[Event]]:
+    """Resizing from a cleanup's counts: its message says what the older rings still hold while
+    they drain; once none is left it turns False, with an Event."""
+    before = cond.condition(conditions, cond.RESIZING)
+    if before is None or before.get("status") != "True":
+        return list(conditions or []), []
+    generation = before.get("observedGeneration")
+    draining = counts.get("generationsDraining", 0)
+    if draining:
+        message = (
+            f"{draining} older ring(s) draining: {counts.get('resizePositionsLeft', 0)} message(s) still to"
+            f" take in ring order, {counts.get('resizeLeased', 0)} leased"
+        )
+        reason = str(before.get("reason") or "Draining")
+        new = cond.set_condition(conditions, cond.RESIZING, True, reason, message, generation)
+        return new, []
+    message = "the older ring drained and was dropped: one ring, of spec.ring.size"
+    new = cond.set_condition(conditions, cond.RESIZING, False, "Resized", message, generation)
+    return new, [Event("Normal", "Resized", message)]

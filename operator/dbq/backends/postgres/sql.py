@@ -377,6 +377,9 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
             f" FROM {self.gens} ORDER BY first_pos"
         )
 
+    def count_generations(self) -> str:
+        return f"SELECT count(*) FROM {self.gens}"
+
     def try_resize_lock(self) -> str:
         """The queue's resize lock, for the session (parameter: its name): preparing and switching,
         and retiring, never run at once, nor twice."""
