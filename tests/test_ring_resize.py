@@ -4,9 +4,12 @@ producers and consumers run at full speed, on the real server, with logins as in
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyodbc
@@ -84,7 +87,7 @@ def slots(postgres, name: str) -> tuple[int, int, int]:
 
 def retire_all(ring: OdbcRing, timeout: float = 60) -> Retired:
     deadline = time.monotonic() + timeout
-    while (done := ring.retire()).resizing:
+    while (done := ring.retire()) is None or done.resizing:
         assert time.monotonic() < deadline, f"still draining: {done}"
         time.sleep(0.2)
     return done
@@ -112,7 +115,11 @@ def test_a_ring_grows_and_shrinks_between_calls_and_keeps_order_leases_and_count
         got = [m.body.decode() for m in q.pop_many(20, timeout=0)]
         assert got == [f"a{i}" for i in range(1, 16)] + [f"b{i}" for i in range(5)]
         done = backend(postgres, name, 40).retire()
-        assert (done.retired, done.alive, done.leased) == (1, 1, 0)  # the lease moved with it
+        assert done is not None and (done.retired, done.alive, done.leased) == (
+            1,
+            1,
+            0,
+        )  # the lease moved with it
         assert generations(postgres, name) == [(17, 16, 40)] and slots(postgres, name) == (40, 16, 55)
         held.ack()  # LeaseLost otherwise
         # A shrink: pushes past the boundary land in 16 slots while 35 messages drain.
@@ -124,7 +131,8 @@ def test_a_ring_grows_and_shrinks_between_calls_and_keeps_order_leases_and_count
             q.push(b"c16", timeout=0)
         with pytest.raises(pyodbc.Error, match="holds 16 messages"):
             postgres.connect().cursor().execute(f'SELECT "{SCHEMA}"."{name}_send"(?)', b"refused").fetchall()
-        assert backend(postgres, name, 16).retire().positions_left == 35
+        draining = backend(postgres, name, 16).retire()
+        assert draining is not None and draining.positions_left == 35
         rest = [m.body.decode() for m in q.pop_many(100, timeout=0)]
         assert rest == [f"b{i}" for i in range(5, 40)] + [f"c{i}" for i in range(16)]
         done = retire_all(backend(postgres, name, 16))
@@ -184,3 +192,95 @@ def test_producers_and_consumers_at_full_speed_lose_and_duplicate_nothing_throug
         s = q.stats()
         assert (s.depth, s.in_flight, s.pushed) == (0, 0, n)
         assert generations(postgres, name)[-1][2] == 50 and slots(postgres, name)[0] == 50
+
+
+# --- crashes ---------------------------------------------------------------------------------------
+STEP = str(Path(__file__).with_name("resize_step.py"))
+
+
+def step(action: str, url: str, name: str, size: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, STEP, action, url, SCHEMA, name, str(size)], stderr=subprocess.PIPE
+    )
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.02)
+
+
+def killed_when(proc: subprocess.Popen[bytes], check: Callable[[], bool], what: str) -> None:
+    """SIGKILL `proc` as soon as `check` holds (it may have ended already: then it is reaped)."""
+    wait_until(lambda: check() or proc.poll() is not None, 120, what)
+    proc.kill()
+    proc.wait()
+
+
+# (phase, from size, to size): where the process making the resize is killed
+PHASES = [
+    ("preparing", 1_000, 300_000),  # some of the new slots written, no switch yet
+    ("switched", 1_000, 2_000),  # the new generation recorded
+    ("draining", 1_000, 2_000),  # the older ring still holds messages
+    ("dropping", 300_000, 1_000),  # the older ring retired, its slots being deleted
+]
+
+
+@pytest.mark.parametrize(("phase", "before", "after"), PHASES, ids=[p[0] for p in PHASES])
+def test_a_resize_killed_at_any_step_completes_when_run_again_and_loses_nothing(
+    postgres, accounts, tmp_path: Path, phase: str, before: int, after: int
+):
+    """Producers and leased consumers run throughout; the process resizing (or retiring) is
+    SIGKILLed in `phase`, then a new one finishes the work: one ring of the new size, every
+    message delivered once."""
+    name = f"crash_{phase}"
+    backend(postgres, name, before).apply()
+    _, producer = accounts.login({name: ("send",)}, SCHEMA)
+    _, worker = accounts.login({name: ("receive",)}, SCHEMA)
+    rows = f'SELECT count(*) FROM "{SCHEMA}"."{name}_ring"'
+    gens = f'SELECT count(*) FROM "{SCHEMA}"."{name}_gens"'
+    cur = postgres.connect().cursor()
+    n, stop = 4_000, tmp_path / "stop"
+    logs = [tmp_path / f"w{i}.log" for i in range(4)]
+    with connect(postgres.url, name, schema=SCHEMA, smart_batching=False) as q:
+        q.push_many([f"early{i}".encode() for i in range(1000)])  # the older ring holds messages
+        pushers = [start("push", q, producer, logs[i], "--prefix", f"p{i}", "--count", str(n // 2), "--batch", "5")
+                   for i in range(2)]  # fmt: skip
+        poppers = [start("pop", q, worker, logs[2 + i], "--mode", "leased", "--batch", "5", "--stop", str(stop))
+                   for i in range(2)]  # fmt: skip
+        if phase == "preparing":
+            killed_when(step("resize", postgres.url, name, after),
+                        lambda: cur.execute(rows).fetchval() > before + 20_000, "some slots prepared")  # fmt: skip
+            assert cur.execute(gens).fetchval() == 1  # not switched
+        elif phase == "switched":
+            killed_when(step("resize", postgres.url, name, after), lambda: cur.execute(gens).fetchval() == 2,
+                        "switched")  # fmt: skip
+        else:
+            assert step("resize", postgres.url, name, after).wait(timeout=300) == 0
+            if phase == "draining":
+                retiring = step("retire", postgres.url, name, after)
+                time.sleep(0.3)
+                assert cur.execute(gens).fetchval() == 2  # still draining when killed
+                retiring.kill()
+                retiring.wait()
+            else:
+                killed_when(step("retire", postgres.url, name, after),
+                            lambda: cur.execute(gens).fetchval() == 1 and cur.execute(rows).fetchval() < before,
+                            "the older slots being deleted")  # fmt: skip
+        # A new process (the operator restarted) finishes the work.
+        assert step("resize", postgres.url, name, after).wait(timeout=300) == 0
+        assert step("retire", postgres.url, name, after).wait(timeout=300) == 0
+        finish(pushers)
+        stop.touch()
+        finish(poppers)
+        q.repair(orphan_grace=0.0)
+        drained = [m.body.decode() for m in q.pop_many(5000, timeout=0)]
+    assert generations(postgres, name)[-1][2] == after and cur.execute(gens).fetchval() == 1
+    assert cur.execute(rows).fetchval() == after
+    seen = read_logs(logs)
+    delivered = seen["A"]
+    delivered.update(drained)
+    assert sum(seen["P"].values()) == n  # every push acknowledged
+    pushed = seen["P"] + Counter(f"early{i}" for i in range(1000))
+    assert delivered == pushed  # nothing lost, nothing twice

@@ -306,16 +306,18 @@ class OdbcRing(OdbcBackend):
                   "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
         if self.target.archive_retention_s > 0:
             counts["archiveScavenged"] = self._scavenge()
-        if isinstance(self.sql, PgRing) and self._generations_alive(self.sql) > 1:
+        if isinstance(self.sql, PgRing) and self._resize_pending(self.sql):
             done = self.retire()
-            counts |= {"generationsRetired": done.retired, "generationsDraining": done.alive - 1,
-                       "resizePositionsLeft": done.positions_left, "resizeLeased": done.leased}  # fmt: skip
+            if done is not None:  # None: a resize of this queue holds its lock right now
+                counts |= {"generationsRetired": done.retired, "generationsDraining": done.alive - 1,
+                           "resizePositionsLeft": done.positions_left, "resizeLeased": done.leased}  # fmt: skip
         return counts
 
-    def _generations_alive(self, sql: PgRing) -> int:
-        """How many generations the ring has (one, unless a resize drains older ones)."""
+    def _resize_pending(self, sql: PgRing) -> bool:
+        """Whether an older generation drains, or slots no generation holds are left (one cheap
+        statement: the ring's lowest and highest slot come from its key)."""
         with self._errors():
-            return int(self.conn.cursor().execute(sql.count_generations()).fetchval())
+            return bool(self.conn.cursor().execute(sql.resize_pending()).fetchval())
 
     def _scavenge(self) -> int:
         """Archived messages past the retention, removed in bounded batches (each its own short
@@ -416,15 +418,16 @@ class OdbcRing(OdbcBackend):
             for lo, hi in chunks(start, end, RETIRE_CHUNK):
                 cur.execute(sql.delete_slots(lo, hi))
 
-    def retire(self) -> Retired:
+    def retire(self) -> Retired | None:
         """Older generations whose positions are all drawn retire (their leftovers moved to the
-        spill table, their slots deleted); what is left to drain, counted."""
+        spill table, their slots deleted); what is left to drain, counted. None when a resize of
+        the queue holds its lock (the next run looks again)."""
         sql = self.sql
         if not isinstance(sql, PgRing):
             return Retired()
         with self._resize_session(sql) as cur:
             if cur is None:
-                return Retired()
+                return None
             retired = 0
             while (oldest := self._resize_state(sql, cur).retirable()) is not None:
                 conn = cur.connection

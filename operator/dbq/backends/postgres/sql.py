@@ -377,8 +377,11 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
             f" FROM {self.gens} ORDER BY first_pos"
         )
 
-    def count_generations(self) -> str:
-        return f"SELECT count(*) FROM {self.gens}"
+    def resize_pending(self) -> str:
+        """1 while more than one generation is alive, or the ring has slots outside them all."""
+        return f"""SELECT CASE WHEN (SELECT count(*) FROM {self.gens}) > 1
+  OR (SELECT min(slot) FROM {self.ring}) < (SELECT min(slot_base) FROM {self.gens})
+  OR (SELECT max(slot) FROM {self.ring}) >= (SELECT max(slot_base + size) FROM {self.gens}) THEN 1 ELSE 0 END"""
 
     def try_resize_lock(self) -> str:
         """The queue's resize lock, for the session (parameter: its name): preparing and switching,
