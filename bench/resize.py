@@ -53,10 +53,11 @@ def backend(url: str, name: str, size: int) -> OdbcRing:
 
 def worker(role: str, url: str, name: str, out: str, stop: str, prefix: str, mode: str) -> None:
     """One client process: calls until `stop` exists (and, for a consumer, the queue is empty);
-    writes (start, seconds) of each call, the bodies it pushed or delivered, and full rings met."""
+    writes (start, seconds) of each call, the bodies it pushed or delivered, and when it found the
+    ring full."""
     calls: list[tuple[float, float]] = []
     bodies: list[str] = []
-    full = 0
+    full: list[float] = []
     with connect(url, name, schema=SCHEMA, smart_batching=False) as q:
         Path(out + ".ready").touch()
         n, idle = 0, 0
@@ -69,7 +70,7 @@ def worker(role: str, url: str, name: str, out: str, stop: str, prefix: str, mod
                 try:
                     q.push(body.encode(), timeout=0)
                 except QueueFull:
-                    full += 1
+                    full.append(started)
                     time.sleep(0.001)
                     continue
                 n += 1
@@ -154,8 +155,13 @@ def one_mode(db: Any, accounts: Accounts, mode: str, steady: float, tmp: Path) -
         })  # fmt: skip
     lost = sum((pushed - delivered).values())
     twice = sum((delivered - pushed).values())
+    fulls = [t for r in runs[:4] for t in r["full"]]
+    base["full"] = sum(1 for t in fulls if window[0] <= t < window[1])
+    for s in out["steps"]:  # before the switch the older ring's size holds; after it, the new one's
+        s["full_before"] = sum(1 for t in fulls if s["began"] <= t < s["switch_end"])
+        s["full_after"] = sum(1 for t in fulls if s["switch_end"] <= t < s["retired"])
     out["conservation"] = {"pushed": sum(pushed.values()), "delivered": sum(delivered.values()), "lost": lost,
-                           "twice": twice, "full": sum(r["full"] for r in runs[:4])}  # fmt: skip
+                           "twice": twice, "full": len(fulls)}  # fmt: skip
     return out
 
 
@@ -165,10 +171,11 @@ def report(result: dict[str, Any]) -> None:
     print(
         f"steady window: {base['rate']:,.0f} msg/s delivered; calls p99 push {p(base['push'], 0.99) * 1000:.1f} ms,"
         f" pop {p(base['pop'], 0.99) * 1000:.1f} ms; max push {max(base['push'], default=0) * 1000:.1f} ms,"
-        f" pop {max(base['pop'], default=0) * 1000:.1f} ms"
+        f" pop {max(base['pop'], default=0) * 1000:.1f} ms; pushes finding the ring full {base['full']:,}"
     )
     print(
         "to slots   prepared  switch  calls across it  push p99/max ms  pop p99/max ms  rate during step  ratio"
+        "  full before / after the switch"
     )
     for s in result["steps"]:
         print(
@@ -176,12 +183,12 @@ def report(result: dict[str, Any]) -> None:
             f"  {len(s['push']) + len(s['pop']):15d}"
             f"  {p(s['push'], 0.99) * 1000:6.1f} / {max(s['push'], default=0) * 1000:6.1f}"
             f"  {p(s['pop'], 0.99) * 1000:6.1f} / {max(s['pop'], default=0) * 1000:6.1f}"
-            f"  {s['rate']:14,.0f}/s  {s['rate'] / max(base['rate'], 1e-9):5.2f}"
+            f"  {s['rate']:14,.0f}/s  {s['rate'] / max(base['rate'], 1e-9):5.2f}  {s['full_before']:,} / {s['full_after']:,}"
         )
     c = result["conservation"]
     print(
         f"conservation: {c['pushed']:,} pushed, {c['delivered']:,} delivered, {c['lost']} lost, {c['twice']} twice;"
-        f" pushes that found the ring full: {c['full']:,}"
+        f" pushes that found the ring full, in all: {c['full']:,}"
     )
 
 

@@ -58,8 +58,18 @@ from dbq.names import QueueNames
 # A resize's switch waits at most SWITCH_WAIT_MS for the fence (pushes queue behind it meanwhile),
 # and is tried SWITCH_TRIES times before the resize reports ResizeWaiting.
 SWITCH_WAIT_MS = 100
+# After each chunk of slots a resize writes or deletes, a pause of this many times its duration.
+RESIZE_PACE = 3.0
 SWITCH_TRIES = 40
 LOCK_NOT_AVAILABLE = "55P03"
+
+
+def paced(cur: pyodbc.Cursor, statement: str) -> None:
+    """One chunk of a resize's slots written or deleted, then a pause RESIZE_PACE times as long as
+    it took: the queue's clients keep most of what the server gives them meanwhile."""
+    started = time.monotonic()
+    cur.execute(statement)
+    time.sleep((time.monotonic() - started) * RESIZE_PACE)
 
 
 @dataclass(frozen=True)
@@ -374,7 +384,7 @@ class OdbcRing(OdbcBackend):
             started = time.monotonic()
             for lo, hi in chunks(base, base + self.target.size, PREPARE_CHUNK):
                 if cur.execute(sql.slots_present(lo, hi)).fetchval() < min(2, hi - lo):
-                    cur.execute(sql.prepare_slots(lo, hi))
+                    paced(cur, sql.prepare_slots(lo, hi))
             prepared_s = time.monotonic() - started
             pause_s = self._switch(sql, cur, base)
             after = self._resize_state(sql, cur)
@@ -416,7 +426,7 @@ class OdbcRing(OdbcBackend):
         newest = state.newest
         for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
             for lo, hi in chunks(start, end, RETIRE_CHUNK):
-                cur.execute(sql.delete_slots(lo, hi))
+                paced(cur, sql.delete_slots(lo, hi))
 
     def retire(self) -> Retired | None:
         """Older generations whose positions are all drawn retire (their leftovers moved to the
@@ -446,7 +456,7 @@ class OdbcRing(OdbcBackend):
                     break
                 retired += 1
                 for lo, hi in chunks(oldest.slot_base, oldest.slot_end, RETIRE_CHUNK):
-                    cur.execute(sql.delete_slots(lo, hi))
+                    paced(cur, sql.delete_slots(lo, hi))
             state = self._resize_state(sql, cur)
             self._delete_strays(sql, cur, state)
             leased = sum(int(cur.execute(sql.leased_in(g.slot_base, g.slot_end)).fetchval())
