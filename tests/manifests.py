@@ -63,6 +63,21 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
     ("size-wrong-type", with_path(queue(), "spec.ring.size", "big"), "spec.ring.size"),
     ("message-bytes-huge", with_path(queue(), "spec.ring.messageBytes", 100_000), "spec.ring.messageBytes"),
     (
+        "auto-grow-below-size",
+        with_path(queue(), "spec.ring.autoGrow", {"maxSize": 32}),
+        "spec.ring.autoGrow.maxSize",
+    ),
+    (
+        "auto-grow-threshold-100",
+        with_path(queue(), "spec.ring.autoGrow", {"maxSize": 128, "whenFullAbove": 100}),
+        "whenFullAbove",
+    ),
+    (
+        "auto-grow-on-sqlserver",
+        with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.ring.autoGrow", {"maxSize": 128}),
+        "only PostgreSQL rings are resized online",
+    ),
+    (
         "max-bytes-huge",
         with_path(queue(), "spec.messages.maxBytes", (64 << 20) + 1),
         "spec.messages.maxBytes",

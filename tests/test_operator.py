@@ -141,6 +141,42 @@ def test_a_size_change_resizes_the_ring_online_and_says_so_until_the_older_ring_
     assert status["observedGeneration"] == 2 and cluster.condition("grow-q", "Ready")["status"] == "True"
 
 
+def test_auto_grow_grows_a_nearly_full_ring_before_producers_find_it_full_up_to_max_size_then_warns(env):
+    cluster, _, postgres = env
+    grow = {"maxSize": 256, "whenFullAbove": 50, "factor": 2}
+    doc, schema = fresh("auto-q", ring={"size": 64, "autoGrow": grow}, stats={"interval": "5s"},
+                        cleanup={"interval": "5s"})  # fmt: skip
+    cluster.create(doc)
+    cluster.wait_condition("auto-q", "Ready", "True")
+
+    def grown_to(size: int) -> bool:
+        return ((cluster.get("auto-q").get("status") or {}).get("ring") or {}).get("grownTo") == size
+
+    with connect(postgres.url, "auto_q", schema=schema, smart_batching=False) as q:
+        q.push_many([f"a{i}".encode() for i in range(40)], timeout=0)  # 62% of 64 slots
+        wait_for(lambda: grown_to(128), 60, "grown to 128 slots")
+        q.push_many([f"b{i}".encode() for i in range(60)], timeout=0)  # 100 of 128: 78%
+        wait_for(lambda: grown_to(256), 60, "grown to 256 slots")
+        q.push_many([f"c{i}".encode() for i in range(100)], timeout=0)  # 200 of 256, at maxSize
+        warned = wait_for(
+            lambda: next((e for e in cluster.events("auto-q") if e.reason == "RingFullCannotGrow"), None),
+            60, "the RingFullCannotGrow Warning",
+        )  # fmt: skip
+        assert "maxSize" in warned.message and warned.type == "Warning"
+        assert len(q.pop_many(300, timeout=0)) == 200  # no push ever found the ring full (timeout=0)
+    cluster.wait_condition("auto-q", "Resizing", "False", timeout=60, reason="Resized")
+    grown = [e.message for e in cluster.events("auto-q") if e.reason == "AutoGrown"]
+    assert (
+        len(grown) == 2 and "from 64 to 128 slots" in " ".join(grown) and "from 128 to 256" in " ".join(grown)
+    )
+    cur = postgres.connect().cursor()
+    assert [tuple(r) for r in cur.execute(f'SELECT size FROM "{schema}".auto_q_gens').fetchall()] == [(256,)]
+    # A drift check or a spec change keeps the grown ring: spec.ring.size is the floor.
+    cluster.patch("auto-q", {"spec": {"stats": {"interval": "6s"}}})
+    wait_for(lambda: cluster.get("auto-q")["status"].get("observedGeneration") == 2, 30, "generation 2")
+    assert cur.execute(f'SELECT size FROM "{schema}".auto_q_gens ORDER BY first_pos DESC').fetchval() == 256
+
+
 @pytest.mark.parametrize(
     ("case", "doc", "words"), REFUSED_AT_ADMISSION, ids=[c[0] for c in REFUSED_AT_ADMISSION]
 )

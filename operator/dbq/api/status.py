@@ -81,6 +81,15 @@ class ScheduleStatus(Model):
     )
 
 
+class RingStatus(Model):
+    """What spec.ring.autoGrow did to the ring."""
+
+    grown_to: int | None = Field(
+        default=None,
+        description="The slots spec.ring.autoGrow grew the ring to (the ring's size while above spec.ring.size).",
+    )
+
+
 class QueueStatus(Model):
     observed_generation: int | None = Field(default=None, description="The last generation reconciled.")
     schema_version: int | None = Field(default=None, description="Version of the objects dbq created.")
@@ -96,6 +105,7 @@ class QueueStatus(Model):
         " QueueUser's Secret instead (an AdminSecretInUse Event when they appear).",
     )
     stats: StatsStatus | None = None
+    ring: RingStatus | None = None
     cleanup: CleanupStatus | None = Field(default=None, description="The last cleanup and its totals.")
     maintenance: MaintenanceStatus | None = None
     schedule: ScheduleStatus | None = None

@@ -367,32 +367,33 @@ class OdbcRing(OdbcBackend):
         gens = tuple(Generation(int(r[0]), int(r[1]), int(r[2])) for r in rows)
         return ResizeState(gens, int(rows[0][3]) if rows else 0)
 
-    def resize(self) -> Resized | None:
-        """The ring brought online to spec.ring.size, when its newest generation has another:
+    def resize(self, size: int | None = None) -> Resized | None:
+        """The ring brought online to `size` (spec.ring.size when None), when its newest
+        generation has another:
         the new generation's slots prepared, then the switch (`ResizeWaiting` when pushes kept the
         fence). None when the size is the newest generation's, or another run is resizing."""
-        sql = self.sql
+        sql, size = self.sql, size or self.target.size
         if not isinstance(sql, PgRing):
             return None
         with self._resize_session(sql) as cur:
             if cur is None:
                 return None
             state = self._resize_state(sql, cur)
-            if not state.generations or state.newest.size == self.target.size:
+            if not state.generations or state.newest.size == size:
                 return None
-            base = place_generation(state.generations, self.target.size)
+            base = place_generation(state.generations, size)
             started = time.monotonic()
-            for lo, hi in chunks(base, base + self.target.size, PREPARE_CHUNK):
+            for lo, hi in chunks(base, base + size, PREPARE_CHUNK):
                 if cur.execute(sql.slots_present(lo, hi)).fetchval() < min(2, hi - lo):
                     paced(cur, sql.prepare_slots(lo, hi))
             prepared_s = time.monotonic() - started
-            pause_s = self._switch(sql, cur, base)
+            pause_s = self._switch(sql, cur, base, size)
             after = self._resize_state(sql, cur)
             self._delete_strays(sql, cur, after)
             left = after.positions_left()
-            return Resized(state.newest.size, self.target.size, prepared_s, pause_s, left)
+            return Resized(state.newest.size, size, prepared_s, pause_s, left)
 
-    def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int) -> float:
+    def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int, size: int) -> float:
         """The switch's transaction, tried until it takes the fence (each wait at most
         SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
         conn = cur.connection
@@ -400,7 +401,7 @@ class OdbcRing(OdbcBackend):
             started = time.monotonic()
             conn.autocommit = False
             try:
-                for statement in sql.switch(base, self.target.size, SWITCH_WAIT_MS):
+                for statement in sql.switch(base, size, SWITCH_WAIT_MS):
                     cur.execute(statement)
                 conn.commit()
                 return time.monotonic() - started
@@ -412,7 +413,7 @@ class OdbcRing(OdbcBackend):
                 conn.autocommit = True
             time.sleep(0.05 * (attempt + 1))  # let the pushes queued behind it through
         raise ResizeWaiting(
-            f"queue {self.names.queue}: the switch to {self.target.size} slots did not get the fence of the"
+            f"queue {self.names.queue}: the switch to {size} slots did not get the fence of the"
             f" pushes in {SWITCH_TRIES} tries of {SWITCH_WAIT_MS} ms: a push stays inside its transaction"
         )
 

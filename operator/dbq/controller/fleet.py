@@ -25,6 +25,7 @@ from dbq.backends.base import QueueBackend
 from dbq.connection import ConnectionSettings
 from dbq.controller import conditions as cond
 from dbq.controller import upkeep
+from dbq.controller.autogrow import with_ring_size
 from dbq.errors import DbqError, InvalidSpec
 from dbq.resource import SecretReader, settings_for
 
@@ -40,7 +41,7 @@ class Tracked:
     body: dict[str, Any]
     memory: upkeep.Memory
     # Its backend object (no connection is kept), made again when the spec or the Secret changed.
-    _backend: tuple[int | None, ConnectionSettings, QueueBackend] | None = None
+    _backend: tuple[tuple[int | None, int], ConnectionSettings, QueueBackend] | None = None
 
     @property
     def spec_raw(self) -> dict[str, Any]:
@@ -79,15 +80,19 @@ class Tracked:
     def backend(self, read_secret: SecretReader) -> QueueBackend:
         """The Queue's backend object: the Secret is read (its reader caches it) and the
         backend made again only when the spec's generation or the connection changed."""
-        spec = self.spec()
+        spec = with_ring_size(self.spec(), self.status)  # the size autoGrow grew it to
         settings = settings_for(spec, self.namespace, read_secret)
         kept = self._backend
-        if kept is None or kept[0] != self.generation or kept[1] != settings:
+        if kept is None or kept[0] != (self.generation, spec.ring.size) or kept[1] != settings:
             try:
                 queue = queue_name(self.name, spec)
             except ValueError as e:
                 raise InvalidSpec(str(e)) from None
-            kept = self._backend = (self.generation, settings, open_backend(spec, queue, settings))
+            kept = self._backend = (
+                (self.generation, spec.ring.size),
+                settings,
+                open_backend(spec, queue, settings),
+            )
         return kept[2]
 
 

@@ -36,6 +36,14 @@ RATES = (
     Gauge("dbq_queue_push_rate", "Pushes per second over the rate window", _LABELS),
     Gauge("dbq_queue_pop_rate", "Pops and acquires per second over the rate window", _LABELS),
 )
+RING_SLOTS = Gauge(
+    "dbq_ring_slots", "Slots of the ring pushes fill (PostgreSQL and SQL Server rings)", _LABELS
+)
+RING_GROW_BLOCKED = Gauge(
+    "dbq_ring_grow_blocked",
+    "1 while the ring is nearly full at spec.ring.autoGrow.maxSize and cannot grow",
+    _LABELS,
+)
 CLEANUP = Counter("dbq_queue_cleanup_total", "What cleanup repaired or removed, by kind", [*_LABELS, "kind"])
 _TOPIC = ["namespace", "topic"]
 TOPIC_READY = Gauge("dbq_topic_ready", "1 when the topic's Ready condition is True", _TOPIC)
@@ -66,6 +74,11 @@ def leading(now: bool, acting: Callable[[], bool] = lambda: True) -> None:
     LEADER.set_function(lambda: 1.0 if now and acting() else 0.0)
 
 
+def set_ring(namespace: str, queue: str, slots: int, grow_blocked: bool) -> None:
+    RING_SLOTS.labels(namespace=namespace, queue=queue).set(slots)
+    RING_GROW_BLOCKED.labels(namespace=namespace, queue=queue).set(1 if grow_blocked else 0)
+
+
 def reconciled(*, ok: bool, seconds: float, reason: str = "") -> None:
     RECONCILES.labels(result="ok" if ok else "error").inc()
     RECONCILE_SECONDS.observe(seconds)
@@ -90,7 +103,7 @@ def count_cleanup(namespace: str, name: str, counts: dict[str, int]) -> None:
 
 
 def forget(namespace: str, name: str) -> None:
-    for gauge in (QUEUE_READY, *STATS.values(), *RATES):
+    for gauge in (QUEUE_READY, *STATS.values(), *RATES, RING_SLOTS, RING_GROW_BLOCKED):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
 

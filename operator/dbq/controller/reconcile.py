@@ -21,6 +21,7 @@ from dbq.backends import open_backend
 from dbq.backends.base import Depth, Finding, QueueBackend, Resized
 from dbq.controller import conditions as cond
 from dbq.controller import metrics
+from dbq.controller.autogrow import with_ring_size
 from dbq.controller.schedule import describe
 from dbq.errors import DbqError, InvalidSpec, QueueNotFound
 from dbq.resource import QueueReader, SecretReader, dead_letter_keeper, parse_spec, settings_for
@@ -50,13 +51,14 @@ class Outcome:
 
 def backend_for(
     name: str, namespace: str, spec_raw: dict[str, Any] | QueueSpec, read_secret: SecretReader,
-    read_queue: QueueReader | None = None,
+    read_queue: QueueReader | None = None, status: Mapping[str, Any] | None = None,
 ) -> tuple[QueueSpec, str, QueueBackend]:  # fmt: skip
     """`spec_raw` is parsed unless it is a QueueSpec already (the upkeep's, parsed once per
     generation). `read_queue` finds the Queue named by spec.deadLetter.queue, which planning
     needs; upkeep and deletion plan nothing (the database records where dead letters go) and
-    pass none."""
+    pass none. `status` says what spec.ring.autoGrow grew the ring to (the size kept)."""
     spec = spec_raw if isinstance(spec_raw, QueueSpec) else parse_spec(spec_raw)
+    spec = with_ring_size(spec, status)
     try:
         queue = queue_name(name, spec)
     except ValueError as e:
@@ -89,7 +91,7 @@ def reconcile(
     backend: QueueBackend | None = None
     conditions = old
     try:
-        spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret, read_queue)
+        spec, queue, backend = backend_for(name, namespace, spec_raw, read_secret, read_queue, status)
         # One observe and plan, under the queue's lock: apply returns what it had to do.
         result = backend.apply()
         out.steps = [s.done for s in result.steps]

@@ -22,13 +22,13 @@ from croniter import croniter
 
 from dbq.api.durations import seconds
 from dbq.api.models import QueueSpec
-from dbq.api.status import CleanupStatus, MaintenanceStatus, StatsStatus
+from dbq.api.status import CleanupStatus, MaintenanceStatus, RingStatus, StatsStatus
 from dbq.backends.base import Earlier, QueueBackend
 from dbq.backends.maintenance import MaintenanceResult
 from dbq.client import QueueStats
+from dbq.controller import autogrow, metrics
 from dbq.controller import conditions as cond
-from dbq.controller import metrics
-from dbq.controller.reconcile import Event, health
+from dbq.controller.reconcile import Event, health, resize_started
 from dbq.controller.schedule import describe
 from dbq.errors import DbqError
 from dbq.resource import parse_spec
@@ -99,6 +99,9 @@ class Memory:
     last_stats: QueueStats | None = None
     moved_at: float = 0.0
     found_nothing_at: float = 0.0
+    # spec.ring.autoGrow: samples in a row above its threshold, and whether it could not grow.
+    full_samples: int = 0
+    grow_blocked: bool = False
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -404,9 +407,13 @@ def run_upkeep(
             memory.stats_written_at = now
         generation = (cond.condition(status.get("conditions"), cond.READY) or {}).get("observedGeneration")
         conditions, events = health(status.get("conditions"), backend().checks(), generation)
+        conditions, grown = grow_ring(
+            namespace, name, spec, status, stats, backend, memory, conditions, generation
+        )
         if conditions != (status.get("conditions") or []):
             out.status["conditions"] = conditions
-        out.events += events
+        out.status.update(grown.status)
+        out.events += events + grown.events
     if todo.cleanup:
         counts = backend().cleanup(seconds(spec.timeouts.stalled_after))
         memory.cleanup_at = now
@@ -431,6 +438,37 @@ def run_upkeep(
             out.status["conditions"] = conditions
         out.events += events
     return out
+
+
+def grow_ring(
+    namespace: str, name: str, spec: QueueSpec, status: dict[str, Any], stats: QueueStats,
+    backend: Callable[[], QueueBackend], memory: Memory, conditions: list[dict[str, Any]],
+    generation: int | None,
+) -> tuple[list[dict[str, Any]], Upkeep]:  # fmt: skip
+    """spec.ring.autoGrow after a statistics sample: the ring grown online when it stayed nearly
+    full (status.ring.grownTo, Resizing, Events), or a Warning once when it is at maxSize."""
+    out = Upkeep()
+    size = autogrow.ring_size(spec, status)
+    growth = autogrow.decide(spec, size, stats.depth, memory.full_samples)
+    memory.full_samples = growth.full_samples
+    if spec.design == "ring":
+        metrics.set_ring(namespace, name, size, growth.blocked)
+    if growth.blocked and not memory.grow_blocked:
+        out.events.append(Event("Warning", "RingFullCannotGrow", (
+            f"{stats.depth} messages wait in a ring of {size} slots, above spec.ring.autoGrow.whenFullAbove, and"
+            " it is at maxSize: add consumers, or raise spec.ring.autoGrow.maxSize")))  # fmt: skip
+    memory.grow_blocked = growth.blocked
+    if growth.to is None:
+        return conditions, out
+    resized = backend().resize(growth.to)
+    if resized is None:  # another run is resizing it: the next sample decides again
+        return conditions, out
+    out.status["ring"] = RingStatus(grown_to=growth.to).wire()
+    conditions, started = resize_started(conditions, resized, generation)
+    out.events.append(Event("Normal", "AutoGrown", (
+        f"{stats.depth} messages waited in {size} slots (above {spec.ring.auto_grow.when_full_above}%"  # type: ignore[union-attr]
+        f" twice in a row): {started.message}")))  # fmt: skip
+    return conditions, out
 
 
 def resize_progress(

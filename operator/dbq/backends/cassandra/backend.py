@@ -10,7 +10,7 @@ from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
-from dbq.backends.base import ApplyResult, Depth, Earlier, Finding
+from dbq.backends.base import ApplyResult, Depth, Earlier, Finding, Resized
 from dbq.backends.cassandra import cql
 from dbq.backends.cassandra.access import CassandraLogins, groups_of
 from dbq.backends.cassandra.plan import (
@@ -213,6 +213,10 @@ class CassandraPipes(CassandraSession):
 
     def measure(self) -> QueueStats:
         return self._client().stats()
+
+    def resize(self, size: int | None = None) -> Resized | None:
+        """Pipes have no ring to resize."""
+        return None
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         """The pipes reaper: vanished pushers' pipes finished, expired leases rolled back,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyodbc
 
-from dbq.backends.base import ApplyResult, Depth, Finding
+from dbq.backends.base import ApplyResult, Depth, Finding, Resized
 from dbq.backends.broker_plan import (
     DATABASE_ACTIONS,
     BrokerObserved,
@@ -184,6 +184,10 @@ class ServiceBrokerQueue(OdbcBackend):
         stats = self.measure()
         observed = self.observe()
         return Depth(depth=stats.depth, in_flight=stats.in_flight, conversations=observed.open_conversations)
+
+    def resize(self, size: int | None = None) -> Resized | None:
+        """A Service Broker queue has no ring to resize."""
+        return None
 
     def cleanup(self, stalled_after_s: float) -> dict[str, int]:
         replies, senders, cleaned = self._one(
