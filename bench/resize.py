@@ -4,9 +4,10 @@ speed (one message a call, logins holding `send` and `receive` alone), while the
 (`OdbcRing.resize`, then `OdbcRing.retire` until the older ring is dropped: what the operator runs).
 
 Per switch: how long calls in flight at the switch took (the pause a push or a pop sees), p99
-and max, against the p99 and max of calls in the steady window before the first step; the rate
-during each step (from the preparation's start to the older ring's retirement) against that
-window's. At the end, conservation: every push acknowledged is delivered once (at most once:
+and max, beside the p99 and max of calls in the steady window before the first step; the rate
+during each step (from the preparation's start to the older ring's retirement) against the
+steady window before it (the older ring's) and the one after it (the new ring's: a larger ring
+runs slower at the same load, its updates spread over more pages). At the end, conservation: every push acknowledged is delivered once (at most once:
 popped; leased: acked), and pushes that found the ring full are counted.
 
     ~/.cache/dbq/venv/bin/python -m bench.resize --modes amo leased
@@ -114,7 +115,7 @@ def one_mode(db: Any, accounts: Accounts, mode: str, steady: float, tmp: Path) -
     time.sleep(3)  # and going
     window = (time.time(), time.time() + steady)
     time.sleep(steady)
-    steps = []
+    steps: list[dict[str, Any]] = []
     for size in STEPS:
         began = time.time()
         made = backend(db.url, name, size).resize()
@@ -122,9 +123,11 @@ def one_mode(db: Any, accounts: Accounts, mode: str, steady: float, tmp: Path) -
         switched = time.time()
         while (done := backend(db.url, name, size).retire()) is None or done.resizing:
             time.sleep(0.2)
+        retired = time.time()
         steps.append({"size": size, "began": began, "switch_end": switched, "switch_begin": switched - made.switch_s,
-                      "prepared_s": made.prepared_s, "switch_s": made.switch_s, "retired": time.time()})  # fmt: skip
-        time.sleep(steady / 2)
+                      "prepared_s": made.prepared_s, "switch_s": made.switch_s, "retired": retired,
+                      "after": (retired, retired + steady)})  # fmt: skip
+        time.sleep(steady)  # the new ring's own steady window
     stop.touch()
     for proc in procs:
         assert proc.wait(timeout=600) == 0, f"worker exited {proc.returncode}"
@@ -146,13 +149,17 @@ def one_mode(db: Any, accounts: Accounts, mode: str, steady: float, tmp: Path) -
         "rate": rate(*window),
     }
     out: dict[str, Any] = {"mode": mode, "base": base, "steps": []}
+    before = window
     for step in steps:
         out["steps"].append({
             **step,
             "push": in_window(pushes, step["switch_begin"], step["switch_end"]),
             "pop": in_window(pops, step["switch_begin"], step["switch_end"]),
             "rate": rate(step["began"], step["retired"]),
+            "rate_before": rate(*before),
+            "rate_after": rate(*step["after"]),
         })  # fmt: skip
+        before = step["after"]
     lost = sum((pushed - delivered).values())
     twice = sum((delivered - pushed).values())
     fulls = [t for r in runs[:4] for t in r["full"]]
@@ -174,8 +181,8 @@ def report(result: dict[str, Any]) -> None:
         f" pop {max(base['pop'], default=0) * 1000:.1f} ms; pushes finding the ring full {base['full']:,}"
     )
     print(
-        "to slots   prepared  switch  calls across it  push p99/max ms  pop p99/max ms  rate during step  ratio"
-        "  full before / after the switch"
+        "to slots   prepared  switch  calls across it  push p99/max ms  pop p99/max ms  msg/s before, during, after"
+        "  during/before  during/after  full before / after the switch"
     )
     for s in result["steps"]:
         print(
@@ -183,7 +190,9 @@ def report(result: dict[str, Any]) -> None:
             f"  {len(s['push']) + len(s['pop']):15d}"
             f"  {p(s['push'], 0.99) * 1000:6.1f} / {max(s['push'], default=0) * 1000:6.1f}"
             f"  {p(s['pop'], 0.99) * 1000:6.1f} / {max(s['pop'], default=0) * 1000:6.1f}"
-            f"  {s['rate']:14,.0f}/s  {s['rate'] / max(base['rate'], 1e-9):5.2f}  {s['full_before']:,} / {s['full_after']:,}"
+            f"  {s['rate_before']:7,.0f} {s['rate']:7,.0f} {s['rate_after']:7,.0f}"
+            f"  {s['rate'] / max(s['rate_before'], 1e-9):13.2f}  {s['rate'] / max(s['rate_after'], 1e-9):12.2f}"
+            f"  {s['full_before']:,} / {s['full_after']:,}"
         )
     c = result["conservation"]
     print(
@@ -199,7 +208,7 @@ def main() -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--modes", nargs="+", choices=["amo", "leased"], default=["amo", "leased"])
     a.add_argument(
-        "--steady", type=float, default=10.0, help="seconds of the steady window (and half between steps)"
+        "--steady", type=float, default=10.0, help="seconds of the steady windows before and after each step"
     )
     args = a.parse_args()
     stack = Stack()
