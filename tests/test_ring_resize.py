@@ -284,3 +284,30 @@ def test_a_resize_killed_at_any_step_completes_when_run_again_and_loses_nothing(
     assert sum(seen["P"].values()) == n  # every push acknowledged
     pushed = seen["P"] + Counter(f"early{i}" for i in range(1000))
     assert delivered == pushed  # nothing lost, nothing twice
+
+
+def test_a_snapshot_held_through_a_shrink_delays_neither_traffic_nor_the_older_ring_s_retirement(postgres):
+    """A REPEATABLE READ transaction (a Spark job's, say) holds its snapshot of the ring while it
+    shrinks: pushes and pops go on, the switch and the retirement take no lock it holds, and the
+    snapshot still reads the rows as they were."""
+    name = "held"
+    backend(postgres, name, 20_000).apply()
+    ring_rows = f'SELECT count(*) FROM "{SCHEMA}"."{name}_ring"'
+    with connect(postgres.url, name, schema=SCHEMA, smart_batching=False) as q:
+        q.push_many([f"old{i}".encode() for i in range(100)])
+        reader = pyodbc.connect(postgres.odbc, autocommit=False)
+        snapshot = reader.cursor()
+        snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert snapshot.execute(ring_rows).fetchval() == 20_000  # the snapshot is taken, its lock held
+        started = time.monotonic()
+        assert backend(postgres, name, 1_000).resize() is not None
+        q.push_many([f"new{i}".encode() for i in range(100)])
+        got = [m.body.decode() for m in q.pop_many(300, timeout=0)]
+        assert got == [f"old{i}" for i in range(100)] + [f"new{i}" for i in range(100)]
+        done = retire_all(backend(postgres, name, 1_000), timeout=60)
+        took = time.monotonic() - started
+        assert done.alive == 1 and took < 30, took  # not held back by the snapshot
+        assert snapshot.execute(ring_rows).fetchval() == 20_000  # its view is unchanged
+        reader.rollback()
+        reader.close()
+    assert postgres.connect().cursor().execute(ring_rows).fetchval() == 1_000
