@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyodbc
@@ -53,12 +54,13 @@ def test_the_oldest_generation_retires_once_every_position_it_holds_is_drawn():
 SCHEMA = f"resize_{secrets.token_hex(3)}"
 
 
-def backend(postgres, name: str, size: int) -> OdbcRing:
+def backend(postgres, name: str, size: int, **more: object) -> OdbcRing:
     spec = QueueSpec.model_validate(
         {
             **queue()["spec"],
             "connection": {"secretRef": {"name": "s"}, "schema": SCHEMA},
             "ring": {"size": size},
+            **more,
         }
     )
     made = open_backend(spec, name, from_url(postgres.url))
@@ -311,3 +313,65 @@ def test_a_snapshot_held_through_a_shrink_delays_neither_traffic_nor_the_older_r
         reader.rollback()
         reader.close()
     assert postgres.connect().cursor().execute(ring_rows).fetchval() == 1_000
+
+
+def test_dead_letters_and_the_archive_go_on_through_a_resize(postgres):
+    """Leases taken in the older ring end after the switch as a nack to the dead letters and an
+    ack to the archive; what is popped from both rings is archived."""
+    more = {"deadLetter": {"maxAttempts": 1}, "archive": {"enabled": True, "retention": "1h"}}
+    name = "kept"
+    backend(postgres, name, 16, **more).apply()
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    with connect(postgres.url, name, schema=SCHEMA, smart_batching=False) as q:
+        q.push_many([f"a{i}".encode() for i in range(16)])
+        dying, done = q.acquire(timeout=0), q.acquire(timeout=0)
+        assert dying is not None and done is not None
+        assert backend(postgres, name, 32, **more).resize() is not None
+        q.push_many([f"b{i}".encode() for i in range(32)], timeout=0)
+        assert dying.nack(error="broken") is True  # acquired once, maxAttempts 1: dead-lettered
+        done.ack()
+        assert len(q.pop_many(100, timeout=0)) == 14 + 32
+        assert retire_all(backend(postgres, name, 32, **more)).alive == 1
+        dead = q.dead_letters()
+        assert [(d.body, d.error) for d in dead] == [(b"a0", "broken")]
+        assert len(q.archived(since, limit=100)) == 1 + 14 + 32
+
+
+def test_leases_of_a_killed_client_in_the_older_ring_come_back_once_after_their_lease(postgres):
+    """A client acquires messages in the ring, then is SIGKILLed; the ring grows and the older
+    one retires while they are leased (they move to the spill table with their lease); once the
+    leases run out they are delivered again, each once."""
+    name = "orphaned"
+    backend(postgres, name, 16).apply()
+    with connect(postgres.url, name, schema=SCHEMA, smart_batching=False) as q:
+        q.push_many([f"a{i}".encode() for i in range(10)])
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import time\n"
+            "from dbq.client import connect\n"
+            f"q = connect({postgres.url!r}, {name!r}, schema={SCHEMA!r}, smart_batching=False)\n"
+            "held = [q.acquire(timeout=0, visibility=3) for _ in range(4)]\n"
+            "print(' '.join(m.body.decode() for m in held), flush=True)\n"
+            "time.sleep(600)\n"
+        )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert holder.stdout is not None
+        leased = holder.stdout.readline().split()
+        holder.kill()
+        holder.wait()
+        assert leased == ["a0", "a1", "a2", "a3"]
+        assert backend(postgres, name, 64).resize() is not None
+        rest = [m.body.decode() for m in q.pop_many(100, timeout=0)]
+        assert rest == [f"a{i}" for i in range(4, 10)]
+        done = retire_all(backend(postgres, name, 64))
+        assert done.alive == 1  # retired while the four were still leased
+        back: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(back) < 4 and time.monotonic() < deadline:
+            q.repair()  # the operator's cleanup: leases past their end come back
+            got = q.acquire(timeout=1)
+            if got is not None:
+                back.append(got.body.decode())
+                got.ack()
+        assert sorted(back) == leased
+        assert q.acquire(timeout=0) is None
+        s = q.stats()
+        assert (s.depth, s.in_flight) == (0, 0)
