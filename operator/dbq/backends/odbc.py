@@ -24,6 +24,21 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+@contextmanager
+def transaction(conn: pyodbc.Connection) -> Iterator[None]:
+    """One transaction on a connection that is otherwise in autocommit: committed when the block
+    ends, rolled back when it raises."""
+    conn.autocommit = False
+    try:
+        yield
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = True
+
+
 class OdbcBackend:
     def __init__(self, settings: ConnectionSettings, names: QueueNames) -> None:
         self.settings = settings
@@ -100,17 +115,12 @@ class OdbcBackend:
         lock, unlock = f"dbq:{self.names.schema}", self.advisory_unlock()
         with self._errors():
             conn = self.conn
-            conn.autocommit = False
             try:
-                cur = conn.cursor()
-                cur.execute(self.advisory_lock(), lock)
-                yield cur
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
+                with transaction(conn):
+                    cur = conn.cursor()
+                    cur.execute(self.advisory_lock(), lock)
+                    yield cur
             finally:
-                conn.autocommit = True
                 if unlock is not None:
                     self._release(conn, unlock, lock)
 

@@ -25,7 +25,7 @@ from dbq.backends.maintenance import (
     figures,
     plan_maintenance,
 )
-from dbq.backends.odbc import OdbcBackend
+from dbq.backends.odbc import OdbcBackend, transaction
 from dbq.backends.postgres import pgmq
 from dbq.backends.postgres.access import ensure_helper
 from dbq.backends.postgres.sql import PgRing
@@ -396,21 +396,16 @@ class OdbcRing(OdbcBackend):
     def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int, size: int) -> float:
         """The switch's transaction, tried until it takes the fence (each wait at most
         SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
-        conn = cur.connection
         for attempt in range(SWITCH_TRIES):
             started = time.monotonic()
-            conn.autocommit = False
             try:
-                for statement in sql.switch(base, size, SWITCH_WAIT_MS):
-                    cur.execute(statement)
-                conn.commit()
+                with transaction(cur.connection):
+                    for statement in sql.switch(base, size, SWITCH_WAIT_MS):
+                        cur.execute(statement)
                 return time.monotonic() - started
             except pyodbc.Error as e:
-                conn.rollback()
                 if driver_error(e, self.settings)[0] != LOCK_NOT_AVAILABLE:
                     raise
-            finally:
-                conn.autocommit = True
             time.sleep(0.05 * (attempt + 1))  # let the pushes queued behind it through
         raise ResizeWaiting(
             f"queue {self.names.queue}: the switch to {size} slots did not get the fence of the"
@@ -441,18 +436,10 @@ class OdbcRing(OdbcBackend):
                 return None
             retired = 0
             while (oldest := self._resize_state(sql, cur).retirable()) is not None:
-                conn = cur.connection
-                conn.autocommit = False
-                try:
+                with transaction(cur.connection):
                     move, forget = sql.retire(oldest.first_pos, oldest.slot_base, oldest.slot_end)
                     cur.execute(move)
                     gone = cur.execute(forget).rowcount
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
-                finally:
-                    conn.autocommit = True
                 if not gone:  # rows a client held were skipped: the next run moves them
                     break
                 retired += 1
