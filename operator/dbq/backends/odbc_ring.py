@@ -58,10 +58,10 @@ from dbq.names import QueueNames
 # A resize's switch waits at most SWITCH_WAIT_MS for the fence (pushes queue behind it meanwhile),
 # and is tried SWITCH_TRIES times before the resize reports ResizeWaiting.
 SWITCH_WAIT_MS = 100
-# After each chunk of slots a resize writes or deletes, a pause of this many times its duration.
-RESIZE_PACE = 3.0
 SWITCH_TRIES = 40
 LOCK_NOT_AVAILABLE = "55P03"
+# After each chunk of slots a resize writes or deletes, a pause of this many times its duration.
+RESIZE_PACE = 3.0
 
 
 def paced(cur: pyodbc.Cursor, statement: str) -> None:
@@ -75,13 +75,12 @@ def paced(cur: pyodbc.Cursor, statement: str) -> None:
 @dataclass(frozen=True)
 class Retired:
     """A retirement run: generations retired, generations alive after it, positions the older
-    ones still hold for ring order, leased messages in their slots; the newest size."""
+    ones still hold for ring order, and leased messages in their slots."""
 
     retired: int = 0
     alive: int = 1
     positions_left: int = 0
     leased: int = 0
-    size: int = 0
 
     @property
     def resizing(self) -> bool:
@@ -368,10 +367,10 @@ class OdbcRing(OdbcBackend):
         return ResizeState(gens, int(rows[0][3]) if rows else 0)
 
     def resize(self, size: int | None = None) -> Resized | None:
-        """The ring brought online to `size` (spec.ring.size when None), when its newest
-        generation has another:
-        the new generation's slots prepared, then the switch (`ResizeWaiting` when pushes kept the
-        fence). None when the size is the newest generation's, or another run is resizing."""
+        """The ring brought online to `size` slots (spec.ring.size when None) when its newest
+        generation has another size: the new generation's slots prepared, then the switch
+        (`ResizeWaiting` when pushes kept the fence). None when the newest generation has that
+        size already, or another run is resizing."""
         sql, size = self.sql, size or self.target.size
         if not isinstance(sql, PgRing):
             return None
@@ -449,7 +448,7 @@ class OdbcRing(OdbcBackend):
             self._delete_strays(sql, cur, state)
             leased = sum(int(cur.execute(sql.leased_in(g.slot_base, g.slot_end)).fetchval())
                          for g in state.draining)  # fmt: skip
-            return Retired(retired, len(state.generations), state.positions_left(), leased, state.newest.size)
+            return Retired(retired, len(state.generations), state.positions_left(), leased)
 
     # --- maintenance ----------------------------------------------------------------------
     def _measure_bloat(self, cur: pyodbc.Cursor) -> tuple[list[TableFigures], list[IndexFigures]]:

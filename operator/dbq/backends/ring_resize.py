@@ -84,16 +84,14 @@ class ResizeState:
 
 def place_generation(alive: Sequence[Generation], size: int) -> int:
     """The first slot of a new generation of `size` slots: the lowest where it overlaps no
-    generation alive (so the slots of retired generations are used again)."""
+    generation alive (so the slots of retired generations are used again). The generations'
+    slots never overlap, so one pass in slot order finds it."""
     if size < 1:
         raise ValueError(f"a ring has at least one slot, not {size}")
     base = 0
     for g in sorted(alive, key=lambda g: g.slot_base):
         if g.overlaps(base, size):
             base = g.slot_end
-    # One more pass: moving past one generation may have landed on a later one.
-    while any(g.overlaps(base, size) for g in alive):
-        base = max(g.slot_end for g in alive if g.overlaps(base, size))
     return base
 
 

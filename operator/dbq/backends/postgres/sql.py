@@ -425,7 +425,7 @@ moved AS (
 INSERT INTO {self.spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
 SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
   CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
-FROM moved m ON CONFLICT (msg_id) DO NOTHING""",
+FROM moved m""",
             f"""DELETE FROM {self.gens} WHERE first_pos = {int(first_pos)}
   AND first_pos < (SELECT max(first_pos) FROM {self.gens})
   AND NOT EXISTS (SELECT 1 FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0)""",
