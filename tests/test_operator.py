@@ -334,9 +334,9 @@ def test_operator_killed_while_provisioning_converges_without_duplicates(env):
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE nspname = ? AND relkind IN ('r', 'S')",
         schema,
     ).fetchval()
-    # meta, history, ring, spill, gap, staged, dead letters, waiters, archive, content; push and pop
-    # positions, ten totals, the last lease sweep's time
-    assert relations == 23
+    # meta, history, ring, spill, gap, staged, dead letters, waiters, archive, content, generations;
+    # push and pop positions, ten totals, the last lease sweep's time
+    assert relations == 24
 
 
 def test_deletion_policies(env):

@@ -15,7 +15,7 @@ from dbq.backends.postgres.sql import FILLFACTOR
 from dbq.client import connect
 from dbq.connection import from_url
 from dbq.contract.ring import RING_SCHEMA_VERSION, call_statement, records
-from dbq.errors import AuthenticationFailed, DatabaseUnreachable
+from dbq.errors import AuthenticationFailed, ConflictingObjects, DatabaseUnreachable
 from tests.manifests import queue
 
 
@@ -26,6 +26,7 @@ def ring(
     name: str = "orders",
     url: str | None = None,
     messages: dict | None = None,
+    provisioned: bool = False,
 ):
     spec = QueueSpec.model_validate(
         {
@@ -35,7 +36,7 @@ def ring(
             "messages": messages or {},
         }
     )
-    return open_backend(spec, name, from_url(url or postgres.url))
+    return open_backend(spec, name, from_url(url or postgres.url), provisioned=provisioned)
 
 
 BODY_TABLES = ("ring", "spill", "content", "dead", "archive")
@@ -185,16 +186,26 @@ def test_drift_repair_recreates_a_dropped_ring_and_levels_positions(postgres, sc
     backend.teardown()
 
 
+def test_existing_ring_of_another_size_is_not_touched_by_a_queue_new_to_it(postgres, schema):
+    ring(postgres, schema, size=64).apply()
+    other = ring(postgres, schema, size=128)
+    with pytest.raises(ConflictingObjects, match=r"64 slots but spec\.ring\.size is 128"):
+        other.apply()
+    cur = postgres.connect().cursor()
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64
+    ring(postgres, schema, size=64).teardown()
+
+
 def test_apply_with_another_size_resizes_the_ring_online_and_cleanup_drops_the_older(postgres, schema):
     ring(postgres, schema, size=64).apply()
     with connect(postgres.url, "orders", schema=schema, smart_batching=False) as q:
         q.push_many([b"one", b"two", b"three"])
-        result = ring(postgres, schema, size=128).apply()
+        result = ring(postgres, schema, size=128, provisioned=True).apply()
         assert result.resized is not None and (result.resized.from_size, result.resized.to_size) == (64, 128)
         assert result.resized.positions_left == 3 and not result.steps
         cur = postgres.connect().cursor()
         assert cur.execute(f'SELECT count(*) FROM "{schema}".orders_ring').fetchval() == 64 + 128
-        again = ring(postgres, schema, size=128).apply()  # nothing left to do
+        again = ring(postgres, schema, size=128, provisioned=True).apply()  # nothing left to do
         assert again.resized is None and not again.steps
         assert ring(postgres, schema, size=128).cleanup(30.0)["resizePositionsLeft"] == 3
         assert [m.body for m in q.pop_many(5, timeout=0)] == [b"one", b"two", b"three"]

@@ -182,7 +182,7 @@ def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
 
 def test_another_size_is_refused_with_the_way_out_where_no_online_resize_exists_and_planned_as_none_elsewhere():
     target = RingTarget(names=NAMES, size=2000, message_bytes=300)
-    with pytest.raises(ConflictingObjects, match="resizes no ring online"):
+    with pytest.raises(ConflictingObjects, match="resizes online only a PostgreSQL ring it provisioned"):
         plan_ring(target, complete())
     assert plan_ring(target, complete(), resizable=True) == []  # the resize is not a plan step
 

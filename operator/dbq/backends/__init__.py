@@ -14,10 +14,12 @@ from dbq.names import QueueNames
 
 
 def open_backend(
-    spec: QueueSpec, queue: str, settings: ConnectionSettings, dead_letter_keeper: QueueNames | None = None
-) -> QueueBackend:
+    spec: QueueSpec, queue: str, settings: ConnectionSettings, dead_letter_keeper: QueueNames | None = None,
+    provisioned: bool = False,
+) -> QueueBackend:  # fmt: skip
     """The backend object for a Queue's spec; nothing is connected until it is used.
-    `dead_letter_keeper`: the queue that keeps this one's dead letters (`dbq.resource.dead_letter_keeper`)."""
+    `dead_letter_keeper`: the queue that keeps this one's dead letters (`dbq.resource.dead_letter_keeper`).
+    `provisioned`: the Queue provisioned its objects already, so a ring of another size is resized."""
     names = QueueNames(schema=spec.connection.schema_, queue=queue)
     if spec.backend in ("postgres", "sqlserver") and spec.design == "ring":
         from dbq.backends.odbc_ring import OdbcRing
@@ -31,7 +33,7 @@ def open_backend(
             max_body_bytes=spec.messages.max_bytes or DEFAULT_MAX_BODY_BYTES,
             compression=str(spec.messages.compression or ""),
             pgmq_name=spec.pgmq.name if spec.pgmq else "",
-            pgmq_topics=tuple(sorted(spec.pgmq.topics)) if spec.pgmq else (),
+            pgmq_topics=tuple(sorted(spec.pgmq.topics)) if spec.pgmq else (), resize=provisioned,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

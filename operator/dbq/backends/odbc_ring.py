@@ -223,7 +223,7 @@ class OdbcRing(OdbcBackend):
         return recorded.schema_version if recorded is not None else None
 
     def plan(self, observed: Observed) -> list[RingStep]:
-        return plan_ring(self.target, observed, self.sql.ROUTINES, resizable=isinstance(self.sql, PgRing))
+        return plan_ring(self.target, observed, self.sql.ROUTINES, resizable=self._resizable)
 
     def advisory_lock(self) -> str:
         return self.sql.advisory_lock()
@@ -265,9 +265,14 @@ class OdbcRing(OdbcBackend):
             resized=self.resize() if self._resizes(observed) else None,
         )
 
+    @property
+    def _resizable(self) -> bool:
+        """Whether apply resizes a ring of another size: a PostgreSQL ring its Queue provisioned."""
+        return isinstance(self.sql, PgRing) and self.target.resize
+
     def _resizes(self, observed: Observed) -> bool:
-        """Whether the ring's newest generation has another size than spec.ring.size."""
-        return isinstance(self.sql, PgRing) and observed.slots not in (0, self.target.size)
+        """Whether apply resizes: the ring's newest generation has another size than spec.ring.size."""
+        return self._resizable and observed.slots not in (0, self.target.size)
 
     def _shared_login_sessions(self) -> int | None:
         if self.sql.SHARED_LOGIN_SESSIONS is None:

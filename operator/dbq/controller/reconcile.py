@@ -64,7 +64,12 @@ def backend_for(
     except ValueError as e:
         raise InvalidSpec(str(e)) from None
     keeper = dead_letter_keeper(name, namespace, spec, read_queue) if read_queue is not None else None
-    return spec, queue, open_backend(spec, queue, settings_for(spec, namespace, read_secret), keeper)
+    provisioned = cond.is_true((status or {}).get("conditions"), cond.PROVISIONED)
+    return (
+        spec,
+        queue,
+        open_backend(spec, queue, settings_for(spec, namespace, read_secret), keeper, provisioned),
+    )
 
 
 def no_queues(_namespace: str, _name: str) -> None:
