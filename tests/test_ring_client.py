@@ -397,10 +397,10 @@ def test_crash_50_sigkills_during_claims_then_repair(pg_queue, postgres, tmp_pat
     assert sql(q, f"SELECT count(*) FROM {SCHEMA}.{q.names.content}") == 0  # no body left behind
     assert not seen["B"], f"damaged bodies: {list(seen['B'])[:5]}"
     # stats() reads totals kept in sequences, which a rollback does not undo: a session
-    # terminated inside a take after it counted can leave in flight that many too high, and one
-    # terminated inside a push of 5 after it counted leaves the depth 5 too high.
+    # terminated inside a take of 3 (the poppers' batch) after it counted can leave in flight 3
+    # too high, and one terminated inside a push of 5 after it counted leaves the depth 5 too high.
     stats = q.stats()
-    assert 0 <= stats.depth <= 5 * terminations and 0 <= stats.in_flight <= terminations, (
+    assert 0 <= stats.depth <= 5 * terminations and 0 <= stats.in_flight <= 3 * terminations, (
         stats,
         terminations,
     )
