@@ -36,9 +36,7 @@ CREATE TABLE IF NOT EXISTS "shopq"."orders_ring" (
 
 -- step fill_ring
 
-INSERT INTO "shopq"."orders_ring" (slot, state, body)
-SELECT g, 0, decode(repeat('00', 300), 'hex') FROM generate_series(0, 999) g
-ON CONFLICT (slot) DO NOTHING
+INSERT INTO "shopq"."orders_ring" (slot, state, body) SELECT g, 0, decode(repeat('00', 300), 'hex') FROM generate_series(0, 999) g ON CONFLICT (slot) DO NOTHING
 
 -- step create_sequences
 

@@ -96,8 +96,8 @@ class PgRing(RingSqlBase):
 
     def template_values(self) -> dict[str, object]:
         sweep_every_ms = max(1000, self.size // 100)
-        last_pushed = f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0)"
-        last_popped = f"coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)"
+        last_pushed = _last_drawn(self.push_seq)
+        last_popped = _last_drawn(self.pop_seq)
         # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
         # of each sequence, as a SELECT from it would.
         read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
@@ -109,13 +109,13 @@ class PgRing(RingSqlBase):
                 # SELECT from both sequences, which pops pay for each position they draw.
                 "last_pushed": last_pushed,
                 "last_popped": last_popped,
-                "last_swept": f"coalesce(pg_sequence_last_value({_regclass(self.swept_seq)}), 0)",
+                "last_swept": _last_drawn(self.swept_seq),
                 # read's sweep of expired leases: while leases are held (acquired > settled) at
                 # most every second, or every slots/100 ms past 100,000 slots (it scans the ring:
                 # about 20 ms at 100,000 slots; bench/results/lease_sweep.txt); ten times as
                 # seldom otherwise
-                "leases_held": f"coalesce(pg_sequence_last_value({_regclass(self.count['acquired'])}), 0)"
-                f" > coalesce(pg_sequence_last_value({_regclass(self.count['settled'])}), 0)",
+                "leases_held": f"{_last_drawn(self.count['acquired'])}"
+                f" > {_last_drawn(self.count['settled'])}",
                 "sweep_every_ms": sweep_every_ms,
                 "sweep_idle_ms": 10 * sweep_every_ms,
                 # The sweep's transaction lock, keyed by its sequence's oid above 2^40: out of reach
@@ -182,12 +182,7 @@ class PgRing(RingSqlBase):
         ]
 
     def fill_ring(self) -> list[str]:
-        # Slots start with a body of full size so later pushes do not grow rows off their page.
-        return [
-            f"""INSERT INTO {self.ring} (slot, state, body)
-SELECT g, 0, decode(repeat('00', {self.message_bytes}), 'hex') FROM generate_series(0, {self.size - 1}) g
-ON CONFLICT (slot) DO NOTHING"""
-        ]
+        return [self.prepare_slots(0, self.size)]
 
     def create_sequences(self) -> list[str]:
         # CACHE 1: a per-session cache would hand positions out of order and lose a block of
@@ -373,7 +368,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
     def generations(self) -> str:
         """The ring's generations, oldest first, and the last position a pop drew."""
         return (
-            f"SELECT first_pos, slot_base, size, coalesce(pg_sequence_last_value({_regclass(self.pop_seq)}), 0)"
+            f"SELECT first_pos, slot_base, size, {_last_drawn(self.pop_seq)}"
             f" FROM {self.gens} ORDER BY first_pos"
         )
 
@@ -392,7 +387,8 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
         return "SELECT pg_advisory_unlock(hashtext(?))"
 
     def prepare_slots(self, lo: int, hi: int) -> str:
-        """Free slots [lo, hi), each with a body of full size, as the ring's first fill makes them."""
+        """Free slots [lo, hi) (the ring's first fill, or a resize's new generation), each with a
+        body of full size, so that later pushes do not grow rows off their page."""
         return (
             f"INSERT INTO {self.ring} (slot, state, body) SELECT g, 0, decode(repeat('00', {self.message_bytes}), 'hex')"
             f" FROM generate_series({int(lo)}, {int(hi) - 1}) g ON CONFLICT (slot) DO NOTHING"
@@ -402,7 +398,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
         """The switch, in one transaction: the fence taken exclusively (waiting at most
         `lock_timeout_ms`: pushes queue behind it), the generation recorded from the next position
         to draw (replacing a newest one that holds no position yet), the size in the metadata."""
-        boundary = f"coalesce(pg_sequence_last_value({_regclass(self.push_seq)}), 0) + 1"
+        boundary = f"{_last_drawn(self.push_seq)} + 1"
         return [
             f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}",
             f"SELECT pg_advisory_xact_lock({self.fence_key})",
@@ -696,3 +692,8 @@ def _record(status: str, msg_id: str, lease: str, attempts: str, headers: str, b
         f" || int4send(coalesce(octet_length({body}), 0))"
         f" || coalesce(convert_to({headers}, 'UTF8'), '') || coalesce({body}, '')"
     )
+
+
+def _last_drawn(sequence: str) -> str:
+    """The last value `sequence` gave out (0 before the first), read without a scan of it."""
+    return f"coalesce(pg_sequence_last_value({_regclass(sequence)}), 0)"
