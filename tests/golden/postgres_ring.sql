@@ -2017,6 +2017,56 @@ SELECT extract(epoch FROM now() - at)::float8, pushed, popped + acquired FROM "s
 
 SELECT pg_advisory_xact_lock(hashtext(?))
 
+-- online resize
+
+SELECT slot_base, size FROM "shopq"."orders_gens" ORDER BY first_pos DESC
+
+SELECT count(*) FROM "shopq"."orders_ring" WHERE slot IN (0, 999)
+
+SELECT first_pos, slot_base, size, coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0) FROM "shopq"."orders_gens" ORDER BY first_pos
+
+SELECT CASE WHEN (SELECT count(*) FROM "shopq"."orders_gens") > 1
+  OR (SELECT min(slot) FROM "shopq"."orders_ring") < (SELECT min(slot_base) FROM "shopq"."orders_gens")
+  OR (SELECT max(slot) FROM "shopq"."orders_ring") >= (SELECT max(slot_base + size) FROM "shopq"."orders_gens") THEN 1 ELSE 0 END
+
+SELECT CASE WHEN pg_try_advisory_lock(hashtext(?)) THEN 1 ELSE 0 END
+
+SELECT pg_advisory_unlock(hashtext(?))
+
+INSERT INTO "shopq"."orders_ring" (slot, state, body) SELECT g, 0, decode(repeat('00', 300), 'hex') FROM generate_series(1000, 4999) g ON CONFLICT (slot) DO NOTHING
+
+DO $switch$ BEGIN
+  PERFORM set_config('lock_timeout', '100', true);
+  PERFORM pg_advisory_xact_lock('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40));
+  INSERT INTO "shopq"."orders_gens" (first_pos, slot_base, size) VALUES (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) + 1, 1000, 4000)
+  ON CONFLICT (first_pos) DO UPDATE SET slot_base = EXCLUDED.slot_base, size = EXCLUDED.size, started_at = now();
+  UPDATE "shopq"."dbq_queues" SET ring_size = 4000, updated_at = now() WHERE queue = 'orders';
+END $switch$
+
+WITH held AS (
+  SELECT slot FROM "shopq"."orders_ring" WHERE slot >= 0 AND slot < 1000 AND state <> 0 FOR UPDATE SKIP LOCKED),
+moved AS (
+  UPDATE "shopq"."orders_ring" r SET state = 0 FROM held WHERE r.slot = held.slot
+  RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.visible_at, r.expires_at, r.body, r.headers)
+INSERT INTO "shopq"."orders_spill" (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
+  CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
+FROM moved m
+
+WITH gone AS (
+  DELETE FROM "shopq"."orders_gens" WHERE first_pos = 1
+    AND first_pos < (SELECT max(first_pos) FROM "shopq"."orders_gens")
+    AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_ring" WHERE slot >= 0 AND slot < 1000 AND state <> 0)
+  RETURNING 1)
+SELECT count(*) FROM gone
+
+DELETE FROM "shopq"."orders_ring" WHERE slot >= 0 AND slot < 1000 AND state = 0
+  AND NOT EXISTS (SELECT 1 FROM "shopq"."orders_gens" g WHERE slot >= g.slot_base AND slot < g.slot_base + g.size)
+
+SELECT coalesce(min(slot), 0), coalesce(max(slot), -1) FROM "shopq"."orders_ring"
+
+SELECT count(*) FROM "shopq"."orders_ring" WHERE slot >= 0 AND slot < 1000 AND state = 2
+
 -- maintenance
 
 SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = ? AND relname IN ('orders_ring', 'orders_spill', 'orders_gap', 'orders_staged', 'orders_dead', 'orders_waiters', 'orders_archive', 'orders_content', 'orders_gens')

@@ -38,7 +38,7 @@ CREATE TABLE [shopq].[orders_ring] (
 -- step fill_ring
 
 WITH n AS (
-  SELECT TOP (1000) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
+  SELECT TOP (1000) 0 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
   FROM sys.all_columns a CROSS JOIN sys.all_columns b CROSS JOIN sys.all_columns c)
 INSERT INTO [shopq].[orders_ring] WITH (TABLOCK) (slot, state, body)
 SELECT n.slot, 0, CAST(REPLICATE(CAST(0x00 AS varbinary(max)), 300) AS varbinary(7000))
@@ -264,7 +264,7 @@ AS BEGIN
     UPDATE [shopq].[orders_ring] WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
         headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    WHERE slot = @id % 1000 AND state = 0;
+    WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND state = 0;
     SET @rc = @@ROWCOUNT;
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
     -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
@@ -276,7 +276,7 @@ AS BEGIN
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
       deleted.expires_at, deleted.body, deleted.headers
     INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-    WHERE slot = @id % 1000 AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
+    WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
       -- Full after all (pushers raced past the check), or a popper kept the slot: the position
@@ -292,7 +292,7 @@ CREATE OR ALTER PROCEDURE [shopq].[orders_push] @body varbinary(max), @ttl_ms bi
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int,
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int, @fenced int,
     @slot varbinary(max) = @body;
   IF DATALENGTH(@body) > 300 BEGIN
     IF DATALENGTH(@body) > 1048576
@@ -303,10 +303,15 @@ AS BEGIN
     THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
   IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
     THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
-  IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                 * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
-      FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
-  BEGIN
+  -- The fence, then the room and the draw, in one transaction: a resize's switch waits for this
+  -- push to commit, and this push for the switch.
+  SET XACT_ABORT ON;
+  BEGIN TRANSACTION;
+  EXEC @fenced = sys.sp_getapplock @Resource = N'dbq-fence:shopq.orders', @LockMode = 'Shared', @LockOwner = 'Transaction';
+  IF @fenced < 0 OR @@TRANCOUNT = 0
+    THROW 50010, N'dbq: a push to queue orders did not get the resize fence', 1;
+  IF (SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END) FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC) <= 0 BEGIN
+    COMMIT TRANSACTION;
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
     RETURN;
   END;
@@ -314,13 +319,14 @@ AS BEGIN
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-  WHERE slot = @id % 1000 AND state = 0;
+  WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     EXEC [shopq].[orders_place] @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
-    IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
+    IF @placed = 0 BEGIN COMMIT TRANSACTION; SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
   IF @slot IS NULL INSERT INTO [shopq].[orders_content] (bucket, msg_id, body) VALUES (@id % 8, @id, @body);
+  COMMIT TRANSACTION;
   SET @n = NEXT VALUE FOR [shopq].[orders_n_pushed];
   SELECT @id AS o_id;
 END
@@ -331,7 +337,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint;
+    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int;
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
@@ -358,11 +364,14 @@ AS BEGIN
     IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * 1024)
       THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes (1024) of queue orders', 1;
   END;
-  SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END
-                     * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
-  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'));
-  SET @k = CASE WHEN 1000 - @used < @n THEN CASE WHEN 1000 - @used > 0 THEN 1000 - @used ELSE 0 END
-                ELSE @n END;
+  -- The fence before the room is read, as in push.
+  SET XACT_ABORT ON;
+  BEGIN TRANSACTION;
+  EXEC @fenced = sys.sp_getapplock @Resource = N'dbq-fence:shopq.orders', @LockMode = 'Shared', @LockOwner = 'Transaction';
+  IF @fenced < 0 OR @@TRANCOUNT = 0
+    THROW 50010, N'dbq: a push to queue orders did not get the resize fence', 1;
+  SET @used = (SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END) FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC);
+  SET @k = CASE WHEN @used < @n THEN CASE WHEN @used > 0 THEN @used ELSE 0 END ELSE @n END;
   IF @k > 0 BEGIN
     -- One contiguous range of positions for the batch, then one set-based update.
     EXEC sys.sp_sequence_get_range @sequence_name = N'[shopq].[orders_push_seq]', @range_size = @k,
@@ -373,9 +382,9 @@ AS BEGIN
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
         body = CASE WHEN b.n > 300 THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = b.id % 1000
+    FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = (SELECT TOP (1) gen.slot_base + (b.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (b.id) ORDER BY gen.first_pos DESC)
     WHERE b.id IS NOT NULL AND r.state = 0;
-    UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = b.id % 1000 AND r.msg_id = b.id;
+    UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = (SELECT TOP (1) gen.slot_base + (b.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (b.id) ORDER BY gen.first_pos DESC) AND r.msg_id = b.id;
     -- Slots an earlier lap still holds take the slow path, one by one.
     SET @i = 1;
     WHILE @i <= @k BEGIN
@@ -391,9 +400,10 @@ AS BEGIN
     IF @big > 300
       INSERT INTO [shopq].[orders_content] (bucket, msg_id, body)
       SELECT id % 8, id, body FROM @in WHERE done = 1 AND n > 300;
-    SELECT @c = COUNT(*) FROM @in WHERE done = 1;
-    WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
   END;
+  COMMIT TRANSACTION;
+  SELECT @c = COUNT(*) FROM @in WHERE done = 1;
+  WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR [shopq].[orders_n_pushed]; SET @c -= 1; END;
   SELECT STRING_AGG(CAST(CASE WHEN done = 1 THEN id ELSE -1 END AS nvarchar(max)), N',')
     WITHIN GROUP (ORDER BY i) AS o_ids
   FROM @in;
@@ -419,14 +429,14 @@ AS BEGIN
     IF @lease_ms <= 0 BEGIN
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers,
         @pushed_at = pushed_at
-      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+      WHERE slot = (SELECT TOP (1) gen.slot_base + (@pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@pos) ORDER BY gen.first_pos DESC) AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
         @visible = visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)),
         @body = body, @headers = headers, @pushed_at = pushed_at
-      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+      WHERE slot = (SELECT TOP (1) gen.slot_base + (@pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@pos) ORDER BY gen.first_pos DESC) AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END;
     IF @got = 1 BEGIN
@@ -435,18 +445,18 @@ AS BEGIN
       IF @count = 1 AND @lease_ms > 0 SET @n = NEXT VALUE FOR [shopq].[orders_n_acquired];
       IF @lease_ms <= 0 BEGIN
         INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM [shopq].[orders_ring] WHERE slot = (SELECT TOP (1) gen.slot_base + (@pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@pos) ORDER BY gen.first_pos DESC);
         IF @count = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_archived];
       END;
       SET @status = 0;
       RETURN;
     END;
     SET @lease = NULL;
-    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM [shopq].[orders_ring] WHERE slot = @pos % 1000;
+    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM [shopq].[orders_ring] WHERE slot = (SELECT TOP (1) gen.slot_base + (@pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@pos) ORDER BY gen.first_pos DESC);
     IF @msg = @pos AND @state = 1 BEGIN
       IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
       UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
-      WHERE slot = @pos % 1000 AND msg_id = @pos AND state = 1;
+      WHERE slot = (SELECT TOP (1) gen.slot_base + (@pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@pos) ORDER BY gen.first_pos DESC) AND msg_id = @pos AND state = 1;
       SET @got = @@ROWCOUNT;
       IF @got = 1 SET @n = NEXT VALUE FOR [shopq].[orders_n_expired];  -- expired (TTL): dropped
       IF @got = 1 AND @big = 1 DELETE FROM [shopq].[orders_content] WITH (ROWLOCK) WHERE bucket = @pos % 8 AND msg_id = @pos;
@@ -536,7 +546,7 @@ AS BEGIN
       -- Nothing new. A position whose popper gave up may have received its message since.
       SET @pos = NULL;
       SELECT TOP (1) @pos = g.pos FROM [shopq].[orders_gap] g WITH (ROWLOCK, UPDLOCK, READPAST)
-      JOIN [shopq].[orders_ring] r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+      JOIN [shopq].[orders_ring] r ON r.slot = (SELECT TOP (1) gen.slot_base + (g.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC) AND r.msg_id = g.pos
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM [shopq].[orders_gap] WHERE pos = @pos;
@@ -611,13 +621,13 @@ AS BEGIN
   IF @lease_ms <= 0
     UPDATE r WITH (ROWLOCK) SET state = 0
     OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts, inserted.headers INTO @out
-    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = (SELECT TOP (1) gen.slot_base + (p.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC)
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   ELSE
     UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
       visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now))
     OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts, inserted.headers INTO @out
-    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = (SELECT TOP (1) gen.slot_base + (p.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC)
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
   -- Bodies past a slot come from [shopq].[orders_content]; a pop removes them.
@@ -633,7 +643,7 @@ AS BEGIN
   IF @lease_ms <= 0
     INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
     SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), o.o_body, r.headers
-    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = p.pos % 1000 AND r.msg_id = p.pos
+    FROM [shopq].[orders_ring] r JOIN @pos p ON r.slot = (SELECT TOP (1) gen.slot_base + (p.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC) AND r.msg_id = p.pos
     JOIN @out o ON o.o_id = p.pos AND o.o_status = 0 WHERE p.taken = 1;
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
   SET @p = (SELECT MIN(pos) FROM @pos WHERE taken = 0);
@@ -678,7 +688,7 @@ AS BEGIN
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
     INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
+  WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
     AND body IS NOT NULL;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
@@ -691,7 +701,7 @@ AS BEGIN
   IF @rc = 0 BEGIN
     UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
     OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, inserted.headers, 1 INTO @acked
-    WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
     SET @rc = @@ROWCOUNT;
     IF @rc = 0 BEGIN
       DELETE FROM [shopq].[orders_spill] OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers, 1 INTO @acked
@@ -726,10 +736,10 @@ AS BEGIN
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, CASE WHEN inserted.body IS NULL THEN 1 ELSE 0 END INTO @done
-  FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
+  FROM [shopq].[orders_ring] r JOIN @a a ON r.slot = (SELECT TOP (1) gen.slot_base + (a.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (a.id) ORDER BY gen.first_pos DESC) AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   INSERT INTO [shopq].[orders_archive] (msg_id, attempts, pushed_at, acked_at, body, headers)
   SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), ISNULL(r.body, c.body), r.headers
-  FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = d.id % 1000 AND r.msg_id = d.id
+  FROM [shopq].[orders_ring] r JOIN @done d ON r.slot = (SELECT TOP (1) gen.slot_base + (d.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (d.id) ORDER BY gen.first_pos DESC) AND r.msg_id = d.id
   LEFT JOIN [shopq].[orders_content] c ON d.big = 1 AND c.bucket = d.id % 8 AND c.msg_id = d.id;
   DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
     headers nvarchar(max));
@@ -765,7 +775,7 @@ AS BEGIN
   BEGIN TRANSACTION;
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0, deleted.headers INTO @taken
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0
     DELETE FROM [shopq].[orders_spill] WITH (ROWLOCK)
@@ -860,14 +870,16 @@ AS BEGIN
   -- Content whose message is gone: none should be (see the PostgreSQL routine); at most 1000 a run.
   DELETE c FROM [shopq].[orders_content] c WITH (ROWLOCK, READPAST)
   JOIN (SELECT TOP (1000) x.bucket, x.msg_id FROM [shopq].[orders_content] x WITH (READPAST)
-    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = x.msg_id % 1000 AND r.msg_id = x.msg_id AND r.state <> 0)
+    WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = (SELECT TOP (1) gen.slot_base + (x.msg_id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (x.msg_id) ORDER BY gen.first_pos DESC) AND r.msg_id = x.msg_id AND r.state <> 0)
       AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_spill] s WHERE s.msg_id = x.msg_id)) gone
     ON c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   SET @c = @expired;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR [shopq].[orders_n_expired]; SET @c -= 1; END;
-  -- Gaps a whole lap behind the pop position can never be written any more.
-  DELETE g FROM [shopq].[orders_gap] g WHERE g.pos <= @popped - 1000
-    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = g.pos % 1000 AND r.msg_id = g.pos AND r.state = 1);
+  -- Gaps a whole lap of the largest generation behind the pop position, or older than every
+  -- generation, can never be written any more.
+  DELETE g FROM [shopq].[orders_gap] g
+  WHERE (g.pos <= @popped - (SELECT MAX(x.size) FROM [shopq].[orders_gens] x) OR g.pos < (SELECT MIN(x.first_pos) FROM [shopq].[orders_gens] x))
+    AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = (SELECT TOP (1) gen.slot_base + (g.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC) AND r.msg_id = g.pos AND r.state = 1);
   SET @gaps = @@ROWCOUNT;
   SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged,
     @dead AS o_dead;
@@ -885,10 +897,18 @@ AS BEGIN
   SELECT @bound = MAX(msg_id) FROM [shopq].[orders_ring]
   WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, (-@grace_ms) % 1000, DATEADD(second, (-@grace_ms) / 1000, SYSUTCDATETIME()));
   IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
+  -- Per generation, each of its slots stands for the one position of its part of
+  -- (@popped, @bound) that maps to it (a part never spans more than a lap).
   INSERT INTO [shopq].[orders_gap] (pos, reason)
   SELECT c.p, 'void' FROM (
-    SELECT r.msg_id, @popped + 1 + ((r.slot - (@popped + 1) % 1000 + 1000) % 1000) AS p FROM [shopq].[orders_ring] r) AS c
-  WHERE c.p < @bound AND (c.msg_id IS NULL OR c.msg_id <> c.p)
+    SELECT r.msg_id, w.hi, w.lo + ((r.slot - w.slot_base - w.lo % w.size + w.size) % w.size) AS p
+    FROM (SELECT x.slot_base, x.size,
+            CASE WHEN @popped + 1 > x.first_pos THEN @popped + 1 ELSE x.first_pos END AS lo,
+            ISNULL(LEAD(x.first_pos) OVER (ORDER BY x.first_pos), @bound) AS hi
+          FROM [shopq].[orders_gens] x) AS w
+    JOIN [shopq].[orders_ring] r ON r.slot >= w.slot_base AND r.slot < w.slot_base + w.size
+    WHERE w.lo < w.hi) AS c
+  WHERE c.p < @bound AND c.p < c.hi AND (c.msg_id IS NULL OR c.msg_id <> c.p)
     AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_gap] g WHERE g.pos = c.p);
   SET @holes = @@ROWCOUNT;
   SELECT @holes;
@@ -927,10 +947,10 @@ AS BEGIN
   SELECT @oldest = MIN(pushed_at) FROM (
     SELECT r.pushed_at FROM [shopq].[orders_ring] r
     JOIN (SELECT TOP (64) @pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS pos FROM sys.all_objects) p
-      ON r.slot = p.pos % 1000 AND r.msg_id = p.pos
+      ON r.slot = (SELECT TOP (1) gen.slot_base + (p.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (p.pos) ORDER BY gen.first_pos DESC) AND r.msg_id = p.pos
     WHERE r.state = 1
     UNION ALL
-    SELECT r.pushed_at FROM [shopq].[orders_gap] g JOIN [shopq].[orders_ring] r ON r.slot = g.pos % 1000 AND r.msg_id = g.pos
+    SELECT r.pushed_at FROM [shopq].[orders_gap] g JOIN [shopq].[orders_ring] r ON r.slot = (SELECT TOP (1) gen.slot_base + (g.pos) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (g.pos) ORDER BY gen.first_pos DESC) AND r.msg_id = g.pos
     WHERE g.reason = 'skipped' AND r.state = 1
     UNION ALL
     SELECT s.pushed_at FROM (SELECT TOP (64) state, pushed_at, visible_at FROM [shopq].[orders_spill] ORDER BY msg_id) s
@@ -1001,7 +1021,7 @@ AS BEGIN
   DECLARE @rc int, @lease_ms bigint = CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END;
   DECLARE @until datetime2(3) = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()));
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK) SET visible_at = @until
-  WHERE slot = @id % 1000 AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     UPDATE [shopq].[orders_spill] WITH (ROWLOCK) SET visible_at = @until
@@ -1122,7 +1142,7 @@ AS BEGIN
   DECLARE @one TABLE (o_id bigint);
   DECLARE @deferred TABLE (o_ids nvarchar(max));
   DECLARE @id bigint = -1, @try int = 0, @length nvarchar(20) = CAST(DATALENGTH(@body) AS nvarchar(20)),
-    @wrapped nvarchar(max) = N'[' + @headers + N']';
+    @wrapped nvarchar(max) = N'[' + @headers + N']', @full nvarchar(400);
   IF @body IS NULL
     THROW 50006, N'dbq: send to queue orders: a body must not be NULL (send an empty varbinary instead)', 1;
   IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
@@ -1139,12 +1159,12 @@ AS BEGIN
     DELETE FROM @one;
     INSERT INTO @one EXEC [shopq].[orders_push] @body, @ttl_ms, @headers;
     SET @id = (SELECT o_id FROM @one);
-    IF @id < 0 AND (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN 1 ELSE -1 END * CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END)
-                    FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) >= 1000
-      BREAK;
+    IF @id < 0 AND (SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END) FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC) <= 0 BREAK;
   END;
-  IF @id < 0
-    THROW 50007, N'dbq: queue orders is full: its ring holds 1000 messages (spec.ring.size)', 1;
+  IF @id < 0 BEGIN
+    SET @full = CONCAT(N'dbq: queue orders is full: its ring holds ', (SELECT TOP (1) gen.size FROM [shopq].[orders_gens] gen ORDER BY gen.first_pos DESC), N' messages (spec.ring.size)');
+    THROW 50007, @full, 1;
+  END;
   SELECT @id AS msg_id;
 END
 
@@ -1154,7 +1174,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @answer TABLE (o_ids nvarchar(max));
-  DECLARE @ids nvarchar(max);
+  DECLARE @ids nvarchar(max), @full nvarchar(400);
   IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
     THROW 50002, N'dbq: send_batch to queue orders: delay_ms and ttl_ms must be 0 or more', 1;
   IF @delay_ms > 0
@@ -1164,14 +1184,17 @@ AS BEGIN
   SET @ids = (SELECT o_ids FROM @answer);
   -- What the ring took stays sent; a body it did not take answers NULL, to be sent again.
   -- Refused outright only when none was taken.
-  IF @ids <> N'' AND NOT EXISTS (SELECT 1 FROM OPENJSON(N'[' + @ids + N']') WHERE CAST(value AS bigint) > 0)
-    THROW 50007, N'dbq: queue orders is full: its ring holds 1000 messages (spec.ring.size); none of the batch was sent', 1;
+  IF @ids <> N'' AND NOT EXISTS (SELECT 1 FROM OPENJSON(N'[' + @ids + N']') WHERE CAST(value AS bigint) > 0) BEGIN
+    SET @full = CONCAT(N'dbq: queue orders is full: its ring holds ', (SELECT TOP (1) gen.size FROM [shopq].[orders_gens] gen ORDER BY gen.first_pos DESC),
+      N' messages (spec.ring.size); none of the batch was sent');
+    THROW 50007, @full, 1;
+  END;
   SELECT CASE WHEN CAST(j.value AS bigint) > 0 THEN CAST(j.value AS bigint) END AS msg_id
   FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']') j ORDER BY CAST(j.[key] AS int);
 END
 
 -- By id, with no lease asked (version 22 on), the ids comma-separated as ack_many takes them: a
--- message is found by its slot (id % 1000) or the spill table's key, ready, delayed or leased
+-- message is found by its slot (from its generation) or the spill table's key, ready, delayed or leased
 -- alike; a lease held on it is lost. An id not there is left out of the answer.
 CREATE OR ALTER PROCEDURE [shopq].[orders_delete] @ids nvarchar(max)
 WITH EXECUTE AS OWNER
@@ -1186,7 +1209,7 @@ AS BEGIN
   BEGIN TRANSACTION;
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
-  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % 1000 AND r.msg_id = a.id AND r.state IN (1, 2);
+  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = (SELECT TOP (1) gen.slot_base + (a.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (a.id) ORDER BY gen.first_pos DESC) AND r.msg_id = a.id AND r.state IN (1, 2);
   DELETE s OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM [shopq].[orders_spill] s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
   WHERE NOT EXISTS (SELECT 1 FROM @gone g WHERE g.msg_id = a.id);
@@ -1234,7 +1257,7 @@ AS BEGIN
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body,
     deleted.headers INTO @moved
-  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % 1000 AND r.msg_id = a.id
+  FROM [shopq].[orders_ring] r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = (SELECT TOP (1) gen.slot_base + (a.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (a.id) ORDER BY gen.first_pos DESC) AND r.msg_id = a.id
   WHERE r.state = 2 OR (r.state = 1 AND @visibility_ms > 0);
   INSERT INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT msg_id, 1, 0, attempts, pushed_at, @visible, expires_at, body, headers FROM @moved;
@@ -1251,7 +1274,7 @@ AS BEGIN
         WHERE s.msg_id IN (SELECT msg_id FROM @moved UNION SELECT msg_id FROM @kept)
         UNION ALL
         SELECT r.msg_id, r.attempts, r.pushed_at, @visible, r.headers, r.body FROM [shopq].[orders_ring] r
-        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = d.id % 1000 AND r.msg_id = d.id
+        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = (SELECT TOP (1) gen.slot_base + (d.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (d.id) ORDER BY gen.first_pos DESC) AND r.msg_id = d.id
         WHERE r.state = 1 AND @visibility_ms = 0) x
   LEFT JOIN [shopq].[orders_content] c ON x.body IS NULL AND c.bucket = x.msg_id % 8 AND c.msg_id = x.msg_id
   JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = x.msg_id ORDER BY a.i;
@@ -1616,6 +1639,73 @@ IF @granted < 0 BEGIN
 END;
 
 DECLARE @lock nvarchar(255) = ?, @released int; IF APPLOCK_MODE('public', @lock, 'Session') <> 'NoLock' EXEC @released = sys.sp_releaseapplock @Resource = @lock, @LockOwner = 'Session';
+
+-- online resize
+
+SELECT slot_base, size FROM [shopq].[orders_gens] ORDER BY first_pos DESC
+
+SELECT count(*) FROM [shopq].[orders_ring] WHERE slot IN (0, 999)
+
+SELECT first_pos, slot_base, size, (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]')) FROM [shopq].[orders_gens] ORDER BY first_pos
+
+SELECT CASE WHEN (SELECT count(*) FROM [shopq].[orders_gens]) > 1
+  OR (SELECT min(slot) FROM [shopq].[orders_ring]) < (SELECT min(slot_base) FROM [shopq].[orders_gens])
+  OR (SELECT max(slot) FROM [shopq].[orders_ring]) >= (SELECT max(slot_base + size) FROM [shopq].[orders_gens]) THEN 1 ELSE 0 END
+
+SET NOCOUNT ON; DECLARE @got int;
+EXEC @got = sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = 0;
+SELECT CASE WHEN @got >= 0 THEN 1 ELSE 0 END
+
+DECLARE @lock nvarchar(255) = ?, @released int; IF APPLOCK_MODE('public', @lock, 'Session') <> 'NoLock' EXEC @released = sys.sp_releaseapplock @Resource = @lock, @LockOwner = 'Session';
+
+WITH n AS (
+  SELECT TOP (4000) 1000 + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
+  FROM sys.all_columns a CROSS JOIN sys.all_columns b CROSS JOIN sys.all_columns c)
+INSERT INTO [shopq].[orders_ring] (slot, state, body)
+SELECT n.slot, 0, CAST(REPLICATE(CAST(0x00 AS varbinary(max)), 300) AS varbinary(7000))
+FROM n WHERE NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] r WHERE r.slot = n.slot)
+
+SET NOCOUNT ON; SET XACT_ABORT ON;
+DECLARE @fenced int, @boundary bigint, @updated int;
+BEGIN TRANSACTION;
+EXEC @fenced = sys.sp_getapplock @Resource = N'dbq-fence:shopq.orders', @LockMode = 'Exclusive',
+  @LockOwner = 'Transaction', @LockTimeout = 100;
+IF @fenced < 0 OR @@TRANCOUNT = 0 THROW 50011, N'dbq: the resize fence is busy', 1;
+SET @boundary = (SELECT CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END FROM sys.sequences WHERE object_id = OBJECT_ID(N'[shopq].[orders_push_seq]')) + 1;
+UPDATE [shopq].[orders_gens] SET slot_base = 1000, size = 4000, started_at = SYSUTCDATETIME()
+WHERE first_pos = @boundary;
+SET @updated = @@ROWCOUNT;
+IF @updated = 0
+  INSERT INTO [shopq].[orders_gens] (first_pos, slot_base, size) VALUES (@boundary, 1000, 4000);
+UPDATE [shopq].[dbq_queues] SET ring_size = 4000, updated_at = SYSUTCDATETIME() WHERE queue = N'orders';
+COMMIT TRANSACTION;
+
+SET NOCOUNT ON;
+DECLARE @moved int = 1;
+WHILE @moved > 0 BEGIN
+  UPDATE TOP (4000) [shopq].[orders_ring] WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
+    deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
+    deleted.expires_at, deleted.body, deleted.headers
+  INTO [shopq].[orders_spill] (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  WHERE slot >= 0 AND slot < 1000 AND state <> 0;
+  SET @moved = @@ROWCOUNT;
+END
+
+SET NOCOUNT ON;
+DECLARE @gone int;
+DELETE FROM [shopq].[orders_gens] WHERE first_pos = 1
+  AND first_pos < (SELECT MAX(first_pos) FROM [shopq].[orders_gens])
+  AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_ring] WHERE slot >= 0 AND slot < 1000 AND state <> 0);
+SET @gone = @@ROWCOUNT;
+SELECT @gone
+
+DELETE FROM [shopq].[orders_ring] WHERE slot >= 0 AND slot < 1000 AND state = 0
+  AND NOT EXISTS (SELECT 1 FROM [shopq].[orders_gens] g WHERE slot >= g.slot_base AND slot < g.slot_base + g.size)
+
+SELECT coalesce(min(slot), 0), coalesce(max(slot), -1) FROM [shopq].[orders_ring]
+
+SELECT count(*) FROM [shopq].[orders_ring] WHERE slot >= 0 AND slot < 1000 AND state = 2
 
 -- maintenance
 

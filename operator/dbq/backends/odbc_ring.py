@@ -28,7 +28,6 @@ from dbq.backends.maintenance import (
 from dbq.backends.odbc import OdbcBackend, transaction
 from dbq.backends.postgres import pgmq
 from dbq.backends.postgres.access import ensure_helper
-from dbq.backends.postgres.sql import PgRing
 from dbq.backends.ring_plan import (
     Observed,
     Recorded,
@@ -39,8 +38,6 @@ from dbq.backends.ring_plan import (
     plan_ring,
 )
 from dbq.backends.ring_resize import (
-    PREPARE_CHUNK,
-    RETIRE_CHUNK,
     Generation,
     ResizeState,
     chunks,
@@ -59,7 +56,6 @@ from dbq.names import QueueNames
 # and is tried SWITCH_TRIES times before the resize reports ResizeWaiting.
 SWITCH_WAIT_MS = 100
 SWITCH_TRIES = 40
-LOCK_NOT_AVAILABLE = "55P03"
 # After each chunk of slots a resize writes or deletes, a pause of this many times its duration.
 RESIZE_PACE = 3.0
 
@@ -267,8 +263,8 @@ class OdbcRing(OdbcBackend):
 
     @property
     def _resizable(self) -> bool:
-        """Whether apply resizes a ring of another size: a PostgreSQL ring its Queue provisioned."""
-        return isinstance(self.sql, PgRing) and self.target.resize
+        """Whether apply resizes a ring of another size: a ring its Queue provisioned."""
+        return self.target.resize
 
     def _resizes(self, observed: Observed) -> bool:
         """Whether apply resizes: the ring's newest generation has another size than spec.ring.size."""
@@ -320,18 +316,18 @@ class OdbcRing(OdbcBackend):
                   "expired": r.expired, "gapsPurged": r.gaps_purged, "deadLettered": r.dead_lettered}  # fmt: skip
         if self.target.archive_retention_s > 0:
             counts["archiveScavenged"] = self._scavenge()
-        if isinstance(self.sql, PgRing) and self._resize_pending(self.sql):
+        if self._resize_pending():
             done = self.retire()
             if done is not None:  # None: a resize of this queue holds its lock right now
                 counts |= {"generationsRetired": done.retired, "generationsDraining": done.alive - 1,
                            "resizePositionsLeft": done.positions_left, "resizeLeased": done.leased}  # fmt: skip
         return counts
 
-    def _resize_pending(self, sql: PgRing) -> bool:
+    def _resize_pending(self) -> bool:
         """Whether an older generation drains, or slots no generation holds are left (one cheap
         statement: the ring's lowest and highest slot come from its key)."""
         with self._errors():
-            return bool(self.conn.cursor().execute(sql.resize_pending()).fetchval())
+            return bool(self.conn.cursor().execute(self.sql.resize_pending()).fetchval())
 
     def _scavenge(self) -> int:
         """Archived messages past the retention, removed in bounded batches (each its own short
@@ -346,7 +342,7 @@ class OdbcRing(OdbcBackend):
 
     # --- online resize (`dbq.backends.ring_resize`) ------------------------------------------
     @contextmanager
-    def _resize_session(self, sql: PgRing) -> Iterator[pyodbc.Cursor | None]:
+    def _resize_session(self, sql: RingSql) -> Iterator[pyodbc.Cursor | None]:
         """A connection of its own holding the queue's resize lock (None when another run holds
         it): preparing a generation takes many transactions, and must not hold the pool's."""
         lock = f"dbq-resize:{self.names.schema}.{self.names.queue}"
@@ -359,14 +355,14 @@ class OdbcRing(OdbcBackend):
             try:
                 yield cur
             finally:
-                cur.execute(sql.resize_unlock(), lock).fetchall()
+                cur.execute(sql.resize_unlock(), lock)
         except pyodbc.Error as e:
             raise translate(e, self.settings) from None
         finally:
             conn.close()
 
     @staticmethod
-    def _resize_state(sql: PgRing, cur: pyodbc.Cursor) -> ResizeState:
+    def _resize_state(sql: RingSql, cur: pyodbc.Cursor) -> ResizeState:
         rows = cur.execute(sql.generations()).fetchall()
         gens = tuple(Generation(int(r[0]), int(r[1]), int(r[2])) for r in rows)
         return ResizeState(gens, int(rows[0][3]) if rows else 0)
@@ -377,8 +373,6 @@ class OdbcRing(OdbcBackend):
         (`ResizeWaiting` when pushes kept the fence). None when the newest generation has that
         size already, or another run is resizing."""
         sql, size = self.sql, size or self.target.size
-        if not isinstance(sql, PgRing):
-            return None
         with self._resize_session(sql) as cur:
             if cur is None:
                 return None
@@ -387,7 +381,7 @@ class OdbcRing(OdbcBackend):
                 return None
             base = place_generation(state.generations, size)
             started = time.monotonic()
-            for lo, hi in chunks(base, base + size, PREPARE_CHUNK):
+            for lo, hi in chunks(base, base + size, sql.RESIZE_CHUNK):
                 if cur.execute(sql.slots_present(lo, hi)).fetchval() < min(2, hi - lo):
                     paced(cur, sql.prepare_slots(lo, hi))
             prepared_s = time.monotonic() - started
@@ -397,18 +391,16 @@ class OdbcRing(OdbcBackend):
             left = after.positions_left()
             return Resized(state.newest.size, size, prepared_s, pause_s, left)
 
-    def _switch(self, sql: PgRing, cur: pyodbc.Cursor, base: int, size: int) -> float:
-        """The switch's transaction, tried until it takes the fence (each wait at most
-        SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
+    def _switch(self, sql: RingSql, cur: pyodbc.Cursor, base: int, size: int) -> float:
+        """The switch (one statement, its own transaction), tried until it takes the fence (each
+        wait at most SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
         for attempt in range(SWITCH_TRIES):
             started = time.monotonic()
             try:
-                with transaction(cur.connection):
-                    for statement in sql.switch(base, size, SWITCH_WAIT_MS):
-                        cur.execute(statement)
+                cur.execute(sql.switch(base, size, SWITCH_WAIT_MS))
                 return time.monotonic() - started
             except pyodbc.Error as e:
-                if driver_error(e, self.settings)[0] != LOCK_NOT_AVAILABLE:
+                if not sql.fence_busy(*driver_error(e, self.settings)):
                     raise
             time.sleep(0.05 * (attempt + 1))  # let the pushes queued behind it through
         raise ResizeWaiting(
@@ -417,7 +409,7 @@ class OdbcRing(OdbcBackend):
         )
 
     @staticmethod
-    def _delete_strays(sql: PgRing, cur: pyodbc.Cursor, state: ResizeState) -> None:
+    def _delete_strays(sql: RingSql, cur: pyodbc.Cursor, state: ResizeState) -> None:
         """With one generation alive, the slots it does not hold (those of a newest generation a
         switch replaced before any push reached it, or of a run stopped while deleting) go."""
         if len(state.generations) != 1:
@@ -425,7 +417,7 @@ class OdbcRing(OdbcBackend):
         low, high = cur.execute(sql.slot_bounds()).fetchone()
         newest = state.newest
         for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
-            for lo, hi in chunks(start, end, RETIRE_CHUNK):
+            for lo, hi in chunks(start, end, sql.RESIZE_CHUNK):
                 paced(cur, sql.delete_slots(lo, hi))
 
     def retire(self) -> Retired | None:
@@ -433,8 +425,6 @@ class OdbcRing(OdbcBackend):
         spill table, their slots deleted); what is left to drain, counted. None when a resize of
         the queue holds its lock (the next run looks again)."""
         sql = self.sql
-        if not isinstance(sql, PgRing):
-            return Retired()
         with self._resize_session(sql) as cur:
             if cur is None:
                 return None
@@ -443,11 +433,11 @@ class OdbcRing(OdbcBackend):
                 with transaction(cur.connection):
                     move, forget = sql.retire(oldest.first_pos, oldest.slot_base, oldest.slot_end)
                     cur.execute(move)
-                    gone = cur.execute(forget).rowcount
+                    gone = cur.execute(forget).fetchval()
                 if not gone:  # rows a client held were skipped: the next run moves them
                     break
                 retired += 1
-                for lo, hi in chunks(oldest.slot_base, oldest.slot_end, RETIRE_CHUNK):
+                for lo, hi in chunks(oldest.slot_base, oldest.slot_end, sql.RESIZE_CHUNK):
                     paced(cur, sql.delete_slots(lo, hi))
             state = self._resize_state(sql, cur)
             self._delete_strays(sql, cur, state)

@@ -25,11 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Slots written per transaction while a new generation is prepared.
-PREPARE_CHUNK = 20_000
-# Rows of a retired generation deleted per transaction.
-RETIRE_CHUNK = 20_000
-
 
 @dataclass(frozen=True)
 class Generation:

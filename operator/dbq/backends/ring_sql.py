@@ -330,6 +330,73 @@ class RingSqlBase:
         table = f"{self.quote(keeper.schema)}.{self.quote(keeper.dead)}"
         return f"DELETE FROM {table} WHERE source = {qualified_literal(self.BACKEND, self.t.names)}"
 
+    # --- online resize (`dbq.backends.ring_resize`) ---------------------------------------------
+    # Slots a resize writes or deletes per transaction.
+    RESIZE_CHUNK = 20_000
+
+    def last_drawn(self, sequence: str) -> str:
+        """The last value `sequence` gave out (0 before the first), as an SQL expression."""
+        raise NotImplementedError
+
+    def try_resize_lock(self) -> str:
+        """The queue's resize lock, for the session (parameter: its name), answering 1 when taken:
+        preparing and switching, and retiring, never run at once, nor twice."""
+        raise NotImplementedError
+
+    def resize_unlock(self) -> str:
+        """The resize lock released (parameter: its name)."""
+        raise NotImplementedError
+
+    def prepare_slots(self, lo: int, hi: int) -> str:
+        """Free slots [lo, hi), each with a body of full size (no row grows off its page later)."""
+        raise NotImplementedError
+
+    def switch(self, base: int, size: int, wait_ms: int) -> str:
+        """The switch, one statement that is its own transaction: the fence taken exclusively
+        (waiting at most `wait_ms`: pushes queue behind it), the generation of `size` slots from
+        `base` recorded from the next position to draw (replacing a newest one that holds no
+        position yet), the size in the metadata. Raises what `fence_busy` tells when the wait
+        ran out."""
+        raise NotImplementedError
+
+    def fence_busy(self, state: str, text: str) -> bool:
+        """Whether an error (SQLSTATE, message) of `switch` is its wait for the fence running out."""
+        raise NotImplementedError
+
+    def retire(self, first_pos: int, lo: int, hi: int) -> tuple[str, str]:
+        """For the generation from `first_pos` (slots [lo, hi)), every position of it drawn, two
+        statements of one transaction: what its slots still hold moves to the spill table (a
+        leased message keeps its lease, a ready one is due at once; rows a client holds right
+        now are skipped), then the generation goes if nothing is left in it, answering 1 if it
+        went (0: the next run looks again)."""
+        raise NotImplementedError
+
+    def generations(self) -> str:
+        """The ring's generations, oldest first, and the last position a pop drew."""
+        return (
+            f"SELECT first_pos, slot_base, size, {self.last_drawn(self.pop_seq)}"
+            f" FROM {self.gens} ORDER BY first_pos"
+        )
+
+    def resize_pending(self) -> str:
+        """1 while more than one generation is alive, or the ring has slots outside them all."""
+        return f"""SELECT CASE WHEN (SELECT count(*) FROM {self.gens}) > 1
+  OR (SELECT min(slot) FROM {self.ring}) < (SELECT min(slot_base) FROM {self.gens})
+  OR (SELECT max(slot) FROM {self.ring}) >= (SELECT max(slot_base + size) FROM {self.gens}) THEN 1 ELSE 0 END"""
+
+    def delete_slots(self, lo: int, hi: int) -> str:
+        """Slots [lo, hi) that no generation alive holds, free ones only."""
+        return f"""DELETE FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state = 0
+  AND NOT EXISTS (SELECT 1 FROM {self.gens} g WHERE slot >= g.slot_base AND slot < g.slot_base + g.size)"""
+
+    def slot_bounds(self) -> str:
+        """The lowest and highest slot of the ring table."""
+        return f"SELECT coalesce(min(slot), 0), coalesce(max(slot), -1) FROM {self.ring}"
+
+    def leased_in(self, lo: int, hi: int) -> str:
+        """Leased messages in slots [lo, hi): what a draining generation holds beside its positions."""
+        return f"SELECT count(*) FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state = 2"
+
     def drop(self) -> list[str]:
         stmts = [f"DROP {self.ROUTINE_KIND} IF EXISTS {name}" for name in self.fn.values()]
         stmts += [f"DROP TABLE IF EXISTS {self.schema}.{self.quote(t)}" for t in self.t.names.tables]

@@ -26,6 +26,9 @@ from dbq.names import check_identifier, check_role, owner_role, qualified_litera
 from dbq.names import pg_literal as literal
 from dbq.names import pg_quote as quote
 
+# The SQLSTATE of a lock wait that ran past lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
 FILLFACTOR = 50
 
 
@@ -364,23 +367,11 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
             " ORDER BY at LIMIT 1"
         )
 
-    # --- online resize (`dbq.backends.ring_resize`) ---------------------------------------------
-    def generations(self) -> str:
-        """The ring's generations, oldest first, and the last position a pop drew."""
-        return (
-            f"SELECT first_pos, slot_base, size, {_last_drawn(self.pop_seq)}"
-            f" FROM {self.gens} ORDER BY first_pos"
-        )
-
-    def resize_pending(self) -> str:
-        """1 while more than one generation is alive, or the ring has slots outside them all."""
-        return f"""SELECT CASE WHEN (SELECT count(*) FROM {self.gens}) > 1
-  OR (SELECT min(slot) FROM {self.ring}) < (SELECT min(slot_base) FROM {self.gens})
-  OR (SELECT max(slot) FROM {self.ring}) >= (SELECT max(slot_base + size) FROM {self.gens}) THEN 1 ELSE 0 END"""
+    # --- online resize (`dbq.backends.ring_resize`; the dialect's part) --------------------------
+    def last_drawn(self, sequence: str) -> str:
+        return _last_drawn(sequence)
 
     def try_resize_lock(self) -> str:
-        """The queue's resize lock, for the session (parameter: its name): preparing and switching,
-        and retiring, never run at once, nor twice."""
         return "SELECT CASE WHEN pg_try_advisory_lock(hashtext(?)) THEN 1 ELSE 0 END"
 
     def resize_unlock(self) -> str:
@@ -394,25 +385,21 @@ WHERE NOT EXISTS (SELECT 1 FROM {self.gens})""",
             f" FROM generate_series({int(lo)}, {int(hi) - 1}) g ON CONFLICT (slot) DO NOTHING"
         )
 
-    def switch(self, base: int, size: int, lock_timeout_ms: int) -> list[str]:
-        """The switch, in one transaction: the fence taken exclusively (waiting at most
-        `lock_timeout_ms`: pushes queue behind it), the generation recorded from the next position
-        to draw (replacing a newest one that holds no position yet), the size in the metadata."""
+    def switch(self, base: int, size: int, wait_ms: int) -> str:
         boundary = f"{_last_drawn(self.push_seq)} + 1"
-        return [
-            f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}",
-            f"SELECT pg_advisory_xact_lock({self.fence_key})",
-            f"""INSERT INTO {self.gens} (first_pos, slot_base, size) VALUES ({boundary}, {int(base)}, {int(size)})
-ON CONFLICT (first_pos) DO UPDATE SET slot_base = EXCLUDED.slot_base, size = EXCLUDED.size, started_at = now()""",
-            f"UPDATE {self.meta} SET ring_size = {int(size)}, updated_at = now() WHERE queue = {literal(self.t.names.queue)}",
-        ]
+        return f"""DO $switch$ BEGIN
+  PERFORM set_config('lock_timeout', '{int(wait_ms)}', true);
+  PERFORM pg_advisory_xact_lock({self.fence_key});
+  INSERT INTO {self.gens} (first_pos, slot_base, size) VALUES ({boundary}, {int(base)}, {int(size)})
+  ON CONFLICT (first_pos) DO UPDATE SET slot_base = EXCLUDED.slot_base, size = EXCLUDED.size, started_at = now();
+  UPDATE {self.meta} SET ring_size = {int(size)}, updated_at = now() WHERE queue = {literal(self.t.names.queue)};
+END $switch$"""
 
-    def retire(self, first_pos: int, lo: int, hi: int) -> list[str]:
-        """The generation from `first_pos` (slots [lo, hi)), every position of it drawn: what its
-        slots still hold moves to the spill table (a leased message keeps its lease, a ready one
-        is due at once), then the generation goes if none is left (rows a client holds right now
-        are skipped, and the next run looks again)."""
-        return [
+    def fence_busy(self, state: str, text: str) -> bool:
+        return state == LOCK_NOT_AVAILABLE
+
+    def retire(self, first_pos: int, lo: int, hi: int) -> tuple[str, str]:
+        return (
             f"""WITH held AS (
   SELECT slot FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0 FOR UPDATE SKIP LOCKED),
 moved AS (
@@ -422,23 +409,13 @@ INSERT INTO {self.spill} (msg_id, state, lease, attempts, pushed_at, visible_at,
 SELECT m.msg_id, CASE WHEN m.lease > 0 THEN 2 ELSE 1 END, m.lease, m.attempts, m.pushed_at,
   CASE WHEN m.lease > 0 THEN m.visible_at ELSE clock_timestamp() END, m.expires_at, m.body, m.headers
 FROM moved m""",
-            f"""DELETE FROM {self.gens} WHERE first_pos = {int(first_pos)}
-  AND first_pos < (SELECT max(first_pos) FROM {self.gens})
-  AND NOT EXISTS (SELECT 1 FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0)""",
-        ]
-
-    def delete_slots(self, lo: int, hi: int) -> str:
-        """Slots [lo, hi) that no generation alive holds, free ones only."""
-        return f"""DELETE FROM {self.ring} r WHERE r.slot >= {int(lo)} AND r.slot < {int(hi)} AND r.state = 0
-  AND NOT EXISTS (SELECT 1 FROM {self.gens} g WHERE r.slot >= g.slot_base AND r.slot < g.slot_base + g.size)"""
-
-    def slot_bounds(self) -> str:
-        """The lowest and highest slot of the ring table."""
-        return f"SELECT coalesce(min(slot), 0), coalesce(max(slot), -1) FROM {self.ring}"
-
-    def leased_in(self, lo: int, hi: int) -> str:
-        """Leased messages in slots [lo, hi): what a draining generation holds beside its positions."""
-        return f"SELECT count(*) FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state = 2"
+            f"""WITH gone AS (
+  DELETE FROM {self.gens} WHERE first_pos = {int(first_pos)}
+    AND first_pos < (SELECT max(first_pos) FROM {self.gens})
+    AND NOT EXISTS (SELECT 1 FROM {self.ring} WHERE slot >= {int(lo)} AND slot < {int(hi)} AND state <> 0)
+  RETURNING 1)
+SELECT count(*) FROM gone""",
+        )
 
     # --- maintenance (parameter: schema name) ---------------------------------------------------
     def maintenance_tables(self) -> str:

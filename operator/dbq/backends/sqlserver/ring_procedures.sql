@@ -14,6 +14,10 @@
 -- here is a guard (nvarchar holds UTF-16, at most twice the UTF-8 size the client checks).
 -- A body past {max_bytes} bytes waits in {content}, as on PostgreSQL (see its routines): the
 -- slot's body is NULL, and whatever ends the message removes it in the same transaction.
+-- Generations (version 24 on), as on PostgreSQL: {slot_of:P} is the slot of position P from
+-- {gens}, {room} the free slots of the newest generation, {newest_size} its size. {fence} takes
+-- the shared side of the applock a resize's switch takes exclusively; it is owned by the
+-- transaction push and push_many open around their draw (XACT_ABORT: an error ends both).
 --;;
 CREATE OR ALTER PROCEDURE {fn_body_of} @id bigint, @remove bit, @body varbinary(max) OUTPUT
 WITH EXECUTE AS OWNER
@@ -39,7 +43,7 @@ AS BEGIN
     UPDATE {ring} WITH (ROWLOCK, READPAST)
       SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @body,
         headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    WHERE slot = @id % {size} AND state = 0;
+    WHERE slot = {slot_of:@id} AND state = 0;
     SET @rc = @@ROWCOUNT;
     IF @rc = 1 BEGIN SET @placed = 1; RETURN; END;
     -- The slot still holds an earlier lap's message: a leased one, or an orphan whose popper
@@ -51,7 +55,7 @@ AS BEGIN
       deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
       deleted.expires_at, deleted.body, deleted.headers
     INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
-    WHERE slot = @id % {size} AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
+    WHERE slot = {slot_of:@id} AND (state = 2 OR (state = 1 AND @try >= 4 AND msg_id <= @popped));
     SET @try += 1;
     IF @try > 20 BEGIN
       -- Full after all (pushers raced past the check), or a popper kept the slot: the position
@@ -67,7 +71,7 @@ CREATE OR ALTER PROCEDURE {fn_push} @body varbinary(max), @ttl_ms bigint, @heade
 WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
-  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int,
+  DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int, @fenced int,
     @slot varbinary(max) = @body;
   IF DATALENGTH(@body) > {max_bytes} BEGIN
     IF DATALENGTH(@body) > {max_body_bytes}
@@ -78,10 +82,13 @@ AS BEGIN
     THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
   IF @headers IS NOT NULL AND (ISJSON(@headers) = 0 OR LEFT(LTRIM(@headers), 1) <> N'{')
     THROW 50004, N'dbq: headers must be a JSON object of names to values', 1;
-  IF (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                 * {drawn})
-      FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'))) >= {size}
-  BEGIN
+  -- The fence, then the room and the draw, in one transaction: a resize's switch waits for this
+  -- push to commit, and this push for the switch.
+  SET XACT_ABORT ON;
+  BEGIN TRANSACTION;
+  {fence}
+  IF {room} <= 0 BEGIN
+    COMMIT TRANSACTION;
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
     RETURN;
   END;
@@ -89,13 +96,14 @@ AS BEGIN
   UPDATE {ring} WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-  WHERE slot = @id % {size} AND state = 0;
+  WHERE slot = {slot_of:@id} AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     EXEC {fn_place} @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
-    IF @placed = 0 BEGIN SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
+    IF @placed = 0 BEGIN COMMIT TRANSACTION; SELECT CAST(-1 AS bigint) AS o_id; RETURN; END;
   END;
   IF @slot IS NULL INSERT INTO {content} (bucket, msg_id, body) VALUES (@id % {buckets}, @id, @body);
+  COMMIT TRANSACTION;
   SET @n = NEXT VALUE FOR {n_pushed};
   SELECT @id AS o_id;
 END
@@ -106,7 +114,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint;
+    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int;
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
@@ -133,11 +141,12 @@ AS BEGIN
     IF EXISTS (SELECT 1 FROM @in WHERE DATALENGTH(headers) > 2 * {header_bytes})
       THROW 50003, N'dbq: headers are larger than spec.messages.headerBytes ({header_bytes}) of queue {queue}', 1;
   END;
-  SELECT @used = SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END
-                     * {drawn})
-  FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'));
-  SET @k = CASE WHEN {size} - @used < @n THEN CASE WHEN {size} - @used > 0 THEN {size} - @used ELSE 0 END
-                ELSE @n END;
+  -- The fence before the room is read, as in push.
+  SET XACT_ABORT ON;
+  BEGIN TRANSACTION;
+  {fence}
+  SET @used = {room};
+  SET @k = CASE WHEN @used < @n THEN CASE WHEN @used > 0 THEN @used ELSE 0 END ELSE @n END;
   IF @k > 0 BEGIN
     -- One contiguous range of positions for the batch, then one set-based update.
     EXEC sys.sp_sequence_get_range @sequence_name = N'{push_seq}', @range_size = @k,
@@ -148,9 +157,9 @@ AS BEGIN
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
         body = CASE WHEN b.n > {max_bytes} THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    FROM {ring} r JOIN @in b ON r.slot = b.id % {size}
+    FROM {ring} r JOIN @in b ON r.slot = {slot_of:b.id}
     WHERE b.id IS NOT NULL AND r.state = 0;
-    UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = b.id % {size} AND r.msg_id = b.id;
+    UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = {slot_of:b.id} AND r.msg_id = b.id;
     -- Slots an earlier lap still holds take the slow path, one by one.
     SET @i = 1;
     WHILE @i <= @k BEGIN
@@ -166,9 +175,10 @@ AS BEGIN
     IF @big > {max_bytes}
       INSERT INTO {content} (bucket, msg_id, body)
       SELECT id % {buckets}, id, body FROM @in WHERE done = 1 AND n > {max_bytes};
-    SELECT @c = COUNT(*) FROM @in WHERE done = 1;
-    WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
   END;
+  COMMIT TRANSACTION;
+  SELECT @c = COUNT(*) FROM @in WHERE done = 1;
+  WHILE @c > 0 BEGIN SET @used = NEXT VALUE FOR {n_pushed}; SET @c -= 1; END;
   SELECT STRING_AGG(CAST(CASE WHEN done = 1 THEN id ELSE -1 END AS nvarchar(max)), N',')
     WITHIN GROUP (ORDER BY i) AS o_ids
   FROM @in;
@@ -194,14 +204,14 @@ AS BEGIN
     IF @lease_ms <= 0 BEGIN
       UPDATE {ring} WITH (ROWLOCK) SET state = 0, @body = body, @attempts = attempts, @headers = headers,
         @pushed_at = pushed_at
-      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+      WHERE slot = {slot_of:@pos} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END ELSE BEGIN
       SET @lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1;
       UPDATE {ring} WITH (ROWLOCK) SET state = 2, lease = @lease, @attempts = attempts = attempts + 1,
         @visible = visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now)),
         @body = body, @headers = headers, @pushed_at = pushed_at
-      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
+      WHERE slot = {slot_of:@pos} AND msg_id = @pos AND state = 1 AND (expires_at IS NULL OR expires_at > @now);
       SET @got = @@ROWCOUNT;
     END;
     IF @got = 1 BEGIN
@@ -211,7 +221,7 @@ AS BEGIN
       -- if archive
       IF @lease_ms <= 0 BEGIN
         INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM {ring} WHERE slot = @pos % {size};
+        SELECT msg_id, attempts, pushed_at, SYSUTCDATETIME(), @body, headers FROM {ring} WHERE slot = {slot_of:@pos};
         IF @count = 1 SET @n = NEXT VALUE FOR {n_archived};
       END;
       -- end if
@@ -219,11 +229,11 @@ AS BEGIN
       RETURN;
     END;
     SET @lease = NULL;
-    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM {ring} WHERE slot = @pos % {size};
+    SELECT @msg = msg_id, @state = state, @exp = expires_at FROM {ring} WHERE slot = {slot_of:@pos};
     IF @msg = @pos AND @state = 1 BEGIN
       IF @exp IS NULL OR @exp > @now CONTINUE;  -- written after the update looked: take it now
       UPDATE {ring} WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
-      WHERE slot = @pos % {size} AND msg_id = @pos AND state = 1;
+      WHERE slot = {slot_of:@pos} AND msg_id = @pos AND state = 1;
       SET @got = @@ROWCOUNT;
       IF @got = 1 SET @n = NEXT VALUE FOR {n_expired};  -- expired (TTL): dropped
       IF @got = 1 AND @big = 1 DELETE FROM {content} WITH (ROWLOCK) WHERE bucket = @pos % {buckets} AND msg_id = @pos;
@@ -315,7 +325,7 @@ AS BEGIN
       -- Nothing new. A position whose popper gave up may have received its message since.
       SET @pos = NULL;
       SELECT TOP (1) @pos = g.pos FROM {gap} g WITH (ROWLOCK, UPDLOCK, READPAST)
-      JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+      JOIN {ring} r ON r.slot = {slot_of:g.pos} AND r.msg_id = g.pos
       WHERE g.reason = 'skipped' AND r.state = 1;
       IF @pos IS NOT NULL BEGIN
         DELETE FROM {gap} WHERE pos = @pos;
@@ -390,13 +400,13 @@ AS BEGIN
   IF @lease_ms <= 0
     UPDATE r WITH (ROWLOCK) SET state = 0
     OUTPUT 0, inserted.msg_id, inserted.body, NULL, inserted.attempts, inserted.headers INTO @out
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
+    FROM {ring} r JOIN @pos p ON r.slot = {slot_of:p.pos}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   ELSE
     UPDATE r WITH (ROWLOCK) SET state = 2, lease = CAST(CRYPT_GEN_RANDOM(7) AS bigint) + 1, attempts = attempts + 1,
       visible_at = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, @now))
     OUTPUT 0, inserted.msg_id, inserted.body, inserted.lease, inserted.attempts, inserted.headers INTO @out
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size}
+    FROM {ring} r JOIN @pos p ON r.slot = {slot_of:p.pos}
     WHERE r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > @now);
   UPDATE p SET taken = 1 FROM @pos p JOIN @out o ON o.o_id = p.pos;
   -- Bodies past a slot come from {content}; a pop removes them.
@@ -413,7 +423,7 @@ AS BEGIN
   IF @lease_ms <= 0
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
     SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), o.o_body, r.headers
-    FROM {ring} r JOIN @pos p ON r.slot = p.pos % {size} AND r.msg_id = p.pos
+    FROM {ring} r JOIN @pos p ON r.slot = {slot_of:p.pos} AND r.msg_id = p.pos
     JOIN @out o ON o.o_id = p.pos AND o.o_status = 0 WHERE p.taken = 1;
   -- end if
   -- 3. Positions not claimed above: expired, gone, or not written yet (status 2 for the caller).
@@ -462,7 +472,7 @@ AS BEGIN
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, SYSUTCDATETIME(), inserted.body, inserted.headers
     INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
+  WHERE slot = {slot_of:@id} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME()
     AND body IS NOT NULL;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
@@ -475,7 +485,7 @@ AS BEGIN
   IF @rc = 0 BEGIN
     UPDATE {ring} WITH (ROWLOCK) SET state = 0
     OUTPUT inserted.msg_id, inserted.attempts, inserted.pushed_at, inserted.headers, 1 INTO @acked
-    WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+    WHERE slot = {slot_of:@id} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
     SET @rc = @@ROWCOUNT;
     IF @rc = 0 BEGIN
       DELETE FROM {spill} OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers, 1 INTO @acked
@@ -490,7 +500,7 @@ AS BEGIN
   END;
   -- else
   UPDATE {ring} WITH (ROWLOCK) SET state = 0, @big = CASE WHEN body IS NULL THEN 1 ELSE 0 END
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = {slot_of:@id} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     DELETE FROM {spill} OUTPUT deleted.msg_id, deleted.attempts, deleted.pushed_at, deleted.headers,
@@ -525,11 +535,11 @@ AS BEGIN
   FROM OPENJSON(N'[' + @ids + N']') i JOIN OPENJSON(N'[' + @leases + N']') l ON l.[key] = i.[key];
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT inserted.msg_id, CASE WHEN inserted.body IS NULL THEN 1 ELSE 0 END INTO @done
-  FROM {ring} r JOIN @a a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
+  FROM {ring} r JOIN @a a ON r.slot = {slot_of:a.id} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > SYSUTCDATETIME();
   -- if archive
   INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
   SELECT r.msg_id, r.attempts, r.pushed_at, SYSUTCDATETIME(), ISNULL(r.body, c.body), r.headers
-  FROM {ring} r JOIN @done d ON r.slot = d.id % {size} AND r.msg_id = d.id
+  FROM {ring} r JOIN @done d ON r.slot = {slot_of:d.id} AND r.msg_id = d.id
   LEFT JOIN {content} c ON d.big = 1 AND c.bucket = d.id % {buckets} AND c.msg_id = d.id;
   DECLARE @gone TABLE (msg_id bigint, attempts int, pushed_at datetime2(3), body varbinary(max),
     headers nvarchar(max));
@@ -571,7 +581,7 @@ AS BEGIN
   BEGIN TRANSACTION;
   UPDATE {ring} WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body, 0, deleted.headers INTO @taken
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = {slot_of:@id} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0
     DELETE FROM {spill} WITH (ROWLOCK)
@@ -666,14 +676,16 @@ AS BEGIN
   -- Content whose message is gone: none should be (see the PostgreSQL routine); at most 1000 a run.
   DELETE c FROM {content} c WITH (ROWLOCK, READPAST)
   JOIN (SELECT TOP (1000) x.bucket, x.msg_id FROM {content} x WITH (READPAST)
-    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = x.msg_id % {size} AND r.msg_id = x.msg_id AND r.state <> 0)
+    WHERE NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = {slot_of:x.msg_id} AND r.msg_id = x.msg_id AND r.state <> 0)
       AND NOT EXISTS (SELECT 1 FROM {spill} s WHERE s.msg_id = x.msg_id)) gone
     ON c.bucket = gone.bucket AND c.msg_id = gone.msg_id;
   SET @c = @expired;
   WHILE @c > 0 BEGIN SET @n = NEXT VALUE FOR {n_expired}; SET @c -= 1; END;
-  -- Gaps a whole lap behind the pop position can never be written any more.
-  DELETE g FROM {gap} g WHERE g.pos <= @popped - {size}
-    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = g.pos % {size} AND r.msg_id = g.pos AND r.state = 1);
+  -- Gaps a whole lap of the largest generation behind the pop position, or older than every
+  -- generation, can never be written any more.
+  DELETE g FROM {gap} g
+  WHERE (g.pos <= @popped - (SELECT MAX(x.size) FROM {gens} x) OR g.pos < (SELECT MIN(x.first_pos) FROM {gens} x))
+    AND NOT EXISTS (SELECT 1 FROM {ring} r WHERE r.slot = {slot_of:g.pos} AND r.msg_id = g.pos AND r.state = 1);
   SET @gaps = @@ROWCOUNT;
   SELECT @leases AS o_expired_leases, @orphans AS o_orphans, @expired AS o_expired, @gaps AS o_gaps_purged,
     @dead AS o_dead;
@@ -691,10 +703,18 @@ AS BEGIN
   SELECT @bound = MAX(msg_id) FROM {ring}
   WHERE state = 1 AND msg_id > @popped AND pushed_at <= DATEADD(millisecond, (-@grace_ms) % 1000, DATEADD(second, (-@grace_ms) / 1000, SYSUTCDATETIME()));
   IF @bound IS NULL BEGIN SELECT CAST(0 AS bigint); RETURN; END;
+  -- Per generation, each of its slots stands for the one position of its part of
+  -- (@popped, @bound) that maps to it (a part never spans more than a lap).
   INSERT INTO {gap} (pos, reason)
   SELECT c.p, 'void' FROM (
-    SELECT r.msg_id, @popped + 1 + ((r.slot - (@popped + 1) % {size} + {size}) % {size}) AS p FROM {ring} r) AS c
-  WHERE c.p < @bound AND (c.msg_id IS NULL OR c.msg_id <> c.p)
+    SELECT r.msg_id, w.hi, w.lo + ((r.slot - w.slot_base - w.lo % w.size + w.size) % w.size) AS p
+    FROM (SELECT x.slot_base, x.size,
+            CASE WHEN @popped + 1 > x.first_pos THEN @popped + 1 ELSE x.first_pos END AS lo,
+            ISNULL(LEAD(x.first_pos) OVER (ORDER BY x.first_pos), @bound) AS hi
+          FROM {gens} x) AS w
+    JOIN {ring} r ON r.slot >= w.slot_base AND r.slot < w.slot_base + w.size
+    WHERE w.lo < w.hi) AS c
+  WHERE c.p < @bound AND c.p < c.hi AND (c.msg_id IS NULL OR c.msg_id <> c.p)
     AND NOT EXISTS (SELECT 1 FROM {gap} g WHERE g.pos = c.p);
   SET @holes = @@ROWCOUNT;
   SELECT @holes;
@@ -733,10 +753,10 @@ AS BEGIN
   SELECT @oldest = MIN(pushed_at) FROM (
     SELECT r.pushed_at FROM {ring} r
     JOIN (SELECT TOP ({head_look}) @pos + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS pos FROM sys.all_objects) p
-      ON r.slot = p.pos % {size} AND r.msg_id = p.pos
+      ON r.slot = {slot_of:p.pos} AND r.msg_id = p.pos
     WHERE r.state = 1
     UNION ALL
-    SELECT r.pushed_at FROM {gap} g JOIN {ring} r ON r.slot = g.pos % {size} AND r.msg_id = g.pos
+    SELECT r.pushed_at FROM {gap} g JOIN {ring} r ON r.slot = {slot_of:g.pos} AND r.msg_id = g.pos
     WHERE g.reason = 'skipped' AND r.state = 1
     UNION ALL
     SELECT s.pushed_at FROM (SELECT TOP ({head_look}) state, pushed_at, visible_at FROM {spill} ORDER BY msg_id) s
@@ -807,7 +827,7 @@ AS BEGIN
   DECLARE @rc int, @lease_ms bigint = CASE WHEN @visibility_ms > 1 THEN @visibility_ms ELSE 1 END;
   DECLARE @until datetime2(3) = DATEADD(millisecond, @lease_ms % 1000, DATEADD(second, @lease_ms / 1000, SYSUTCDATETIME()));
   UPDATE {ring} WITH (ROWLOCK) SET visible_at = @until
-  WHERE slot = @id % {size} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
+  WHERE slot = {slot_of:@id} AND msg_id = @id AND state = 2 AND lease = @lease AND visible_at > SYSUTCDATETIME();
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     UPDATE {spill} WITH (ROWLOCK) SET visible_at = @until
@@ -928,7 +948,7 @@ AS BEGIN
   DECLARE @one TABLE (o_id bigint);
   DECLARE @deferred TABLE (o_ids nvarchar(max));
   DECLARE @id bigint = -1, @try int = 0, @length nvarchar(20) = CAST(DATALENGTH(@body) AS nvarchar(20)),
-    @wrapped nvarchar(max) = N'[' + @headers + N']';
+    @wrapped nvarchar(max) = N'[' + @headers + N']', @full nvarchar(400);
   IF @body IS NULL
     THROW 50006, N'dbq: send to queue {queue}: a body must not be NULL (send an empty varbinary instead)', 1;
   IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
@@ -945,12 +965,12 @@ AS BEGIN
     DELETE FROM @one;
     INSERT INTO @one EXEC {fn_push} @body, @ttl_ms, @headers;
     SET @id = (SELECT o_id FROM @one);
-    IF @id < 0 AND (SELECT SUM(CASE WHEN object_id = OBJECT_ID(N'{push_seq}') THEN 1 ELSE -1 END * {drawn})
-                    FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{push_seq}'), OBJECT_ID(N'{pop_seq}'))) >= {size}
-      BREAK;
+    IF @id < 0 AND {room} <= 0 BREAK;
   END;
-  IF @id < 0
-    THROW 50007, N'dbq: queue {queue} is full: its ring holds {size} messages (spec.ring.size)', 1;
+  IF @id < 0 BEGIN
+    SET @full = CONCAT(N'dbq: queue {queue} is full: its ring holds ', {newest_size}, N' messages (spec.ring.size)');
+    THROW 50007, @full, 1;
+  END;
   SELECT @id AS msg_id;
 END
 --;;
@@ -960,7 +980,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @answer TABLE (o_ids nvarchar(max));
-  DECLARE @ids nvarchar(max);
+  DECLARE @ids nvarchar(max), @full nvarchar(400);
   IF @delay_ms IS NULL OR @delay_ms < 0 OR @ttl_ms IS NULL OR @ttl_ms < 0
     THROW 50002, N'dbq: send_batch to queue {queue}: delay_ms and ttl_ms must be 0 or more', 1;
   IF @delay_ms > 0
@@ -970,14 +990,17 @@ AS BEGIN
   SET @ids = (SELECT o_ids FROM @answer);
   -- What the ring took stays sent; a body it did not take answers NULL, to be sent again.
   -- Refused outright only when none was taken.
-  IF @ids <> N'' AND NOT EXISTS (SELECT 1 FROM OPENJSON(N'[' + @ids + N']') WHERE CAST(value AS bigint) > 0)
-    THROW 50007, N'dbq: queue {queue} is full: its ring holds {size} messages (spec.ring.size); none of the batch was sent', 1;
+  IF @ids <> N'' AND NOT EXISTS (SELECT 1 FROM OPENJSON(N'[' + @ids + N']') WHERE CAST(value AS bigint) > 0) BEGIN
+    SET @full = CONCAT(N'dbq: queue {queue} is full: its ring holds ', {newest_size},
+      N' messages (spec.ring.size); none of the batch was sent');
+    THROW 50007, @full, 1;
+  END;
   SELECT CASE WHEN CAST(j.value AS bigint) > 0 THEN CAST(j.value AS bigint) END AS msg_id
   FROM OPENJSON(N'[' + ISNULL(@ids, N'') + N']') j ORDER BY CAST(j.[key] AS int);
 END
 --;;
 -- By id, with no lease asked (version 22 on), the ids comma-separated as ack_many takes them: a
--- message is found by its slot (id % {size}) or the spill table's key, ready, delayed or leased
+-- message is found by its slot (from its generation) or the spill table's key, ready, delayed or leased
 -- alike; a lease held on it is lost. An id not there is left out of the answer.
 CREATE OR ALTER PROCEDURE {fn_delete} @ids nvarchar(max)
 WITH EXECUTE AS OWNER
@@ -992,7 +1015,7 @@ AS BEGIN
   BEGIN TRANSACTION;
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
-  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % {size} AND r.msg_id = a.id AND r.state IN (1, 2);
+  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = {slot_of:a.id} AND r.msg_id = a.id AND r.state IN (1, 2);
   DELETE s OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.body, deleted.headers INTO @gone
   FROM {spill} s JOIN (SELECT DISTINCT id FROM @a) a ON s.msg_id = a.id
   WHERE NOT EXISTS (SELECT 1 FROM @gone g WHERE g.msg_id = a.id);
@@ -1048,7 +1071,7 @@ AS BEGIN
   UPDATE r WITH (ROWLOCK) SET state = 0
   OUTPUT deleted.msg_id, deleted.state, deleted.attempts, deleted.pushed_at, deleted.expires_at, deleted.body,
     deleted.headers INTO @moved
-  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = a.id % {size} AND r.msg_id = a.id
+  FROM {ring} r JOIN (SELECT DISTINCT id FROM @a) a ON r.slot = {slot_of:a.id} AND r.msg_id = a.id
   WHERE r.state = 2 OR (r.state = 1 AND @visibility_ms > 0);
   INSERT INTO {spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
   SELECT msg_id, 1, 0, attempts, pushed_at, @visible, expires_at, body, headers FROM @moved;
@@ -1065,7 +1088,7 @@ AS BEGIN
         WHERE s.msg_id IN (SELECT msg_id FROM @moved UNION SELECT msg_id FROM @kept)
         UNION ALL
         SELECT r.msg_id, r.attempts, r.pushed_at, @visible, r.headers, r.body FROM {ring} r
-        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = d.id % {size} AND r.msg_id = d.id
+        JOIN (SELECT DISTINCT id FROM @a) d ON r.slot = {slot_of:d.id} AND r.msg_id = d.id
         WHERE r.state = 1 AND @visibility_ms = 0) x
   LEFT JOIN {content} c ON x.body IS NULL AND c.bucket = x.msg_id % {buckets} AND c.msg_id = x.msg_id
   JOIN (SELECT id, MIN(i) AS i FROM @a GROUP BY id) a ON a.id = x.msg_id ORDER BY a.i;

@@ -26,6 +26,8 @@ from dbq.names import ms_literal as literal
 from dbq.names import ms_quote as quote
 
 SEQUENCE_CACHE = 1000
+# What a resize's switch raises when the pushes kept the fence past its wait.
+FENCE_BUSY = "dbq: the resize fence is busy"
 MAX_BODY = 7000  # spec.ring.messageBytes at most: a row stays within one 8 KB page
 
 
@@ -80,8 +82,39 @@ class MsRing(RingSqlBase):
         if not 16 <= self.message_bytes <= MAX_BODY:
             raise ValueError(f"message_bytes {self.message_bytes} outside 16..{MAX_BODY}")
 
+    @property
+    def fence_lock(self) -> str:
+        """The applock pushes take shared and a resize's switch exclusively, as an N'' literal."""
+        return f"N'dbq-fence:{self.t.names.schema}.{self.t.names.queue}'"
+
+    def slot_of(self, position: str) -> str:
+        """The slot of `position` (a T-SQL expression), from the generation holding it: NULL for a
+        position older than every generation alive."""
+        return (
+            f"(SELECT TOP (1) gen.slot_base + ({position}) % gen.size FROM {self.gens} gen"
+            f" WHERE gen.first_pos <= ({position}) ORDER BY gen.first_pos DESC)"
+        )
+
     def template_values(self) -> dict[str, object]:
+        # The last positions both sequences drew, from one read of sys.sequences.
+        drawn = (
+            f"(SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'{self.push_seq}') THEN {SEQUENCE_DRAWN} END) AS pushed,"
+            f" MAX(CASE WHEN object_id = OBJECT_ID(N'{self.pop_seq}') THEN {SEQUENCE_DRAWN} END) AS popped"
+            f" FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{self.push_seq}'), OBJECT_ID(N'{self.pop_seq}')))"
+        )
         return super().template_values() | {
+            # Resizing (version 24 on), as on PostgreSQL: the slot of a position from its
+            # generation; the free slots and the size of the newest generation; the fence, taken
+            # inside the transaction push and push_many open (hence @@TRANCOUNT is known).
+            "slot_of": self.slot_of,
+            "room": f"(SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1"
+            f" THEN s.popped ELSE gen.first_pos - 1 END) FROM {self.gens} gen CROSS JOIN {drawn} s"
+            " ORDER BY gen.first_pos DESC)",
+            "newest_size": f"(SELECT TOP (1) gen.size FROM {self.gens} gen ORDER BY gen.first_pos DESC)",
+            "fence": f"EXEC @fenced = sys.sp_getapplock @Resource = {self.fence_lock}, @LockMode = 'Shared',"
+            " @LockOwner = 'Transaction';\n"
+            "  IF @fenced < 0 OR @@TRANCOUNT = 0\n"
+            f"    THROW 50010, N'dbq: a push to queue {self.t.names.queue} did not get the resize fence', 1;",
             "record": _record("@status", "@id", "@lease", "@attempts", "@headers", "@body"),
             "drawn": SEQUENCE_DRAWN,
             "take_record": _record("@status", "@pos", "@lease", "@attempts", "@headers", "@body"),
@@ -136,15 +169,17 @@ CREATE TABLE {self.ring} (
         ]
 
     def fill_ring(self) -> list[str]:
+        # A new table, no client yet: one table lock rather than a lock per row.
+        return [self._insert_slots(0, self.size, " WITH (TABLOCK)")]
+
+    def _insert_slots(self, lo: int, hi: int, hint: str = "") -> str:
         # Slots start with a body of full size, so later pushes never grow a row (no page splits).
-        return [
-            f"""WITH n AS (
-  SELECT TOP ({self.size}) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
+        return f"""WITH n AS (
+  SELECT TOP ({int(hi) - int(lo)}) {int(lo)} + ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) - 1 AS slot
   FROM sys.all_columns a CROSS JOIN sys.all_columns b CROSS JOIN sys.all_columns c)
-INSERT INTO {self.ring} WITH (TABLOCK) (slot, state, body)
+INSERT INTO {self.ring}{hint} (slot, state, body)
 SELECT n.slot, 0, CAST(REPLICATE(CAST(0x00 AS varbinary(max)), {self.message_bytes}) AS varbinary({MAX_BODY}))
 FROM n WHERE NOT EXISTS (SELECT 1 FROM {self.ring} r WHERE r.slot = n.slot)"""
-        ]
 
     def create_sequences(self) -> list[str]:
         return [
@@ -474,6 +509,71 @@ WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_
             f"IF NOT EXISTS (SELECT 1 FROM sys.objects WHERE schema_id = SCHEMA_ID({literal(self.schema_name)}))\n"
             f"  EXEC(N'DROP SCHEMA {self.schema}')"
         ]
+
+    # --- online resize (`dbq.backends.ring_resize`; the dialect's part) --------------------------
+    # Below SQL Server's lock escalation (5,000 locks a statement), so a chunk never locks the
+    # whole ring table.
+    RESIZE_CHUNK = 4_000
+
+    def last_drawn(self, sequence: str) -> str:
+        return f"(SELECT {SEQUENCE_DRAWN} FROM sys.sequences WHERE object_id = OBJECT_ID(N'{sequence}'))"
+
+    def try_resize_lock(self) -> str:
+        return (
+            "SET NOCOUNT ON; DECLARE @got int;\n"
+            "EXEC @got = sys.sp_getapplock @Resource = ?, @LockMode = 'Exclusive', @LockOwner = 'Session',"
+            " @LockTimeout = 0;\n"
+            "SELECT CASE WHEN @got >= 0 THEN 1 ELSE 0 END"
+        )
+
+    def resize_unlock(self) -> str:
+        return _RELEASE_SESSION_LOCK
+
+    def prepare_slots(self, lo: int, hi: int) -> str:
+        return self._insert_slots(lo, hi)
+
+    def switch(self, base: int, size: int, wait_ms: int) -> str:
+        return f"""SET NOCOUNT ON; SET XACT_ABORT ON;
+DECLARE @fenced int, @boundary bigint, @updated int;
+BEGIN TRANSACTION;
+EXEC @fenced = sys.sp_getapplock @Resource = {self.fence_lock}, @LockMode = 'Exclusive',
+  @LockOwner = 'Transaction', @LockTimeout = {int(wait_ms)};
+IF @fenced < 0 OR @@TRANCOUNT = 0 THROW 50011, N'{FENCE_BUSY}', 1;
+SET @boundary = {self.last_drawn(self.push_seq)} + 1;
+UPDATE {self.gens} SET slot_base = {int(base)}, size = {int(size)}, started_at = SYSUTCDATETIME()
+WHERE first_pos = @boundary;
+SET @updated = @@ROWCOUNT;
+IF @updated = 0
+  INSERT INTO {self.gens} (first_pos, slot_base, size) VALUES (@boundary, {int(base)}, {int(size)});
+UPDATE {self.meta} SET ring_size = {int(size)}, updated_at = SYSUTCDATETIME() WHERE queue = {literal(self.t.names.queue)};
+COMMIT TRANSACTION;"""
+
+    def fence_busy(self, state: str, text: str) -> bool:
+        return FENCE_BUSY in text
+
+    def retire(self, first_pos: int, lo: int, hi: int) -> tuple[str, str]:
+        in_range = f"slot >= {int(lo)} AND slot < {int(hi)}"
+        return (
+            # In chunks below lock escalation; READPAST skips the rows a client holds right now.
+            f"""SET NOCOUNT ON;
+DECLARE @moved int = 1;
+WHILE @moved > 0 BEGIN
+  UPDATE TOP ({self.RESIZE_CHUNK}) {self.ring} WITH (ROWLOCK, READPAST) SET state = 0
+  OUTPUT deleted.msg_id, CASE WHEN deleted.lease > 0 THEN 2 ELSE 1 END, deleted.lease, deleted.attempts,
+    deleted.pushed_at, CASE WHEN deleted.lease > 0 THEN deleted.visible_at ELSE SYSUTCDATETIME() END,
+    deleted.expires_at, deleted.body, deleted.headers
+  INTO {self.spill} (msg_id, state, lease, attempts, pushed_at, visible_at, expires_at, body, headers)
+  WHERE {in_range} AND state <> 0;
+  SET @moved = @@ROWCOUNT;
+END""",
+            f"""SET NOCOUNT ON;
+DECLARE @gone int;
+DELETE FROM {self.gens} WHERE first_pos = {int(first_pos)}
+  AND first_pos < (SELECT MAX(first_pos) FROM {self.gens})
+  AND NOT EXISTS (SELECT 1 FROM {self.ring} WHERE {in_range} AND state <> 0);
+SET @gone = @@ROWCOUNT;
+SELECT @gone""",
+        )
 
     # --- observation: the same shapes as the PostgreSQL queries (kinds r = table, S = sequence)
     OBSERVE_SCHEMA = "SELECT COUNT(*) FROM sys.schemas WHERE name = ?"
