@@ -73,11 +73,6 @@ REFUSED_AT_ADMISSION: list[tuple[str, dict[str, Any], str]] = [
         "whenFullAbove",
     ),
     (
-        "auto-grow-on-sqlserver",
-        with_path(with_path(queue(), "spec.backend", "sqlserver"), "spec.ring.autoGrow", {"maxSize": 128}),
-        "only PostgreSQL rings are resized online",
-    ),
-    (
         "max-bytes-huge",
         with_path(queue(), "spec.messages.maxBytes", (64 << 20) + 1),
         "spec.messages.maxBytes",

@@ -58,8 +58,8 @@ def test_bad_auto_grow_is_refused_naming_the_field(grow, words):
     assert words in str(refused.value), str(refused.value)
 
 
-def test_auto_grow_is_refused_on_sql_server():
-    with pytest.raises(ValidationError, match="only PostgreSQL rings are resized online"):
-        QueueSpec.model_validate(
-            {**queue()["spec"], "backend": "sqlserver", "ring": {"size": 100, "autoGrow": {"maxSize": 200}}}
-        )
+def test_a_sql_server_ring_grows_like_a_postgresql_one():
+    on_sqlserver = QueueSpec.model_validate(
+        {**queue()["spec"], "backend": "sqlserver", "ring": {"size": 100, "autoGrow": {"maxSize": 200}}}
+    )
+    assert decide(on_sqlserver, 100, 90, FULL_SAMPLES - 1).to == 200

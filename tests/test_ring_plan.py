@@ -180,9 +180,9 @@ def test_a_changed_compression_alters_the_body_columns_and_records_it_only():
     assert "set_compression" not in actions(Observed())
 
 
-def test_another_size_is_refused_with_the_way_out_where_no_online_resize_exists_and_planned_as_none_elsewhere():
+def test_another_size_is_refused_with_the_way_out_for_a_ring_the_queue_did_not_provision():
     target = RingTarget(names=NAMES, size=2000, message_bytes=300)
-    with pytest.raises(ConflictingObjects, match="resizes online only a PostgreSQL ring it provisioned"):
+    with pytest.raises(ConflictingObjects, match="resizes online only a ring it provisioned itself"):
         plan_ring(target, complete())
     assert plan_ring(target, complete(), resizable=True) == []  # the resize is not a plan step
 

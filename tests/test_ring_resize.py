@@ -1,5 +1,6 @@
-"""Online resize of PostgreSQL rings: the generations' planning, and grows and shrinks made while
-producers and consumers run at full speed, on the real server, with logins as in production."""
+"""Online resize of rings: the generations' planning, and grows and shrinks made while producers
+and consumers run at full speed, on the real PostgreSQL server, with logins as in production; the
+same steps between calls on every ring dialect (SQL Server with DBQ_MSSQL_DSN)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,7 +24,10 @@ from dbq.backends.odbc_ring import OdbcRing, Retired
 from dbq.backends.ring_resize import Generation, ResizeState, chunks, place_generation
 from dbq.client import QueueFull, connect
 from dbq.connection import from_url
+from dbq.contract.ring import RingTarget
+from dbq.names import QueueNames
 from tests.manifests import queue
+from tests.sqlserver import MSSQL_DSN, on_sqlserver
 from tests.test_access import Accounts
 from tests.workers import finish, read_logs, start
 
@@ -141,6 +146,46 @@ def test_a_ring_grows_and_shrinks_between_calls_and_keeps_order_leases_and_count
         assert done.alive == 1 and slots(postgres, name) == (16, 0, 15)
         s = q.stats()
         assert (s.depth, s.in_flight, s.pushed, s.popped) == (0, 0, 72, 72)
+
+
+@pytest.mark.parametrize("dialect", ["postgres", on_sqlserver("sqlserver")])
+def test_every_dialect_grows_and_shrinks_a_ring_between_calls_in_push_order(request, dialect: str):
+    """The steps above through the backend and the client alone, so that they run on SQL Server too
+    (here on PostgreSQL, which proves the test; with DBQ_MSSQL_DSN on SQL Server)."""
+    url = request.getfixturevalue("postgres").url if dialect == "postgres" else MSSQL_DSN
+    target = RingTarget(QueueNames(SCHEMA, f"each_{secrets.token_hex(3)}"), 16, 100, resize=True)
+
+    def sized(size: int) -> OdbcRing:
+        return OdbcRing(from_url(url), replace(target, size=size))
+
+    sized(16).apply()
+    try:
+        with connect(url, target.names.queue, schema=SCHEMA, smart_batching=False) as q:
+            q.push_many([f"a{i}".encode() for i in range(16)])
+            held = q.acquire(timeout=0)
+            assert held is not None and held.body == b"a0"
+            grown = sized(40).resize()
+            assert grown is not None
+            assert (grown.from_size, grown.to_size, grown.positions_left) == (16, 40, 15)
+            q.push_many([f"b{i}".encode() for i in range(40)], timeout=0)
+            with pytest.raises(QueueFull):
+                q.push(b"full", timeout=0)
+            got = [m.body.decode() for m in q.pop_many(20, timeout=0)]
+            assert got == [f"a{i}" for i in range(1, 16)] + [f"b{i}" for i in range(5)]
+            done = sized(40).retire()
+            assert done is not None and (done.retired, done.alive) == (1, 1)
+            held.ack()  # its lease moved to the spill table with the older ring
+            assert sized(16).resize() is not None
+            q.push_many([f"c{i}".encode() for i in range(16)], timeout=0)
+            with pytest.raises(QueueFull, match="16"):
+                q.push(b"c16", timeout=0)
+            rest = [m.body.decode() for m in q.pop_many(100, timeout=0)]
+            assert rest == [f"b{i}" for i in range(5, 40)] + [f"c{i}" for i in range(16)]
+            assert retire_all(sized(16)).alive == 1
+            s = q.stats()
+            assert (s.depth, s.in_flight, s.pushed, s.popped) == (0, 0, 72, 72)
+    finally:
+        sized(16).teardown()
 
 
 @pytest.mark.parametrize("mode", ["amo", "leased"])

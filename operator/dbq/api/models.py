@@ -183,13 +183,12 @@ class AutoGrow(Model):
 class Ring(Model):
     size: Annotated[int, Field(ge=16, le=10_000_000)] = Field(
         default=100_000,
-        description="Preallocated slots: the most messages the ring holds at once. Changed on a PostgreSQL ring,"
-        " it is resized online: new pushes land in a new ring while the older one drains (status condition"
-        " Resizing); fixed on SQL Server.",
+        description="Preallocated slots: the most messages the ring holds at once. Changed, the ring is resized"
+        " online: new pushes land in a new ring while the older one drains (status condition Resizing).",
     )
     auto_grow: AutoGrow | None = Field(
         default=None,
-        description="PostgreSQL rings: the operator grows the ring online before it fills (status.ring.grownTo),"
+        description="The operator grows the ring online before it fills (status.ring.grownTo),"
         " from spec.ring.size up to maxSize; removed, the ring goes back to spec.ring.size.",
     )
     message_bytes: Annotated[int, Field(ge=16, le=7_000)] = Field(
@@ -545,8 +544,6 @@ class QueueSpec(Model):
         grow = self.ring.auto_grow
         if grow is not None and grow.max_size < self.ring.size:
             raise ValueError(AUTO_GROW_HINT.format(max_size=grow.max_size, size=self.ring.size))
-        if grow is not None and self.backend != "postgres":
-            raise ValueError(AUTO_GROW_BACKEND_HINT)
         for field, section in (("ring", "ring"), ("pipes", "pipes"), ("service_broker", "serviceBroker")):
             if field in self.model_fields_set and self.design != SECTION_DESIGNS[section]:
                 raise ValueError(section_error(section, str(self.design)))
@@ -597,13 +594,6 @@ AUTO_GROW_HINT = (
     "spec.ring.autoGrow.maxSize ({max_size}) is below spec.ring.size ({size}): raise maxSize to at least the size,"
     " or remove autoGrow"
 )
-AUTO_GROW_BACKEND_HINT = (
-    "spec.ring.autoGrow: only PostgreSQL rings are resized online: remove autoGrow, or use backend postgres"
-)
-RING_SIZE_FIXED_HINT = (
-    "spec.ring.size cannot change on a SQL Server ring (PostgreSQL rings are resized online): create a new"
-    " Queue with the new size and move consumers to it"
-)
 # CEL equivalents of the checks above that involve more than one field (the API server runs them).
 SPEC_RULES = [
     {
@@ -637,18 +627,9 @@ SPEC_RULES = [
         "message": PIPES_SIZE_HINT,
     },
     {
-        "rule": "self.backend != 'sqlserver' || (has(self.ring) && has(self.ring.size) ? self.ring.size : 100000)"
-        " == (has(oldSelf.ring) && has(oldSelf.ring.size) ? oldSelf.ring.size : 100000)",
-        "message": RING_SIZE_FIXED_HINT,
-    },
-    {
         "rule": "!has(self.ring) || !has(self.ring.autoGrow) || self.ring.autoGrow.maxSize >= self.ring.size",
         "message": "spec.ring.autoGrow.maxSize is below spec.ring.size: raise maxSize to at least the size, or remove"
         " autoGrow",
-    },
-    {
-        "rule": "!has(self.ring) || !has(self.ring.autoGrow) || self.backend == 'postgres'",
-        "message": AUTO_GROW_BACKEND_HINT,
     },
     {
         "rule": "has(self.queueName) == has(oldSelf.queueName)",

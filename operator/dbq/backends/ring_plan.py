@@ -176,7 +176,7 @@ def is_new(target: RingTarget, observed: Observed) -> bool:
 def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] = ROUTINES,
               resizable: bool = False) -> list[RingStep]:  # fmt: skip
     """The steps that make the queue's objects match the spec. A ring of another size is left to
-    the online resize when `resizable` (a PostgreSQL ring its Queue provisioned), refused otherwise."""
+    the online resize when `resizable` (a ring its Queue provisioned), refused otherwise."""
     n = target.names
     steps: list[RingStep] = []
 
@@ -199,7 +199,7 @@ def plan_ring(target: RingTarget, observed: Observed, routines: tuple[str, ...] 
     if recorded is not None and recorded.ring_size != target.size and not resizable:
         raise ConflictingObjects(
             f"{n.schema}.{n.ring} exists with {recorded.ring_size} slots but spec.ring.size is {target.size}: "
-            "a Queue resizes online only a PostgreSQL ring it provisioned itself; create this one with the"
+            "a Queue resizes online only a ring it provisioned itself; create this one with the"
             " ring's size and change spec.ring.size after, or use another queueName or schema"
         )
     if not observed.schema_exists:

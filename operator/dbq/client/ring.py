@@ -499,7 +499,7 @@ class Queue:
         return QueueFull(
             f"queue {self.names.queue} stayed full ({self.size} slots) for {deadline.timeout:g}s:"
             f" {left} of {total} messages not stored; add consumers, or raise"
-            " spec.ring.size (resized online on PostgreSQL) or spec.timeouts.pushWait",
+            " spec.ring.size (resized online) or spec.timeouts.pushWait",
             ids,
         )
 

@@ -108,8 +108,8 @@ class RingTarget:
     pgmq_name: str = ""
     # spec.pgmq.topics: the PGMQ topic patterns bound to that name, sorted
     pgmq_topics: tuple[str, ...] = ()
-    # The Queue provisioned this ring already: a size other than the ring's is resized online
-    # (PostgreSQL). A Queue new to existing objects of another size is refused instead: they may be
+    # The Queue provisioned this ring already: a size other than the ring's is resized online. A
+    # Queue new to existing objects of another size is refused instead: they may be
     # another Queue's.
     resize: bool = False
 

@@ -53,7 +53,7 @@ class Growth:
 def decide(spec: QueueSpec, size: int, depth: int, full_samples: int) -> Growth:
     """Whether a ring of `size` slots holding `depth` waiting messages grows now."""
     grow = spec.ring.auto_grow
-    if grow is None or spec.backend != "postgres" or spec.design != "ring":
+    if grow is None or spec.design != "ring":
         return Growth(0)
     above = depth * 100 > grow.when_full_above * size
     samples = full_samples + 1 if above else 0
