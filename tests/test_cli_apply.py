@@ -87,3 +87,31 @@ def test_apply_provisions_the_queue_keeping_dead_letters_first_and_deletes_it_la
     dropped = runner.invoke(main, ["apply", "-f", manifest, "--url", postgres.url, "--delete"])
     assert dropped.exit_code == 0 and dropped.output.index("cli-user") < dropped.output.index("cli-errors")
     assert not cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = ?", schema).fetchval()
+
+
+def test_apply_resizes_a_ring_online_only_when_told_the_objects_are_its_own(postgres, tmp_path):
+    schema = f"cli_{secrets.token_hex(4)}"
+    doc = queue("cli-size", deletionPolicy="Delete")
+    doc["spec"]["connection"]["schema"] = schema
+    runner = CliRunner()
+
+    def apply(size: int, *more: str) -> tuple[int, str]:
+        doc["spec"]["ring"]["size"] = size
+        args = ["apply", "-f", write(tmp_path, "q.yaml", [doc]), "--url", postgres.url, *more]
+        done = runner.invoke(main, args)
+        return done.exit_code, " ".join(done.output.split())  # one line, however the console wrapped it
+
+    assert apply(64)[0] == 0
+    cur = postgres.connect().cursor()
+    cur.execute(f'SELECT * FROM "{schema}".cli_size_push(?, 0)', b"first").fetchone()
+    code, said = apply(128)  # perhaps another Queue's objects: not resized without --resize
+    assert code == 1 and "ConflictingObjects" in said, said
+    code, said = apply(128, "--resize")
+    assert code == 0 and "from 64 to 128 slots" in said and "still draining (1 message(s) to pop" in said, (
+        said
+    )
+    assert cur.execute(f'SELECT * FROM "{schema}".cli_size_pop(0)').fetchone() is not None
+    code, said = apply(128, "--resize")
+    assert code == 0 and "1 older ring(s) retired" in said and "draining" not in said, said
+    assert cur.execute(f'SELECT count(*) FROM "{schema}".cli_size_ring').fetchval() == 128
+    assert apply(128, "--delete")[0] == 0

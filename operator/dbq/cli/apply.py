@@ -12,9 +12,19 @@ import yaml
 from rich.console import Console
 
 from dbq.api.models import DeletionPolicy
+from dbq.backends.odbc_ring import OdbcRing
 from dbq.cli.output import console
+from dbq.controller import conditions as cond
 from dbq.controller.reconcile import Outcome, backend_for, delete, reconcile
 from dbq.errors import DbqError
+
+# The status of a Queue whose objects are its own: its deletion drops them, and its reconcile
+# resizes its ring online.
+PROVISIONED = {
+    "conditions": cond.set_condition(
+        [], cond.PROVISIONED, True, "Provisioned", "the manifest's own objects", None
+    )
+}
 
 
 def _secrets_from(secret_file: str | None, url: str | None) -> dict[tuple[str, str], dict[str, Any]]:
@@ -43,6 +53,7 @@ def apply_manifests(
     delete: bool,
     force: bool,
     console: Console,
+    resize: bool = False,
 ) -> int:
     secrets = _secrets_from(secret_file, url)
 
@@ -78,10 +89,12 @@ def apply_manifests(
             outcome = _delete(name, namespace, spec, read_secret)
             done = "; ".join(e.message for e in outcome.events)
         else:
-            outcome = reconcile(
-                name, namespace, spec, meta.get("generation"), {}, read_secret, read_queue=read_queue
-            )
+            outcome = reconcile(name, namespace, spec, meta.get("generation"), PROVISIONED if resize else {},
+                                read_secret, read_queue=read_queue)  # fmt: skip
             done = "Ready (" + ("; ".join(outcome.steps) if outcome.steps else "already in sync") + ")"
+            done += "".join(f"; {e.message}" for e in outcome.events if e.reason == "ResizeStarted")
+            if resize and outcome.error is None:
+                done += "; " + _retire(name, namespace, spec, read_secret)
         if outcome.error is None:
             console.print(f"[green]{label}[/green]: {done}", highlight=False)
         else:
@@ -104,8 +117,23 @@ def _show_plan(name: str, namespace: str, spec: dict[str, Any], read_secret: Any
 
 def _delete(name: str, namespace: str, spec: dict[str, Any], read_secret: Any) -> Outcome:
     """The operator's deletion, with the queue treated as provisioned (it may well be)."""
-    provisioned = {"conditions": [{"type": "Provisioned", "status": "True"}]}
-    return delete(name, namespace, spec, None, provisioned, read_secret, force=False)
+    return delete(name, namespace, spec, None, PROVISIONED, read_secret, force=False)
+
+
+def _retire(name: str, namespace: str, spec: dict[str, Any], read_secret: Any) -> str:
+    """What the operator's cleanup does after a resize: older rings that drained retire."""
+    _spec, _, backend = backend_for(name, namespace, spec, read_secret, status=PROVISIONED)
+    try:
+        done = backend.retire() if isinstance(backend, OdbcRing) else None
+    finally:
+        backend.close()
+    if done is None:
+        return "no ring to retire" if not isinstance(backend, OdbcRing) else "a resize runs: retire later"
+    said = f"{done.retired} older ring(s) retired"
+    if done.resizing:
+        said += (f", {done.alive - 1} still draining ({done.positions_left} message(s) to pop, {done.leased} leased):"
+                 " run again once consumers drained them")  # fmt: skip
+    return said
 
 
 @click.command()
@@ -128,12 +156,33 @@ def _delete(name: str, namespace: str, spec: dict[str, Any], read_secret: Any) -
     "--delete", is_flag=True, help="Drop the queue's objects (honours deletionPolicy unless --force)."
 )
 @click.option("--force", is_flag=True, help="With --delete: drop even a non-empty queue.")
+@click.option(
+    "--resize",
+    is_flag=True,
+    help="The queue's objects are this manifest's: resize its ring online to spec.ring.size, and retire"
+    " older rings that drained (run again until none is left).",
+)
 def apply(
-    path: str, secret_file: str | None, url: str | None, dry_run: bool, delete: bool, force: bool
+    path: str,
+    secret_file: str | None,
+    url: str | None,
+    dry_run: bool,
+    delete: bool,
+    force: bool,
+    resize: bool,
 ) -> None:
     """Reconcile Queue manifests straight against the database, without Kubernetes."""
     sys.exit(
-        apply_manifests(path, secret_file, url, dry_run=dry_run, delete=delete, force=force, console=console)
+        apply_manifests(
+            path,
+            secret_file,
+            url,
+            dry_run=dry_run,
+            delete=delete,
+            force=force,
+            console=console,
+            resize=resize,
+        )
     )
 
 
