@@ -24,6 +24,7 @@ def test_the_ring_kept_is_the_spec_s_or_what_auto_grow_grew_it_to():
     assert ring_size(spec(1000, maxSize=8000), grown) == 4000
     assert ring_size(spec(5000, maxSize=8000), grown) == 5000  # the spec raised past it
     assert ring_size(spec(1000, maxSize=8000), {}) == 1000
+    assert ring_size(spec(1000, maxSize=2000), grown) == 2000  # maxSize lowered since
     kept = with_ring_size(spec(1000, maxSize=8000), grown)
     assert kept.ring.size == 4000 and kept.ring.auto_grow is not None
 

@@ -188,6 +188,28 @@ def test_every_dialect_grows_and_shrinks_a_ring_between_calls_in_push_order(requ
         sized(16).teardown()
 
 
+def test_a_reconcile_keeps_a_ring_auto_grow_grew_and_shrinks_it_once_auto_grow_is_gone(postgres):
+    """A reconcile that read the status before the upkeep recorded a growth asks for the spec's
+    size: the ring stays as grown while autoGrow allows its size."""
+    name = "kept"
+
+    def reconciled(**ring: object) -> OdbcRing:
+        spec = QueueSpec.model_validate(
+            {**queue()["spec"], "connection": {"secretRef": {"name": "s"}, "schema": SCHEMA}, "ring": ring}
+        )
+        made = open_backend(spec, name, from_url(postgres.url), provisioned=True)
+        assert isinstance(made, OdbcRing)
+        return made
+
+    grow = {"size": 64, "autoGrow": {"maxSize": 256}}
+    reconciled(**grow).apply()
+    assert reconciled(**grow).resize(128) is not None  # the upkeep's growth
+    assert reconciled(**grow).apply().resized is None  # a reconcile of the status before it
+    assert generations(postgres, name)[-1][2] == 128
+    shrunk = reconciled(size=64).apply().resized  # autoGrow removed: back to spec.ring.size
+    assert shrunk is not None and (shrunk.from_size, shrunk.to_size) == (128, 64)
+
+
 @pytest.mark.parametrize("mode", ["amo", "leased"])
 def test_producers_and_consumers_at_full_speed_lose_and_duplicate_nothing_through_grows_and_a_shrink(
     postgres, accounts, tmp_path: Path, mode: str

@@ -34,6 +34,7 @@ def open_backend(
             compression=str(spec.messages.compression or ""),
             pgmq_name=spec.pgmq.name if spec.pgmq else "",
             pgmq_topics=tuple(sorted(spec.pgmq.topics)) if spec.pgmq else (), resize=provisioned,
+            grows_to=spec.ring.auto_grow.max_size if spec.ring.auto_grow else 0,
         )  # fmt: skip
         return OdbcRing(settings, ring)
     if spec.backend == "cassandra" and spec.design == "pipes":

@@ -267,8 +267,10 @@ class OdbcRing(OdbcBackend):
         return self.target.resize
 
     def _resizes(self, observed: Observed) -> bool:
-        """Whether apply resizes: the ring's newest generation has another size than spec.ring.size."""
-        return self._resizable and observed.slots not in (0, self.target.size)
+        """Whether apply resizes: the ring's newest generation has another size than spec.ring.size,
+        and not one autoGrow may have grown it to."""
+        grown = self.target.size <= observed.slots <= self.target.grows_to
+        return self._resizable and observed.slots not in (0, self.target.size) and not grown
 
     def _shared_login_sessions(self) -> int | None:
         if self.sql.SHARED_LOGIN_SESSIONS is None:

@@ -112,6 +112,10 @@ class RingTarget:
     # Queue new to existing objects of another size is refused instead: they may be
     # another Queue's.
     resize: bool = False
+    # spec.ring.autoGrow.maxSize (0: no autoGrow): a ring the upkeep grew to between `size` and
+    # this is kept as it is, so a reconcile that read the status before the growth was recorded
+    # never shrinks it back.
+    grows_to: int = 0
 
     @property
     def dead_letter_queue(self) -> str:

@@ -26,10 +26,11 @@ def grown_to(status: Mapping[str, Any] | None) -> int:
 
 
 def ring_size(spec: QueueSpec, status: Mapping[str, Any] | None) -> int:
-    """The ring's size the operator keeps for this spec and status."""
+    """The ring's size the operator keeps for this spec and status (a maxSize lowered since the
+    growth caps it)."""
     if spec.ring.auto_grow is None:
         return spec.ring.size
-    return max(spec.ring.size, grown_to(status))
+    return max(spec.ring.size, min(grown_to(status), spec.ring.auto_grow.max_size))
 
 
 def with_ring_size(spec: QueueSpec, status: Mapping[str, Any] | None) -> QueueSpec:
