@@ -57,7 +57,7 @@ from dbq.names import QueueNames
 SWITCH_WAIT_MS = 100
 SWITCH_TRIES = 40
 # After each chunk of slots a resize writes or deletes, a pause of this many times its duration.
-RESIZE_PACE = 3.0
+RESIZE_PACE = 6.0
 
 
 def paced(cur: pyodbc.Cursor, statement: str) -> None:
