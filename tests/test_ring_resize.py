@@ -191,7 +191,7 @@ def test_every_dialect_grows_and_shrinks_a_ring_between_calls_in_push_order(requ
 def test_a_reconcile_keeps_a_ring_auto_grow_grew_and_shrinks_it_once_auto_grow_is_gone(postgres):
     """A reconcile that read the status before the upkeep recorded a growth asks for the spec's
     size: the ring stays as grown while autoGrow allows its size."""
-    name = "kept"
+    name = "regrown"
 
     def reconciled(**ring: object) -> OdbcRing:
         spec = QueueSpec.model_validate(

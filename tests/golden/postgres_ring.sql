@@ -334,6 +334,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION "shopq"."orders_push"(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, "shopq", pg_temp AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
+  v_base bigint; v_size bigint;
 BEGIN
   IF octet_length(p_body) > 300 THEN
     IF octet_length(p_body) > 1048576 THEN
@@ -345,17 +346,15 @@ BEGIN
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > 1024 OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM "shopq"."orders_check_headers"(octet_length(p_headers), json_typeof(p_headers::json));
   END IF;
-  -- Draw a position only if the ring has room; the same statement reads both positions, draws,
-  -- and sees whether consumers wait (one query fewer: a push costs its statements).
-  -- The fence first: a resize's switch waits for this push to commit, and this push for it.
-  SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
-  WHERE pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL AND (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) > 0;
-  IF NOT FOUND THEN
-    -- Full, as this statement's snapshot saw it: taken before it waited at the fence, so a grow
-    -- that committed meanwhile is looked at again (on a full ring only).
-    SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO o_id, v_wake
-    WHERE (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) > 0;
-  END IF;
+  -- The fence first, alone (an expression, no query): a resize's switch waits for this push to
+  -- commit, and this push for the switch, so the next statement sees any switch that committed.
+  v_wake := pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL;
+  -- Draw a position only if the newest generation has room; the same statement reads it (the
+  -- position drawn is in it: no switch commits before this push), both positions, draws, and
+  -- sees whether consumers wait (one query fewer: a push costs its statements).
+  SELECT nextval('"shopq"."orders_push_seq"'), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now), gen.slot_base, gen.size
+    INTO o_id, v_wake, v_base, v_size
+  FROM (SELECT slot_base, size, first_pos FROM "shopq"."orders_gens" ORDER BY first_pos DESC LIMIT 1) gen WHERE gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) > 0;
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -367,7 +366,7 @@ BEGIN
   UPDATE "shopq"."orders_ring" SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
     visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-  WHERE slot = (SELECT gen.slot_base + (o_id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (o_id) ORDER BY gen.first_pos DESC LIMIT 1) AND state = 0
+  WHERE slot = v_base + o_id % v_size AND state = 0
   RETURNING nextval('"shopq"."orders_n_pushed"') INTO v_used;
   IF NOT FOUND THEN
     IF NOT "shopq"."orders_place"(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
@@ -403,7 +402,8 @@ CREATE OR REPLACE FUNCTION "shopq"."orders_push_array"(p_bodies bytea[], p_heade
 RETURNS bigint[] LANGUAGE plpgsql AS $fn$
 DECLARE
   v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
+  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean; v_base bigint;
+  v_size bigint;
 BEGIN
   -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
   -- the ring did not take.
@@ -421,8 +421,10 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  PERFORM pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL;  -- before the room is read: a resize's switch waits for this batch, and it for the switch
-  SELECT (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now) INTO v_room, v_wake;
+  v_wake := pg_advisory_xact_lock_shared('"shopq"."orders_push_seq"'::regclass::oid::bigint | (2::bigint << 40)) IS NOT NULL;  -- before the room is read: a resize's switch waits for this batch, and it for the switch
+  SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)), EXISTS (SELECT 1 FROM "shopq"."orders_waiters" WHERE until > v_now), gen.slot_base, gen.size
+    INTO v_room, v_wake, v_base, v_size
+  FROM (SELECT slot_base, size, first_pos FROM "shopq"."orders_gens" ORDER BY first_pos DESC LIMIT 1) gen;
   v_k := least(v_n, greatest(v_room, 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify('dbq_e057b33b74bc7a84ecd1f81e', '');  -- consumers wait: wake them
@@ -435,7 +437,7 @@ BEGIN
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
       FROM unnest(v_ids, v_slots[1:v_k], p_headers[1:v_k]) AS u(id, body, headers)
-      WHERE r.slot = (SELECT gen.slot_base + (u.id) % gen.size FROM "shopq"."orders_gens" gen WHERE gen.first_pos <= (u.id) ORDER BY gen.first_pos DESC LIMIT 1) AND r.state = 0
+      WHERE r.slot = v_base + u.id % v_size AND r.state = 0  -- the newest generation's positions
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
     -- Slots still held by an earlier lap take the slow path, one by one.
@@ -1307,7 +1309,7 @@ BEGIN
   -- it drew and had to give up (a slot an earlier lap still held) is void, and it is tried again.
   FOR v_try IN 1..5 LOOP
     v_id := "shopq"."orders_push"(p_body, p_ttl_ms, p_headers::text);
-    EXIT WHEN v_id > 0 OR (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) <= 0;
+    EXIT WHEN v_id > 0 OR (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM (SELECT slot_base, size, first_pos FROM "shopq"."orders_gens" ORDER BY first_pos DESC LIMIT 1) gen) <= 0;
   END LOOP;
   IF v_id < 0 THEN PERFORM "shopq"."orders_check_send"(-1, 0, 0, false); END IF;
   RETURN v_id;
@@ -1338,7 +1340,7 @@ BEGIN
         OR "shopq"."orders_check_headers"(octet_length(h::text), t) IS NULL;
     END IF;
     -- A batch the ring visibly has no room for is refused whole, before any of it is written.
-    IF (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM "shopq"."orders_gens" gen ORDER BY gen.first_pos DESC LIMIT 1) < v_n THEN
+    IF (SELECT gen.size - (coalesce(pg_sequence_last_value('"shopq"."orders_push_seq"'::regclass), 0) - greatest(coalesce(pg_sequence_last_value('"shopq"."orders_pop_seq"'::regclass), 0), gen.first_pos - 1)) FROM (SELECT slot_base, size, first_pos FROM "shopq"."orders_gens" ORDER BY first_pos DESC LIMIT 1) gen) < v_n THEN
       PERFORM "shopq"."orders_check_send"(-v_n, 0, 0, false);
     END IF;
     v_ids := "shopq"."orders_push_array"(p_bodies, v_texts, p_ttl_ms);

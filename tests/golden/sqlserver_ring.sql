@@ -293,7 +293,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int, @fenced int,
-    @slot varbinary(max) = @body;
+    @room bigint, @base bigint, @size bigint, @slot varbinary(max) = @body;
   IF DATALENGTH(@body) > 300 BEGIN
     IF DATALENGTH(@body) > 1048576
       THROW 50001, N'dbq: message is larger than spec.messages.maxBytes (1048576) of queue orders', 1;
@@ -310,7 +310,10 @@ AS BEGIN
   EXEC @fenced = sys.sp_getapplock @Resource = N'dbq-fence:shopq.orders', @LockMode = 'Shared', @LockOwner = 'Transaction';
   IF @fenced < 0 OR @@TRANCOUNT = 0
     THROW 50010, N'dbq: a push to queue orders did not get the resize fence', 1;
-  IF (SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END) FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC) <= 0 BEGIN
+  -- The newest generation (the position drawn is in it: no switch commits before this push).
+  SELECT TOP (1) @room = gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END), @base = gen.slot_base, @size = gen.size
+  FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC;
+  IF @room <= 0 BEGIN
     COMMIT TRANSACTION;
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -319,7 +322,7 @@ AS BEGIN
   UPDATE [shopq].[orders_ring] WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-  WHERE slot = (SELECT TOP (1) gen.slot_base + (@id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (@id) ORDER BY gen.first_pos DESC) AND state = 0;
+  WHERE slot = @base + @id % @size AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     EXEC [shopq].[orders_place] @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
@@ -337,7 +340,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int;
+    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int, @base bigint, @size bigint;
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
@@ -370,7 +373,9 @@ AS BEGIN
   EXEC @fenced = sys.sp_getapplock @Resource = N'dbq-fence:shopq.orders', @LockMode = 'Shared', @LockOwner = 'Transaction';
   IF @fenced < 0 OR @@TRANCOUNT = 0
     THROW 50010, N'dbq: a push to queue orders did not get the resize fence', 1;
-  SET @used = (SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END) FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC);
+  -- The newest generation (the positions drawn are in it: no switch commits before this batch).
+  SELECT TOP (1) @used = gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1 THEN s.popped ELSE gen.first_pos - 1 END), @base = gen.slot_base, @size = gen.size
+  FROM [shopq].[orders_gens] gen CROSS JOIN (SELECT MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_push_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS pushed, MAX(CASE WHEN object_id = OBJECT_ID(N'[shopq].[orders_pop_seq]') THEN CASE WHEN last_used_value IS NULL AND current_value = start_value THEN CAST(start_value AS bigint) - 1 ELSE CAST(current_value AS bigint) END END) AS popped FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'[shopq].[orders_push_seq]'), OBJECT_ID(N'[shopq].[orders_pop_seq]'))) s ORDER BY gen.first_pos DESC;
   SET @k = CASE WHEN @used < @n THEN CASE WHEN @used > 0 THEN @used ELSE 0 END ELSE @n END;
   IF @k > 0 BEGIN
     -- One contiguous range of positions for the batch, then one set-based update.
@@ -382,9 +387,9 @@ AS BEGIN
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
         body = CASE WHEN b.n > 300 THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = (SELECT TOP (1) gen.slot_base + (b.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (b.id) ORDER BY gen.first_pos DESC)
+    FROM [shopq].[orders_ring] r JOIN @in b ON r.slot = @base + b.id % @size
     WHERE b.id IS NOT NULL AND r.state = 0;
-    UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = (SELECT TOP (1) gen.slot_base + (b.id) % gen.size FROM [shopq].[orders_gens] gen WHERE gen.first_pos <= (b.id) ORDER BY gen.first_pos DESC) AND r.msg_id = b.id;
+    UPDATE b SET done = 1 FROM @in b JOIN [shopq].[orders_ring] r ON r.slot = @base + b.id % @size AND r.msg_id = b.id;
     -- Slots an earlier lap still holds take the slow path, one by one.
     SET @i = 1;
     WHILE @i <= @k BEGIN

@@ -18,10 +18,12 @@
 -- slot_base .. slot_base + size - 1 of {ring}. Position p lives in the generation with the
 -- largest first_pos <= p, at slot slot_base + p % size: {slot_of:P} is that lookup for the
 -- expression P, made in each statement, so a statement sees a switch that committed before it
--- began. {room} is the free slots of the newest generation (the one pushes fill). {fence} is
--- the shared side of the lock a switch takes exclusively: every push takes it before it draws a
+-- began. {newest} is the newest generation (the one pushes fill) as a one-row subquery,
+-- {room_in:G} the free slots of generation row G, {room} those of the newest. {fence} is the
+-- shared side of the lock a switch takes exclusively: every push takes it before it draws a
 -- position, so no position is drawn between the moment a switch reads the boundary and its
--- commit (`dbq.backends.ring_resize`).
+-- commit, and a push's positions are all in the newest generation its next statement reads
+-- (`dbq.backends.ring_resize`).
 --
 -- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
 -- spec.archive enabled: a queue without it runs exactly the statements it ran before archives.
@@ -148,6 +150,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
+  v_base bigint; v_size bigint;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     IF octet_length(p_body) > {max_body_bytes} THEN
@@ -159,17 +162,15 @@ BEGIN
   IF p_headers IS NOT NULL AND (octet_length(p_headers) > {header_bytes} OR json_typeof(p_headers::json) <> 'object') THEN
     PERFORM {fn_check_headers}(octet_length(p_headers), json_typeof(p_headers::json));
   END IF;
-  -- Draw a position only if the ring has room; the same statement reads both positions, draws,
-  -- and sees whether consumers wait (one query fewer: a push costs its statements).
-  -- The fence first: a resize's switch waits for this push to commit, and this push for it.
-  SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
-  WHERE {fence} AND {room} > 0;
-  IF NOT FOUND THEN
-    -- Full, as this statement's snapshot saw it: taken before it waited at the fence, so a grow
-    -- that committed meanwhile is looked at again (on a full ring only).
-    SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO o_id, v_wake
-    WHERE {room} > 0;
-  END IF;
+  -- The fence first, alone (an expression, no query): a resize's switch waits for this push to
+  -- commit, and this push for the switch, so the next statement sees any switch that committed.
+  v_wake := {fence};
+  -- Draw a position only if the newest generation has room; the same statement reads it (the
+  -- position drawn is in it: no switch commits before this push), both positions, draws, and
+  -- sees whether consumers wait (one query fewer: a push costs its statements).
+  SELECT nextval('{push_seq}'), EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now), gen.slot_base, gen.size
+    INTO o_id, v_wake, v_base, v_size
+  FROM {newest} gen WHERE {room_in:gen} > 0;
   IF NOT FOUND THEN
     o_id := -1;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -181,7 +182,7 @@ BEGIN
   UPDATE {ring} SET msg_id = o_id, state = 1, lease = 0, attempts = 0, pushed_at = v_now,
     visible_at = NULL, body = v_slot, headers = p_headers,
     expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
-  WHERE slot = {slot_of:o_id} AND state = 0
+  WHERE slot = v_base + o_id % v_size AND state = 0
   RETURNING nextval('{n_pushed}') INTO v_used;
   IF NOT FOUND THEN
     IF NOT {fn_place}(o_id, v_slot, p_ttl_ms, v_now, p_headers) THEN
@@ -217,7 +218,8 @@ CREATE OR REPLACE FUNCTION {fn_push_array}(p_bodies bytea[], p_headers text[], p
 RETURNS bigint[] LANGUAGE plpgsql AS $fn$
 DECLARE
   v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean;
+  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean; v_base bigint;
+  v_size bigint;
 BEGIN
   -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
   -- the ring did not take.
@@ -235,8 +237,10 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  PERFORM {fence};  -- before the room is read: a resize's switch waits for this batch, and it for the switch
-  SELECT {room}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now) INTO v_room, v_wake;
+  v_wake := {fence};  -- before the room is read: a resize's switch waits for this batch, and it for the switch
+  SELECT {room_in:gen}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now), gen.slot_base, gen.size
+    INTO v_room, v_wake, v_base, v_size
+  FROM {newest} gen;
   v_k := least(v_n, greatest(v_room, 0));
   IF v_k > 0 AND v_wake THEN
     PERFORM pg_notify({channel}, '');  -- consumers wait: wake them
@@ -249,7 +253,7 @@ BEGIN
         visible_at = NULL, body = u.body, headers = u.headers,
         expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * interval '1 millisecond' END
       FROM unnest(v_ids, v_slots[1:v_k], p_headers[1:v_k]) AS u(id, body, headers)
-      WHERE r.slot = {slot_of:u.id} AND r.state = 0
+      WHERE r.slot = v_base + u.id % v_size AND r.state = 0  -- the newest generation's positions
       RETURNING u.id)
     SELECT array_agg(id) INTO v_placed FROM placed;
     -- Slots still held by an earlier lap take the slow path, one by one.

@@ -101,6 +101,11 @@ class PgRing(RingSqlBase):
         sweep_every_ms = max(1000, self.size // 100)
         last_pushed = _last_drawn(self.push_seq)
         last_popped = _last_drawn(self.pop_seq)
+        newest = f"(SELECT slot_base, size, first_pos FROM {self.gens} ORDER BY first_pos DESC LIMIT 1)"
+
+        def room_in(gen: str) -> str:
+            return f"{gen}.size - ({last_pushed} - greatest({last_popped}, {gen}.first_pos - 1))"
+
         # The sequences stats reads, as regclass constants: pg_sequence_last_value plans no scan
         # of each sequence, as a SELECT from it would.
         read = {"pop_seq": self.pop_seq} | {f"n_{c}": seq for c, seq in self.count.items()}
@@ -128,8 +133,9 @@ class PgRing(RingSqlBase):
                 # slots of the newest generation; the fence a switch takes exclusively, keyed by the
                 # push sequence's oid above 2^41.
                 "slot_of": self.slot_of,
-                "room": f"(SELECT gen.size - ({last_pushed} - greatest({last_popped}, gen.first_pos - 1))"
-                f" FROM {self.gens} gen ORDER BY gen.first_pos DESC LIMIT 1)",
+                "newest": newest,
+                "room_in": room_in,
+                "room": f"(SELECT {room_in('gen')} FROM {newest} gen)",
                 "fence": f"pg_advisory_xact_lock_shared({self.fence_key}) IS NOT NULL",
                 "record": _record("o_status", "o_id", "o_lease", "o_attempts", "o_headers", "o_body"),
                 "row_record": _record("0", "msg_id", "lease", "attempts", "headers", "body"),

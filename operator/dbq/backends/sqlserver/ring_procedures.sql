@@ -15,7 +15,9 @@
 -- A body past {max_bytes} bytes waits in {content}, as on PostgreSQL (see its routines): the
 -- slot's body is NULL, and whatever ends the message removes it in the same transaction.
 -- Generations (version 24 on), as on PostgreSQL: {slot_of:P} is the slot of position P from
--- {gens}, {room} the free slots of the newest generation, {newest_size} its size. {fence} takes
+-- {gens}, {room} the free slots of the newest generation, {newest_size} its size;
+-- {room_in:G} the free slots of generation row G beside {drawn_pair} (as s: both sequences'
+-- last positions). {fence} takes
 -- the shared side of the applock a resize's switch takes exclusively; it is owned by the
 -- transaction push and push_many open around their draw (XACT_ABORT: an error ends both).
 --;;
@@ -72,7 +74,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @id bigint, @now datetime2(3) = SYSUTCDATETIME(), @placed bit, @n bigint, @rc int, @fenced int,
-    @slot varbinary(max) = @body;
+    @room bigint, @base bigint, @size bigint, @slot varbinary(max) = @body;
   IF DATALENGTH(@body) > {max_bytes} BEGIN
     IF DATALENGTH(@body) > {max_body_bytes}
       THROW 50001, N'dbq: message is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}', 1;
@@ -87,7 +89,10 @@ AS BEGIN
   SET XACT_ABORT ON;
   BEGIN TRANSACTION;
   {fence}
-  IF {room} <= 0 BEGIN
+  -- The newest generation (the position drawn is in it: no switch commits before this push).
+  SELECT TOP (1) @room = {room_in:gen}, @base = gen.slot_base, @size = gen.size
+  FROM {gens} gen CROSS JOIN {drawn_pair} s ORDER BY gen.first_pos DESC;
+  IF @room <= 0 BEGIN
     COMMIT TRANSACTION;
     SELECT CAST(-1 AS bigint) AS o_id;  -- full: nothing drawn, so nothing to repair
     RETURN;
@@ -96,7 +101,7 @@ AS BEGIN
   UPDATE {ring} WITH (ROWLOCK)
     SET msg_id = @id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL, body = @slot,
       headers = @headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-  WHERE slot = {slot_of:@id} AND state = 0;
+  WHERE slot = @base + @id % @size AND state = 0;
   SET @rc = @@ROWCOUNT;
   IF @rc = 0 BEGIN
     EXEC {fn_place} @id, @slot, @ttl_ms, @now, @headers, @placed OUTPUT;
@@ -114,7 +119,7 @@ WITH EXECUTE AS OWNER
 AS BEGIN
   SET NOCOUNT ON;
   DECLARE @now datetime2(3) = SYSUTCDATETIME(), @n int, @k int, @first sql_variant, @first_id bigint,
-    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int;
+    @used bigint, @i int, @placed bit, @big int, @c bigint, @total bigint, @fenced int, @base bigint, @size bigint;
   -- The bodies arrive end to end in one varbinary, with their lengths as comma-separated text:
   -- two parameters any driver binds, and no encoding to undo.
   DECLARE @in TABLE (i int PRIMARY KEY, n int NOT NULL, body varbinary(max), id bigint NULL,
@@ -145,7 +150,9 @@ AS BEGIN
   SET XACT_ABORT ON;
   BEGIN TRANSACTION;
   {fence}
-  SET @used = {room};
+  -- The newest generation (the positions drawn are in it: no switch commits before this batch).
+  SELECT TOP (1) @used = {room_in:gen}, @base = gen.slot_base, @size = gen.size
+  FROM {gens} gen CROSS JOIN {drawn_pair} s ORDER BY gen.first_pos DESC;
   SET @k = CASE WHEN @used < @n THEN CASE WHEN @used > 0 THEN @used ELSE 0 END ELSE @n END;
   IF @k > 0 BEGIN
     -- One contiguous range of positions for the batch, then one set-based update.
@@ -157,9 +164,9 @@ AS BEGIN
     UPDATE r WITH (ROWLOCK)
       SET msg_id = b.id, state = 1, lease = 0, attempts = 0, pushed_at = @now, visible_at = NULL,
         body = CASE WHEN b.n > {max_bytes} THEN NULL ELSE b.body END, headers = b.headers, expires_at = CASE WHEN @ttl_ms > 0 THEN DATEADD(millisecond, @ttl_ms % 1000, DATEADD(second, @ttl_ms / 1000, @now)) END
-    FROM {ring} r JOIN @in b ON r.slot = {slot_of:b.id}
+    FROM {ring} r JOIN @in b ON r.slot = @base + b.id % @size
     WHERE b.id IS NOT NULL AND r.state = 0;
-    UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = {slot_of:b.id} AND r.msg_id = b.id;
+    UPDATE b SET done = 1 FROM @in b JOIN {ring} r ON r.slot = @base + b.id % @size AND r.msg_id = b.id;
     -- Slots an earlier lap still holds take the slow path, one by one.
     SET @i = 1;
     WHILE @i <= @k BEGIN

@@ -102,14 +102,18 @@ class MsRing(RingSqlBase):
             f" MAX(CASE WHEN object_id = OBJECT_ID(N'{self.pop_seq}') THEN {SEQUENCE_DRAWN} END) AS popped"
             f" FROM sys.sequences WHERE object_id IN (OBJECT_ID(N'{self.push_seq}'), OBJECT_ID(N'{self.pop_seq}')))"
         )
+
+        def room_in(gen: str) -> str:  # the free slots of generation row `gen`, beside `drawn` as s
+            return f"{gen}.size - (s.pushed - CASE WHEN s.popped > {gen}.first_pos - 1 THEN s.popped ELSE {gen}.first_pos - 1 END)"
+
         return super().template_values() | {
             # Resizing (version 24 on), as on PostgreSQL: the slot of a position from its
             # generation; the free slots and the size of the newest generation; the fence, taken
             # inside the transaction push and push_many open (hence @@TRANCOUNT is known).
             "slot_of": self.slot_of,
-            "room": f"(SELECT TOP (1) gen.size - (s.pushed - CASE WHEN s.popped > gen.first_pos - 1"
-            f" THEN s.popped ELSE gen.first_pos - 1 END) FROM {self.gens} gen CROSS JOIN {drawn} s"
-            " ORDER BY gen.first_pos DESC)",
+            "room_in": room_in,
+            "drawn_pair": drawn,
+            "room": f"(SELECT TOP (1) {room_in('gen')} FROM {self.gens} gen CROSS JOIN {drawn} s ORDER BY gen.first_pos DESC)",
             "newest_size": f"(SELECT TOP (1) gen.size FROM {self.gens} gen ORDER BY gen.first_pos DESC)",
             "fence": f"EXEC @fenced = sys.sp_getapplock @Resource = {self.fence_lock}, @LockMode = 'Shared',"
             " @LockOwner = 'Transaction';\n"
