@@ -344,10 +344,10 @@ class OdbcRing(OdbcBackend):
 
     # --- online resize (`dbq.backends.ring_resize`) ------------------------------------------
     @contextmanager
-    def _resize_session(self, sql: RingSql) -> Iterator[pyodbc.Cursor | None]:
+    def _resize_session(self) -> Iterator[pyodbc.Cursor | None]:
         """A connection of its own holding the queue's resize lock (None when another run holds
         it): preparing a generation takes many transactions, and must not hold the pool's."""
-        lock = f"dbq-resize:{self.names.schema}.{self.names.queue}"
+        sql, lock = self.sql, f"dbq-resize:{self.names.schema}.{self.names.queue}"
         conn = connect(self.settings)
         try:
             cur = conn.cursor()
@@ -363,9 +363,8 @@ class OdbcRing(OdbcBackend):
         finally:
             conn.close()
 
-    @staticmethod
-    def _resize_state(sql: RingSql, cur: pyodbc.Cursor) -> ResizeState:
-        rows = cur.execute(sql.generations()).fetchall()
+    def _resize_state(self, cur: pyodbc.Cursor) -> ResizeState:
+        rows = cur.execute(self.sql.generations()).fetchall()
         gens = tuple(Generation(int(r[0]), int(r[1]), int(r[2])) for r in rows)
         return ResizeState(gens, int(rows[0][3]) if rows else 0)
 
@@ -375,10 +374,10 @@ class OdbcRing(OdbcBackend):
         (`ResizeWaiting` when pushes kept the fence). None when the newest generation has that
         size already, or another run is resizing."""
         sql, size = self.sql, size or self.target.size
-        with self._resize_session(sql) as cur:
+        with self._resize_session() as cur:
             if cur is None:
                 return None
-            state = self._resize_state(sql, cur)
+            state = self._resize_state(cur)
             if not state.generations or state.newest.size == size:
                 return None
             base = place_generation(state.generations, size)
@@ -387,15 +386,16 @@ class OdbcRing(OdbcBackend):
                 if cur.execute(sql.slots_present(lo, hi)).fetchval() < min(2, hi - lo):
                     paced(cur, sql.prepare_slots(lo, hi))
             prepared_s = time.monotonic() - started
-            pause_s = self._switch(sql, cur, base, size)
-            after = self._resize_state(sql, cur)
-            self._delete_strays(sql, cur, after)
+            pause_s = self._switch(cur, base, size)
+            after = self._resize_state(cur)
+            self._delete_strays(cur, after)
             left = after.positions_left()
             return Resized(state.newest.size, size, prepared_s, pause_s, left)
 
-    def _switch(self, sql: RingSql, cur: pyodbc.Cursor, base: int, size: int) -> float:
+    def _switch(self, cur: pyodbc.Cursor, base: int, size: int) -> float:
         """The switch (one statement, its own transaction), tried until it takes the fence (each
         wait at most SWITCH_WAIT_MS, pushes queued behind it meanwhile): how long the last try took."""
+        sql = self.sql
         for attempt in range(SWITCH_TRIES):
             started = time.monotonic()
             try:
@@ -410,12 +410,12 @@ class OdbcRing(OdbcBackend):
             f" pushes in {SWITCH_TRIES} tries of {SWITCH_WAIT_MS} ms: a push stays inside its transaction"
         )
 
-    @staticmethod
-    def _delete_strays(sql: RingSql, cur: pyodbc.Cursor, state: ResizeState) -> None:
+    def _delete_strays(self, cur: pyodbc.Cursor, state: ResizeState) -> None:
         """With one generation alive, the slots it does not hold (those of a newest generation a
         switch replaced before any push reached it, or of a run stopped while deleting) go."""
         if len(state.generations) != 1:
             return
+        sql = self.sql
         low, high = cur.execute(sql.slot_bounds()).fetchone()
         newest = state.newest
         for start, end in ((int(low), newest.slot_base), (newest.slot_end, int(high) + 1)):
@@ -427,11 +427,11 @@ class OdbcRing(OdbcBackend):
         spill table, their slots deleted); what is left to drain, counted. None when a resize of
         the queue holds its lock (the next run looks again)."""
         sql = self.sql
-        with self._resize_session(sql) as cur:
+        with self._resize_session() as cur:
             if cur is None:
                 return None
             retired = 0
-            while (oldest := self._resize_state(sql, cur).retirable()) is not None:
+            while (oldest := self._resize_state(cur).retirable()) is not None:
                 with transaction(cur.connection):
                     move, forget = sql.retire(oldest.first_pos, oldest.slot_base, oldest.slot_end)
                     cur.execute(move)
@@ -441,8 +441,8 @@ class OdbcRing(OdbcBackend):
                 retired += 1
                 for lo, hi in chunks(oldest.slot_base, oldest.slot_end, sql.RESIZE_CHUNK):
                     paced(cur, sql.delete_slots(lo, hi))
-            state = self._resize_state(sql, cur)
-            self._delete_strays(sql, cur, state)
+            state = self._resize_state(cur)
+            self._delete_strays(cur, state)
             leased = sum(int(cur.execute(sql.leased_in(g.slot_base, g.slot_end)).fetchval())
                          for g in state.draining)  # fmt: skip
             return Retired(retired, len(state.generations), state.positions_left(), leased)
