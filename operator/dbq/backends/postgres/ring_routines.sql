@@ -150,7 +150,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
 LANGUAGE plpgsql {definer} AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
-  v_base bigint; v_size bigint;
+  v_fenced boolean; v_base bigint; v_size bigint;
 BEGIN
   IF octet_length(p_body) > {max_bytes} THEN
     IF octet_length(p_body) > {max_body_bytes} THEN
@@ -164,7 +164,7 @@ BEGIN
   END IF;
   -- The fence first, alone (an expression, no query): a resize's switch waits for this push to
   -- commit, and this push for the switch, so the next statement sees any switch that committed.
-  v_wake := {fence};
+  v_fenced := {fence};
   -- Draw a position only if the newest generation has room; the same statement reads it (the
   -- position drawn is in it: no switch commits before this push), both positions, draws, and
   -- sees whether consumers wait (one query fewer: a push costs its statements).
@@ -218,8 +218,8 @@ CREATE OR REPLACE FUNCTION {fn_push_array}(p_bodies bytea[], p_headers text[], p
 RETURNS bigint[] LANGUAGE plpgsql AS $fn$
 DECLARE
   v_slots bytea[]; v_n int := cardinality(p_bodies); v_k int; v_ids bigint[]; v_placed bigint[]; v_out bigint[] := '{}';
-  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean; v_base bigint;
-  v_size bigint;
+  v_room bigint; v_now timestamptz := clock_timestamp(); v_big int; v_i int; v_wake boolean; v_fenced boolean;
+  v_base bigint; v_size bigint;
 BEGIN
   -- push_many's and send_batch's bodies and headers (checked), in order: their ids, -1 for each
   -- the ring did not take.
@@ -237,7 +237,7 @@ BEGIN
     RAISE EXCEPTION 'dbq: push_many got headers for % messages and % bodies', cardinality(p_headers), v_n
       USING ERRCODE = '22023';
   END IF;
-  v_wake := {fence};  -- before the room is read: a resize's switch waits for this batch, and it for the switch
+  v_fenced := {fence};  -- before the room is read: a resize's switch waits for this batch, and it for the switch
   SELECT {room_in:gen}, EXISTS (SELECT 1 FROM {waiters} WHERE until > v_now), gen.slot_base, gen.size
     INTO v_room, v_wake, v_base, v_size
   FROM {newest} gen;
