@@ -23,6 +23,7 @@ from dbq.client import PipesQueue, Queue, QueueStats, connect
 from dbq.client.pipes import tuning as pipes_tuning
 from dbq.connection import from_url
 from dbq.controller import schedule, upkeep
+from dbq.errors import DbqError
 
 # --- pure decisions ------------------------------------------------------------------------------
 
@@ -573,6 +574,49 @@ def test_a_run_left_behind_by_a_killed_operator_blocks_a_second_one(postgres, tm
     assert freed.status["maintenance"]["result"] in ("NotNeeded", "Succeeded")
     backend.teardown()
     backend.close()
+
+
+def test_an_empty_queue_whose_positions_did_not_move_keeps_its_statistics_unmeasured(postgres):
+    """Its stats routine is renamed away once it was measured empty: it is not called again while
+    nothing moves, and is called (and fails) once the refresh is due or a push moves a position.
+    A queue holding messages is measured every time."""
+    from dbq.backends import odbc_ring
+    from dbq.contract.ring import quiet_sequences
+
+    schema = f"quiet_{secrets.token_hex(3)}"
+    spec = spec_for("postgres", schema)
+    rings = [open_backend(spec, name, from_url(postgres.url)) for name in ("idle", "busy")]
+    for ring in rings:
+        ring.apply()
+        ring.close()
+    with connect(postgres.url, "busy", schema=schema) as q:
+        q.push(b"waits")
+    memories = [upkeep.Memory(), upkeep.Memory()]
+
+    def measure(at: float) -> list[QueueStats | Exception]:
+        try:
+            return list(upkeep.measure_together(rings, memories, at))
+        finally:
+            for ring in rings:
+                ring.close()
+
+    first = measure(1.0)
+    for memory, stats in zip(memories, first, strict=True):
+        memory.saw_stats(stats, 1.0)  # type: ignore[arg-type]
+    assert [s.depth for s in first] == [0, 1]  # type: ignore[union-attr]
+    assert memories[0].quiet is not None and memories[1].quiet is None
+    assert len(memories[0].quiet[0]) == len(quiet_sequences(rings[0].names))
+    with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
+        db.execute(f"ALTER FUNCTION {schema}.{rings[0].names.routine('stats')}() RENAME TO idle_stats_gone")
+    again = measure(2.0)
+    assert again[0] is first[0] and again[1].depth == 1  # type: ignore[union-attr]
+    assert isinstance(measure(1.0 + upkeep.QUIET_REFRESH_S)[0], DbqError)  # measured in full again
+    with connect(postgres.url, "idle", schema=schema) as q:
+        q.push(b"arrives")
+    assert isinstance(measure(3.0)[0], DbqError)  # the push moved it: measured, and its routine is gone
+    assert memories[0].quiet is not None  # an error forgets nothing: the next good measure decides
+    assert odbc_ring.positions_of(rings)[0] != memories[0].quiet[0]
+    rings[0].close()
 
 
 def test_the_queues_of_a_schema_are_measured_and_sampled_together_and_one_broken_queue_errs_alone(postgres):

@@ -48,7 +48,14 @@ from dbq.client import QueueStats, RepairResult
 from dbq.connection import ConnectionSettings
 from dbq.connection.odbc import UNDEFINED_OBJECT_STATES, connect, driver_error, retried, translate
 from dbq.contract.headers import DEFAULT_HEADER_BYTES, DEFAULT_MAX_HEADERS
-from dbq.contract.ring import RING_SCHEMA_VERSION, RingTarget, call_statement, stats_of_many
+from dbq.contract.ring import (
+    RING_SCHEMA_VERSION,
+    RingTarget,
+    call_statement,
+    positions_of_many,
+    quiet_sequences,
+    stats_of_many,
+)
 from dbq.errors import DbqError, QueueNotFound, ResizeWaiting
 from dbq.names import QueueNames
 
@@ -532,11 +539,7 @@ def measure_many(rings: Sequence[OdbcRing]) -> list[QueueStats | DbqError]:
     first = rings[0]
     if first.sql.MAX_LOCKS is None:  # SQL Server: no statement reads many queues' routines
         return [_measured(ring) for ring in rings]
-    key = first.settings.odbc()
-    if key not in _max_locks:
-        with first._errors():
-            _max_locks[key] = int(first.conn.cursor().execute(first.sql.MAX_LOCKS).fetchval())
-    chunk = max(1, _max_locks[key] // STATS_RELATIONS)
+    chunk = max(1, _max_locks_of(first) // STATS_RELATIONS)
     out: list[QueueStats | DbqError] = []
     for start in range(0, len(rings), chunk):
         part = rings[start : start + chunk]
@@ -549,6 +552,40 @@ def measure_many(rings: Sequence[OdbcRing]) -> list[QueueStats | DbqError]:
         by_index = {int(row[0]): QueueStats.of_row(list(row)[1:]) for row in rows}
         out += [by_index[i] for i in range(len(part))]
     return out
+
+
+def positions_of(rings: Sequence[OdbcRing]) -> list[tuple[int, ...] | None]:
+    """What tells each ring's statistics unchanged while it stays empty (`quiet_sequences`), in
+    order; rings of one database, read on the first ring's connection, which the caller closes.
+    As many rings a statement as the lock table allows one transaction; None for the rings of a
+    statement that failed (a queue dropped behind the operator's back, say), and for every ring
+    where no statement reads many (SQL Server)."""
+    first = rings[0]
+    if first.sql.MAX_LOCKS is None:
+        return [None] * len(rings)
+    width = len(quiet_sequences(first.names))
+    chunk = max(1, _max_locks_of(first) // width)
+    out: list[tuple[int, ...] | None] = []
+    for start in range(0, len(rings), chunk):
+        part = rings[start : start + chunk]
+        try:
+            with first._errors():
+                values = [int(row[0]) for row in first.conn.cursor().execute(
+                    positions_of_many([r.names for r in part])).fetchall()]  # fmt: skip
+        except DbqError:
+            out += [None] * len(part)
+            continue
+        out += [tuple(values[i : i + width]) for i in range(0, len(values), width)]
+    return out
+
+
+def _max_locks_of(ring: OdbcRing) -> int:
+    """max_locks_per_transaction of the ring's database, read once."""
+    key = ring.settings.odbc()
+    if key not in _max_locks:
+        with ring._errors():
+            _max_locks[key] = int(ring.conn.cursor().execute(ring.sql.MAX_LOCKS).fetchval())
+    return _max_locks[key]
 
 
 def _measured(ring: OdbcRing) -> QueueStats | DbqError:

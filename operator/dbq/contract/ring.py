@@ -167,6 +167,28 @@ def stats_of_many(queues: Sequence[QueueNames]) -> str:
     )
 
 
+def quiet_sequences(names: QueueNames) -> tuple[str, ...]:
+    """What tells an empty queue's statistics unchanged: nothing is pushed or delayed without
+    drawing a push position, nothing taken without drawing a pop position, and dead letters
+    redriven or purged are counted. Sequences, read without a lock on any table."""
+    return (names.push_seq, names.pop_seq, names.counter("redriven"), names.counter("purged"))
+
+
+def positions_of_many(queues: Sequence[QueueNames]) -> str:
+    """PostgreSQL: the `quiet_sequences` of many queues in one statement, one row a sequence (0
+    before its first draw), queue after queue in `queues`' order (no parameter)."""
+    quote = QUOTE["postgres"]
+    regclasses = ", ".join(
+        "'" + f"{quote(q.schema)}.{quote(seq)}".replace("'", "''") + "'"
+        for q in queues
+        for seq in quiet_sequences(q)
+    )
+    return (
+        "SELECT coalesce(pg_sequence_last_value(s.c), 0)"
+        f" FROM unnest(ARRAY[{regclasses}]::regclass[]) WITH ORDINALITY AS s(c, i) ORDER BY s.i"
+    )
+
+
 def recorded_query(backend: str, names: QueueNames) -> str:
     """schema_version, ring_size, message_bytes of a queue, from its metadata row (parameter:
     the queue's name)."""

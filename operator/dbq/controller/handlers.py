@@ -19,7 +19,7 @@ from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.backends.base import QueueBackend
-from dbq.backends.odbc_ring import OdbcRing, catalog_digest, measure_many, record_samples
+from dbq.backends.odbc_ring import OdbcRing, catalog_digest, record_samples
 from dbq.client import QueueStats
 from dbq.connection import pool
 from dbq.controller import conditions as cond
@@ -322,7 +322,8 @@ def _measure_together(
 ) -> dict[tuple[str, str], QueueStats]:
     """The statistics of the queues (PostgreSQL rings of one schema) whose statistics are due,
     measured and recorded together; those whose own upkeep must measure them (an error, or a
-    queue whose backend cannot be made) are left out."""
+    queue whose backend cannot be made) are left out. The positions of all are read first: an
+    empty queue whose positions did not move keeps its last statistics, unmeasured."""
     measuring: list[tuple[fleet.Tracked, OdbcRing]] = []
     for entry in entries:
         try:
@@ -334,7 +335,7 @@ def _measure_together(
         return {}
     rings = [ring for _, ring in measuring]
     try:
-        results = measure_many(rings)
+        results = upkeep.measure_together(rings, [entry.memory for entry, _ in measuring], now)
         ok = [(entry, ring, stats) for (entry, ring), stats in zip(measuring, results, strict=True)
               if isinstance(stats, QueueStats)]  # fmt: skip
         if ok:
@@ -345,7 +346,8 @@ def _measure_together(
         log.info("statistics of %d queues measured one by one: %s", len(rings), e)
         return {}
     finally:
-        rings[0].close()
+        for ring in rings:  # the statements ran on one of them (closing the others costs nothing)
+            ring.close()
     return {(entry.namespace, entry.name): stats for entry, _, stats in ok}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +25,7 @@ from dbq.api.models import QueueSpec
 from dbq.api.status import CleanupStatus, MaintenanceStatus, RingStatus, StatsStatus
 from dbq.backends.base import Earlier, QueueBackend
 from dbq.backends.maintenance import MaintenanceResult
+from dbq.backends.odbc_ring import OdbcRing, measure_many, positions_of
 from dbq.client import QueueStats
 from dbq.controller import autogrow, metrics
 from dbq.controller import conditions as cond
@@ -43,6 +44,9 @@ STATS_HEARTBEAT_S = 3600.0
 HEALTH_INTERVAL_S = 5.0
 # The history table's samples past the retention are removed this often (not on every tick).
 HISTORY_PURGE_S = 600.0
+# An empty queue whose positions did not move keeps its last statistics (`Memory.unchanged`),
+# and is measured in full again at least this often.
+QUIET_REFRESH_S = 600.0
 # Repairs worth an Event, per design; the other counts are routine housekeeping.
 REPAIRS = ("expiredLeases", "orphans", "holes", "finishedPipes", "rolledBack", "stalledConversations",
            "cleanedConversations")  # fmt: skip
@@ -102,6 +106,9 @@ class Memory:
     # spec.ring.autoGrow: samples in a row above its threshold, and whether it could not grow.
     full_samples: int = 0
     grow_blocked: bool = False
+    # An empty queue: its positions (`dbq.contract.ring.quiet_sequences`) read just before
+    # `last_stats` were measured in full, and when.
+    quiet: tuple[tuple[int, ...], float] | None = None
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -137,6 +144,20 @@ class Memory:
             self.moved_at, self.found_nothing_at = now, 0.0
         self.last_stats = stats
 
+    def measured(self, positions: tuple[int, ...] | None, stats: QueueStats, now: float) -> None:
+        """Statistics measured in full, just after its positions were read (None: not read)."""
+        empty = not (stats.depth or stats.in_flight or stats.delayed)
+        self.quiet = (positions, now) if positions is not None and empty else None
+
+    def unchanged(self, positions: tuple[int, ...] | None, now: float) -> QueueStats | None:
+        """The statistics of a queue measured empty whose positions have not moved since: the
+        last ones, as a full measurement would find them (nothing arrives, leaves or is
+        redriven or purged without moving one); None when it must be measured in full."""
+        if positions is None or self.quiet is None or self.last_stats is None:
+            return None
+        kept, at = self.quiet
+        return self.last_stats if kept == positions and now - at < QUIET_REFRESH_S else None
+
     def at_rest(self, stalled_after_s: float) -> bool:
         """Whether a cleanup now would find nothing: the queue holds no message (none ready,
         leased, delayed or archived, so no lease or time to live can end and nothing ages into
@@ -164,6 +185,28 @@ class Upkeep:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     checked: bool = False  # a new connection to the database answered, so its credentials hold
+
+
+def measure_together(
+    rings: Sequence[OdbcRing], memories: Sequence[Memory], now: float
+) -> list[QueueStats | DbqError]:
+    """The statistics of rings of one database, in order, on one connection (the caller closes
+    the rings): the positions of all first, then in full only the rings not measured empty or
+    whose positions moved since (`Memory.unchanged`). An idle queue costs four sequences read."""
+    positions = positions_of(rings)
+    kept = [memory.unchanged(at, now) for memory, at in zip(memories, positions, strict=True)]
+    moved = [i for i, stats in enumerate(kept) if stats is None]
+    measured = dict(zip(moved, measure_many([rings[i] for i in moved]) if moved else [], strict=True))
+    out: list[QueueStats | DbqError] = []
+    for i, stats in enumerate(kept):
+        if stats is not None:
+            out.append(stats)
+            continue
+        result = measured[i]
+        if isinstance(result, QueueStats):
+            memories[i].measured(positions[i], result, now)
+        out.append(result)
+    return out
 
 
 def due(last: float, interval_s: float, now: float) -> bool:
@@ -418,6 +461,8 @@ def run_upkeep(
         counts = backend().cleanup(seconds(spec.timeouts.stalled_after))
         memory.cleanup_at = now
         memory.found_nothing_at = 0.0 if any(counts.values()) else now
+        if any(counts.values()):  # archived messages scavenged, say: no position moves for that
+            memory.quiet = None
         metrics.count_cleanup(namespace, name, counts)
         repaired = {k: v for k, v in counts.items() if k in REPAIRS and v}
         previous = status.get("cleanup") or {}
