@@ -125,3 +125,26 @@ def test_a_resting_queue_is_cleaned_up_on_the_heartbeat_only():
     assert upkeep.what_is_due(spec, {}, memory, NOW + 600 + upkeep.STATS_HEARTBEAT_S, WALL).cleanup
     memory.found_nothing_at = 0.0  # not at rest: every interval
     assert upkeep.what_is_due(spec, {}, memory, later, WALL).cleanup
+
+
+def test_a_database_whose_health_check_is_due_gets_it_from_one_of_its_queues_not_from_all():
+    queues = fleet.Fleet()
+    for name in ("a", "b", "c"):
+        queues.saw(body(name, schema=f"s_{name}"))
+    entries = [queues.tracked("ns", name) for name in ("a", "b", "c")]
+    spec = entries[0].spec()
+    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, WALL))
+    for entry in entries:
+        queues.wrote("ns", entry.name, {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}})
+        entry.memory.stats_at = entry.memory.cleanup_at = entry.memory.drift_at = NOW
+    database = entries[0].memory.database
+    assert all(e.memory.database is database for e in entries)  # one Secret: one database
+    database.checked_at = NOW
+    assert queues.due(NOW + 1, WALL) == []  # nothing due, the database asked a moment ago
+    checks = queues.due(NOW + upkeep.HEALTH_INTERVAL_S, WALL)
+    assert sum(len(g.queues) for g in checks) == 1  # one queue asks it for all three
+    assert [g.batched for g in checks] == [True]
+    entries[1].memory.stats_at = 0.0  # a queue with statistics due asks it anyway: no other one
+    assert keys(queues.due(NOW + upkeep.HEALTH_INTERVAL_S, WALL)) == {("ns", "db", "s_b"): ["b"]}
+    busy = frozenset({("ns", "db", "s_b")})
+    assert sum(len(g.queues) for g in queues.due(NOW + upkeep.HEALTH_INTERVAL_S, WALL, busy=busy)) == 1

@@ -163,30 +163,54 @@ class Fleet:
     def due(self, now: float | None = None, wall: datetime | None = None,
             busy: frozenset[tuple[str, ...]] = frozenset()) -> list[Group]:  # fmt: skip
         """The groups with upkeep due (nothing is opened to decide), leaving out the `busy`
-        ones (a worker still runs their last tick)."""
+        ones (a worker still runs their last tick). A database whose health check is due gets
+        it from one of its queues: one handed out anyway, or one more."""
         now = time.monotonic() if now is None else now
         wall = datetime.now(UTC) if wall is None else wall
         with self._lock:
             entries = list(self._queues.values())
         groups: dict[tuple[str, ...], Group] = {}
+        checking: dict[int, tuple[tuple[str, ...], bool, Tracked] | None] = {}  # by database: who checks
         for entry in entries:
-            if entry.pause_changed():  # a drift check of its own, now
-                entry.memory.drift_at = 0.0
-                alone = (entry.namespace, entry.name)
-                if alone not in busy:
-                    groups.setdefault(alone, Group(alone, [], False)).queues.append(entry)
-                continue
-            if not entry.kept_up():
-                continue
-            key: tuple[str, ...]
+            handed = self._hand_out(entry, groups, busy, now, wall)
+            database = id(entry.memory.database)
+            if handed is not None:
+                checking[database] = None
+            elif database not in checking and entry.kept_up() and entry.memory.database.check_due(now):
+                checking[database] = self._group_of(entry)
+        for chosen in checking.values():
+            if chosen is not None and chosen[0] not in busy:
+                key, batched, entry = chosen
+                groups.setdefault(key, Group(key, [], batched)).queues.append(entry)
+        return list(groups.values())
+
+    def _hand_out(self, entry: Tracked, groups: dict[tuple[str, ...], Group], busy: frozenset[tuple[str, ...]],
+                  now: float, wall: datetime) -> tuple[str, ...] | None:  # fmt: skip
+        """The entry put in its group when it has upkeep due and its group is not busy: the key."""
+        key: tuple[str, ...]
+        if entry.pause_changed():  # a drift check of its own, now
+            entry.memory.drift_at = 0.0
+            key, batched = (entry.namespace, entry.name), False
+        elif not entry.kept_up():
+            return None
+        else:
             try:
                 spec = entry.spec()
             except DbqError:
                 key, batched = (entry.namespace, entry.name), False  # its upkeep reports it
             else:
                 if upkeep.nothing_due(spec, entry.status, entry.memory, now, wall, self.drift_interval_s):
-                    continue
+                    return None
                 key, batched = group_key(entry.namespace, entry.name, spec)
-            if key not in busy:
-                groups.setdefault(key, Group(key, [], batched)).queues.append(entry)
-        return list(groups.values())
+        if key in busy:
+            return None
+        groups.setdefault(key, Group(key, [], batched)).queues.append(entry)
+        return key
+
+    def _group_of(self, entry: Tracked) -> tuple[tuple[str, ...], bool, Tracked]:
+        """The entry's group key, whether it is batched, and the entry."""
+        try:
+            key, batched = group_key(entry.namespace, entry.name, entry.spec())
+        except DbqError:
+            key, batched = (entry.namespace, entry.name), False
+        return key, batched, entry

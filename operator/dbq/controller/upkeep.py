@@ -327,12 +327,14 @@ def what_is_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: fl
 
 def nothing_due(spec: QueueSpec, status: dict[str, Any], memory: Memory, now: float, wall: datetime,
                 drift_interval_s: float | None = None) -> bool:  # fmt: skip
-    """Whether a tick has nothing to do: nothing due, no window to plan, no finished
-    maintenance to report. Decided without the database, the Secret or a thread."""
+    """Whether a tick has nothing to do for the queue itself: nothing due, no window to plan, no
+    finished maintenance to report. The health check of its database is left out: one queue a
+    database runs it (`dbq.controller.fleet.Fleet.due`). Decided without the database, the
+    Secret or a thread."""
     if memory.maintenance is not None and memory.maintenance.done():
         return False
     todo = what_is_due(spec, status, memory, now, wall, drift_interval_s)
-    return not todo.touches_database and todo.maintenance == "wait"
+    return not (todo.stats or todo.cleanup or todo.drift) and todo.maintenance == "wait"
 
 
 def maintenance_status(
