@@ -148,3 +148,39 @@ def test_a_database_whose_health_check_is_due_gets_it_from_one_of_its_queues_not
     assert keys(queues.due(NOW + upkeep.HEALTH_INTERVAL_S, WALL)) == {("ns", "db", "s_b"): ["b"]}
     busy = frozenset({("ns", "db", "s_b")})
     assert sum(len(g.queues) for g in queues.due(NOW + upkeep.HEALTH_INTERVAL_S, WALL, busy=busy)) == 1
+
+
+class NoChecks:
+    """A ring's backend as the upkeep sees it on a tick whose statistics were measured for it."""
+
+    def checks(self) -> list[Any]:
+        return []
+
+
+def test_a_tick_that_only_samples_statistics_kept_unmeasured_opens_nothing_and_writes_nothing():
+    memory = upkeep.Memory()
+    spec = memory.spec(1, body("q")["spec"])
+    window = upkeep.stamp(upkeep.next_window(spec.reindex.schedule, WALL))
+    status: dict[str, Any] = {"maintenance": {"nextRun": window, "cron": spec.reindex.schedule}}
+    memory.created(NOW)
+    memory.drift_at, memory.database.checked_at = NOW, NOW + 10**6  # no drift check, no health check
+    kept = stats()
+
+    def tick(at: float, measured: QueueStats, backend: Any) -> upkeep.Upkeep:
+        memory.cleanup_at = at  # no cleanup due either
+        done = upkeep.run_upkeep("ns", "q", spec, status, backend, memory, now=at, wall=WALL, measured=measured)
+        status.update(done.status)
+        return done
+
+    def never() -> Any:
+        raise AssertionError("the backend was opened on a tick that only samples")
+
+    assert "stats" in tick(NOW, kept, NoChecks).status  # the first figures are published
+    tick(NOW + 15, kept, NoChecks)  # the rates (none yet) become zero: published
+    quiet = tick(NOW + 30, kept, never)
+    assert quiet.status == {} and quiet.events == [] and memory.stats_at == NOW + 30
+    assert [at for at, _, _ in memory.samples][-1] == NOW + 30  # the sample is remembered
+    assert tick(NOW + 45, stats(), NoChecks).status == {}  # measured (a new object): the full tick, same figures
+    again = memory.last_stats
+    assert again is not None and tick(NOW + 60, again, never).status == {}
+    assert "stats" in tick(NOW + 15 + upkeep.STATS_HEARTBEAT_S, again, NoChecks).status  # the heartbeat writes

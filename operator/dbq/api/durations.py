@@ -6,6 +6,7 @@ checked at admission and again here, by one table of bounds per field.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -79,5 +80,6 @@ def Duration(minimum: str, maximum: str, *, allow_zero: bool = False) -> Any:
     ]
 
 
+@functools.lru_cache(maxsize=256)  # a spec's few durations, read on every upkeep tick
 def seconds(value: str) -> float:
     return parse_duration(value).total_seconds()

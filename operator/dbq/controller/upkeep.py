@@ -9,6 +9,7 @@ worth writing.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
@@ -109,6 +110,7 @@ class Memory:
     # An empty queue: its positions (`dbq.contract.ring.quiet_sequences`) read just before
     # `last_stats` were measured in full, and when.
     quiet: tuple[tuple[int, ...], float] | None = None
+    flow: tuple[float, float] | None = None  # the rates the last full tick published
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
         """The parsed spec, parsed again only when its generation changed: a tick with nothing
@@ -277,6 +279,7 @@ def cleanup_message(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing to repair"
 
 
+@functools.lru_cache(maxsize=4096)  # every queue's planned window, read on every tick
 def parse_stamp(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
@@ -403,6 +406,8 @@ def run_upkeep(
     wall = datetime.now(UTC) if wall is None else wall
     todo = what_is_due(spec, status, memory, now, wall)
     out = Upkeep()
+    if _sampled_only(spec, todo, memory, measured, now, health_check):
+        return out
     next_run = todo.window
     ran = None
     if memory.maintenance is not None:
@@ -444,7 +449,7 @@ def run_upkeep(
         if purge:
             memory.history_purged_at = now
         memory.stats_at = now
-        flow = rates(stats, earlier)
+        flow = memory.flow = rates(stats, earlier)
         new = stats_status(stats, flow, wall)
         metrics.set_stats(namespace, name, stats, flow)
         if worth_writing(status.get("stats"), new, memory.stats_written_at, now):
@@ -485,6 +490,32 @@ def run_upkeep(
             out.status["conditions"] = conditions
         out.events += events
     return out
+
+
+def _sampled_only(spec: QueueSpec, todo: Due, memory: Memory, measured: QueueStats | None, now: float,
+                  health_check: bool) -> bool:  # fmt: skip
+    """A tick whose only task is a sample of statistics kept unmeasured (`Memory.unchanged`)
+    whose rates are the ones last published, with no heartbeat due: the sample is remembered,
+    and status, metrics and conditions stay as they are (an idle fleet's tick costs no more)."""
+    if not (todo.stats and measured is not None and measured is memory.last_stats):
+        return False
+    if (
+        todo.cleanup
+        or todo.maintenance != "wait"
+        or memory.maintenance is not None
+        or (todo.health and health_check)
+    ):
+        return False
+    window = rate_window_s(spec)
+    if now - memory.stats_written_at >= STATS_HEARTBEAT_S or not memory.remembers(window, now):
+        return False
+    if rates(measured, memory.sample_since(window, now)) != memory.flow:
+        return False
+    memory.remember_sample(measured, now, window)
+    if history_due(memory, now):
+        memory.history_purged_at = now
+    memory.stats_at = now
+    return True
 
 
 def grow_ring(
