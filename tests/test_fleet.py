@@ -168,7 +168,9 @@ def test_a_tick_that_only_samples_statistics_kept_unmeasured_opens_nothing_and_w
 
     def tick(at: float, measured: QueueStats, backend: Any) -> upkeep.Upkeep:
         memory.cleanup_at = at  # no cleanup due either
-        done = upkeep.run_upkeep("ns", "q", spec, status, backend, memory, now=at, wall=WALL, measured=measured)
+        done = upkeep.run_upkeep(
+            "ns", "q", spec, status, backend, memory, now=at, wall=WALL, measured=measured
+        )
         status.update(done.status)
         return done
 
@@ -180,7 +182,11 @@ def test_a_tick_that_only_samples_statistics_kept_unmeasured_opens_nothing_and_w
     quiet = tick(NOW + 30, kept, never)
     assert quiet.status == {} and quiet.events == [] and memory.stats_at == NOW + 30
     assert [at for at, _, _ in memory.samples][-1] == NOW + 30  # the sample is remembered
-    assert tick(NOW + 45, stats(), NoChecks).status == {}  # measured (a new object): the full tick, same figures
+    assert (
+        tick(NOW + 45, stats(), NoChecks).status == {}
+    )  # measured (a new object): the full tick, same figures
     again = memory.last_stats
     assert again is not None and tick(NOW + 60, again, never).status == {}
-    assert "stats" in tick(NOW + 15 + upkeep.STATS_HEARTBEAT_S, again, NoChecks).status  # the heartbeat writes
+    assert (
+        "stats" in tick(NOW + 15 + upkeep.STATS_HEARTBEAT_S, again, NoChecks).status
+    )  # the heartbeat writes
