@@ -136,6 +136,17 @@ READY_COLUMN = {
 # The Queues that keep their dead letters in Queue Q's table: a list with the field selector
 # `spec.deadLetter.queue=Q`.
 DEAD_LETTER_QUEUE_FIELD = ".spec.deadLetter.queue"
+# The Queue a Subscription routes to, and the Queue a Topic sends what no Subscription takes to:
+# a Queue's deletion asks the API server for the Topics that route to it by these.
+SUBSCRIPTION_QUEUE_FIELD = ".spec.queue"
+UNROUTED_QUEUE_FIELD = ".spec.unroutedQueue"
+
+
+def field_selector(field: str, value: str) -> str:
+    """A fieldSelector on one of these selectable fields: its objects whose field is `value`."""
+    return f"{field.lstrip('.')}={value}"
+
+
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -220,6 +231,7 @@ def topic_crd() -> dict[str, Any]:
             {"name": "Unrouted", "type": "integer", "jsonPath": ".status.unrouted"},
         ],
         TOPIC_ROOT_RULES,
+        selectable=(UNROUTED_QUEUE_FIELD,),
     )  # fmt: skip
 
 
@@ -236,6 +248,7 @@ def subscription_crd() -> dict[str, Any]:
             {"name": "Dropped", "type": "integer", "jsonPath": ".status.dropped"},
         ],
         SUBSCRIPTION_ROOT_RULES,
+        selectable=(SUBSCRIPTION_QUEUE_FIELD,),
     )  # fmt: skip
 
 

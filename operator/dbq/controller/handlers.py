@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import kopf
 
-from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD
+from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD, field_selector
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.backends.base import QueueBackend
@@ -431,7 +431,7 @@ def delete_queue(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, status: kopf
     _unroute(namespace, name, retry)
     # The API server selects them from its cache: listing every Queue of the namespace made a
     # deletion's cost grow with the fleet.
-    named = kube().list_queues(namespace, field_selector=f"{DEAD_LETTER_QUEUE_FIELD.lstrip('.')}={name}")
+    named = kube().list_queues(namespace, field_selector=field_selector(DEAD_LETTER_QUEUE_FIELD, name))
     users = sorted(
         q["metadata"]["name"] for q in named if dead_letters_kept_by(q["metadata"]["name"], q["spec"]) == name
     )

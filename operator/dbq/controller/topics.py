@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dbq.api.crd import SUBSCRIPTION_QUEUE_FIELD, UNROUTED_QUEUE_FIELD, field_selector
 from dbq.api.topics import SUBSCRIPTION_PLURAL, TOPIC_PLURAL
 from dbq.backends.cassandra.topic import CassandraTopic
 from dbq.backends.odbc_topic import OdbcTopic
@@ -152,16 +153,20 @@ class TopicSync:
             return out
 
     def topics_of_queue(self, namespace: str, queue: str) -> list[str]:
-        """The Topics that route to the Queue `queue` (by a Subscription or as unrouted queue)."""
+        """The Topics that route to the Queue `queue` (by a Subscription or as unrouted queue). The
+        API server selects them from its cache: a listing of the namespace's would make a Queue's
+        deletion cost more the more Subscriptions and Topics there are."""
+        subscriptions = self.kube.list_resources(
+            SUBSCRIPTION_PLURAL, namespace, field_selector=field_selector(SUBSCRIPTION_QUEUE_FIELD, queue)
+        )
+        topics = self.kube.list_resources(
+            TOPIC_PLURAL, namespace, field_selector=field_selector(UNROUTED_QUEUE_FIELD, queue)
+        )
         routed = {
-            str(s["spec"].get("topic"))
-            for s in self.kube.list_resources(SUBSCRIPTION_PLURAL, namespace)
-            if (s.get("spec") or {}).get("queue") == queue
+            str(s["spec"].get("topic")) for s in subscriptions if (s.get("spec") or {}).get("queue") == queue
         }
         routed |= {
-            t["metadata"]["name"]
-            for t in self.kube.list_resources(TOPIC_PLURAL, namespace)
-            if (t.get("spec") or {}).get("unroutedQueue") == queue
+            t["metadata"]["name"] for t in topics if (t.get("spec") or {}).get("unroutedQueue") == queue
         }
         return sorted(routed)
 
