@@ -393,7 +393,7 @@ def main() -> None:
         with ThreadPoolExecutor(args.appliers) as appliers:  # a GitOps tool applies several at once
             list(appliers.map(create, sorted(names)))
         created_all = time.monotonic()
-        ready = readiness.wait(names, 600)
+        ready = readiness.wait(names, max(600.0, 0.3 * args.queues))  # 10,000 take minutes
         apply_cores = cores(apply_cpu, cpu_by_program(op.pid, pg_parts), time.monotonic() - apply_start)
         writes_per_queue = per(apply_writes, api_writes(stack), args.queues)
         many = [ready[n] - created[n] for n in names]
@@ -444,17 +444,26 @@ def main() -> None:
             f"{phase} {n}" for phase, n in connections.most.items()))  # fmt: skip
     finally:
         connections.phase = "delete"
-        started = time.monotonic()
+        started, delete_cpu, delete_writes = (
+            time.monotonic(),
+            cpu_by_program(op.pid, pg_parts),
+            api_writes(stack),
+        )
         with ThreadPoolExecutor(args.appliers) as deleters:
             list(deleters.map(lambda item: delete(custom, ns, item["metadata"]["name"]),
                               custom.list_namespaced_custom_object(G, V, ns, P)["items"]))  # fmt: skip
         if args.sigterm_after is not None:
             op = stop_and_succeed(op, args.sigterm_after, started, custom, ns, env, log)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + max(300.0, 0.1 * args.queues)
         while (left := count_queues(custom, ns)) and time.monotonic() < deadline:
             time.sleep(2)
-        say(f"deleted the queues in {time.monotonic() - started:.0f} s from the first delete ({left} left);"
+        took = time.monotonic() - started
+        say(f"deleted the queues in {took:.0f} s from the first delete ({left} left);"
             f" connections while deleting {connections.most.get('delete', 0)}")  # fmt: skip
+        if args.sigterm_after is None:  # one operator did it all
+            say(f"CPU while deleting, cores: {cores(delete_cpu, cpu_by_program(op.pid, pg_parts), took)}")
+            say("API writes while deleting, per queue: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in per(delete_writes, api_writes(stack), args.queues + args.singles).items()))  # fmt: skip
         if args.sigterm_after is not None:
             say(leftovers(stack.postgres.odbc(), core, ns))
         op.send_signal(signal.SIGTERM)
