@@ -332,6 +332,12 @@ def main() -> None:
         help="SIGTERM the operator this many seconds into the deletion, then start a successor",
     )
     ap.add_argument(
+        "--sigkill-after",
+        type=float,
+        default=None,
+        help="SIGKILL the operator this many seconds after the first create, then start a successor",
+    )
+    ap.add_argument(
         "--settle",
         type=float,
         default=5,
@@ -390,11 +396,19 @@ def main() -> None:
             time.monotonic(),
             api_writes(stack),
         )
-        with ThreadPoolExecutor(args.appliers) as appliers:  # a GitOps tool applies several at once
+        with ThreadPoolExecutor(args.appliers + 1) as appliers:  # a GitOps tool applies several at once
+            killed = None
+            if args.sigkill_after is not None:
+                killed = appliers.submit(kill_and_succeed, op, args.sigkill_after, ns, env, log)
             list(appliers.map(create, sorted(names)))
-        created_all = time.monotonic()
+            created_all = time.monotonic()
+            op = killed.result() if killed is not None else op
         ready = readiness.wait(names, max(600.0, 0.3 * args.queues))  # 10,000 take minutes
-        apply_cores = cores(apply_cpu, cpu_by_program(op.pid, pg_parts), time.monotonic() - apply_start)
+        apply_cores = (
+            cores(apply_cpu, cpu_by_program(op.pid, pg_parts), time.monotonic() - apply_start)
+            if killed is None
+            else "not measured (the operator was killed)"
+        )
         writes_per_queue = per(apply_writes, api_writes(stack), args.queues)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
@@ -410,6 +424,8 @@ def main() -> None:
         say(f"CPU until all were Ready, cores: {apply_cores}")
         say(f"API writes until all were Ready, per queue: {sum(writes_per_queue.values()):.2f}; by request: "
             + ", ".join(f"{k} {v:.2f}" for k, v in writes_per_queue.items()))  # fmt: skip
+        if killed is not None:
+            say(whole_queues(stack.postgres.odbc(), schemas))
 
         time.sleep(args.settle)
         connections.phase = "steady"
@@ -487,6 +503,42 @@ def count_queues(custom: client.CustomObjectsApi, ns: str) -> int:
 def operator(ns: str, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "dbq.cli", "run", "-n", ns, "--metrics-port", "0", "--liveness", ""],
                             env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def kill_and_succeed(op: subprocess.Popen[bytes], after: float, ns: str, env: dict[str, str],
+                     log: Any) -> subprocess.Popen[bytes]:  # fmt: skip
+    """SIGKILL to the operator `after` seconds from now (into the apply), then a successor."""
+    time.sleep(after)
+    op.kill()
+    op.wait()
+    say(f"SIGKILL {after:.0f} s after the first create; a successor started")
+    return operator(ns, env, log)
+
+
+def whole_queues(odbc: str, schemas: dict[str, str]) -> str:
+    """Whether every schema holds its queues' objects exactly once each: the relations (tables,
+    sequences) and routines of a queue times its queues, its two shared tables, a metadata row a
+    queue. A queue made twice, or half made, counts as a mismatch."""
+    queues: Counter[str] = Counter(schemas.values())
+    mismatched: list[str] = []
+    with pyodbc.connect(odbc, autocommit=True) as db:
+        counts = {
+            schema: tuple(db.execute(
+                "SELECT (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind IN ('r', 'S')),"
+                " (SELECT count(*) FROM pg_proc p WHERE p.pronamespace = n.oid)"
+                " FROM pg_namespace n WHERE n.nspname = ?", schema).fetchone() or (0, 0))
+            for schema in queues
+        }  # fmt: skip
+        per_queue = None
+        for schema, n in queues.items():
+            relations, routines = counts[schema]
+            rows = db.execute(f'SELECT count(*) FROM "{schema}".dbq_queues').fetchval()
+            per_queue = per_queue or ((relations - 2) // n, routines // n)
+            if (relations, routines, rows) != (2 + n * per_queue[0], n * per_queue[1], n):
+                mismatched.append(schema)
+    return (f"after the SIGKILL, objects by schema: {len(queues) - len(mismatched)} of {len(queues)} hold each"
+            f" of their queues exactly once ({per_queue[0] if per_queue else 0} relations and"
+            f" {per_queue[1] if per_queue else 0} routines a queue); mismatched: {mismatched[:5]}")  # fmt: skip
 
 
 def stop_and_succeed(op: subprocess.Popen[bytes], after: float, started: float, custom: client.CustomObjectsApi,

@@ -619,6 +619,50 @@ def test_an_empty_queue_whose_positions_did_not_move_keeps_its_statistics_unmeas
     rings[0].close()
 
 
+def test_a_queue_s_catalog_digest_changes_with_its_own_objects_not_with_a_neighbour_made_or_dropped(postgres):
+    from dbq.backends.odbc_ring import catalog_digests
+
+    schema = f"digest_{secrets.token_hex(3)}"
+    spec = spec_for("postgres", schema)
+    a, b, c = (open_backend(spec, name, from_url(postgres.url)) for name in ("a", "b", "a_b"))
+
+    def digests() -> dict[str, str]:
+        try:
+            found = catalog_digests(a)  # type: ignore[arg-type]
+            assert found is not None
+            return found
+        finally:
+            a.close()
+
+    for ring in (a, b):
+        ring.apply()
+        ring.close()
+    before = digests()
+    assert set(before) == {"a", "b"}
+    c.apply()  # a neighbour named like a's objects: its own objects are its own
+    c.close()
+    made = digests()
+    assert (made["a"], made["b"]) == (before["a"], before["b"]) and "a_b" in made
+    with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
+        db.execute(
+            f"GRANT EXECUTE ON FUNCTION {schema}.b_peek(integer) TO PUBLIC"
+        )  # behind the operator's back
+    changed = digests()
+    assert changed["a"] == made["a"] and changed["b"] != made["b"]
+    c.teardown()
+    c.close()
+    dropped = digests()
+    assert (dropped["a"], dropped["b"]) == (changed["a"], changed["b"]) and "a_b" not in dropped
+    with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
+        db.execute(f"CREATE TABLE {schema}.stray (x int)")  # an object of no queue: every queue is checked
+    assert all(digests()[q] != dropped[q] for q in ("a", "b"))
+    with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
+        db.execute(f"DROP TABLE {schema}.stray")  # so the last queue's teardown drops the schema
+    for ring in (a, b):
+        ring.teardown()
+        ring.close()
+
+
 def test_the_queues_of_a_schema_are_measured_and_sampled_together_and_one_broken_queue_errs_alone(postgres):
     from dbq.backends import odbc_ring
     from dbq.errors import DbqError

@@ -627,13 +627,25 @@ def record_samples(rings: Sequence[OdbcRing], stats: Sequence[QueueStats],
             cur.execute(first.sql.purge_histories(queues), retention_s)
 
 
-def catalog_digest(ring: OdbcRing) -> str | None:
-    """A digest of what a drift check of the ring's schema reads that can change behind the
-    operator's back: the schema's catalog (every queue's objects in it) and the number of
-    sessions applications hold on the operator's login (the check reports it). Equal as long
-    as neither changed; None where the database offers no catalog digest (SQL Server)."""
-    if ring.sql.CATALOG_DIGEST is None:
+def catalog_digests(ring: OdbcRing) -> dict[str, str] | None:
+    """Per queue of the ring's schema, a digest of what a drift check of it reads that can change
+    behind the operator's back: the schema's catalog rows of the queue and of no queue, and the
+    number of sessions applications hold on the operator's login (the check reports it). Equal
+    as long as none of them changed; None where the database offers no catalog digest (SQL
+    Server). A queue missing from the answer has no metadata row: check it."""
+    statement = ring.sql.catalog_digests()
+    if statement is None:
         return None
+    queue = ring.names.queue
+    suffixes = ",".join(
+        name[len(queue) + 1 :]
+        for name in (
+            *ring.names.tables,
+            *ring.names.sequences,
+            *(ring.names.routine(r) for r in ring.sql.ROUTINES),
+        )
+    )
     with ring._errors():
-        catalog = ring.conn.cursor().execute(ring.sql.CATALOG_DIGEST, *[ring.names.schema] * 4).fetchval()
-    return f"{catalog}/{ring._shared_login_sessions()}"
+        rows = dict(ring.conn.cursor().execute(statement, *[ring.names.schema] * 4, suffixes).fetchall())
+    rest = f"{rows.pop('', '0')}/{ring._shared_login_sessions()}"
+    return {queue: f"{own}+{rest}" for queue, own in rows.items()}

@@ -102,7 +102,6 @@ class RingSqlBase:
     # The compressions of stored bodies the server offers, where it has a choice.
     COMPRESSIONS: str | None = None
     MAX_LOCKS: str | None = None
-    CATALOG_DIGEST: str | None = None
     # Objects of the queue not as `secure()` leaves them: a count (None where not looked at).
     OBSERVE_INSECURE: str | None = None
     # Sessions of applications logged in with the operator's login, where the dialect can tell.
@@ -320,6 +319,10 @@ class RingSqlBase:
     def _queue_tables_list(self) -> str:
         """The queue's tables as a list of string literals (for catalog queries)."""
         return ", ".join(self.literal(t) for t in self.t.names.tables)
+
+    def catalog_digests(self) -> str | None:
+        """Digests of the schema's catalog rows by queue, where the dialect can read them."""
+        return None
 
     def meta_row(self, names: QueueNames) -> str:
         """Every column of the metadata row of queue `names` (parameter: its name)."""

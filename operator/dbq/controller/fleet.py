@@ -58,6 +58,13 @@ class Tracked:
     def spec(self) -> QueueSpec:
         return self.memory.spec(self.generation, self.spec_raw)
 
+    def queue_name(self) -> str | None:
+        """The name of its queue in the database (None while its spec does not parse)."""
+        try:
+            return queue_name(self.name, self.spec())
+        except (DbqError, ValueError):
+            return None
+
     @property
     def paused(self) -> bool:
         annotations = (self.body.get("metadata") or {}).get("annotations") or {}
@@ -123,8 +130,8 @@ class Fleet:
     _databases: dict[tuple[str, str], upkeep.DatabaseMemory] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     drift_interval_s: float | None = None  # objects compared with the spec this often (None: never)
-    # Per batched group: the digest of its schema's catalog last read, and when.
-    digests: dict[tuple[str, ...], tuple[str, float]] = field(default_factory=dict)
+    # Per batched group: the catalog digests of its schema's queues last read, and when.
+    digests: dict[tuple[str, ...], tuple[dict[str, str], float]] = field(default_factory=dict)
 
     def tracked(self, namespace: str, name: str, spec: Mapping[str, Any] | None = None) -> Tracked:
         """The Queue's entry, made on first use (by a handler, before the watch fed it)."""

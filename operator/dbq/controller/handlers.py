@@ -19,7 +19,7 @@ from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD, field_selector
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.backends.base import QueueBackend
-from dbq.backends.odbc_ring import OdbcRing, catalog_digest, record_samples
+from dbq.backends.odbc_ring import OdbcRing, catalog_digests, record_samples
 from dbq.client import QueueStats
 from dbq.connection import pool
 from dbq.controller import conditions as cond
@@ -275,11 +275,13 @@ def _upkeep_group(group: fleet.Group) -> None:
 def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -> None:
     """Objects dropped or changed behind the operator's back made again; status written only
     when something changed. A queue of a batched group is compared with its spec only when its
-    schema's catalog digest changed since a check found it whole (and hourly)."""
-    digest = _digest(group, entries[0], now) if group.batched else None
+    catalog digest changed since a check found it whole (and hourly): a neighbour made or
+    dropped in its schema leaves it alone."""
+    digests = _digests(group, entries[0], now) if group.batched else None
     for entry in entries:
         if not (entry.kept_up() or entry.pause_changed()):
             continue
+        digest = digests.get(entry.queue_name() or "") if digests is not None else None
         whole = entry.memory.whole
         if (
             digest is not None
@@ -297,24 +299,24 @@ def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -
         entry.memory.whole = (digest, now) if clean and digest is not None else None
 
 
-def _digest(group: fleet.Group, entry: fleet.Tracked, now: float) -> str | None:
-    """The catalog digest of the group's schema, read at most every half drift interval (the
-    queues of a schema come due at different ticks); None when it cannot be read (each check
-    then reports its own error)."""
+def _digests(group: fleet.Group, entry: fleet.Tracked, now: float) -> dict[str, str] | None:
+    """The catalog digests of the group's schema, by queue, read at most every half drift
+    interval (the queues of a schema come due at different ticks); None when they cannot be read
+    (each check then reports its own error)."""
     kept = FLEET.digests.get(group.key)
     if kept is not None and now - kept[1] < SETTINGS.drift_interval_s / 2:
         return kept[0]
     try:
         ring = cast(OdbcRing, entry.backend(read_secret))
         try:
-            digest = catalog_digest(ring)
+            digests = catalog_digests(ring)
         finally:
             ring.close()
     except DbqError:
         return None
-    if digest is not None:
-        FLEET.digests[group.key] = (digest, now)
-    return digest
+    if digests is not None:
+        FLEET.digests[group.key] = (digests, now)
+    return digests
 
 
 def _measure_together(

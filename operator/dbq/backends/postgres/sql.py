@@ -595,20 +595,33 @@ END $$"""
     COMPRESSIONS: str | None = (
         "SELECT array_to_string(enumvals, ',') || ',none' FROM pg_settings WHERE name = 'default_toast_compression'"
     )
-    # A digest of the schema's catalog rows (parameter: the schema's name, four times): the
-    # schema, its relations, sequences and routines, each row by its oid and xmin, summed
-    # (no sort). A drop, a create, most ALTERs, a GRANT or REVOKE and an owner change give a row
-    # a new xmin or remove one, so an unchanged digest says nothing was changed behind the
-    # operator's back since a drift check found a queue whole. Column changes are left to the
-    # hourly full check: reading every column costs more than the rest together.
-    CATALOG_DIGEST: str | None = """SELECT coalesce(sum(hashtext(x)::bigint), 0)::text FROM (
-  SELECT 'n' || n.oid || ':' || n.xmin AS x FROM pg_namespace n WHERE n.nspname = ?
-  UNION ALL SELECT 'c' || c.oid || ':' || c.xmin FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?
-  UNION ALL SELECT 's' || s.seqrelid || ':' || s.xmin FROM pg_sequence s
+
+    def catalog_digests(self) -> str | None:
+        """Digests of the schema's catalog rows (parameters: the schema's name, four times, then
+        the suffixes of a queue's object names, comma-separated), summed (no sort): one row a
+        queue of the metadata table, of its own relations (an index counts as its table's),
+        sequences and routines, each by its oid and xmin, so a drop, a create, most ALTERs, a
+        GRANT or REVOKE and an owner change show; and one row ('') of the rest (the schema, the
+        shared tables, objects of no queue), each by its oid and owner: what a drift check looks
+        at there, and not the grants every queue made or dropped beside it adds to or takes from
+        the schema. An unchanged digest says nothing a drift check of the queue reads was
+        changed behind the operator's back since a check found it whole. Column changes are
+        left to the hourly full check: reading every column costs more than the rest together."""
+        return f"""SELECT coalesce(o.queue, ''),
+  coalesce(sum(hashtext(CASE WHEN o.queue IS NULL THEN r.kept ELSE r.x END)::bigint), 0)::text FROM (
+  SELECT n.nspname AS name, '' AS x, 'n' || n.oid || ':' || n.nspowner AS kept FROM pg_namespace n WHERE n.nspname = ?
+  UNION ALL SELECT coalesce(t.relname, c.relname), 'c' || c.oid || ':' || c.xmin, 'c' || c.oid || ':' || c.relowner
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
+    WHERE n.nspname = ?
+  UNION ALL SELECT c.relname, 's' || s.seqrelid || ':' || s.xmin, 's' || s.seqrelid FROM pg_sequence s
     JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?
-  UNION ALL SELECT 'p' || p.oid || ':' || p.xmin FROM pg_proc p
-    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?) rows"""
+  UNION ALL SELECT p.proname, 'p' || p.oid || ':' || p.xmin, 'p' || p.oid || ':' || p.proowner FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?) r
+LEFT JOIN (SELECT m.queue, m.queue || '_' || x.suffix AS name
+           FROM {self.meta} m CROSS JOIN unnest(string_to_array(?, ',')) AS x(suffix)) o ON o.name = r.name
+GROUP BY 1"""
+
     # How many locks one transaction may hold on average (a statement measuring many queues
     # stays within it).
     MAX_LOCKS: str | None = "SELECT current_setting('max_locks_per_transaction')::int"
