@@ -5,8 +5,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -171,12 +174,38 @@ def run(
         scaler = serve(scaler_port, handlers.kube(), handlers.read_secret)  # noqa: F841  (held: a dropped server stops)
 
     def act() -> None:
-        kopf.run(
-            standalone=True,
-            clusterwide=all_namespaces or not namespaces,
-            namespaces=list(namespaces),
-            liveness_endpoint=liveness or None,
-        )
+        """kopf in a thread of its own (its documented embedding), so this thread hears SIGTERM
+        and SIGINT first: the handlers kopf has queued then end at once, and kopf stops."""
+        failed: list[BaseException] = []
+
+        def operate() -> None:
+            try:
+                kopf.run(
+                    standalone=True,
+                    clusterwide=all_namespaces or not namespaces,
+                    namespaces=list(namespaces),
+                    liveness_endpoint=liveness or None,
+                    stop_flag=stop,
+                )
+            except BaseException as e:  # raised again in this thread
+                failed.append(e)
+
+        def told_to_stop(*_: Any) -> None:
+            leadership.stopping.set()
+            stop.set()
+
+        stop = threading.Event()
+        kopf_thread = threading.Thread(target=operate, name="kopf")
+        previous = {sig: signal.signal(sig, told_to_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            kopf_thread.start()
+            while kopf_thread.is_alive():
+                kopf_thread.join(0.5)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if failed:
+            raise failed[0]
 
     if not leader_elect:
         metrics.LEADER.set(1)

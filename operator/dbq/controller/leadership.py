@@ -243,6 +243,9 @@ class _StandbyHealth(BaseHTTPRequestHandler):
 
 # The elector of this process while it acts under leader election (run_elected); empty otherwise.
 _elected: list[Elector] = []
+# Set once the operator is told to stop (SIGTERM, SIGINT), before kopf stops: kopf waits for
+# every sync handler it has queued, started or not, so the queued ones must see it and end.
+stopping = threading.Event()
 
 
 def fence() -> None:
