@@ -204,11 +204,11 @@ class Fleet:
             try:
                 spec = entry.spec()
             except DbqError:
-                key, batched = (entry.namespace, entry.name), False  # its upkeep reports it
-            else:
-                if upkeep.nothing_due(spec, entry.status, entry.memory, now, wall, self.drift_interval_s):
-                    return None
-                key, batched = group_key(entry.namespace, entry.name, spec)
+                spec = None  # its upkeep reports it
+            if spec is not None and upkeep.nothing_due(spec, entry.status, entry.memory, now, wall,
+                                                       self.drift_interval_s):  # fmt: skip
+                return None
+            key, batched, _ = self._group_of(entry)
         if key in busy:
             return None
         groups.setdefault(key, Group(key, [], batched)).queues.append(entry)
