@@ -6,6 +6,7 @@ status and Events through the real API server."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -626,11 +627,11 @@ def test_a_queue_s_catalog_digest_changes_with_its_own_objects_not_with_a_neighb
     spec = spec_for("postgres", schema)
     a, b, c = (open_backend(spec, name, from_url(postgres.url)) for name in ("a", "b", "a_b"))
 
-    def digests() -> dict[str, str]:
+    def digests() -> dict[str, str | None]:
         try:
             found = catalog_digests(a)  # type: ignore[arg-type]
             assert found is not None
-            return found
+            return {queue: found.of(queue) for queue in found.own}
         finally:
             a.close()
 
@@ -654,13 +655,52 @@ def test_a_queue_s_catalog_digest_changes_with_its_own_objects_not_with_a_neighb
     dropped = digests()
     assert (dropped["a"], dropped["b"]) == (changed["a"], changed["b"]) and "a_b" not in dropped
     with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
-        db.execute(f"CREATE TABLE {schema}.stray (x int)")  # an object of no queue: every queue is checked
-    assert all(digests()[q] != dropped[q] for q in ("a", "b"))
-    with pyodbc.connect(postgres.admin_odbc, autocommit=True) as db:
+        db.execute(f"CREATE TABLE {schema}.stray (x int)")  # of no queue: no drift check reads it
+        assert digests() == dropped
+        history = f"{schema}.dbq_stats_history"
+        owner = db.execute(
+            f"SELECT relowner::regrole::text FROM pg_class WHERE oid = '{history}'::regclass"
+        ).fetchval()
+        db.execute(
+            f"ALTER TABLE {history} OWNER TO CURRENT_USER"
+        )  # schema-wide: every queue's check reads it
+        assert all(digests()[q] != dropped[q] for q in ("a", "b"))
+        db.execute(f"ALTER TABLE {history} OWNER TO {owner}")
         db.execute(f"DROP TABLE {schema}.stray")  # so the last queue's teardown drops the schema
     for ring in (a, b):
         ring.teardown()
         ring.close()
+
+
+def test_catalog_digests_are_kept_while_the_catalog_change_counters_stay_and_read_again_after_a_change(
+    postgres,
+):
+    from dbq.backends.odbc_ring import catalog_digests
+
+    schema = f"counters_{secrets.token_hex(3)}"
+    a, b = (open_backend(spec_for("postgres", schema), name, from_url(postgres.url)) for name in ("a", "b"))
+    for ring in (a, b):
+        ring.apply()
+        ring.close()
+    try:
+        kept = catalog_digests(a)  # type: ignore[arg-type]
+        assert kept is not None
+        same = catalog_digests(a, kept)  # type: ignore[arg-type]
+        assert same is not None and same.changes == kept.changes and same.own is kept.own  # not read again
+        with contextlib.closing(postgres.admin()) as db:  # closed: its counts reach the statistics
+            db.execute(
+                f"GRANT EXECUTE ON FUNCTION {schema}.b_peek(integer) TO PUBLIC"
+            )  # behind the operator's back
+        deadline = time.monotonic() + 30
+        while (again := catalog_digests(a, kept)) is not None and again.changes == kept.changes:  # type: ignore[arg-type]
+            assert time.monotonic() < deadline, "the catalog change counters did not move"
+            time.sleep(0.5)
+        assert again is not None and again.own is not kept.own
+        assert again.of("a") == kept.of("a") and again.of("b") != kept.of("b")
+    finally:
+        for ring in (a, b):
+            ring.teardown()
+            ring.close()
 
 
 def test_the_queues_of_a_schema_are_measured_and_sampled_together_and_one_broken_queue_errs_alone(postgres):

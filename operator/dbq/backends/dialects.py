@@ -25,6 +25,7 @@ class RingSql(Protocol):
     COMPRESSIONS: str | None  # the compressions of stored bodies the server offers, comma-separated
     OBSERVE_INSECURE: str | None  # objects not as secure() leaves them, where the dialect looks
     SHARED_LOGIN_SESSIONS: str | None  # applications on the operator's login, where it can tell
+    CATALOG_CHANGES: str | None  # the catalog's change counters, where catalog digests are read
     PGMQ: bool  # whether PGMQ's API is offered (spec.pgmq)
     RESIZE_CHUNK: int  # slots a resize writes or deletes per transaction
     BACKEND: str

@@ -627,25 +627,49 @@ def record_samples(rings: Sequence[OdbcRing], stats: Sequence[QueueStats],
             cur.execute(first.sql.purge_histories(queues), retention_s)
 
 
-def catalog_digests(ring: OdbcRing) -> dict[str, str] | None:
-    """Per queue of the ring's schema, a digest of what a drift check of it reads that can change
-    behind the operator's back: the schema's catalog rows of the queue and of no queue, and the
-    number of sessions applications hold on the operator's login (the check reports it). Equal
-    as long as none of them changed; None where the database offers no catalog digest (SQL
-    Server). A queue missing from the answer has no metadata row: check it."""
-    statement = ring.sql.catalog_digests()
-    if statement is None:
+@dataclass(frozen=True)
+class CatalogDigests:
+    """What a drift check of each queue of a schema reads that can change behind the operator's
+    back (`catalog_digests`), and the database's catalog change counters when it was read."""
+
+    changes: str  # the counters: equal, and nothing in the catalog changed since
+    own: dict[str, str]  # by queue: its objects' catalog rows
+    rest: str  # the schema's row and its schema-wide tables'
+    sessions: int | None  # sessions of applications on the operator's login (the check reports it)
+
+    def of(self, queue: str) -> str | None:
+        """The queue's digest; None when none of its objects is left (or it has no metadata
+        row): check it."""
+        own = self.own.get(queue)
+        return None if own is None else f"{own}+{self.rest}/{self.sessions}"
+
+
+def catalog_digests(ring: OdbcRing, kept: CatalogDigests | None = None) -> CatalogDigests | None:
+    """The catalog digests of the queues of the ring's schema: equal as long as nothing a drift
+    check of a queue reads changed. The database's catalog change counters are read first: when
+    they equal those `kept` was read at, nothing in the catalog changed since and its digests are
+    kept (an idle database is not read again). Counters reach the statistics a few seconds after
+    a commit, so a change may show a read later. None where the database offers no catalog
+    digest (SQL Server)."""
+    statement, counters = ring.sql.catalog_digests(), ring.sql.CATALOG_CHANGES
+    if statement is None or counters is None:
         return None
-    queue = ring.names.queue
-    suffixes = ",".join(
-        name[len(queue) + 1 :]
-        for name in (
-            *ring.names.tables,
-            *ring.names.sequences,
-            *(ring.names.routine(r) for r in ring.sql.ROUTINES),
-        )
-    )
     with ring._errors():
-        rows = dict(ring.conn.cursor().execute(statement, *[ring.names.schema] * 4, suffixes).fetchall())
-    rest = f"{rows.pop('', '0')}/{ring._shared_login_sessions()}"
-    return {queue: f"{own}+{rest}" for queue, own in rows.items()}
+        cur = ring.conn.cursor()
+        changes = str(cur.execute(counters).fetchval())
+        if kept is not None and kept.changes == changes:
+            own, rest = kept.own, kept.rest
+        else:
+            queue = ring.names.queue
+            suffixes = ",".join(
+                name[len(queue) + 1 :]
+                for name in (
+                    *ring.names.tables,
+                    *ring.names.sequences,
+                    *(ring.names.routine(r) for r in ring.sql.ROUTINES),
+                )
+            )
+            shared = f"{ring.names.meta},{ring.names.history}"
+            own = dict(cur.execute(statement, ring.names.schema, suffixes, shared).fetchall())
+            rest = own.pop("", "0")
+    return CatalogDigests(changes, own, rest, ring._shared_login_sessions())

@@ -106,6 +106,8 @@ class RingSqlBase:
     OBSERVE_INSECURE: str | None = None
     # Sessions of applications logged in with the operator's login, where the dialect can tell.
     SHARED_LOGIN_SESSIONS: str | None = None
+    # The catalog's change counters, as one value: equal, and no catalog row changed between.
+    CATALOG_CHANGES: str | None = None
     # Whether the dialect offers PGMQ's API (spec.pgmq): the plan observes the facade.
     PGMQ = False
 

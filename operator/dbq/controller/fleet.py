@@ -22,6 +22,7 @@ from typing import Any
 from dbq.api.models import QueueSpec, queue_name
 from dbq.backends import open_backend
 from dbq.backends.base import QueueBackend
+from dbq.backends.odbc_ring import CatalogDigests
 from dbq.connection import ConnectionSettings
 from dbq.controller import conditions as cond
 from dbq.controller import upkeep
@@ -131,7 +132,7 @@ class Fleet:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     drift_interval_s: float | None = None  # objects compared with the spec this often (None: never)
     # Per batched group: the catalog digests of its schema's queues last read, and when.
-    digests: dict[tuple[str, ...], tuple[dict[str, str], float]] = field(default_factory=dict)
+    digests: dict[tuple[str, ...], tuple[CatalogDigests, float]] = field(default_factory=dict)
 
     def tracked(self, namespace: str, name: str, spec: Mapping[str, Any] | None = None) -> Tracked:
         """The Queue's entry, made on first use (by a handler, before the watch fed it)."""

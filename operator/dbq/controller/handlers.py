@@ -19,7 +19,7 @@ from dbq.api.crd import DEAD_LETTER_QUEUE_FIELD, field_selector
 from dbq.api.durations import seconds
 from dbq.api.models import GROUP, PLURAL, VERSION
 from dbq.backends.base import QueueBackend
-from dbq.backends.odbc_ring import OdbcRing, catalog_digests, record_samples
+from dbq.backends.odbc_ring import CatalogDigests, OdbcRing, catalog_digests, record_samples
 from dbq.client import QueueStats
 from dbq.connection import pool
 from dbq.controller import conditions as cond
@@ -292,7 +292,7 @@ def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -
     for entry in entries:
         if not (entry.kept_up() or entry.pause_changed()):
             continue
-        digest = digests.get(entry.queue_name() or "") if digests is not None else None
+        digest = digests.of(entry.queue_name() or "") if digests is not None else None
         whole = entry.memory.whole
         if (
             digest is not None
@@ -310,17 +310,18 @@ def _check_drift(group: fleet.Group, entries: list[fleet.Tracked], now: float) -
         entry.memory.whole = (digest, now) if clean and digest is not None else None
 
 
-def _digests(group: fleet.Group, entry: fleet.Tracked, now: float) -> dict[str, str] | None:
-    """The catalog digests of the group's schema, by queue, read at most every half drift
-    interval (the queues of a schema come due at different ticks); None when they cannot be read
-    (each check then reports its own error)."""
+def _digests(group: fleet.Group, entry: fleet.Tracked, now: float) -> CatalogDigests | None:
+    """The catalog digests of the group's schema, read at most every half drift interval (the
+    queues of a schema come due at different ticks), and kept while the database's catalog
+    change counters stay as they were; None when they cannot be read (each check then reports
+    its own error)."""
     kept = FLEET.digests.get(group.key)
     if kept is not None and now - kept[1] < SETTINGS.drift_interval_s / 2:
         return kept[0]
     try:
         ring = cast(OdbcRing, entry.backend(read_secret))
         try:
-            digests = catalog_digests(ring)
+            digests = catalog_digests(ring, kept[0] if kept is not None else None)
         finally:
             ring.close()
     except DbqError:

@@ -596,30 +596,44 @@ END $$"""
         "SELECT array_to_string(enumvals, ',') || ',none' FROM pg_settings WHERE name = 'default_toast_compression'"
     )
 
+    # Rows inserted, updated and deleted in the catalogs a digest reads, database-wide, from the
+    # cumulative statistics (readable by any login): equal, and none of those catalogs changed.
+    CATALOG_CHANGES: str | None = (
+        "SELECT string_agg(relname || ' ' || n_tup_ins || ' ' || n_tup_upd || ' ' || n_tup_del, ','"
+        " ORDER BY relname) FROM pg_stat_sys_tables WHERE schemaname = 'pg_catalog'"
+        " AND relname IN ('pg_class', 'pg_index', 'pg_namespace', 'pg_proc', 'pg_sequence')"
+    )
+
     def catalog_digests(self) -> str | None:
-        """Digests of the schema's catalog rows (parameters: the schema's name, four times, then
-        the suffixes of a queue's object names, comma-separated), summed (no sort): one row a
-        queue of the metadata table, of its own relations (an index counts as its table's),
-        sequences and routines, each by its oid and xmin, so a drop, a create, most ALTERs, a
-        GRANT or REVOKE and an owner change show; and one row ('') of the rest (the schema, the
-        shared tables, objects of no queue), each by its oid and owner: what a drift check looks
-        at there, and not the grants every queue made or dropped beside it adds to or takes from
-        the schema. An unchanged digest says nothing a drift check of the queue reads was
-        changed behind the operator's back since a check found it whole. Column changes are
-        left to the hourly full check: reading every column costs more than the rest together."""
-        return f"""SELECT coalesce(o.queue, ''),
-  coalesce(sum(hashtext(CASE WHEN o.queue IS NULL THEN r.kept ELSE r.x END)::bigint), 0)::text FROM (
-  SELECT n.nspname AS name, '' AS x, 'n' || n.oid || ':' || n.nspowner AS kept FROM pg_namespace n WHERE n.nspname = ?
-  UNION ALL SELECT coalesce(t.relname, c.relname), 'c' || c.oid || ':' || c.xmin, 'c' || c.oid || ':' || c.relowner
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
-    WHERE n.nspname = ?
-  UNION ALL SELECT c.relname, 's' || s.seqrelid || ':' || s.xmin, 's' || s.seqrelid FROM pg_sequence s
-    JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ?
-  UNION ALL SELECT p.proname, 'p' || p.oid || ':' || p.xmin, 'p' || p.oid || ':' || p.proowner FROM pg_proc p
-    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = ?) r
-LEFT JOIN (SELECT m.queue, m.queue || '_' || x.suffix AS name
-           FROM {self.meta} m CROSS JOIN unnest(string_to_array(?, ',')) AS x(suffix)) o ON o.name = r.name
+        """Digests of the schema's catalog rows (parameters: the schema's name, the suffixes of a
+        queue's object names, comma-separated, then the schema-wide tables' names), summed (no
+        sort): one row a queue of the metadata table, of its own relations (an index counts as
+        its table's), sequences and routines, each by its oid and xmin, so a drop, a create, most
+        ALTERs, a GRANT or REVOKE and an owner change show; and one row ('') of the schema and
+        its schema-wide tables, each by its oid and owner: what a drift check looks at there, and
+        not the grants every queue made or dropped beside it adds to or takes from the schema.
+        An unchanged digest says nothing a drift check of the queue reads was changed behind the
+        operator's back since a check found it whole. Rows are found by name, so the catalog's
+        (name, namespace) indexes serve them: the read costs the same whatever else the database
+        holds (a scan of pg_class and pg_proc grows with every queue of every schema). Column
+        changes are left to the hourly full check: reading every column costs more than the rest
+        together."""
+        return f"""WITH ns AS (SELECT oid, nspowner FROM pg_namespace WHERE nspname = ?),
+own AS (SELECT m.queue, (m.queue || '_' || x.suffix)::name AS name
+        FROM {self.meta} m CROSS JOIN unnest(string_to_array(?, ',')) AS x(suffix)),
+rel AS (SELECT o.queue, c.oid, c.xmin FROM own o
+        JOIN pg_class c ON c.relname = o.name AND c.relnamespace = (SELECT oid FROM ns))
+SELECT d.queue, coalesce(sum(hashtext(d.x)::bigint), 0)::text FROM (
+  SELECT r.queue, 'c' || r.oid || ':' || r.xmin FROM rel r
+  UNION ALL SELECT r.queue, 'c' || c.oid || ':' || c.xmin FROM rel r
+    JOIN pg_index i ON i.indrelid = r.oid JOIN pg_class c ON c.oid = i.indexrelid
+  UNION ALL SELECT r.queue, 's' || s.seqrelid || ':' || s.xmin FROM rel r JOIN pg_sequence s ON s.seqrelid = r.oid
+  UNION ALL SELECT o.queue, 'p' || p.oid || ':' || p.xmin FROM own o
+    JOIN pg_proc p ON p.proname = o.name AND p.pronamespace = (SELECT oid FROM ns)
+  UNION ALL SELECT '', 'n' || oid || ':' || nspowner FROM ns
+  UNION ALL SELECT '', 'c' || c.oid || ':' || c.relowner FROM pg_class c
+    WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relname = ANY (string_to_array(?, ','))
+) d(queue, x)
 GROUP BY 1"""
 
     # How many locks one transaction may hold on average (a statement measuring many queues
