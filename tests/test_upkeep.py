@@ -616,8 +616,49 @@ def test_an_empty_queue_whose_positions_did_not_move_keeps_its_statistics_unmeas
         q.push(b"arrives")
     assert isinstance(measure(3.0)[0], DbqError)  # the push moved it: measured, and its routine is gone
     assert memories[0].quiet is not None  # an error forgets nothing: the next good measure decides
-    assert odbc_ring.positions_of(rings)[0] != memories[0].quiet[0]
+    read = odbc_ring.positions_of(rings)[0]
+    assert read is not None and read.values != memories[0].quiet[0]
     rings[0].close()
+
+
+def test_positions_are_read_by_the_sequences_oids_once_known_and_by_name_again_after_a_failed_read(postgres):
+    from dbq.backends import odbc_ring
+    from dbq.contract.ring import quiet_sequences
+
+    schema = f"oids_{secrets.token_hex(3)}"
+    rings = [open_backend(spec_for("postgres", schema), name, from_url(postgres.url)) for name in ("a", "b")]
+    for ring in rings:
+        ring.apply()
+        ring.close()
+    with connect(postgres.url, "b", schema=schema) as q:
+        q.push(b"moves b")
+    memories = [upkeep.Memory(), upkeep.Memory()]
+    try:
+        upkeep.measure_together(rings, memories, 1.0)  # type: ignore[arg-type]
+        with contextlib.closing(postgres.admin()) as db:
+            oids = [
+                tuple(
+                    db.execute("SELECT ?::regclass::oid", f"{schema}.{seq}").fetchval()
+                    for seq in quiet_sequences(r.names)
+                )
+                for r in rings
+            ]
+            db.execute(f"CREATE SEQUENCE {schema}.gone")
+            gone = db.execute(f"SELECT '{schema}.gone'::regclass::oid").fetchval()
+            db.execute(f"DROP SEQUENCE {schema}.gone")
+        assert [m.sequences for m in memories] == oids
+        by_name, by_oid = odbc_ring.positions_of(rings), odbc_ring.positions_of(rings, oids)  # type: ignore[arg-type]
+        assert [p.values for p in by_oid] == [p.values for p in by_name] and by_name[1].values[0] == 1  # type: ignore[union-attr]
+        memories[0].sequences = (gone, *oids[0][1:])  # a sequence made anew under another oid, say
+        assert odbc_ring.positions_of(rings, [memories[0].sequences, None]) == [None, None]  # type: ignore[arg-type]
+        stats = upkeep.measure_together(rings, memories, 2.0)  # type: ignore[arg-type]
+        assert [s.depth for s in stats] == [0, 1] and memories[0].sequences is None  # type: ignore[union-attr]
+        upkeep.measure_together(rings, memories, 3.0)  # type: ignore[arg-type]
+        assert [m.sequences for m in memories] == oids
+    finally:
+        for ring in rings:
+            ring.teardown()
+            ring.close()
 
 
 def test_a_queue_s_catalog_digest_changes_with_its_own_objects_not_with_a_neighbour_made_or_dropped(postgres):

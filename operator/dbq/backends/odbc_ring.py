@@ -554,28 +554,46 @@ def measure_many(rings: Sequence[OdbcRing]) -> list[QueueStats | DbqError]:
     return out
 
 
-def positions_of(rings: Sequence[OdbcRing]) -> list[tuple[int, ...] | None]:
+@dataclass(frozen=True)
+class Positions:
+    """A queue's `quiet_sequences` read: their last values, and the sequences' oids, by which the
+    next read finds them without a catalog lookup."""
+
+    values: tuple[int, ...]
+    oids: tuple[int, ...]
+
+
+def positions_of(
+    rings: Sequence[OdbcRing], oids: Sequence[tuple[int, ...] | None] | None = None
+) -> list[Positions | None]:
     """What tells each ring's statistics unchanged while it stays empty (`quiet_sequences`), in
     order; rings of one database, read on the first ring's connection, which the caller closes.
-    As many rings a statement as the lock table allows one transaction; None for the rings of a
-    statement that failed (a queue dropped behind the operator's back, say), and for every ring
-    where no statement reads many (SQL Server)."""
+    A ring's sequences are read by the `oids` an earlier read answered where given (None: by
+    name). As many rings a statement as the lock table allows one transaction; None for the
+    rings of a statement that failed (a queue dropped behind the operator's back, or a sequence
+    made anew under another oid), and for every ring where no statement reads many (SQL
+    Server)."""
     first = rings[0]
     if first.sql.MAX_LOCKS is None:
         return [None] * len(rings)
+    known = list(oids) if oids is not None else [None] * len(rings)
     width = len(quiet_sequences(first.names))
     chunk = max(1, _max_locks_of(first) // width)
-    out: list[tuple[int, ...] | None] = []
+    out: list[Positions | None] = []
     for start in range(0, len(rings), chunk):
         part = rings[start : start + chunk]
+        statement = positions_of_many([r.names for r in part], known[start : start + chunk])
         try:
             with first._errors():
-                values = [int(row[0]) for row in first.conn.cursor().execute(
-                    positions_of_many([r.names for r in part])).fetchall()]  # fmt: skip
+                rows = [
+                    (int(oid), int(value)) for oid, value in first.conn.cursor().execute(statement).fetchall()
+                ]
         except DbqError:
             out += [None] * len(part)
             continue
-        out += [tuple(values[i : i + width]) for i in range(0, len(values), width)]
+        for i in range(0, len(rows), width):
+            read = rows[i : i + width]
+            out.append(Positions(tuple(v for _, v in read), tuple(o for o, _ in read)))
     return out
 
 

@@ -174,17 +174,23 @@ def quiet_sequences(names: QueueNames) -> tuple[str, ...]:
     return (names.push_seq, names.pop_seq, names.counter("redriven"), names.counter("purged"))
 
 
-def positions_of_many(queues: Sequence[QueueNames]) -> str:
-    """PostgreSQL: the `quiet_sequences` of many queues in one statement, one row a sequence (0
-    before its first draw), queue after queue in `queues`' order (no parameter)."""
+def positions_of_many(queues: Sequence[QueueNames], oids: Sequence[tuple[int, ...] | None]) -> str:
+    """PostgreSQL: the `quiet_sequences` of many queues in one statement, one row a sequence
+    (its oid, then its last value, 0 before its first draw), queue after queue in `queues`'
+    order (no parameter). A queue's sequences are named, or given by the oids an earlier read
+    answered: a name is looked up in the catalog, an oid is not."""
     quote = QUOTE["postgres"]
     regclasses = ", ".join(
-        "'" + f"{quote(q.schema)}.{quote(seq)}".replace("'", "''") + "'"
-        for q in queues
-        for seq in quiet_sequences(q)
+        "'" + text.replace("'", "''") + "'"
+        for q, known in zip(queues, oids, strict=True)
+        for text in (
+            [f"{quote(q.schema)}.{quote(seq)}" for seq in quiet_sequences(q)]
+            if known is None
+            else [str(int(oid)) for oid in known]
+        )
     )
     return (
-        "SELECT coalesce(pg_sequence_last_value(s.c), 0)"
+        "SELECT s.c::oid, coalesce(pg_sequence_last_value(s.c), 0)"
         f" FROM unnest(ARRAY[{regclasses}]::regclass[]) WITH ORDINALITY AS s(c, i) ORDER BY s.i"
     )
 

@@ -110,6 +110,7 @@ class Memory:
     # An empty queue: its positions (`dbq.contract.ring.quiet_sequences`) read just before
     # `last_stats` were measured in full, and when.
     quiet: tuple[tuple[int, ...], float] | None = None
+    sequences: tuple[int, ...] | None = None  # the oids of those sequences, once read
     flow: tuple[float, float] | None = None  # the rates the last full tick published
 
     def spec(self, generation: int | None, raw: dict[str, Any]) -> QueueSpec:
@@ -195,7 +196,10 @@ def measure_together(
     """The statistics of rings of one database, in order, on one connection (the caller closes
     the rings): the positions of all first, then in full only the rings not measured empty or
     whose positions moved since (`Memory.unchanged`). An idle queue costs four sequences read."""
-    positions = positions_of(rings)
+    read = positions_of(rings, [memory.sequences for memory in memories])
+    for memory, at in zip(memories, read, strict=True):
+        memory.sequences = at.oids if at is not None else None  # a failed read names them again
+    positions = [at.values if at is not None else None for at in read]
     kept = [memory.unchanged(at, now) for memory, at in zip(memories, positions, strict=True)]
     moved = [i for i, stats in enumerate(kept) if stats is None]
     measured = dict(zip(moved, measure_many([rings[i] for i in moved]) if moved else [], strict=True))
