@@ -13,6 +13,10 @@ schedule becomes every minute, and the bench holds a lock its VACUUM waits on. M
 queue's statistics samples (its history table) must keep coming: printed, the gaps between
 consecutive samples of all queues in that time, against the stats interval (15 s).
 
+Several fleet sizes (--queues 100 1000 10000) run one after the other, each in a namespace of
+its own with an operator of its own and deleted before the next; then the curve: time to Ready,
+idle cores and RSS by fleet size, per queue. --sigkill-after and --sigterm-after hit the largest.
+
     ~/.cache/dbq/venv/bin/python -m bench.control_plane --queues 1000 --steady 60
 """
 
@@ -32,6 +36,7 @@ import time
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +146,17 @@ def cpu_by_program(operator: int, parts: PostgresParts) -> Counter[str]:
     return Counter({"operator": cpu_seconds(operator)}) + cpu_of_programs(PROGRAMS) + parts.totals()
 
 
+def core_figures(since: Counter[str], until: Counter[str], seconds: float) -> dict[str, float]:
+    """Cores used between two `cpu_by_program` readings `seconds` apart, by program."""
+    return {k: (until[k] - since[k]) / seconds for k in ("operator", *PROGRAMS, *PARTS)}
+
+
+def cores_text(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in figures.items())
+
+
 def cores(since: Counter[str], until: Counter[str], seconds: float) -> str:
-    named = ("operator", *PROGRAMS, *PARTS)
-    return ", ".join(f"{k} {(until[k] - since[k]) / seconds:.2f}" for k in named)
+    return cores_text(core_figures(since, until, seconds))
 
 
 def rss_mib(pid: int) -> float:
@@ -318,7 +331,8 @@ def maintenance_gaps(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--queues", type=int, default=200)
+    ap.add_argument("--queues", type=int, nargs="+", default=[200],
+                    help="fleet sizes, smallest first: each is applied, measured and deleted in turn, then the curve")  # fmt: skip
     ap.add_argument("--singles", type=int, default=10)
     ap.add_argument("--appliers", type=int, default=8, help="threads creating the queues")
     ap.add_argument("--steady", type=float, default=90, help="seconds of steady state to count API writes")
@@ -329,13 +343,13 @@ def main() -> None:
         "--sigterm-after",
         type=float,
         default=None,
-        help="SIGTERM the operator this many seconds into the deletion, then start a successor",
+        help="SIGTERM the operator this many seconds into the deletion of the largest fleet, then start a successor",
     )
     ap.add_argument(
         "--sigkill-after",
         type=float,
         default=None,
-        help="SIGKILL the operator this many seconds after the first create, then start a successor",
+        help="SIGKILL the operator this many seconds after the largest fleet's first create, then start a successor",
     )
     ap.add_argument(
         "--settle",
@@ -344,6 +358,8 @@ def main() -> None:
         help="seconds between all Ready and the steady window (a new queue rests after stalledAfter, 5m)",
     )
     args = ap.parse_args()
+    if args.queues != sorted(args.queues):
+        ap.error("--queues: give the fleet sizes smallest first, e.g. --queues 100 1000 10000")
 
     stack = Stack()
     stack.up(("kube", "postgres"))
@@ -351,6 +367,44 @@ def main() -> None:
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     subprocess.run(["kubectl", "--kubeconfig", str(stack.kube.kubeconfig), "apply", "-k", str(ROOT / "crds")],
                    check=True, capture_output=True)  # fmt: skip
+    curve = []
+    for count in args.queues:
+        faults = count == args.queues[-1]
+        say(f"## {count} queues")
+        curve.append(run_fleet(args, stack, core, custom, count, faults))
+    if len(curve) > 1:
+        say_curve(curve)
+
+
+@dataclass
+class Figures:
+    """What the curve compares across fleet sizes."""
+
+    queues: int
+    ready_after_s: float = 0.0
+    idle: dict[str, float] = field(default_factory=dict)  # cores at steady state, by program
+    rss_mib: float = 0.0
+    gap_p95_s: float = 0.0
+    delete_s: float = 0.0
+
+
+def say_curve(curve: list[Figures]) -> None:
+    say("## the curve: cost per queue by fleet size")
+    say("queues   all Ready after   per queue   idle operator   idle PostgreSQL   per 1,000 queues (op + PG)"
+        "   RSS        stats gap p95   deleted in   per second")  # fmt: skip
+    for f in curve:
+        op, pg = f.idle.get("operator", 0.0), f.idle.get("postgres", 0.0)
+        say(f"{f.queues:>6}   {f.ready_after_s:>13.1f} s   {1000 * f.ready_after_s / f.queues:>6.1f} ms"
+            f"   {op:>10.2f} core   {pg:>12.2f} core   {1000 * (op + pg) / f.queues:>21.3f} core"
+            f"   {f.rss_mib:>5.0f} MiB   {f.gap_p95_s:>11.1f} s   {f.delete_s:>8.0f} s   {f.queues / max(f.delete_s, 1e-9):>9.1f}")  # fmt: skip
+
+
+def run_fleet(args: argparse.Namespace, stack: Stack, core: client.CoreV1Api, custom: client.CustomObjectsApi,
+              count: int, faults: bool) -> Figures:  # fmt: skip
+    """One fleet of `count` queues in a namespace of its own, from the first apply to the last
+    deletion, with an operator of its own; SIGKILL and SIGTERM (`faults`) as the options say."""
+    env = {**os.environ, "KUBECONFIG": str(stack.kube.kubeconfig)}
+    figures = Figures(count)
     ns = f"bench-{secrets.token_hex(3)}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     core.create_namespaced_secret(
@@ -360,7 +414,6 @@ def main() -> None:
         ),
     )
     log = open(stack.paths.state / "bench-operator.log", "wb")  # noqa: SIM115
-    env = {**os.environ, "KUBECONFIG": str(stack.kube.kubeconfig)}
     op = operator(ns, env, log)
     connections = ConnectionCount(stack.postgres.odbc())
     pg_parts = PostgresParts()
@@ -380,7 +433,7 @@ def main() -> None:
             )
             singles.append(readiness.wait({name}, 60)[name] - start)
 
-        names = {f"q-{i:03d}" for i in range(args.queues)}
+        names = {f"q-{i:03d}" for i in range(count)}
         schemas = {name: schema_of(name, i, args.schemas) for i, name in enumerate(sorted(names))}
         connections.phase = "apply"
         created: dict[str, float] = {}
@@ -398,26 +451,27 @@ def main() -> None:
         )
         with ThreadPoolExecutor(args.appliers + 1) as appliers:  # a GitOps tool applies several at once
             killed = None
-            if args.sigkill_after is not None:
+            if faults and args.sigkill_after is not None:
                 killed = appliers.submit(kill_and_succeed, op, args.sigkill_after, ns, env, log)
             list(appliers.map(create, sorted(names)))
             created_all = time.monotonic()
             op = killed.result() if killed is not None else op
-        ready = readiness.wait(names, max(600.0, 0.3 * args.queues))  # 10,000 take minutes
+        ready = readiness.wait(names, max(600.0, 0.3 * count))  # 10,000 take minutes
         apply_cores = (
             cores(apply_cpu, cpu_by_program(op.pid, pg_parts), time.monotonic() - apply_start)
             if killed is None
             else "not measured (the operator was killed)"
         )
-        writes_per_queue = per(apply_writes, api_writes(stack), args.queues)
+        writes_per_queue = per(apply_writes, api_writes(stack), count)
         many = [ready[n] - created[n] for n in names]
         rss = rss_mib(op.pid)
         say(f"apply-to-Ready, one queue at a time (n={len(singles)}): p50 {pct(singles, 0.5):.3f}s"
             f"  p95 {pct(singles, 0.95):.3f}s")  # fmt: skip
-        say(f"apply-to-Ready, {args.queues} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
+        say(f"apply-to-Ready, {count} queues at once:         p50 {pct(many, .5):.3f}s  p95 {pct(many, .95):.3f}s"
             f"  (all Ready after {max(ready.values()) - min(created.values()):.1f}s;"
             f" creating them took {created_all - min(created.values()):.1f}s)")  # fmt: skip
         first = min(created.values())
+        figures.ready_after_s = max(ready.values()) - first
         say("queues Ready, by seconds since the first was created: " + ", ".join(
             f"{t}s {sum(ready[n] - first <= t for n in names)}"
             for t in range(10, int(max(ready.values()) - first) + 10, 10)))  # fmt: skip
@@ -435,11 +489,12 @@ def main() -> None:
         time.sleep(args.steady)
         readiness.counting = False
         minutes = (time.monotonic() - t0) / 60
-        steady_cores = cores(cpu0, cpu_by_program(op.pid, pg_parts), minutes * 60)
+        figures.idle = core_figures(cpu0, cpu_by_program(op.pid, pg_parts), minutes * 60)
+        figures.rss_mib = rss_mib(op.pid)
         steady_writes = per(w0, api_writes(stack), minutes)
         steady = sum(steady_writes.values())
         log_rate = (log_lines(log.name) - lines0) / minutes
-        total_queues = args.queues + args.singles
+        total_queues = count + args.singles
         say(f"operator RSS with {total_queues} queues: {rss:.0f} MiB after apply,"
             f" {rss_mib(op.pid):.0f} MiB after steady state")  # fmt: skip
         say(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
@@ -448,11 +503,12 @@ def main() -> None:
         say("  Queue changes seen by a watch: " + (", ".join(
             f"{k} {v}" for k, v in readiness.changes.most_common()) or "none"))  # fmt: skip
         say(f"operator log lines at steady state: {log_rate:.1f}/min with {total_queues} idle queues")
-        say(f"CPU at steady state, cores: {steady_cores}")
+        say(f"CPU at steady state, cores: {cores_text(figures.idle)}")
         connections.phase = "maintenance"
         gaps, victim_gap, held = maintenance_gaps(
             custom, stack.postgres.odbc(), ns, schemas, args.maintenance, connections.exclude
         )
+        figures.gap_p95_s = pct(gaps, 0.95)
         say(f"stats samples while one queue's maintenance waited {held:.0f} s: gap p50 {pct(gaps, .5):.1f}s"
             f"  p95 {pct(gaps, .95):.1f}s  max {max(gaps):.1f}s (interval 15 s; target p95 <= 30 s);"
             f" the maintained queue's longest gap {victim_gap:.1f}s; RSS then {rss_mib(op.pid):.0f} MiB")  # fmt: skip
@@ -468,19 +524,19 @@ def main() -> None:
         with ThreadPoolExecutor(args.appliers) as deleters:
             list(deleters.map(lambda item: delete(custom, ns, item["metadata"]["name"]),
                               custom.list_namespaced_custom_object(G, V, ns, P)["items"]))  # fmt: skip
-        if args.sigterm_after is not None:
+        if faults and args.sigterm_after is not None:
             op = stop_and_succeed(op, args.sigterm_after, started, custom, ns, env, log)
-        deadline = time.monotonic() + max(300.0, 0.1 * args.queues)
+        deadline = time.monotonic() + max(300.0, 0.1 * count)
         while (left := count_queues(custom, ns)) and time.monotonic() < deadline:
             time.sleep(2)
-        took = time.monotonic() - started
+        took = figures.delete_s = time.monotonic() - started
         say(f"deleted the queues in {took:.0f} s from the first delete ({left} left);"
             f" connections while deleting {connections.most.get('delete', 0)}")  # fmt: skip
-        if args.sigterm_after is None:  # one operator did it all
+        if not (faults and args.sigterm_after is not None):  # one operator did it all
             say(f"CPU while deleting, cores: {cores(delete_cpu, cpu_by_program(op.pid, pg_parts), took)}")
             say("API writes while deleting, per queue: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in per(delete_writes, api_writes(stack), args.queues + args.singles).items()))  # fmt: skip
-        if args.sigterm_after is not None:
+                f"{k} {v:.2f}" for k, v in per(delete_writes, api_writes(stack), count + args.singles).items()))  # fmt: skip
+        if faults and args.sigterm_after is not None:
             say(leftovers(stack.postgres.odbc(), core, ns))
         op.send_signal(signal.SIGTERM)
         try:
@@ -489,6 +545,8 @@ def main() -> None:
             say("the operator did not stop within 60 s of SIGTERM: killed")
             op.kill()
         connections.stop.set()
+        pg_parts.stop.set()
+    return figures
 
 
 def delete(custom: client.CustomObjectsApi, ns: str, name: str) -> None:

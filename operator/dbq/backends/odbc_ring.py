@@ -280,10 +280,19 @@ class OdbcRing(OdbcBackend):
         return self._resizable and observed.slots not in (0, self.target.size) and not grown
 
     def _shared_login_sessions(self) -> int | None:
+        """Sessions of applications on the operator's login in this database, read at most every
+        SHARED_LOGIN_READ_S (pg_stat_activity costs milliseconds with hundreds of connections, and
+        every queue created or checked reports it)."""
         if self.sql.SHARED_LOGIN_SESSIONS is None:
             return None
+        key, now = self.settings.odbc(), time.monotonic()
+        read = _shared_logins.get(key)
+        if read is not None and now - read[0] < SHARED_LOGIN_READ_S:
+            return read[1]
         with self._errors():
-            return int(self.conn.cursor().execute(self.sql.SHARED_LOGIN_SESSIONS).fetchval())
+            sessions = int(self.conn.cursor().execute(self.sql.SHARED_LOGIN_SESSIONS).fetchval())
+        _shared_logins[key] = (now, sessions)
+        return sessions
 
     # --- state ----------------------------------------------------------------------------
     def checks(self) -> list[Finding]:
@@ -528,6 +537,9 @@ class OdbcRing(OdbcBackend):
 STATS_RELATIONS = 18
 # max_locks_per_transaction of each database (by connection string), read once.
 _max_locks: dict[str, int] = {}
+# Applications' sessions on the operator's login, by connection string: when read, how many.
+_shared_logins: dict[str, tuple[float, int]] = {}
+SHARED_LOGIN_READ_S = 10.0
 
 
 def measure_many(rings: Sequence[OdbcRing]) -> list[QueueStats | DbqError]:

@@ -597,11 +597,12 @@ END $$"""
     )
 
     # Rows inserted, updated and deleted in the catalogs a digest reads, database-wide, from the
-    # cumulative statistics (readable by any login): equal, and none of those catalogs changed.
+    # cumulative statistics (what pg_stat_sys_tables shows, read by the catalogs' oids: that view
+    # scans pg_class): equal, and none of those catalogs changed.
     CATALOG_CHANGES: str | None = (
-        "SELECT string_agg(relname || ' ' || n_tup_ins || ' ' || n_tup_upd || ' ' || n_tup_del, ','"
-        " ORDER BY relname) FROM pg_stat_sys_tables WHERE schemaname = 'pg_catalog'"
-        " AND relname IN ('pg_class', 'pg_index', 'pg_namespace', 'pg_proc', 'pg_sequence')"
+        "SELECT string_agg(pg_stat_get_tuples_inserted(c) || ' ' || pg_stat_get_tuples_updated(c) || ' '"
+        " || pg_stat_get_tuples_deleted(c), ',' ORDER BY c) FROM unnest(ARRAY['pg_catalog.pg_class',"
+        " 'pg_catalog.pg_index', 'pg_catalog.pg_namespace', 'pg_catalog.pg_proc', 'pg_catalog.pg_sequence']::regclass[]) AS c"
     )
 
     def catalog_digests(self) -> str | None:
