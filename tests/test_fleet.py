@@ -107,6 +107,21 @@ def test_an_empty_queue_rests_after_a_cleanup_finds_nothing_a_grace_after_its_la
     assert not memory.at_rest(grace) and memory.found_nothing_at == 0.0
 
 
+def test_a_queue_never_used_rests_from_its_first_sample_and_stops_resting_once_a_position_is_drawn():
+    memory, grace, unused = upkeep.Memory(), 300.0, stats(pushed=0, popped=0)
+    memory.measured((0, 0, 0, 0), unused, NOW)
+    memory.saw_stats(unused, NOW)
+    assert memory.untouched() and memory.at_rest(grace)  # no cleanup found nothing yet: none is needed
+    memory.measured((1, 0, 0, 0), unused, NOW + 15)  # a push position drawn, its push not committed: a hole
+    assert not memory.untouched() and not memory.at_rest(grace)
+    memory.measured((0, 0, 0, 0), unused, NOW + 30)
+    memory.saw_stats(stats(pushed=1, popped=1), NOW + 30)  # counters moved
+    assert not memory.untouched() and not memory.at_rest(grace)
+    unread = upkeep.Memory()  # positions never read (SQL Server): it rests only as any queue does
+    unread.saw_stats(unused, NOW)
+    assert not unread.untouched() and not unread.at_rest(grace)
+
+
 def test_a_queue_holding_messages_never_rests():
     for held in ({"depth": 1}, {"in_flight": 1}, {"delayed": 1}, {"archived": 1}):
         memory = upkeep.Memory()

@@ -248,6 +248,22 @@ def spec_for(backend: str, schema: str, **extra: Any) -> QueueSpec:
     return QueueSpec.model_validate(doc)
 
 
+def provisioned(
+    postgres: Any, prefix: str, names: tuple[str, ...], waiting: str | None = None
+) -> tuple[str, list[Any]]:
+    """Ring queues `names` made in a new schema named from `prefix` (their backends closed), and
+    a message pushed to the one named `waiting`."""
+    schema = f"{prefix}_{secrets.token_hex(3)}"
+    rings = [open_backend(spec_for("postgres", schema), name, from_url(postgres.url)) for name in names]
+    for ring in rings:
+        ring.apply()
+        ring.close()
+    if waiting is not None:
+        with connect(postgres.url, waiting, schema=schema) as q:
+            q.push(b"waits")
+    return schema, rings
+
+
 def paced(count: int, per_second: float, action: Any, stop: threading.Event) -> threading.Thread:
     def run() -> None:
         started = time.monotonic()
@@ -584,14 +600,7 @@ def test_an_empty_queue_whose_positions_did_not_move_keeps_its_statistics_unmeas
     from dbq.backends import odbc_ring
     from dbq.contract.ring import quiet_sequences
 
-    schema = f"quiet_{secrets.token_hex(3)}"
-    spec = spec_for("postgres", schema)
-    rings = [open_backend(spec, name, from_url(postgres.url)) for name in ("idle", "busy")]
-    for ring in rings:
-        ring.apply()
-        ring.close()
-    with connect(postgres.url, "busy", schema=schema) as q:
-        q.push(b"waits")
+    schema, rings = provisioned(postgres, "quiet", ("idle", "busy"), waiting="busy")
     memories = [upkeep.Memory(), upkeep.Memory()]
 
     def measure(at: float) -> list[QueueStats | Exception]:
@@ -625,13 +634,7 @@ def test_positions_are_read_by_the_sequences_oids_once_known_and_by_name_again_a
     from dbq.backends import odbc_ring
     from dbq.contract.ring import quiet_sequences
 
-    schema = f"oids_{secrets.token_hex(3)}"
-    rings = [open_backend(spec_for("postgres", schema), name, from_url(postgres.url)) for name in ("a", "b")]
-    for ring in rings:
-        ring.apply()
-        ring.close()
-    with connect(postgres.url, "b", schema=schema) as q:
-        q.push(b"moves b")
+    schema, rings = provisioned(postgres, "oids", ("a", "b"), waiting="b")
     memories = [upkeep.Memory(), upkeep.Memory()]
     try:
         upkeep.measure_together(rings, memories, 1.0)  # type: ignore[arg-type]
@@ -718,11 +721,7 @@ def test_catalog_digests_are_kept_while_the_catalog_change_counters_stay_and_rea
 ):
     from dbq.backends.odbc_ring import catalog_digests
 
-    schema = f"counters_{secrets.token_hex(3)}"
-    a, b = (open_backend(spec_for("postgres", schema), name, from_url(postgres.url)) for name in ("a", "b"))
-    for ring in (a, b):
-        ring.apply()
-        ring.close()
+    schema, (a, b) = provisioned(postgres, "counters", ("a", "b"))
     try:
         kept = catalog_digests(a)  # type: ignore[arg-type]
         assert kept is not None

@@ -166,13 +166,20 @@ class Memory:
         leased, delayed or archived, so no lease or time to live can end and nothing ages into
         a repair), and a cleanup that found nothing ran at least `stalled_after_s` after its
         counters last moved (so a hole or orphan left by that last move was old enough to be
-        repaired then). A move ends it (`saw_stats`)."""
+        repaired then), or it was never used (`untouched`). A move ends it (`saw_stats`)."""
         s = self.last_stats
         return (
             s is not None
             and not (s.depth or s.in_flight or s.delayed or s.archived)
-            and self.found_nothing_at >= self.moved_at + stalled_after_s
+            and (self.found_nothing_at >= self.moved_at + stalled_after_s or self.untouched())
         )
+
+    def untouched(self) -> bool:
+        """Never used since it was made: its positions, read when it was last measured empty,
+        were all at their start and every counter is at zero. No position was ever drawn and
+        nothing taken, so a cleanup has nothing to repair (a queue just created rests at once)."""
+        s = self.last_stats
+        return self.quiet is not None and not any(self.quiet[0]) and s is not None and not any(counters(s))
 
     def remember_sample(self, stats: QueueStats, now: float, window_s: float) -> None:
         """A sample recorded in the history table; those older than the window are let go."""
