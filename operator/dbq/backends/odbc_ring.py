@@ -507,12 +507,17 @@ class OdbcRing(OdbcBackend):
         finally:
             conn.close()
 
-    def teardown(self) -> None:
+    def teardown(self) -> bool:
+        """Its objects dropped, its rows in the schema's tables deleted, its roles dropped, and
+        the schema with its last queue: False when none of its tables or sequences nor its
+        metadata row was left (a deletion run again after it finished, say)."""
         with self._locked_transaction() as cur:
             if not cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
-                return
+                return False
             tables = relations(cur, self.sql, self.names.schema, [self.names.meta])
             recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
+            own = [*self.names.tables, *self.names.sequences]
+            found = recorded is not None or bool(relations(cur, self.sql, self.names.schema, own))
             if recorded is not None and recorded.dead_letter_queue:
                 # Its dead letters kept by another queue go with it.
                 keeper = QueueNames.of_qualified(recorded.dead_letter_queue)
@@ -529,6 +534,7 @@ class OdbcRing(OdbcBackend):
                 ensure_helper(cur, self.settings.database, self.settings.username)
             for statement in self.sql.drop_roles():
                 cur.execute(statement)
+        return found
 
 
 # Relations a queue's `stats` locks: its eleven counter sequences, its pop sequence, the spill

@@ -348,7 +348,7 @@ def delete(
                     out.events.append(Event("Warning", "DeletionBlocked", message))
                     out.error = DbqError(message)
                     return out
-            backend.teardown()
+            dropped = backend.teardown()
         finally:
             backend.close()
     except DbqError as e:
@@ -360,5 +360,6 @@ def delete(
         out.error = e
         out.events.append(Event("Warning", e.reason, f"cannot delete yet: {e}"))
         return out
-    out.events.append(Event("Normal", "Deleted", f"dropped queue {queue} ({policy})"))
+    if dropped:  # a deletion run again after it dropped everything (its operator stopped) says nothing
+        out.events.append(Event("Normal", "Deleted", f"dropped queue {queue} ({policy})"))
     return out

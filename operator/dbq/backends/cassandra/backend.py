@@ -251,9 +251,11 @@ class CassandraPipes(CassandraSession):
         at, pushed, popped, acquired = rows[0]
         return Earlier((now - int(at)) / 1000, int(pushed), int(popped) + int(acquired))
 
-    def teardown(self) -> None:
+    def teardown(self) -> bool:
+        """True: what was left of it is not looked at first."""
         with keyspace_lock(self.settings, self.names.schema):
             self._teardown()
+        return True
 
     def _teardown(self) -> None:
         observed = self.observe()

@@ -233,10 +233,11 @@ class ServiceBrokerQueue(OdbcBackend):
             conn.close()
 
     # --- teardown -------------------------------------------------------------------------------
-    def teardown(self) -> None:
+    def teardown(self) -> bool:
         """Every conversation ended WITH CLEANUP, then services, queues, contract, message types,
         sequences and the queue's rows in the shared tables, in that order; the schema goes with
-        its last queue. (Whether messages may be dropped is decided before: `reconcile.delete`.)"""
+        its last queue. (Whether messages may be dropped is decided before: `reconcile.delete`.)
+        True: what was left of it is not looked at first."""
         with self._locked_transaction() as cur:
             if cur.execute(self.sql.shared.OBSERVE_SCHEMA, self.names.schema).fetchval():
                 cur.execute(self.sql.end_all_conversations()).fetchall()
@@ -245,3 +246,4 @@ class ServiceBrokerQueue(OdbcBackend):
                 if self.names.meta in relations(cur, self.sql.shared, self.names.schema, [self.names.meta]):
                     for statement in self.sql.shared.drop_schema_if_unused():
                         cur.execute(statement)
+        return True
