@@ -129,8 +129,9 @@ def test_a_size_change_resizes_the_ring_online_and_says_so_until_the_older_ring_
         assert taken == [f"a{i}" for i in range(64)] + [f"b{i}" for i in range(256)]  # the older ring first
         done = cluster.wait_condition("grow-q", "Resizing", "False", timeout=60, reason="Resized")
         assert "dropped" in done["message"]
-    reasons = {e.reason: e.message for e in cluster.events("grow-q")}
-    assert "ResizeStarted" in reasons and "Resized" in reasons
+    # kopf posts the Events after the status write that holds the condition.
+    wait_for(lambda: {"ResizeStarted", "Resized"} <= {e.reason for e in cluster.events("grow-q")}, 30,
+             "ResizeStarted and Resized Events")  # fmt: skip
     cur = postgres.connect().cursor()
     assert cur.execute(f'SELECT first_pos, size FROM "{schema}".grow_q_gens').fetchall()[0][1] == 256
     assert cur.execute(f'SELECT count(*) FROM "{schema}".grow_q_gens').fetchval() == 1
