@@ -514,20 +514,22 @@ class OdbcRing(OdbcBackend):
         with self._locked_transaction() as cur:
             if not cur.execute(self.sql.OBSERVE_SCHEMA, self.names.schema).fetchval():
                 return False
-            tables = relations(cur, self.sql, self.names.schema, [self.names.meta])
-            recorded = self._recorded(cur, self.names) if self.names.meta in tables else None
-            own = [*self.names.tables, *self.names.sequences]
-            found = recorded is not None or bool(relations(cur, self.sql, self.names.schema, own))
+            meta = self.names.meta
+            present = relations(
+                cur, self.sql, self.names.schema, [meta, *self.names.tables, *self.names.sequences]
+            )
+            recorded = self._recorded(cur, self.names) if meta in present else None
+            found = recorded is not None or any(name != meta for name in present)
             if recorded is not None and recorded.dead_letter_queue:
                 # Its dead letters kept by another queue go with it.
                 keeper = QueueNames.of_qualified(recorded.dead_letter_queue)
                 if keeper.dead in relations(cur, self.sql, keeper.schema, [keeper.dead]):
                     cur.execute(self.sql.forget_dead_letters(keeper))
             for statement in self.sql.drop():
-                if statement.startswith("DELETE FROM") and self.names.meta not in tables:
+                if statement.startswith("DELETE FROM") and meta not in present:
                     continue
                 cur.execute(statement)
-            if self.names.meta in tables:
+            if meta in present:
                 for statement in self.sql.drop_schema_if_unused():
                     cur.execute(statement)
             if self.settings.backend == "postgres":
