@@ -355,7 +355,7 @@ def main() -> None:
         "--settle",
         type=float,
         default=5,
-        help="seconds between all Ready and the steady window (a new queue rests after stalledAfter, 5m)",
+        help="seconds between all Ready and the steady window (a used queue rests after stalledAfter, 5m)",
     )
     args = ap.parse_args()
     if args.queues != sorted(args.queues):
@@ -405,6 +405,7 @@ def run_fleet(args: argparse.Namespace, stack: Stack, core: client.CoreV1Api, cu
     deletion, with an operator of its own; SIGKILL and SIGTERM (`faults`) as the options say."""
     env = {**os.environ, "KUBECONFIG": str(stack.kube.kubeconfig)}
     figures = Figures(count)
+    sigkill_after, sigterm_after = (args.sigkill_after, args.sigterm_after) if faults else (None, None)
     ns = f"bench-{secrets.token_hex(3)}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     core.create_namespaced_secret(
@@ -451,8 +452,8 @@ def run_fleet(args: argparse.Namespace, stack: Stack, core: client.CoreV1Api, cu
         )
         with ThreadPoolExecutor(args.appliers + 1) as appliers:  # a GitOps tool applies several at once
             killed = None
-            if faults and args.sigkill_after is not None:
-                killed = appliers.submit(kill_and_succeed, op, args.sigkill_after, ns, env, log)
+            if sigkill_after is not None:
+                killed = appliers.submit(kill_and_succeed, op, sigkill_after, ns, env, log)
             list(appliers.map(create, sorted(names)))
             created_all = time.monotonic()
             op = killed.result() if killed is not None else op
@@ -496,7 +497,7 @@ def run_fleet(args: argparse.Namespace, stack: Stack, core: client.CoreV1Api, cu
         log_rate = (log_lines(log.name) - lines0) / minutes
         total_queues = count + args.singles
         say(f"operator RSS with {total_queues} queues: {rss:.0f} MiB after apply,"
-            f" {rss_mib(op.pid):.0f} MiB after steady state")  # fmt: skip
+            f" {figures.rss_mib:.0f} MiB after steady state")  # fmt: skip
         say(f"API writes at steady state ({args.steady:.0f}s, drift timer every 60s): {steady:.1f}/min in all, "
             f"{(steady - baseline) / total_queues:.3f} per queue per minute (idle baseline {baseline:.1f}/min)")  # fmt: skip
         say("  by request: " + ", ".join(f"{k} {v:.1f}/min" for k, v in steady_writes.items()))
@@ -524,19 +525,19 @@ def run_fleet(args: argparse.Namespace, stack: Stack, core: client.CoreV1Api, cu
         with ThreadPoolExecutor(args.appliers) as deleters:
             list(deleters.map(lambda item: delete(custom, ns, item["metadata"]["name"]),
                               custom.list_namespaced_custom_object(G, V, ns, P)["items"]))  # fmt: skip
-        if faults and args.sigterm_after is not None:
-            op = stop_and_succeed(op, args.sigterm_after, started, custom, ns, env, log)
+        if sigterm_after is not None:
+            op = stop_and_succeed(op, sigterm_after, started, custom, ns, env, log)
         deadline = time.monotonic() + max(300.0, 0.1 * count)
         while (left := count_queues(custom, ns)) and time.monotonic() < deadline:
             time.sleep(2)
         took = figures.delete_s = time.monotonic() - started
         say(f"deleted the queues in {took:.0f} s from the first delete ({left} left);"
             f" connections while deleting {connections.most.get('delete', 0)}")  # fmt: skip
-        if not (faults and args.sigterm_after is not None):  # one operator did it all
+        if sigterm_after is None:  # one operator did it all
             say(f"CPU while deleting, cores: {cores(delete_cpu, cpu_by_program(op.pid, pg_parts), took)}")
             say("API writes while deleting, per queue: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in per(delete_writes, api_writes(stack), count + args.singles).items()))  # fmt: skip
-        if faults and args.sigterm_after is not None:
+        if sigterm_after is not None:
             say(leftovers(stack.postgres.odbc(), core, ns))
         op.send_signal(signal.SIGTERM)
         try:
