@@ -1307,12 +1307,12 @@ ALTER TABLE [shopq].[dbq_queues] ADD max_body_bytes int NOT NULL DEFAULT 1048576
 
 MERGE [shopq].[dbq_queues] WITH (HOLDLOCK) AS m
 USING (SELECT N'orders' AS queue) AS s ON m.queue = s.queue
-WHEN MATCHED THEN UPDATE SET schema_version = 24, message_bytes = 300,
+WHEN MATCHED THEN UPDATE SET schema_version = 25, message_bytes = 300,
   max_attempts = 5, archive = 1, dead_letter_queue = N'', header_bytes = 1024,
   max_headers = 32, max_body_bytes = 1048576, updated_at = SYSUTCDATETIME()
 WHEN NOT MATCHED THEN INSERT (queue, design, schema_version, ring_size, message_bytes, max_attempts, archive,
     dead_letter_queue, header_bytes, max_headers, max_body_bytes)
-  VALUES (s.queue, N'ring', 24, 1000, 300, 5, 1, N'',
+  VALUES (s.queue, N'ring', 25, 1000, 300, 5, 1, N'',
     1024, 32, 1048576);
 
 -- step secure

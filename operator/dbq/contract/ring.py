@@ -22,7 +22,7 @@ CONTENT_BUCKETS = 8
 # Version of the objects dbq creates for a ring queue. Bump it when routines or tables change;
 # provisioning then re-creates the routines and records the new version, and a client refuses a
 # queue of another version.
-RING_SCHEMA_VERSION = 24
+RING_SCHEMA_VERSION = 25
 # Version of the PGMQ facade (schema pgmq, `dbq/backends/postgres/pgmq_facade.sql`), installed
 # once per database: bump it when the facade changes, and provisioning installs it again.
 PGMQ_FACADE_VERSION = 2

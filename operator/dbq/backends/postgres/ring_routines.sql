@@ -41,6 +41,13 @@
 -- message hold their body in their own row. A body of at most {max_bytes} bytes never touches
 -- {content}: its path runs no added statement.
 --
+-- {plan_once} (plan_cache_mode = force_generic_plan) marks the routines of a message's path
+-- (push, take, ack and the rest a client calls for each message or batch): their statements are
+-- planned once per session. PostgreSQL would otherwise plan some again at every call: a plan for
+-- the call's own values (generate_series(1, n) of the call's n, say) always looks cheaper than
+-- the generic plan, and planning cost these routines a fifth of their time. Maintenance and
+-- reading routines keep plans for the values of each call.
+--
 -- take/pop/pop_many answer with packed records. Status codes: 0 message; 1 queue empty;
 -- 2 position `id` was drawn but its message is not written yet (call take(id) until it arrives,
 -- or release it); 3 position gone (draw again). In a ring row, state 1 always has lease 0 and
@@ -78,6 +85,24 @@ BEGIN
   WHERE t = 'null' OR (octet_length(e::text) <= {header_bytes} AND t = 'object')
     OR {fn_check_headers}(octet_length(e::text), t) IS NULL;
   RETURN coalesce(v_out, '{}');
+END $fn$
+--;;
+CREATE OR REPLACE FUNCTION {fn_split_bodies}(p_bodies bytea, p_lengths text, p_verb text) RETURNS bytea[]
+LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE v_lengths int[] := string_to_array(p_lengths, ',')::int[]; v_out bytea[] := '{}'; v_at int := 1; v_i int;
+BEGIN
+  -- push_many's and defer's bodies: they arrive end to end in one bytea, with their lengths as
+  -- comma-separated text (two parameters any driver binds, and no encoding to undo). A loop
+  -- costs half what a query with a running sum does.
+  FOR v_i IN 1..coalesce(cardinality(v_lengths), 0) LOOP
+    v_out[v_i] := substring(p_bodies FROM v_at FOR v_lengths[v_i]);
+    v_at := v_at + v_lengths[v_i];
+  END LOOP;
+  IF v_at - 1 <> coalesce(octet_length(p_bodies), 0) THEN
+    RAISE EXCEPTION 'dbq: % got % bytes of bodies but lengths adding up to %',
+      p_verb, coalesce(octet_length(p_bodies), 0), v_at - 1 USING ERRCODE = '22023';
+  END IF;
+  RETURN v_out;
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_headers_of_dead}(p_headers text, p_error text, p_attempts int) RETURNS text
@@ -148,7 +173,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push}(p_body bytea, p_ttl_ms bigint, p_headers text DEFAULT NULL, OUT o_id bigint)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_used bigint; v_now timestamptz := clock_timestamp(); v_slot bytea := p_body; v_wake boolean;
   v_fenced boolean; v_base bigint; v_size bigint;
 BEGIN
@@ -198,20 +223,10 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push_many}(p_bodies bytea, p_lengths text, p_ttl_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql {definer} AS $fn$
-DECLARE v_bodies bytea[]; v_total bigint;
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 BEGIN
-  -- The bodies arrive end to end in one bytea, with their lengths as comma-separated text: two
-  -- parameters any driver binds, and no encoding to undo.
-  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(e)
-  INTO v_bodies, v_total
-  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
-        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
-  IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
-    RAISE EXCEPTION 'dbq: push_many got % bytes of bodies but lengths adding up to %',
-      coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
-  END IF;
-  o_ids := array_to_string({fn_push_array}(coalesce(v_bodies, '{}'), {fn_split_headers}(p_headers), p_ttl_ms), ',');
+  o_ids := array_to_string(
+    {fn_push_array}({fn_split_bodies}(p_bodies, p_lengths, 'push_many'), {fn_split_headers}(p_headers), p_ttl_ms), ',');
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_push_array}(p_bodies bytea[], p_headers text[], p_ttl_ms bigint)
@@ -282,7 +297,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_take}(p_pos bigint, p_lease_ms bigint, p_count boolean DEFAULT true)
 RETURNS bytea
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_now timestamptz := clock_timestamp(); v_msg bigint; v_state smallint; v_exp timestamptz;
   v_big boolean; o_status int := 2; o_id bigint := p_pos; o_body bytea; o_lease bigint; o_attempts int;
   o_headers text;
@@ -347,7 +362,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop}(p_lease_ms bigint, p_count boolean DEFAULT true) RETURNS bytea
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_exp timestamptz; v_ahead bigint; v_pos bigint; v_i int := 0; v_now timestamptz := clock_timestamp();
   v_rec bytea; o_status int := 1; o_id bigint; o_body bytea; o_lease bigint; o_attempts int; o_headers text;
   -- Redeliveries (nacked messages, expired leases, rescued orphans) wait in the spill table.
@@ -444,11 +459,11 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_pop_many}(p_max int, p_lease_ms bigint) RETURNS bytea
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE
   v_rec bytea; v_out bytea := ''; v_got int := 0; v_k int; v_pos bigint[]; v_pushed bigint; v_popped bigint;
   v_p bigint; v_now timestamptz := clock_timestamp(); v_taken bigint[]; v_msgs int := 0; v_wait boolean := false;
-  v_bigs bigint[];
+  v_bigs bigint[]; v_first bigint; v_base bigint; v_size bigint;
 BEGIN
   -- Counted once, at the end: the totals are sequences, which a rollback (a deadlock victim
   -- retried by its client) does not undo, so nothing is counted before the last lock is taken.
@@ -461,7 +476,10 @@ BEGIN
     v_got := v_got + 1;
   END LOOP;
   v_msgs := v_got;
-  SELECT {last_pushed}, {last_popped} INTO v_pushed, v_popped;
+  -- The positions, and the newest generation: the slot of a position in it is computed, an older
+  -- one's is looked up. A position of a generation switched to since goes to take() in step 3.
+  SELECT {last_pushed}, {last_popped}, gen.first_pos, gen.slot_base, gen.size
+    INTO v_pushed, v_popped, v_first, v_base, v_size FROM {newest} gen;
   v_k := least(p_max - v_got, greatest(v_pushed - v_popped, 0));
   IF v_k <= 0 OR v_wait THEN
     IF v_out = '' THEN
@@ -472,11 +490,11 @@ BEGIN
   ELSE
     -- 2. The ring: draw up to k positions in one statement, claim their slots in one update,
     -- and pack what it took into one value, in push order. Each position is drawn only while a
-    -- push is still ahead (as in pop): poppers drawing at once never pass the pushes, whose
-    -- positions they would wait for in vain.
+    -- push read above is still ahead (as in pop): poppers drawing at once never pass the pushes,
+    -- whose positions they would wait for in vain.
     SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
       SELECT nextval('{pop_seq}') AS p FROM generate_series(1, v_k) g
-      WHERE {last_pushed} > {last_popped}) d;  -- volatile: looked at again for each row
+      WHERE v_pushed > {last_popped}) d;  -- volatile: looked at again for each row
     v_pos := coalesce(v_pos, '{}');
     v_k := cardinality(v_pos);
     -- A body in {content} is read in the same statement (COALESCE evaluates the subquery only
@@ -484,7 +502,8 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+          AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}'),
@@ -505,7 +524,8 @@ BEGIN
         UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+        WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+          AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
       SELECT coalesce(string_agg({row_record}, ''::bytea ORDER BY msg_id), ''), coalesce(array_agg(msg_id), '{}')
@@ -532,7 +552,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_release}(p_positions text, OUT o_released int)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 BEGIN
   -- The popper that drew these positions gives up waiting: remember them, so whoever finds
   -- their messages later (pop on an empty ring, or repair) delivers them.
@@ -542,7 +562,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack}(p_id bigint, p_lease bigint, OUT o_ok int)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_n bigint; v_big boolean;
 BEGIN
   -- o_ok is an int: psqlODBC hands booleans over as '0'/'1' text. RETURNING counts the ack.
@@ -579,15 +599,20 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_ack_many}(p_ids text, p_leases text, OUT o_acked text)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_ids bigint[] := string_to_array(p_ids, ',')::bigint[];
   v_leases bigint[] := string_to_array(p_leases, ',')::bigint[]; v_done bigint[]; v_bigs bigint[];
+  v_first bigint; v_base bigint; v_size bigint;
 BEGIN
+  -- The newest generation: the slot of a message in it is computed, an older one's looked up.
+  SELECT gen.first_pos, gen.slot_base, gen.size INTO v_first, v_base, v_size FROM {newest} gen;
   -- Two statements, not one: a lease moved from the ring to the spill table while the first
-  -- ran is seen by the second, which takes a fresh snapshot.
+  -- ran is seen by the second, which takes a fresh snapshot. The second runs only for the
+  -- messages the first did not find.
   WITH acked AS (
     UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-    WHERE r.slot = {slot_of:a.id} AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
+    WHERE r.slot = CASE WHEN a.id >= v_first THEN v_base + a.id % v_size ELSE {slot_of:a.id} END
+      AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id, r.body IS NULL AS big)
   SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
   -- if archive
@@ -598,7 +623,8 @@ BEGIN
   FROM unnest(v_done) d(id) JOIN {ring} r ON r.slot = {slot_of:d.id} AND r.msg_id = d.id;
   WITH acked AS (
     DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
-    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
+    WHERE cardinality(v_done) < cardinality(v_ids)
+      AND s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
     RETURNING s.msg_id, s.attempts, s.pushed_at, s.body, s.headers),
   kept AS (
     INSERT INTO {archive} (msg_id, attempts, pushed_at, acked_at, body, headers)
@@ -610,12 +636,14 @@ BEGIN
   INTO v_done, v_bigs FROM acked;
   PERFORM nextval('{n_archived}') FROM unnest(v_done);
   -- else
-  WITH acked AS (
-    DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
-    WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
-    RETURNING s.msg_id, s.body IS NULL AS big)
-  SELECT v_done || coalesce(array_agg(msg_id), '{}'), v_bigs || array_agg(msg_id) FILTER (WHERE big)
-  INTO v_done, v_bigs FROM acked;
+  IF cardinality(v_done) < cardinality(v_ids) THEN
+    WITH acked AS (
+      DELETE FROM {spill} s USING unnest(v_ids, v_leases) a(id, lease)
+      WHERE s.msg_id = a.id AND s.state = 2 AND s.lease = a.lease AND s.visible_at > clock_timestamp() AND s.msg_id <> ALL (v_done)
+      RETURNING s.msg_id, s.body IS NULL AS big)
+    SELECT v_done || coalesce(array_agg(msg_id), '{}'), v_bigs || array_agg(msg_id) FILTER (WHERE big)
+    INTO v_done, v_bigs FROM acked;
+  END IF;
   -- end if
   PERFORM nextval('{n_popped}'), nextval('{n_settled}') FROM unnest(v_done);
   IF v_bigs IS NOT NULL THEN
@@ -625,7 +653,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_nack}(p_id bigint, p_lease bigint, p_delay_ms bigint, p_error text, OUT o_ok int)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_visible timestamptz := clock_timestamp() + greatest(p_delay_ms, 0) * interval '1 millisecond';
   v_attempts int; v_pushed timestamptz; v_expires timestamptz; v_body bytea; v_headers text;
   v_spilled boolean := false;
@@ -868,21 +896,15 @@ $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_defer}(p_bodies bytea, p_lengths text, p_ttl_ms bigint, p_delay_ms bigint,
   p_headers text DEFAULT NULL, OUT o_ids text)
-LANGUAGE plpgsql {definer} AS $fn$
-DECLARE v_bodies bytea[]; v_big int; v_total bigint; v_ids bigint[]; v_headers text[] := {fn_split_headers}(p_headers);
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
+DECLARE v_bodies bytea[] := {fn_split_bodies}(p_bodies, p_lengths, 'defer'); v_big int; v_ids bigint[];
+  v_headers text[] := {fn_split_headers}(p_headers);
   v_now timestamptz := clock_timestamp(); v_visible timestamptz;
 BEGIN
   -- Delayed messages wait aside, in the spill table, until they are due; the ring's head never
   -- waits for them. Each takes a push position, given up at once as void (poppers skip it), so
   -- its id is in push order with the others.
-  SELECT array_agg(substring(coalesce(p_bodies, '') FROM (e - n + 1)::int FOR n) ORDER BY i), max(n), max(e)
-  INTO v_bodies, v_big, v_total
-  FROM (SELECT i, n, sum(n) OVER (ORDER BY i) AS e
-        FROM unnest(string_to_array(p_lengths, ',')::int[]) WITH ORDINALITY AS x(n, i)) s;
-  IF coalesce(v_total, 0) <> coalesce(octet_length(p_bodies), 0) THEN
-    RAISE EXCEPTION 'dbq: defer got % bytes of bodies but lengths adding up to %',
-      coalesce(octet_length(p_bodies), 0), coalesce(v_total, 0) USING ERRCODE = '22023';
-  END IF;
+  SELECT max(octet_length(b)) INTO v_big FROM unnest(v_bodies) b;
   IF v_big > {max_body_bytes} THEN  -- a delayed message's spill row holds its body, whatever its size
     RAISE EXCEPTION 'dbq: message of % bytes is larger than spec.messages.maxBytes ({max_body_bytes}) of queue {queue}',
       v_big USING ERRCODE = '22001';
@@ -904,7 +926,7 @@ BEGIN
 END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_extend}(p_id bigint, p_lease bigint, p_visibility_ms bigint, OUT o_ok int)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_until timestamptz := clock_timestamp() + greatest(p_visibility_ms, 1) * interval '1 millisecond';
 BEGIN
   -- A handler still working keeps its lease: visible again only `p_visibility_ms` from now.
@@ -972,13 +994,13 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_read}(p_qty int, p_visibility_ms bigint, p_wait_ms bigint DEFAULT 0)
 RETURNS TABLE (msg_id bigint, lease bigint, attempts int, enqueued_at timestamptz, visible_at timestamptz,
   headers jsonb, body bytea)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 #variable_conflict use_column
 DECLARE
   v_until timestamptz := clock_timestamp() + greatest(p_wait_ms, 0) * interval '1 millisecond';
   v_now timestamptz; v_lease_end timestamptz; v_due bigint[]; v_pos bigint[]; v_left bigint[]; v_gone bigint[];
   v_bigs bigint[]; v_k int; v_got int; v_n int; v_p bigint; v_rec bytea; v_h int; v_since timestamptz;
-  v_ms bigint; v_leased boolean := p_visibility_ms > 0;
+  v_ms bigint; v_leased boolean := p_visibility_ms > 0; v_pushed bigint; v_first bigint; v_base bigint; v_size bigint;
   v_grace interval := CASE WHEN p_visibility_ms > 0 THEN least({hole_grace_ms}, greatest(p_visibility_ms / 4, 1))
     ELSE {hole_grace_ms} END * interval '1 millisecond';
 BEGIN
@@ -1049,12 +1071,14 @@ BEGIN
       GET DIAGNOSTICS v_got = ROW_COUNT;
     END IF;
     -- 2. The ring, in push order: positions drawn only while a push is ahead (as pop_many
-    -- draws them), their slots claimed by one statement that answers the rows.
-    v_k := least(p_qty - v_got, greatest({last_pushed} - {last_popped}, 0));
+    -- draws them), their slots claimed by one statement that answers the rows (computed in the
+    -- newest generation, looked up in an older one, as pop_many does).
+    SELECT {last_pushed}, least(p_qty - v_got, greatest({last_pushed} - {last_popped}, 0)), gen.first_pos, gen.slot_base, gen.size
+      INTO v_pushed, v_k, v_first, v_base, v_size FROM {newest} gen;
     IF v_k > 0 THEN
       SELECT array_agg(d.p ORDER BY d.p) INTO v_pos FROM (
         SELECT nextval('{pop_seq}') AS p FROM generate_series(1, v_k) g
-        WHERE {last_pushed} > {last_popped}) d;  -- volatile: looked at again for each row
+        WHERE v_pushed > {last_popped}) d;  -- volatile: looked at again for each row
     ELSE
       v_pos := NULL;
     END IF;
@@ -1065,7 +1089,8 @@ BEGIN
           UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
             attempts = r.attempts + 1, visible_at = v_lease_end
           FROM unnest(v_pos) p(pos)
-          WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+            AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.headers, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
         SELECT t.msg_id, t.lease, t.attempts, t.pushed_at, v_lease_end, t.headers::jsonb, t.body FROM t ORDER BY t.msg_id;
@@ -1073,7 +1098,8 @@ BEGIN
         RETURN QUERY
         WITH t AS (
           UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-          WHERE r.slot = {slot_of:p.pos} AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
+          WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+            AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.attempts, r.pushed_at, r.headers, r.body IS NULL AS big, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body),
         c AS (DELETE FROM {content} c USING t WHERE t.big AND c.bucket = t.msg_id % {buckets} AND c.msg_id = t.msg_id)
@@ -1145,7 +1171,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_send}(p_body bytea, p_headers jsonb DEFAULT NULL, p_delay_ms bigint DEFAULT 0,
   p_ttl_ms bigint DEFAULT 0)
-RETURNS bigint LANGUAGE plpgsql {definer} AS $fn$
+RETURNS bigint LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_id bigint;
 BEGIN
   PERFORM {fn_check_send}(1, p_delay_ms, p_ttl_ms, p_body IS NULL);
@@ -1165,7 +1191,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_send_batch}(p_bodies bytea[], p_headers jsonb[] DEFAULT NULL,
   p_delay_ms bigint DEFAULT 0, p_ttl_ms bigint DEFAULT 0)
-RETURNS TABLE (msg_id bigint) LANGUAGE plpgsql {definer} AS $fn$
+RETURNS TABLE (msg_id bigint) LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 DECLARE v_n int := coalesce(cardinality(p_bodies), 0); v_bodies bytea; v_lengths text; v_texts text[];
   v_ids bigint[];
 BEGIN
@@ -1229,7 +1255,7 @@ END $fn$
 -- on it is lost. An id not there (never sent, or ended already) is left out of the answer.
 CREATE OR REPLACE FUNCTION {fn_delete}(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 #variable_conflict use_column
 DECLARE v_ids bigint[] := coalesce(p_ids, '{}'::bigint[]); v_ring bigint[]; v_spill bigint[]; v_leased bigint;
 BEGIN
@@ -1285,7 +1311,7 @@ END $fn$
 --;;
 CREATE OR REPLACE FUNCTION {fn_archive}(p_ids bigint[])
 RETURNS TABLE (msg_id bigint)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 BEGIN
   -- delete, for a queue that keeps an archive; refused for one that does not, where nothing would
   -- ever remove the copies.
@@ -1300,7 +1326,7 @@ END $fn$
 CREATE OR REPLACE FUNCTION {fn_set_vt}(p_ids bigint[], p_visibility_ms bigint)
 RETURNS TABLE (msg_id bigint, lease bigint, attempts int, enqueued_at timestamptz, visible_at timestamptz,
   headers jsonb, body bytea)
-LANGUAGE plpgsql {definer} AS $fn$
+LANGUAGE plpgsql {definer} {plan_once} AS $fn$
 #variable_conflict use_column
 DECLARE v_id bigint; v_state smallint; v_visible timestamptz;
 BEGIN

@@ -33,13 +33,14 @@ FILLFACTOR = 50
 
 
 class PgRing(RingSqlBase):
-    # stats calls oldest_age; pushes check headers, nack and repair write dead letters' headers;
-    # takes read a body kept in the content table
+    # stats calls oldest_age; pushes check headers and split batches, nack and repair write dead
+    # letters' headers; takes read a body kept in the content table
     ROUTINES: tuple[str, ...] = (
         *PG_ROUTINES,
         "oldest_age",
         "check_headers",
         "split_headers",
+        "split_bodies",
         "headers_of_dead",
         "body_of",
         # what a login reads, through routines (version 20 on)
@@ -142,6 +143,8 @@ class PgRing(RingSqlBase):
                 # The routines a login calls run as the owner role, finding nothing but
                 # pg_catalog and the queue's schema by an unqualified name (pg_temp last).
                 "definer": f"SECURITY DEFINER SET search_path = pg_catalog, {self.schema}, pg_temp",
+                # A message's routines plan their statements once per session (ring_routines.sql).
+                "plan_once": "SET plan_cache_mode = force_generic_plan",
                 "meta": self.meta,
                 "history": self.history,
                 "own_dead": self.own_dead,
