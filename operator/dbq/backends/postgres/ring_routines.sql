@@ -23,7 +23,8 @@
 -- shared side of the lock a switch takes exclusively: every push takes it before it draws a
 -- position, so no position is drawn between the moment a switch reads the boundary and its
 -- commit, and a push's positions are all in the newest generation its next statement reads
--- (`dbq.backends.ring_resize`).
+-- (`dbq.backends.ring_resize`). {slot_near:P} is the same slot computed from the newest
+-- generation a routine read into v_first, v_base and v_size, looked up only for an older position.
 --
 -- Lines between `-- if archive` and `-- end if` (or `-- else`) are kept only for a queue with
 -- spec.archive enabled: a queue without it runs exactly the statements it ran before archives.
@@ -502,7 +503,7 @@ BEGIN
     IF p_lease_ms <= 0 THEN
       WITH t AS (
         UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-        WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+        WHERE r.slot = {slot_near:p.pos}
           AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, NULL::bigint AS lease, r.attempts, r.headers, r.body IS NULL AS big, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
@@ -524,7 +525,7 @@ BEGIN
         UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1, attempts = r.attempts + 1,
           visible_at = v_now + p_lease_ms * interval '1 millisecond'
         FROM unnest(v_pos) p(pos)
-        WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+        WHERE r.slot = {slot_near:p.pos}
           AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
         RETURNING r.msg_id, r.lease, r.attempts, r.headers, coalesce(r.body,
           (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
@@ -611,7 +612,7 @@ BEGIN
   -- messages the first did not find.
   WITH acked AS (
     UPDATE {ring} r SET state = 0 FROM unnest(v_ids, v_leases) a(id, lease)
-    WHERE r.slot = CASE WHEN a.id >= v_first THEN v_base + a.id % v_size ELSE {slot_of:a.id} END
+    WHERE r.slot = {slot_near:a.id}
       AND r.msg_id = a.id AND r.state = 2 AND r.lease = a.lease AND r.visible_at > clock_timestamp()
     RETURNING r.msg_id, r.body IS NULL AS big)
   SELECT coalesce(array_agg(msg_id), '{}'), array_agg(msg_id) FILTER (WHERE big) INTO v_done, v_bigs FROM acked;
@@ -1089,7 +1090,7 @@ BEGIN
           UPDATE {ring} r SET state = 2, lease = (random() * 9007199254740991)::bigint + 1,
             attempts = r.attempts + 1, visible_at = v_lease_end
           FROM unnest(v_pos) p(pos)
-          WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+          WHERE r.slot = {slot_near:p.pos}
             AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.lease, r.attempts, r.pushed_at, r.headers, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body)
@@ -1098,7 +1099,7 @@ BEGIN
         RETURN QUERY
         WITH t AS (
           UPDATE {ring} r SET state = 0 FROM unnest(v_pos) p(pos)
-          WHERE r.slot = CASE WHEN p.pos >= v_first THEN v_base + p.pos % v_size ELSE {slot_of:p.pos} END
+          WHERE r.slot = {slot_near:p.pos}
             AND r.msg_id = p.pos AND r.state = 1 AND (r.expires_at IS NULL OR r.expires_at > v_now)
           RETURNING r.msg_id, r.attempts, r.pushed_at, r.headers, r.body IS NULL AS big, coalesce(r.body,
             (SELECT c.body FROM {content} c WHERE c.bucket = r.msg_id % {buckets} AND c.msg_id = r.msg_id)) AS body),

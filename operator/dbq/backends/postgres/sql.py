@@ -98,6 +98,14 @@ class PgRing(RingSqlBase):
             f" WHERE gen.first_pos <= ({position}) ORDER BY gen.first_pos DESC LIMIT 1)"
         )
 
+    def slot_near(self, position: str) -> str:
+        """The slot of `position` computed in the newest generation, read before into the
+        routine's v_first, v_base and v_size; looked up (`slot_of`) for an older position."""
+        return (
+            f"CASE WHEN {position} >= v_first THEN v_base + {position} % v_size"
+            f" ELSE {self.slot_of(position)} END"
+        )
+
     def template_values(self) -> dict[str, object]:
         sweep_every_ms = max(1000, self.size // 100)
         last_pushed = _last_drawn(self.push_seq)
@@ -134,6 +142,7 @@ class PgRing(RingSqlBase):
                 # slots of the newest generation; the fence a switch takes exclusively, keyed by the
                 # push sequence's oid above 2^41.
                 "slot_of": self.slot_of,
+                "slot_near": self.slot_near,
                 "newest": newest,
                 "room_in": room_in,
                 "room": f"(SELECT {room_in('gen')} FROM {newest} gen)",
